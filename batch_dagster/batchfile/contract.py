@@ -1,0 +1,104 @@
+"""The OpenAI Batch contract: endpoints, error codes, limits and the shape of output lines."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+
+# Validation error codes (file-level and line-level).
+EMPTY_FILE = "empty_file"
+FILE_TOO_LARGE = "file_too_large"
+TOO_MANY_REQUESTS = "too_many_requests"
+LINE_TOO_LARGE = "line_too_large"
+INVALID_ENCODING = "invalid_encoding"
+INVALID_JSON = "invalid_json"
+INVALID_REQUEST = "invalid_request"
+INVALID_METHOD = "invalid_method"
+INVALID_URL = "invalid_url"
+DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
+MIXED_MODELS = "mixed_models"
+MODEL_NOT_FOUND = "model_not_found"
+
+# Request-level error codes written to the error file.
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+ENGINE_ERROR = "engine_error"
+BATCH_EXPIRED = "batch_expired"
+BATCH_CANCELLED = "batch_cancelled"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-file limits (OpenAI's and Model Studio's defaults)."""
+
+    max_requests: int = 50_000
+    max_bytes: int = 200 * 1024 * 1024
+    max_line_bytes: int = 6 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class BatchError:
+    """One entry of a batch's `errors.data`: what is wrong and where (1-based line, or None)."""
+
+    code: str
+    message: str
+    line: int | None = None
+    param: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+def success_line(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    """An output-file line for a request that ran: status 200 and the endpoint's response object."""
+    return {
+        "id": new_id("batch_req_"),
+        "custom_id": custom_id,
+        "response": {"status_code": 200, "request_id": new_id("req_"), "body": body},
+        "error": None,
+    }
+
+
+def request_error_line(
+    custom_id: str,
+    code: str,
+    message: str,
+    *,
+    param: str | None = None,
+    status_code: int = 400,
+    error_type: str | None = None,
+) -> dict[str, Any]:
+    """An error-file line for a request the engine rejected or could not serve."""
+    if error_type is None:
+        error_type = "invalid_request_error" if status_code < 500 else "server_error"
+    error = {"message": message, "type": error_type, "param": param, "code": code}
+    return {
+        "id": new_id("batch_req_"),
+        "custom_id": custom_id,
+        "response": {"status_code": status_code, "request_id": new_id("req_"), "body": {"error": error}},
+        "error": None,
+    }
+
+
+def not_run_line(custom_id: str, code: str, message: str) -> dict[str, Any]:
+    """An error-file line for a request that never ran (batch expired or cancelled)."""
+    return {
+        "id": new_id("batch_req_"),
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": code, "message": message},
+    }
+
+
+def is_success(line: dict[str, Any]) -> bool:
+    response = line.get("response")
+    return bool(response) and response.get("status_code") == 200 and line.get("error") is None

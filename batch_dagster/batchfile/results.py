@@ -1,0 +1,188 @@
+"""Shard results and the merged output: atomic per-shard commits, then one output and one error file.
+
+A shard commits three files under the results folder: its output lines, its error lines and a
+summary. The summary is renamed into place last, so its presence is the commit: a re-run skips
+every shard that has one and redoes the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from . import contract as c
+from .usage import Usage
+
+_SUMMARY = re.compile(r"^shard-(\d{5})\.json$")
+
+
+@dataclass
+class RequestCounts:
+    """The Batch object's `request_counts`."""
+
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+    def __iadd__(self, other: RequestCounts) -> RequestCounts:
+        self.total += other.total
+        self.completed += other.completed
+        self.failed += other.failed
+        return self
+
+    def to_dict(self) -> dict[str, int]:
+        return {"total": self.total, "completed": self.completed, "failed": self.failed}
+
+
+@dataclass
+class ShardSummary:
+    """What one committed shard holds."""
+
+    index: int
+    request_counts: RequestCounts = field(default_factory=RequestCounts)
+    usage: Usage = field(default_factory=Usage)
+    error_codes: dict[str, int] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "request_counts": self.request_counts.to_dict(),
+            "usage": self.usage.to_dict(),
+            "error_codes": self.error_codes,
+            "duration_s": self.duration_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShardSummary:
+        return cls(
+            index=d["index"],
+            request_counts=RequestCounts(**d["request_counts"]),
+            usage=Usage.from_dict(d["usage"]),
+            error_codes=dict(d.get("error_codes", {})),
+            duration_s=d.get("duration_s", 0.0),
+        )
+
+
+def error_code(line: dict[str, Any]) -> str:
+    """The code of an error line, whichever of the two error shapes it has."""
+    if line.get("error"):
+        return line["error"].get("code") or "unknown"
+    return ((line.get("response") or {}).get("body") or {}).get("error", {}).get("code") or "unknown"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def shard_paths(results_dir: Path, index: int) -> tuple[Path, Path, Path]:
+    """(output lines, error lines, summary) of shard `index`."""
+    stem = f"shard-{index:05d}"
+    return results_dir / f"{stem}.output.jsonl", results_dir / f"{stem}.errors.jsonl", results_dir / f"{stem}.json"
+
+
+def commit_shard(results_dir: Path, index: int, lines: Iterable[dict[str, Any]], duration_s: float = 0.0) -> ShardSummary:
+    """Split a shard's lines into output and error lines and commit them atomically."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    summary = ShardSummary(index=index, duration_s=round(duration_s, 3))
+    ok, failed = bytearray(), bytearray()
+    for line in lines:
+        summary.request_counts.total += 1
+        if c.is_success(line):
+            summary.request_counts.completed += 1
+            summary.usage.add_body(line["response"]["body"])
+            ok += orjson.dumps(line) + b"\n"
+        else:
+            summary.request_counts.failed += 1
+            code = error_code(line)
+            summary.error_codes[code] = summary.error_codes.get(code, 0) + 1
+            failed += orjson.dumps(line) + b"\n"
+    out_path, err_path, summary_path = shard_paths(results_dir, index)
+    _write_atomic(out_path, bytes(ok))
+    _write_atomic(err_path, bytes(failed))
+    _write_atomic(summary_path, orjson.dumps(summary.to_dict()))
+    return summary
+
+
+def committed_shards(results_dir: Path) -> dict[int, ShardSummary]:
+    """Summaries of the shards already committed, by index."""
+    if not results_dir.is_dir():
+        return {}
+    found = {}
+    for entry in os.scandir(results_dir):
+        m = _SUMMARY.match(entry.name)
+        if m:
+            found[int(m.group(1))] = ShardSummary.from_dict(orjson.loads(Path(entry.path).read_bytes()))
+    return found
+
+
+@dataclass
+class MergeResult:
+    """Totals of a merged batch."""
+
+    request_counts: RequestCounts
+    usage: Usage
+    error_codes: dict[str, int]
+
+
+def merge(
+    results_dir: Path,
+    shard_count: int,
+    output_path: Path,
+    error_path: Path,
+    *,
+    not_run: Iterable[dict[str, Any]] = (),
+) -> MergeResult:
+    """Concatenate committed shards into the output and error files, rewriting both whole.
+
+    `not_run` adds lines for requests that never ran (batch cancelled or expired); every shard
+    in range must otherwise be committed.
+    """
+    shards = committed_shards(results_dir)
+    counts, usage, codes = RequestCounts(), Usage(), {}
+    for path in (output_path, error_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    out_tmp = output_path.with_name(output_path.name + ".tmp")
+    err_tmp = error_path.with_name(error_path.name + ".tmp")
+    with open(out_tmp, "wb") as out, open(err_tmp, "wb") as err:
+        for index in range(shard_count):
+            if index not in shards:
+                continue
+            summary = shards[index]
+            counts += summary.request_counts
+            usage += summary.usage
+            for code, n in summary.error_codes.items():
+                codes[code] = codes.get(code, 0) + n
+            shard_out, shard_err, _ = shard_paths(results_dir, index)
+            for src, dst in ((shard_out, out), (shard_err, err)):
+                with open(src, "rb") as f:
+                    while chunk := f.read(1 << 20):
+                        dst.write(chunk)
+        for line in not_run:
+            counts.total += 1
+            counts.failed += 1
+            code = error_code(line)
+            codes[code] = codes.get(code, 0) + 1
+            err.write(orjson.dumps(line) + b"\n")
+    os.replace(out_tmp, output_path)
+    os.replace(err_tmp, error_path)
+    return MergeResult(counts, usage, codes)
+
+
+def iter_lines(path: Path):
+    """Parsed lines of an output or error file, streamed."""
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                yield orjson.loads(raw)

@@ -1,0 +1,113 @@
+"""Token usage and cost: totals over output lines, priced from a price table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Usage:
+    """A batch's usage, named as in the Batch object's `usage`."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def add_body(self, body: dict[str, Any]) -> None:
+        """Add the `usage` of one response body (chat, completion or embedding)."""
+        u = body.get("usage") or {}
+        self.input_tokens += int(u.get("prompt_tokens") or 0)
+        self.output_tokens += int(u.get("completion_tokens") or 0)
+        self.cached_tokens += int((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        self.reasoning_tokens += int((u.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
+
+    def __iadd__(self, other: Usage) -> Usage:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cached_tokens += other.cached_tokens
+        self.reasoning_tokens += other.reasoning_tokens
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {"cached_tokens": self.cached_tokens},
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+            "total_tokens": self.total_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Usage:
+        return cls(
+            input_tokens=d.get("input_tokens", 0),
+            output_tokens=d.get("output_tokens", 0),
+            cached_tokens=(d.get("input_tokens_details") or {}).get("cached_tokens", 0),
+            reasoning_tokens=(d.get("output_tokens_details") or {}).get("reasoning_tokens", 0),
+        )
+
+
+@dataclass(frozen=True)
+class Price:
+    """Real-time prices per 1M tokens for one model, and the discount batches get."""
+
+    input_per_1m: float = 0.0
+    output_per_1m: float = 0.0
+    batch_discount: float = 0.5
+    currency: str = "USD"
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    """Prices by model name; models without an entry use `default`."""
+
+    prices: dict[str, Price] = field(default_factory=dict)
+    default: Price = Price()
+
+    def for_model(self, model: str) -> Price:
+        return self.prices.get(model, self.default)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PriceTable:
+        """Build from a parsed price file: `[defaults]` and `[models.NAME]` tables."""
+        base = d.get("defaults", {})
+        default = Price(**base)
+        models = {name: Price(**{**base, **entry}) for name, entry in d.get("models", {}).items()}
+        return cls(models, default)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a batch costs: only successful requests' tokens, at the discounted batch price."""
+
+    model: str
+    input_cost: float
+    output_cost: float
+    batch_discount: float
+    currency: str
+
+    @property
+    def total_cost(self) -> float:
+        return round(self.input_cost + self.output_cost, 8)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total_cost": self.total_cost}
+
+
+def cost_of(usage: Usage, model: str, prices: PriceTable) -> Cost:
+    """Price `usage` (which must count successful requests only) for `model`."""
+    p = prices.for_model(model)
+    factor = 1.0 - p.batch_discount
+    return Cost(
+        model=model,
+        input_cost=round(usage.input_tokens * p.input_per_1m / 1e6 * factor, 8),
+        output_cost=round(usage.output_tokens * p.output_per_1m / 1e6 * factor, 8),
+        batch_discount=p.batch_discount,
+        currency=p.currency,
+    )

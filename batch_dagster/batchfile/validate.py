@@ -1,0 +1,224 @@
+"""Streaming validation of a batch input file: every error with its line and field.
+
+The file is read line by line and never held whole; a caller that wants the valid requests
+passes `on_request` and receives each one as it is parsed, so nothing is parsed twice.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import orjson
+
+from . import contract as c
+
+BOM = b"\xef\xbb\xbf"
+_READ_CHUNK = 1 << 20
+
+# What each endpoint's body must carry besides `model`: (field, must be a list).
+_REQUIRED_BODY_FIELD = {
+    c.CHAT: ("messages", True),
+    c.COMPLETIONS: ("prompt", False),
+    c.EMBEDDINGS: ("input", False),
+}
+
+OnRequest = Callable[[int, dict[str, Any]], None]
+
+
+@dataclass
+class ValidationReport:
+    """The outcome of validating one file."""
+
+    total_requests: int = 0
+    model: str | None = None
+    endpoint: str | None = None
+    errors: list[c.BatchError] = field(default_factory=list)
+    error_count: int = 0  # may exceed len(errors) when the list is capped
+
+    @property
+    def valid(self) -> bool:
+        return self.error_count == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "valid": self.valid,
+            "total_requests": self.total_requests,
+            "model": self.model,
+            "endpoint": self.endpoint,
+            "error_count": self.error_count,
+            "errors": [e.to_dict() for e in self.errors],
+        }
+
+
+class _Collector:
+    def __init__(self, report: ValidationReport, max_errors: int):
+        self.report = report
+        self.max_errors = max_errors
+
+    def __call__(self, code: str, message: str, line: int | None = None, param: str | None = None) -> None:
+        self.report.error_count += 1
+        if len(self.report.errors) < self.max_errors:
+            self.report.errors.append(c.BatchError(code, message, line, param))
+
+
+def _lines(f: BinaryIO, max_line_bytes: int):
+    """Yield (line_no, bytes or None when too large) for each physical line, reading bounded chunks."""
+    line_no = 0
+    while True:
+        raw = f.readline(max_line_bytes + 2)  # room for CRLF on a line exactly at the limit
+        if not raw:
+            return
+        line_no += 1
+        if line_no == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM) :]
+        if not raw.endswith(b"\n") and len(raw) >= max_line_bytes + 2:
+            # Skip the rest of an oversized line without holding it.
+            while raw and not raw.endswith(b"\n"):
+                raw = f.readline(_READ_CHUNK)
+            yield line_no, None
+            continue
+        raw = raw.rstrip(b"\r\n")
+        if len(raw) > max_line_bytes:
+            yield line_no, None
+            continue
+        yield line_no, raw
+
+
+def validate_file(
+    path: str | os.PathLike[str],
+    *,
+    limits: c.Limits = c.Limits(),
+    endpoint: str | None = None,
+    models: Collection[str] | None = None,
+    max_errors: int = 1000,
+    on_request: OnRequest | None = None,
+) -> ValidationReport:
+    """Validate a JSONL batch file; `models` is what the registry serves (None skips that check)."""
+    with open(path, "rb") as f:
+        return validate_stream(
+            f,
+            size=os.fstat(f.fileno()).st_size,
+            limits=limits,
+            endpoint=endpoint,
+            models=models,
+            max_errors=max_errors,
+            on_request=on_request,
+        )
+
+
+def validate_stream(
+    f: BinaryIO,
+    *,
+    size: int | None = None,
+    limits: c.Limits = c.Limits(),
+    endpoint: str | None = None,
+    models: Collection[str] | None = None,
+    max_errors: int = 1000,
+    on_request: OnRequest | None = None,
+) -> ValidationReport:
+    report = ValidationReport(endpoint=endpoint)
+    error = _Collector(report, max_errors)
+    if endpoint is not None and endpoint not in c.ENDPOINTS:
+        error(c.INVALID_URL, f"Endpoint {endpoint!r} is not one of {', '.join(c.ENDPOINTS)}.", None, "endpoint")
+    if size is not None and size > limits.max_bytes:
+        error(c.FILE_TOO_LARGE, f"The file is {size} bytes; the limit is {limits.max_bytes} bytes.")
+
+    seen: set[str] = set()
+    mixed_reported = False
+    for line_no, raw in _lines(f, limits.max_line_bytes):
+        if raw is None:
+            error(c.LINE_TOO_LARGE, f"The line is longer than {limits.max_line_bytes} bytes.", line_no)
+            report.total_requests += 1
+            continue
+        if not raw.strip():
+            continue
+        report.total_requests += 1
+        request = _parse(raw, line_no, error)
+        if request is None:
+            continue
+        if report.endpoint is None and request["url"] in c.ENDPOINTS:
+            report.endpoint = request["url"]
+        if not _check_request(request, line_no, report.endpoint, error):
+            continue
+        custom_id, model = request["custom_id"], request["body"]["model"]
+        if custom_id in seen:
+            error(c.DUPLICATE_CUSTOM_ID, f"custom_id {custom_id!r} appears earlier in the file.", line_no, "custom_id")
+            continue
+        seen.add(custom_id)
+        if report.model is None:
+            report.model = model
+            if models is not None and model not in models:
+                served = ", ".join(sorted(models)) or "none"
+                error(c.MODEL_NOT_FOUND, f"Model {model!r} is not served here (served: {served}).", line_no, "body.model")
+        elif model != report.model and not mixed_reported:
+            mixed_reported = True
+            error(
+                c.MIXED_MODELS,
+                f"Model {model!r} differs from {report.model!r}; a batch uses one model.",
+                line_no,
+                "body.model",
+            )
+            continue
+        if on_request is not None and report.total_requests <= limits.max_requests:
+            on_request(line_no, request)
+
+    if report.total_requests == 0:
+        error(c.EMPTY_FILE, "The file holds no requests.")
+    elif report.total_requests > limits.max_requests:
+        error(
+            c.TOO_MANY_REQUESTS,
+            f"The file holds {report.total_requests} requests; the limit is {limits.max_requests}.",
+        )
+    return report
+
+
+def _parse(raw: bytes, line_no: int, error: _Collector) -> dict[str, Any] | None:
+    try:
+        request = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            error(c.INVALID_ENCODING, "The line is not valid UTF-8.", line_no)
+        else:
+            error(c.INVALID_JSON, f"The line is not valid JSON: {exc}", line_no)
+        return None
+    if not isinstance(request, dict):
+        error(c.INVALID_REQUEST, "The line is not a JSON object.", line_no)
+        return None
+    for name, kind in (("custom_id", str), ("method", str), ("url", str), ("body", dict)):
+        value = request.get(name)
+        if not isinstance(value, kind) or (kind is str and not value):
+            what = "a non-empty string" if kind is str else "an object"
+            problem = "is missing" if value is None else f"must be {what}"
+            error(c.INVALID_REQUEST, f"Field {name!r} {problem}.", line_no, name)
+            return None
+    return request
+
+
+def _check_request(request: dict[str, Any], line_no: int, endpoint: str | None, error: _Collector) -> bool:
+    if request["method"] != "POST":
+        error(c.INVALID_METHOD, f"Method {request['method']!r} is not supported; use POST.", line_no, "method")
+        return False
+    url = request["url"]
+    if url not in c.ENDPOINTS:
+        error(c.INVALID_URL, f"URL {url!r} is not one of {', '.join(c.ENDPOINTS)}.", line_no, "url")
+        return False
+    if endpoint is not None and url != endpoint:
+        error(c.INVALID_URL, f"URL {url!r} differs from the batch endpoint {endpoint!r}.", line_no, "url")
+        return False
+    body = request["body"]
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        error(c.INVALID_REQUEST, "Field 'body.model' is missing or not a string.", line_no, "body.model")
+        return False
+    name, must_be_list = _REQUIRED_BODY_FIELD[url]
+    value = body.get(name)
+    if value is None or (must_be_list and (not isinstance(value, list) or not value)):
+        kind = "a non-empty list" if must_be_list else "present"
+        error(c.INVALID_REQUEST, f"Field 'body.{name}' must be {kind} for {url}.", line_no, f"body.{name}")
+        return False
+    return True
