@@ -19,7 +19,7 @@ import orjson
 from . import contract as c
 from .usage import Usage
 
-_SUMMARY = re.compile(r"^shard-(\d{5})\.json$")
+_SUMMARY = re.compile(r"^shard-(\d{5,})\.json$")
 
 
 @dataclass
@@ -74,7 +74,7 @@ def error_code(line: dict[str, Any]) -> str:
     """The code of an error line, whichever of the two error shapes it has."""
     if line.get("error"):
         return line["error"].get("code") or "unknown"
-    return ((line.get("response") or {}).get("body") or {}).get("error", {}).get("code") or "unknown"
+    return (((line.get("response") or {}).get("body") or {}).get("error") or {}).get("code") or "unknown"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -143,13 +143,18 @@ def merge(
     error_path: Path,
     *,
     not_run: Iterable[dict[str, Any]] = (),
+    missing_ok: bool = False,
 ) -> MergeResult:
     """Concatenate committed shards into the output and error files, rewriting both whole.
 
-    `not_run` adds lines for requests that never ran (batch cancelled or expired); every shard
-    in range must otherwise be committed.
+    `not_run` adds lines for requests that never ran (batch cancelled or expired); those are the
+    requests of the shards left uncommitted, which `missing_ok` allows. Otherwise a missing shard
+    is an error, so no request is silently dropped.
     """
     shards = committed_shards(results_dir)
+    missing = [i for i in range(shard_count) if i not in shards]
+    if missing and not missing_ok:
+        raise ValueError(f"Shards not committed: {missing[:10]}{' ...' if len(missing) > 10 else ''}")
     counts, usage, codes = RequestCounts(), Usage(), {}
     for path in (output_path, error_path):
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -68,13 +68,16 @@ def _lines(f: BinaryIO, max_line_bytes: int):
     """Yield (line_no, bytes or None when too large) for each physical line, reading bounded chunks."""
     line_no = 0
     while True:
-        raw = f.readline(max_line_bytes + 2)  # room for CRLF on a line exactly at the limit
+        # Room for CRLF on a line exactly at the limit, and for a BOM in front of line 1.
+        limit = max_line_bytes + 2 + (len(BOM) if line_no == 0 else 0)
+        raw = f.readline(limit)
         if not raw:
             return
         line_no += 1
+        truncated = not raw.endswith(b"\n") and len(raw) >= limit
         if line_no == 1 and raw.startswith(BOM):
             raw = raw[len(BOM) :]
-        if not raw.endswith(b"\n") and len(raw) >= max_line_bytes + 2:
+        if truncated:
             # Skip the rest of an oversized line without holding it.
             while raw and not raw.endswith(b"\n"):
                 raw = f.readline(_READ_CHUNK)

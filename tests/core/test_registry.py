@@ -1,0 +1,145 @@
+"""The model registry: parsing, defaults, validation, and the shipped default models."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import batch_dagster.batchfile as batchfile
+from batch_dagster.batchfile.registry import ModelSpec, load_registry, parse_registry
+
+MODELS_TOML = Path(batchfile.__file__).resolve().parent.parent / "config" / "models.toml"
+
+
+def test_defaults_merged_under_entries():
+    specs = parse_registry(
+        {
+            "defaults": {"dtype": "bfloat16", "seed": 7, "max_num_seqs": 64},
+            "models": {
+                "a": {"source": "org/a", "max_model_len": 1024},
+                "b": {"source": "/models/b", "dtype": "float16", "task": "embed"},
+            },
+        }
+    )
+    assert set(specs) == {"a", "b"}
+    a, b = specs["a"], specs["b"]
+    assert (a.name, a.source, a.task, a.dtype, a.seed, a.max_num_seqs, a.max_model_len) == (
+        "a", "org/a", "generate", "bfloat16", 7, 64, 1024,
+    )
+    assert (b.dtype, b.task, b.seed, b.max_num_seqs, b.max_model_len) == ("float16", "embed", 7, 64, None)
+
+
+def test_engine_args_merged_key_by_key():
+    specs = parse_registry(
+        {
+            "defaults": {"engine_args": {"enforce_eager": True, "swap_space": 4}},
+            "models": {
+                "a": {"source": "x", "engine_args": {"swap_space": 8, "quantization": "fp8"}},
+                "b": {"source": "y"},
+            },
+        }
+    )
+    assert specs["a"].engine_args == {"enforce_eager": True, "swap_space": 8, "quantization": "fp8"}
+    assert specs["b"].engine_args == {"enforce_eager": True, "swap_space": 4}
+
+
+def test_engine_args_default_empty_and_not_shared():
+    specs = parse_registry({"models": {"a": {"source": "x"}, "b": {"source": "y"}}})
+    assert specs["a"].engine_args == {} and specs["b"].engine_args == {}
+    specs["a"].engine_args["k"] = 1
+    assert specs["b"].engine_args == {}
+
+
+def test_missing_source_raises():
+    with pytest.raises(ValueError, match="source"):
+        parse_registry({"models": {"a": {"task": "generate"}}})
+
+
+def test_source_can_come_from_defaults():
+    specs = parse_registry({"defaults": {"source": "shared/path"}, "models": {"a": {}}})
+    assert specs["a"].source == "shared/path"
+
+
+@pytest.mark.parametrize("task", ["chat", "embedding", "", "classify"])
+def test_bad_task_raises(task):
+    with pytest.raises(ValueError, match="task"):
+        parse_registry({"models": {"a": {"source": "x", "task": task}}})
+
+
+def test_unknown_setting_raises():
+    with pytest.raises(TypeError):
+        parse_registry({"models": {"a": {"source": "x", "not_a_setting": 1}}})
+
+
+def test_empty_registry():
+    assert parse_registry({}) == {}
+
+
+def test_endpoints_by_task():
+    gen = ModelSpec(name="g", source="x")
+    emb = ModelSpec(name="e", source="y", task="embed")
+    assert set(gen.endpoints) == {"/v1/chat/completions", "/v1/completions"}
+    assert emb.endpoints == ("/v1/embeddings",)
+
+
+def test_engine_settings_records_what_shapes_results():
+    spec = ModelSpec(name="g", source="/secret/path", dtype="float16", max_model_len=512, seed=3,
+                     engine_args={"enforce_eager": True})
+    settings = spec.engine_settings()
+    assert settings["dtype"] == "float16"
+    assert settings["max_model_len"] == 512
+    assert settings["seed"] == 3
+    assert settings["task"] == "generate"
+    assert settings["engine_args"] == {"enforce_eager": True}
+    assert "source" not in settings and "name" not in settings
+    settings["engine_args"]["x"] = 1
+    assert spec.engine_args == {"enforce_eager": True}
+
+
+def test_load_registry_from_file(tmp_path):
+    path = tmp_path / "models.toml"
+    path.write_text(
+        '[defaults]\ndtype = "float32"\n\n'
+        '[models.my-model]\nsource = "org/my-model"\nmax_model_len = 4096\n'
+        '[models.my-model.engine_args]\nenforce_eager = true\n'
+    )
+    specs = load_registry(path)
+    assert list(specs) == ["my-model"]
+    spec = specs["my-model"]
+    assert (spec.source, spec.dtype, spec.max_model_len, spec.engine_args) == (
+        "org/my-model", "float32", 4096, {"enforce_eager": True},
+    )
+
+
+def test_shipped_registry_has_the_two_default_models():
+    specs = load_registry(MODELS_TOML)
+    assert {"smollm2-135m-instruct", "all-minilm-l6-v2"} <= set(specs)
+    chat = specs["smollm2-135m-instruct"]
+    emb = specs["all-minilm-l6-v2"]
+    assert chat.task == "generate"
+    assert emb.task == "embed"
+    assert chat.source.startswith("embedded:")
+    assert emb.source.startswith("embedded:")
+    assert "/v1/chat/completions" in chat.endpoints and "/v1/completions" in chat.endpoints
+    assert emb.endpoints == ("/v1/embeddings",)
+    # [defaults] reach both entries; an entry's own dtype wins.
+    assert chat.kv_cache_memory_bytes is not None
+    assert chat.kv_cache_memory_bytes == emb.kv_cache_memory_bytes
+    assert chat.dtype == "bfloat16"
+    assert emb.dtype == "float32"
+
+
+def test_core_imports_no_adapters():
+    code = (
+        "import sys\n"
+        "import batch_dagster.batchfile.contract, batch_dagster.batchfile.validate, "
+        "batch_dagster.batchfile.shard, batch_dagster.batchfile.results, "
+        "batch_dagster.batchfile.usage, batch_dagster.batchfile.registry\n"
+        "bad = [m for m in ('dagster', 'vllm', 'fastapi', 'sqlalchemy', 'torch') if m in sys.modules]\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -1,0 +1,198 @@
+"""Sharding: request features and the shard plan (cut size, coverage, prefix groups, length order)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from batch_dagster.batchfile.shard import PREFIX_CHARS, Features, features, plan_shards
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+
+
+def chat_body(user: str, system: str | None = None) -> dict:
+    messages = [{"role": "system", "content": system}] if system is not None else []
+    messages.append({"role": "user", "content": user})
+    return {"model": "m", "messages": messages}
+
+
+# --- features -------------------------------------------------------------------------------
+
+
+def test_chat_features_count_all_message_text():
+    f = features(CHAT, chat_body("abcde", system="0123456789"))
+    assert f.prompt_chars == 15
+
+
+def test_chat_shared_system_prompt_gives_same_prefix_key():
+    a = features(CHAT, chat_body("short question", system="You are a translator."))
+    b = features(CHAT, chat_body("a completely different and much longer question", system="You are a translator."))
+    c = features(CHAT, chat_body("short question", system="You are a summarizer."))
+    assert a.prefix_key == b.prefix_key
+    assert a.prefix_key != c.prefix_key
+    assert a.prompt_chars < b.prompt_chars
+
+
+def test_developer_role_counts_as_system_prompt():
+    a = {"model": "m", "messages": [{"role": "developer", "content": "Rules."}, {"role": "user", "content": "x"}]}
+    b = {"model": "m", "messages": [{"role": "developer", "content": "Rules."}, {"role": "user", "content": "yyyy"}]}
+    assert features(CHAT, a).prefix_key == features(CHAT, b).prefix_key
+
+
+def test_long_system_prompts_differing_after_prefix_chars_are_different_groups():
+    base = "s" * (PREFIX_CHARS + 10)
+    a = features(CHAT, chat_body("q", system=base + "A"))
+    b = features(CHAT, chat_body("q", system=base + "B"))
+    assert a.prefix_key != b.prefix_key
+
+
+def test_chat_without_system_prompt_uses_opening_text():
+    opening = "x" * PREFIX_CHARS
+    a = features(CHAT, chat_body(opening + " first tail"))
+    b = features(CHAT, chat_body(opening + " a different tail"))
+    c = features(CHAT, chat_body("y" + opening))
+    assert a.prefix_key == b.prefix_key
+    assert a.prefix_key != c.prefix_key
+
+
+def test_chat_content_parts_keep_text_parts():
+    body = {
+        "model": "m",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "abc"},
+                    {"type": "image_url", "image_url": {"url": "http://x/y.png"}},
+                    {"type": "text", "text": "de"},
+                ],
+            }
+        ],
+    }
+    f = features(CHAT, body)
+    assert f.prompt_chars == 5
+    assert f.prefix_key == features(CHAT, chat_body("abcde")).prefix_key
+
+
+def test_chat_non_string_content_counts_zero():
+    body = {"model": "m", "messages": [{"role": "assistant", "content": None}, {"role": "user", "content": "abc"}]}
+    assert features(CHAT, body).prompt_chars == 3
+
+
+def test_completions_features():
+    f = features(COMPLETIONS, {"model": "m", "prompt": "Once upon a time"})
+    assert f.prompt_chars == len("Once upon a time")
+    g = features(COMPLETIONS, {"model": "m", "prompt": ["ab", "cde"]})
+    assert g.prompt_chars == 5
+    assert g.prefix_key == features(COMPLETIONS, {"model": "m", "prompt": "ab"}).prefix_key
+
+
+def test_completions_shared_opening_text():
+    opening = "p" * PREFIX_CHARS
+    a = features(COMPLETIONS, {"model": "m", "prompt": opening + "1"})
+    b = features(COMPLETIONS, {"model": "m", "prompt": opening + "22"})
+    assert a.prefix_key == b.prefix_key
+    assert (a.prompt_chars, b.prompt_chars) == (PREFIX_CHARS + 1, PREFIX_CHARS + 2)
+
+
+def test_embeddings_features():
+    f = features(EMBEDDINGS, {"model": "e", "input": "hello world"})
+    assert f.prompt_chars == 11
+    g = features(EMBEDDINGS, {"model": "e", "input": ["a", "bb", "ccc"]})
+    assert g.prompt_chars == 6
+    h = features(EMBEDDINGS, {"model": "e", "input": ["zz", "bb"]})
+    assert g.prefix_key != h.prefix_key
+
+
+def test_features_are_deterministic_and_hex():
+    a = features(CHAT, chat_body("same", system="sys"))
+    b = features(CHAT, chat_body("same", system="sys"))
+    assert a == b
+    int(a.prefix_key, 16)
+
+
+# --- plan_shards ----------------------------------------------------------------------------
+
+
+def flat(plan: list[list[int]]) -> list[int]:
+    return [i for shard in plan for i in shard]
+
+
+@pytest.mark.parametrize(("n", "size", "expected"), [(10, 3, [3, 3, 3, 1]), (9, 3, [3, 3, 3]), (2, 5, [2]), (1, 1, [1])])
+def test_cuts_at_shard_size(n, size, expected):
+    feats = [Features(prompt_chars=i, prefix_key=f"k{i}") for i in range(n)]
+    plan = plan_shards(feats, size)
+    assert [len(s) for s in plan] == expected
+
+
+def test_empty_plan():
+    assert plan_shards([], 10) == []
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_shard_size_must_be_positive(size):
+    with pytest.raises(ValueError):
+        plan_shards([Features(1, "k")], size)
+
+
+def test_every_row_exactly_once():
+    rng = random.Random(7)
+    feats = [Features(rng.randint(1, 500), f"k{rng.randint(0, 20)}") for _ in range(2_345)]
+    plan = plan_shards(feats, 100)
+    rows = flat(plan)
+    assert sorted(rows) == list(range(len(feats)))
+    assert all(len(s) == 100 for s in plan[:-1])
+    assert len(plan[-1]) == 45
+
+
+def test_shared_prefix_groups_are_contiguous_and_length_ordered():
+    rng = random.Random(11)
+    keys = ["sysA"] * 30 + ["sysB"] * 20 + ["sysC"] * 5 + [f"solo{i}" for i in range(15)]
+    rng.shuffle(keys)
+    feats = [Features(rng.randint(1, 1000), k) for k in keys]
+    order = flat(plan_shards(feats, 7))
+    assert sorted(order) == list(range(len(feats)))
+
+    for key in ("sysA", "sysB", "sysC"):
+        positions = [p for p, i in enumerate(order) if feats[i].prefix_key == key]
+        assert positions == list(range(positions[0], positions[0] + len(positions))), key
+        lengths = [feats[order[p]].prompt_chars for p in positions]
+        assert lengths == sorted(lengths), key
+
+
+def test_larger_groups_first_then_unshared_by_length():
+    feats = [
+        Features(50, "solo1"),  # 0
+        Features(10, "B"),  # 1
+        Features(30, "A"),  # 2
+        Features(5, "solo2"),  # 3
+        Features(20, "A"),  # 4
+        Features(40, "B"),  # 5
+        Features(10, "A"),  # 6
+        Features(1, "solo3"),  # 7
+    ]
+    order = flat(plan_shards(feats, 3))
+    # Group A (3 rows) by length, then B (2 rows) by length, then the unshared rows by length.
+    assert order == [6, 4, 2, 1, 5, 7, 3, 0]
+
+
+def test_unshared_prompts_go_by_length():
+    feats = [Features(c, f"k{i}") for i, c in enumerate([9, 3, 7, 1, 5])]
+    assert flat(plan_shards(feats, 2)) == [3, 1, 4, 2, 0]
+
+
+def test_plan_from_real_bodies_groups_by_system_prompt():
+    bodies = []
+    for i in range(12):
+        system = ["Translate to French.", "Summarize.", None][i % 3]
+        bodies.append(chat_body("q" * (12 - i) + str(i), system=system))
+    feats = [features(CHAT, b) for b in bodies]
+    order = flat(plan_shards(feats, 4))
+    groups = [bodies[i]["messages"][0]["content"] if len(bodies[i]["messages"]) == 2 else None for i in order]
+    # The two system-prompt groups (4 rows each) come out contiguous.
+    for system in ("Translate to French.", "Summarize."):
+        pos = [p for p, g in enumerate(groups) if g == system]
+        assert pos == list(range(pos[0], pos[0] + 4))
