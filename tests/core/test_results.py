@@ -326,7 +326,7 @@ def test_merge_adds_not_run_lines_as_failed(tmp_path):
     commit_shard(tmp_path / "r", 0, [chat_ok("a", 2, 3), rejected("b")])
     out, err = tmp_path / "o.jsonl", tmp_path / "e.jsonl"
     not_run = [never_ran("c", "batch_cancelled"), never_ran("d", "batch_cancelled"), never_ran("e", "batch_expired")]
-    res = merge(tmp_path / "r", 2, out, err, not_run=not_run)
+    res = merge(tmp_path / "r", 2, out, err, not_run=not_run, missing_ok=True)
     assert ids(out) == ["a"]
     assert ids(err) == ["b", "c", "d", "e"]
     assert read_jsonl(err)[1] == not_run[0]
@@ -371,3 +371,11 @@ def test_iter_lines_skips_blank_lines(tmp_path):
     path = tmp_path / "f.jsonl"
     path.write_text('{"a": 1}\n\n{"a": 2}\r\n  \n')
     assert list(iter_lines(path)) == [{"a": 1}, {"a": 2}]
+
+
+def test_merge_refuses_a_missing_shard_unless_allowed(tmp_path):
+    commit_shard(tmp_path / "r", 0, [c.success_line("a", {"usage": {}})])
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    with pytest.raises(ValueError, match="not committed"):
+        merge(tmp_path / "r", 2, out, err)
+    assert merge(tmp_path / "r", 2, out, err, missing_ok=True).request_counts.total == 1
