@@ -1,0 +1,1 @@
+"""The batch lifecycle as assets, in data-flow order, and their checks."""

@@ -1,0 +1,356 @@
+"""The batch lifecycle: input file -> validated requests -> shards -> shard results -> output files -> usage.
+
+Every asset is partitioned by batch and idempotent: a re-run reuses what is already written
+(a committed shard is never recomputed) and rewrites merged files whole.
+"""
+
+
+import hashlib
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import dagster as dg
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.results import commit_shard, committed_shards, merge
+from batch_dagster.batchfile.shard import Features, features, plan_shards
+from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
+from batch_dagster.batchfile.validate import validate_file
+from batch_dagster.engine.base import EngineCrash
+from batch_dagster.partitions import batches
+from batch_dagster.resources import BatchStorage, VLLMResource
+from batch_dagster.settings import Settings
+
+GROUP = "batch_lifecycle"
+INFERENCE_RETRIES = 2
+_PARQUET_FLUSH_ROWS = 10_000
+REQUESTS_SCHEMA = pa.schema(
+    [("line", pa.int64()), ("custom_id", pa.string()), ("body", pa.string()),
+     ("prompt_chars", pa.int64()), ("prefix_key", pa.string())]
+)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _md_table(rows: list[dict[str, Any]]) -> dg.MetadataValue:
+    if not rows:
+        return dg.MetadataValue.md("_none_")
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r[h]).replace("|", "\\|").replace("\n", " ")[:120] for h in head) + " |")
+    return dg.MetadataValue.md("\n".join(lines))
+
+
+@dg.asset(
+    partitions_def=batches,
+    group_name=GROUP,
+    kinds={"json"},
+    description="The batch's input file as uploaded (OpenAI Batch JSONL).",
+)
+def batch_input(context: dg.AssetExecutionContext, storage: BatchStorage) -> dg.MaterializeResult:
+    path = storage.input_path(context.partition_key)
+    if not path.exists():
+        raise dg.Failure(f"No input file at {path}.", allow_retries=False)
+    h = hashlib.sha256()
+    lines = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            lines += chunk.count(b"\n")
+    return dg.MaterializeResult(
+        metadata={"path": dg.MetadataValue.path(str(path)), "bytes": path.stat().st_size, "lines": lines,
+                  "sha256": h.hexdigest()},
+        data_version=dg.DataVersion(h.hexdigest()),
+    )
+
+
+@dg.asset(
+    partitions_def=batches,
+    group_name=GROUP,
+    kinds={"parquet"},
+    deps=[batch_input],
+    description="The validated requests, one row per request (Parquet); an invalid file fails the batch.",
+)
+def validated_requests(
+    context: dg.AssetExecutionContext, storage: BatchStorage, vllm: VLLMResource
+) -> dg.MaterializeResult:
+    batch_id = context.partition_key
+    settings = Settings.from_env()
+    out = storage.requests_path(batch_id)
+    tmp = out.with_name(out.name + ".tmp")
+    started = time.perf_counter()
+    buffer: dict[str, list] = {name: [] for name in REQUESTS_SCHEMA.names}
+    endpoint: list[str | None] = [None]
+
+    with pq.ParquetWriter(tmp, REQUESTS_SCHEMA) as writer:
+
+        def flush() -> None:
+            writer.write_table(pa.table(buffer, schema=REQUESTS_SCHEMA))
+            for column in buffer.values():
+                column.clear()
+
+        def keep(line: int, request: dict[str, Any]) -> None:
+            endpoint[0] = endpoint[0] or request["url"]
+            f = features(request["url"], request["body"])
+            buffer["line"].append(line)
+            buffer["custom_id"].append(request["custom_id"])
+            buffer["body"].append(orjson.dumps(request["body"]).decode())
+            buffer["prompt_chars"].append(f.prompt_chars)
+            buffer["prefix_key"].append(f.prefix_key)
+            if len(buffer["line"]) >= _PARQUET_FLUSH_ROWS:
+                flush()
+
+        report = validate_file(
+            storage.input_path(batch_id), limits=settings.limits, models=vllm.registry().keys(), on_request=keep
+        )
+        if buffer["line"]:
+            flush()
+    elapsed = time.perf_counter() - started
+    size = storage.input_path(batch_id).stat().st_size
+    storage.write_json(storage.validation_path(batch_id), report.to_dict() | {"validated_at": _now()})
+    if not report.valid:
+        tmp.unlink(missing_ok=True)
+        first = report.errors[0]
+        raise dg.Failure(
+            description=f"The input file is invalid: {report.error_count} error(s); first at line "
+            f"{first.line}: [{first.code}] {first.message}",
+            metadata={"errors": _md_table([e.to_dict() for e in report.errors[:50]]),
+                      "error_count": report.error_count},
+            allow_retries=False,
+        )
+    tmp.replace(out)
+    context.log.info(f"{report.total_requests} valid requests for {report.model} at {report.endpoint}")
+    return dg.MaterializeResult(
+        metadata={
+            "total_requests": report.total_requests,
+            "model": report.model,
+            "endpoint": report.endpoint,
+            "validation_s": round(elapsed, 3),
+            "validation_mb_s": round(size / 1e6 / max(elapsed, 1e-9), 1),
+            "path": dg.MetadataValue.path(str(out)),
+        }
+    )
+
+
+@dg.asset(
+    partitions_def=batches,
+    group_name=GROUP,
+    kinds={"parquet"},
+    deps=[validated_requests],
+    description="Requests cut into shards: shared prefixes and similar lengths together.",
+)
+def batch_shards(context: dg.AssetExecutionContext, storage: BatchStorage) -> dg.MaterializeResult:
+    batch_id = context.partition_key
+    shards_dir = storage.shards_dir(batch_id)
+    manifest_path = shards_dir / "manifest.json"
+    manifest = storage.read_json(manifest_path)
+    if manifest is not None:
+        # Results may already be committed against this plan: never re-cut it.
+        context.log.info(f"Reusing the {manifest['shard_count']} shards already planned")
+        return dg.MaterializeResult(metadata={"shard_count": manifest["shard_count"], "status": "cached"})
+    validation = storage.read_json(storage.validation_path(batch_id))
+    table = pq.read_table(storage.requests_path(batch_id))
+    feats = [Features(n, k) for n, k in zip(table["prompt_chars"].to_pylist(), table["prefix_key"].to_pylist())]
+    shard_size = Settings.from_env().shard_size
+    plan = plan_shards(feats, shard_size)
+    shards_dir.mkdir(parents=True, exist_ok=True)
+    columns = table.select(["custom_id", "body"])
+    for index, rows in enumerate(plan):
+        pq.write_table(columns.take(pa.array(rows)), shards_dir / f"shard-{index:05d}.parquet")
+    manifest = {
+        "batch_id": batch_id,
+        "endpoint": validation["endpoint"],
+        "model": validation["model"],
+        "total_requests": table.num_rows,
+        "shard_size": shard_size,
+        "shard_count": len(plan),
+        "shard_sizes": [len(r) for r in plan],
+    }
+    storage.write_json(manifest_path, manifest)
+    prefixes = len(set(table["prefix_key"].to_pylist()))
+    context.log.info(f"{table.num_rows} requests in {len(plan)} shards of up to {shard_size}")
+    return dg.MaterializeResult(
+        metadata={"shard_count": len(plan), "shard_size": shard_size, "distinct_prefixes": prefixes}
+    )
+
+
+def read_shard(storage: BatchStorage, batch_id: str, index: int) -> list[tuple[str, dict[str, Any]]]:
+    table = pq.read_table(storage.shards_dir(batch_id) / f"shard-{index:05d}.parquet")
+    return [(cid, orjson.loads(body)) for cid, body in zip(table["custom_id"].to_pylist(), table["body"].to_pylist())]
+
+
+def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) -> list[dict[str, Any]]:
+    message = f"The engine failed on this shard after {INFERENCE_RETRIES + 1} attempts: {reason}"
+    return [c.request_error_line(cid, c.ENGINE_ERROR, message, status_code=500) for cid, _ in requests]
+
+
+@dg.asset(
+    partitions_def=batches,
+    group_name=GROUP,
+    kinds={"vllm"},
+    deps=[batch_shards],
+    pool="gpu",
+    retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=2, backoff=dg.Backoff.EXPONENTIAL),
+    description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
+)
+def shard_results(
+    context: dg.AssetExecutionContext, storage: BatchStorage, vllm: VLLMResource
+) -> dg.MaterializeResult:
+    batch_id = context.partition_key
+    manifest = storage.read_json(storage.shards_dir(batch_id) / "manifest.json")
+    results_dir = storage.results_dir(batch_id)
+    done = committed_shards(results_dir)
+    todo = [i for i in range(manifest["shard_count"]) if i not in done]
+    context.log.info(
+        f"{len(done)} of {manifest['shard_count']} shards already committed; running {len(todo)} "
+        f"(attempt {context.retry_number + 1})"
+    )
+    engine = vllm.engine(manifest["model"]) if todo else None
+    started = time.perf_counter()
+    ran_requests = 0
+    ran_tokens = 0
+    for index in todo:
+        requests = read_shard(storage, batch_id, index)
+        t0 = time.perf_counter()
+        try:
+            lines = engine.run(manifest["endpoint"], requests)
+        except EngineCrash as exc:
+            vllm.reset(manifest["model"])
+            if context.retry_number < INFERENCE_RETRIES:
+                context.log.error(f"Shard {index}: engine crashed ({exc}); the step will retry")
+                raise
+            context.log.error(f"Shard {index}: engine crashed on the last attempt; its requests become errors")
+            lines = engine_error_lines(requests, str(exc))
+            engine = vllm.engine(manifest["model"])
+        summary = commit_shard(results_dir, index, lines, time.perf_counter() - t0)
+        ran_requests += summary.request_counts.total
+        ran_tokens += summary.usage.output_tokens
+        context.log.info(
+            f"Shard {index}: {summary.request_counts.completed} completed, {summary.request_counts.failed} failed, "
+            f"{summary.usage.output_tokens} output tokens in {summary.duration_s:.1f}s"
+        )
+    elapsed = time.perf_counter() - started
+    all_done = committed_shards(results_dir)
+    completed = sum(s.request_counts.completed for s in all_done.values())
+    failed = sum(s.request_counts.failed for s in all_done.values())
+    return dg.MaterializeResult(
+        metadata={
+            "shards_run": len(todo),
+            "shards_skipped": len(done),
+            "completed": completed,
+            "failed": failed,
+            "requests_run": ran_requests,
+            "inference_s": round(elapsed, 3),
+            "output_tokens_per_s": round(ran_tokens / elapsed, 1) if ran_requests else 0.0,
+            "status": "ran" if todo else "cached",
+        }
+    )
+
+
+@dg.asset(
+    partitions_def=batches,
+    group_name=GROUP,
+    kinds={"json"},
+    deps=[shard_results],
+    description="The merged output file and error file, in the OpenAI Batch format.",
+)
+def batch_output_files(context: dg.AssetExecutionContext, storage: BatchStorage) -> dg.MaterializeResult:
+    batch_id = context.partition_key
+    manifest = storage.read_json(storage.shards_dir(batch_id) / "manifest.json")
+    result = merge(
+        storage.results_dir(batch_id), manifest["shard_count"], storage.output_path(batch_id), storage.error_path(batch_id)
+    )
+    storage.write_json(
+        storage.batch_dir(batch_id) / "merged.json",
+        {"request_counts": result.request_counts.to_dict(), "usage": result.usage.to_dict(),
+         "error_codes": result.error_codes},
+    )
+    preview = []
+    with open(storage.output_path(batch_id), "rb") as f:
+        for raw, _ in zip(f, range(3)):
+            line = orjson.loads(raw)
+            body = line["response"]["body"]
+            choice = (body.get("choices") or [{}])[0]
+            text = (choice.get("message") or {}).get("content", choice.get("text", "")) if choice else ""
+            preview.append({"custom_id": line["custom_id"], "answer": text or f"[{body.get('object')}]"})
+    return dg.MaterializeResult(
+        metadata={
+            "output_file": dg.MetadataValue.path(str(storage.output_path(batch_id))),
+            "error_file": dg.MetadataValue.path(str(storage.error_path(batch_id))),
+            "completed": result.request_counts.completed,
+            "failed": result.request_counts.failed,
+            "error_codes": dg.MetadataValue.json(result.error_codes),
+            "preview": _md_table(preview),
+        }
+    )
+
+
+@dg.asset(
+    partitions_def=batches,
+    group_name=GROUP,
+    kinds={"json"},
+    deps=[batch_output_files],
+    description="Token usage and cost of the batch (successful requests only), and how it ran.",
+)
+def batch_usage(
+    context: dg.AssetExecutionContext, storage: BatchStorage, vllm: VLLMResource
+) -> dg.MaterializeResult:
+    batch_id = context.partition_key
+    settings = Settings.from_env()
+    manifest = storage.read_json(storage.shards_dir(batch_id) / "manifest.json")
+    merged = storage.read_json(storage.batch_dir(batch_id) / "merged.json")
+    usage = Usage.from_dict(merged["usage"])
+    prices = PriceTable.from_dict(_load_toml(settings.prices_file))
+    cost = cost_of(usage, manifest["model"], prices)
+    shards = committed_shards(storage.results_dir(batch_id))
+    inference_s = sum(s.duration_s for s in shards.values())
+    summary = {
+        "batch_id": batch_id,
+        "status": "completed",
+        "endpoint": manifest["endpoint"],
+        "model": manifest["model"],
+        "request_counts": merged["request_counts"],
+        "usage": usage.to_dict(),
+        "cost": cost.to_dict(),
+        "error_codes": merged["error_codes"],
+        "inference_s": round(inference_s, 3),
+        "output_tokens_per_s": round(usage.output_tokens / inference_s, 1) if inference_s else 0.0,
+        "record": vllm.model_record(manifest["model"]),
+        "output_file": str(storage.output_path(batch_id)),
+        "error_file": str(storage.error_path(batch_id)),
+        "completed_at": _now(),
+    }
+    storage.write_json(storage.summary_path(batch_id), summary)
+    context.log.info(
+        f"{usage.input_tokens} input + {usage.output_tokens} output tokens; cost {cost.total_cost} {cost.currency}"
+    )
+    return dg.MaterializeResult(
+        metadata={
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "total_tokens": usage.total_tokens,
+            "cost": cost.total_cost,
+            "currency": cost.currency,
+            "output_tokens_per_s": summary["output_tokens_per_s"],
+            "inference_s": summary["inference_s"],
+            "model_revision": summary["record"]["revision"],
+            "vllm_version": summary["record"]["vllm_version"],
+        }
+    )
+
+
+def _load_toml(path) -> dict[str, Any]:
+    import tomllib
+
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+lifecycle_assets = [batch_input, validated_requests, batch_shards, shard_results, batch_output_files, batch_usage]

@@ -1,0 +1,15 @@
+"""The Dagster definitions of batch-dagster: only merges what the other modules define."""
+
+import dagster as dg
+
+from batch_dagster.assets.batch import lifecycle_assets
+from batch_dagster.assets.checks import lifecycle_checks
+from batch_dagster.jobs import batch_job
+from batch_dagster.resources.config import resources_from_env
+
+defs = dg.Definitions(
+    assets=lifecycle_assets,
+    asset_checks=lifecycle_checks,
+    jobs=[batch_job],
+    resources=resources_from_env(),
+)

@@ -1,0 +1,205 @@
+"""The offline engine: a `vllm.LLM` in this process, built once per model and reused."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.registry import ModelSpec
+
+from . import translate as t
+from .base import EngineCrash, Line, Request, is_out_of_memory
+
+log = logging.getLogger(__name__)
+
+
+def _rejection_types() -> tuple[type[Exception], ...]:
+    """Exceptions by which vLLM rejects one request (bad parameters), as opposed to failing itself."""
+    from vllm.exceptions import VLLMClientError
+
+    return (VLLMClientError, ValueError, TypeError)
+
+
+@dataclass
+class _Prepared:
+    """A request turned into token prompts and sampling settings, ready for the engine."""
+
+    custom_id: str
+    prompts: list[list[int]]
+    params: Any = None  # SamplingParams for generation; None for embeddings
+    encoding_format: str = "float"
+    prompt_tokens: int = 0
+
+
+@dataclass
+class OfflineEngine:
+    """Runs shards on an in-process `vllm.LLM` for one model."""
+
+    spec: ModelSpec
+    model_path: str
+    _llm: Any = field(default=None, init=False, repr=False)
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        s = self.spec
+        kwargs: dict[str, Any] = {
+            "model": self.model_path,
+            "dtype": s.dtype,
+            "seed": s.seed,
+            "tensor_parallel_size": s.tensor_parallel_size,
+        }
+        if s.task == "embed":
+            kwargs["runner"] = "pooling"
+        optional = {
+            "max_model_len": s.max_model_len,
+            "max_num_seqs": s.max_num_seqs,
+            "enable_prefix_caching": s.enable_prefix_caching,
+            "gpu_memory_utilization": s.gpu_memory_utilization,
+            # 0 means "unset" so a GPU entry can let gpu_memory_utilization size the cache.
+            "kv_cache_memory_bytes": s.kv_cache_memory_bytes or None,
+        }
+        kwargs.update({k: v for k, v in optional.items() if v is not None})
+        return kwargs | s.engine_args
+
+    @property
+    def llm(self) -> Any:
+        if self._llm is None:
+            from vllm import LLM
+
+            log.info("Starting vLLM for %s from %s", self.spec.name, self.model_path)
+            self._llm = LLM(**self.llm_kwargs())
+            self._tokenizer = self._llm.get_tokenizer()
+            self.max_model_len = self._llm.llm_engine.model_config.max_model_len
+        return self._llm
+
+    def shutdown(self) -> None:
+        """Drop the engine (after a crash, so the next attempt starts a fresh one)."""
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # already dead: nothing left to stop
+                pass
+
+    # -- preparing requests ------------------------------------------------------------
+
+    def _encode(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
+        if isinstance(prompt, list):
+            if not all(isinstance(x, int) and x >= 0 for x in prompt):
+                raise t.RequestError("Token ids must be non-negative integers.", param="prompt")
+            return prompt  # ids beyond the vocabulary are rejected by the engine, request by request
+        return self._tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+
+    def _prepare(self, endpoint: str, custom_id: str, body: dict[str, Any]) -> _Prepared:
+        from vllm import SamplingParams
+
+        _REJECTED = _rejection_types()
+
+        if endpoint == c.EMBEDDINGS:
+            fmt = t.encoding_format_of(body)
+            prompts = [self._encode(p, True) for p in t.embedding_inputs(body)]
+            for p in prompts:
+                t.check_prompt_length(endpoint, len(p), self.max_model_len)
+            return _Prepared(custom_id, prompts, None, fmt, sum(map(len, prompts)))
+        if endpoint == c.CHAT:
+            text = self._tokenizer.apply_chat_template(
+                t.chat_messages(body), tokenize=False, add_generation_prompt=True, **t.chat_template_kwargs(body)
+            )
+            prompts = [self._tokenizer.encode(text, add_special_tokens=False)]
+        else:
+            prompts = [self._encode(p, True) for p in t.completion_prompts(body)]
+        longest = max(len(p) for p in prompts)
+        max_tokens = t.max_tokens_of(endpoint, body, longest, self.max_model_len)
+        try:
+            params = SamplingParams(**t.sampling_kwargs(body, max_tokens))
+        except _REJECTED as exc:
+            raise t.RequestError(str(exc), param=getattr(exc, "parameter", None)) from exc
+        return _Prepared(custom_id, prompts, params, prompt_tokens=sum(map(len, prompts)))
+
+    # -- running -----------------------------------------------------------------------
+
+    def run(self, endpoint: str, requests: Sequence[Request]) -> list[Line]:
+        """All of a shard's requests go to the engine in one call, so continuous batching stays full."""
+        try:
+            self.llm  # noqa: B018 - start-up failures are crashes of the engine, not of a request
+        except Exception as exc:
+            raise EngineCrash(f"The engine failed to start: {exc}") from exc
+        lines: list[Line] = []
+        ready: list[_Prepared] = []
+        for custom_id, body in requests:
+            try:
+                ready.append(self._prepare(endpoint, custom_id, body))
+            except t.RequestError as exc:
+                lines.append(exc.line(custom_id))
+        if ready:
+            lines += self._run_isolating(endpoint, ready)
+        return lines
+
+    def _run_isolating(self, endpoint: str, items: list[_Prepared]) -> list[Line]:
+        """Run items; on out-of-memory or a rejected request, split in halves until the culprit is alone."""
+        _REJECTED = _rejection_types()
+        try:
+            return self._execute(endpoint, items)
+        except Exception as exc:
+            oom = is_out_of_memory(exc)
+            rejected = isinstance(exc, _REJECTED) and not oom
+            if not (oom or rejected):
+                raise EngineCrash(f"{type(exc).__name__}: {exc}") from exc
+            if len(items) == 1:
+                if oom:
+                    return [c.request_error_line(items[0].custom_id, "out_of_memory",
+                                                 f"The engine ran out of memory on this request: {exc}", status_code=500)]
+                return [t.RequestError(str(exc), param=getattr(exc, "parameter", None)).line(items[0].custom_id)]
+            log.warning("Splitting %d requests after %s", len(items), type(exc).__name__)
+            mid = len(items) // 2
+            return self._run_isolating(endpoint, items[:mid]) + self._run_isolating(endpoint, items[mid:])
+
+    def _execute(self, endpoint: str, items: list[_Prepared]) -> list[Line]:
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=p) for it in items for p in it.prompts]
+        model = self.spec.name
+        if endpoint == c.EMBEDDINGS:
+            outputs = iter(self.llm.embed(prompts, use_tqdm=False))
+            lines = []
+            for it in items:
+                vectors = [list(next(outputs).outputs.embedding) for _ in it.prompts]
+                lines.append(c.success_line(it.custom_id, t.embedding_list(model, vectors, it.prompt_tokens, it.encoding_format)))
+            return lines
+        params = [it.params for it in items for _ in it.prompts]
+        outputs = iter(self.llm.generate(prompts, params, use_tqdm=False))
+        make_body = t.chat_completion if endpoint == c.CHAT else t.text_completion
+        lines = []
+        for it in items:
+            choices, cached = [], 0
+            for _ in it.prompts:
+                out = next(outputs)
+                cached += out.num_cached_tokens or 0
+                choices += [t.Choice(o.text, o.finish_reason, len(o.token_ids)) for o in out.outputs]
+            lines.append(c.success_line(it.custom_id, make_body(model, choices, it.prompt_tokens, cached)))
+        return lines
+
+
+_ENGINES: dict[str, OfflineEngine] = {}
+_LOCK = threading.Lock()
+
+
+def engine_for(spec: ModelSpec, model_path: str) -> OfflineEngine:
+    """The process's engine for this model: built once, reused across shards and runs."""
+    with _LOCK:
+        engine = _ENGINES.get(spec.name)
+        if engine is None or engine.spec != spec or engine.model_path != model_path:
+            if engine is not None:
+                engine.shutdown()
+            engine = _ENGINES[spec.name] = OfflineEngine(spec, model_path)
+        return engine
+
+
+def drop_engine(model: str) -> None:
+    with _LOCK:
+        engine = _ENGINES.pop(model, None)
+    if engine is not None:
+        engine.shutdown()

