@@ -7,6 +7,7 @@ EXTRA := $(if $(GPU),gpu,cpu)
 STAMP := $(VENV)/.installed-$(EXTRA)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export BATCH_DATA_DIR ?= $(CURDIR)/data
+export BATCH_MODEL_CACHE ?= $(BATCH_DATA_DIR)/models
 
 .PHONY: setup models demo test dev clean
 

@@ -78,22 +78,30 @@ class _Progress(threading.Thread):
             bar.close()
 
 
-def run_batch(file: Path, out_dir: Path, *, show_progress: bool = True, batch_id: str | None = None) -> dict[str, Any]:
-    """Register a batch partition, materialize its lifecycle through Dagster, copy the files to out_dir."""
-    from batch_dagster.instance import ensure_dagster_home
+def run_batch(
+    file: Path, out_dir: Path, *, show_progress: bool = True, defs: Any = None, instance: Any = None
+) -> dict[str, Any]:
+    """Register a batch partition, materialize its lifecycle through Dagster, copy the files to out_dir.
 
-    ensure_dagster_home()
+    `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME).
+    """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     import dagster as dg
 
-    from batch_dagster.definitions import defs
     from batch_dagster.partitions import batches
 
+    if defs is None:
+        from batch_dagster.definitions import defs
+    if instance is None:
+        from batch_dagster.instance import ensure_dagster_home
+
+        ensure_dagster_home()
+        instance = dg.DagsterInstance.get()
+
     storage = defs.resources["storage"]
-    batch_id = batch_id or f"batch_{uuid.uuid4().hex}"
+    batch_id = f"batch_{uuid.uuid4().hex}"
     started = time.perf_counter()
     storage.put_input(batch_id, file)
-    instance = dg.DagsterInstance.get()
     instance.add_dynamic_partitions(batches.name, [batch_id])
     progress = _Progress(storage, batch_id, show_progress)
     progress.start()
@@ -170,6 +178,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(Path(args.out))
 
 
+def cmd_vllm_server(args: argparse.Namespace) -> int:
+    """Start (exec) a vLLM server for a registry model, for `BATCH_ENGINE_MODE=server`."""
+    from batch_dagster.engine.server import server_command
+    from batch_dagster.resources.config import resources_from_env
+
+    vllm = resources_from_env()["vllm"]
+    spec = vllm.spec(args.model)
+    command = server_command(spec, vllm.model_path(spec), args.host, args.port)
+    print(" ".join(command), file=sys.stderr)
+    os.execv(command[0], command)
+    return 0
+
+
 def cmd_instance(args: argparse.Namespace) -> int:
     from batch_dagster.instance import ensure_dagster_home
 
@@ -199,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the built-in sample batch on the default model")
     p.add_argument("--out", default="data/demo-output")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("vllm-server", help="start a vLLM OpenAI-compatible server for a registry model")
+    p.add_argument("model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.set_defaults(func=cmd_vllm_server)
 
     p = sub.add_parser("instance", help="prepare DAGSTER_HOME with this project's dagster.yaml")
     p.set_defaults(func=cmd_instance)

@@ -3,11 +3,9 @@
 import dagster as dg
 
 from batch_dagster.assets.batch import lifecycle_assets
-from batch_dagster.partitions import batches
 
 batch_job = dg.define_asset_job(
     "batch_job",
     selection=dg.AssetSelection.assets(*lifecycle_assets),
-    partitions_def=batches,
     description="Validate, shard, infer, merge and price one batch (the partition key is the batch id).",
 )

@@ -163,7 +163,7 @@ def batch_shards(context: dg.AssetExecutionContext, storage: BatchStorage) -> dg
     shards_dir.mkdir(parents=True, exist_ok=True)
     columns = table.select(["custom_id", "body"])
     for index, rows in enumerate(plan):
-        pq.write_table(columns.take(pa.array(rows)), shards_dir / f"shard-{index:05d}.parquet")
+        pq.write_table(columns.take(pa.array(rows)), _shard_path(storage, batch_id, index))
     manifest = {
         "batch_id": batch_id,
         "endpoint": validation["endpoint"],
@@ -181,8 +181,12 @@ def batch_shards(context: dg.AssetExecutionContext, storage: BatchStorage) -> dg
     )
 
 
+def _shard_path(storage: BatchStorage, batch_id: str, index: int):
+    return storage.shards_dir(batch_id) / f"shard-{index:05d}.parquet"
+
+
 def read_shard(storage: BatchStorage, batch_id: str, index: int) -> list[tuple[str, dict[str, Any]]]:
-    table = pq.read_table(storage.shards_dir(batch_id) / f"shard-{index:05d}.parquet")
+    table = pq.read_table(_shard_path(storage, batch_id, index))
     return [(cid, orjson.loads(body)) for cid, body in zip(table["custom_id"].to_pylist(), table["body"].to_pylist())]
 
 
@@ -216,7 +220,12 @@ def shard_results(
     started = time.perf_counter()
     ran_requests = 0
     ran_tokens = 0
+    stopped = None
     for index in todo:
+        stopped = storage.stop_reason(batch_id)
+        if stopped:
+            context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
+            break
         requests = read_shard(storage, batch_id, index)
         t0 = time.perf_counter()
         try:
@@ -249,7 +258,7 @@ def shard_results(
             "requests_run": ran_requests,
             "inference_s": round(elapsed, 3),
             "output_tokens_per_s": round(ran_tokens / elapsed, 1) if ran_requests else 0.0,
-            "status": "ran" if todo else "cached",
+            "status": stopped or ("ran" if todo else "cached"),
         }
     )
 
@@ -264,13 +273,27 @@ def shard_results(
 def batch_output_files(context: dg.AssetExecutionContext, storage: BatchStorage) -> dg.MaterializeResult:
     batch_id = context.partition_key
     manifest = storage.read_json(storage.shards_dir(batch_id) / "manifest.json")
+    results_dir = storage.results_dir(batch_id)
+    missing = [i for i in range(manifest["shard_count"]) if i not in committed_shards(results_dir)]
+    stopped = storage.stop_reason(batch_id) if missing else None
+    not_run = []
+    if stopped:
+        # The requests of shards that never ran still get a line each: nothing is dropped.
+        code = c.BATCH_CANCELLED if stopped == "cancelled" else c.BATCH_EXPIRED
+        message = f"The batch was {stopped} before this request ran."
+        not_run = (
+            c.not_run_line(cid, code, message)
+            for i in missing
+            for cid in pq.read_table(_shard_path(storage, batch_id, i), columns=["custom_id"])["custom_id"].to_pylist()
+        )
     result = merge(
-        storage.results_dir(batch_id), manifest["shard_count"], storage.output_path(batch_id), storage.error_path(batch_id)
+        results_dir, manifest["shard_count"], storage.output_path(batch_id), storage.error_path(batch_id),
+        not_run=not_run, missing_ok=bool(stopped),
     )
     storage.write_json(
         storage.batch_dir(batch_id) / "merged.json",
-        {"request_counts": result.request_counts.to_dict(), "usage": result.usage.to_dict(),
-         "error_codes": result.error_codes},
+        {"status": stopped or "completed", "request_counts": result.request_counts.to_dict(),
+         "usage": result.usage.to_dict(), "error_codes": result.error_codes},
     )
     preview = []
     with open(storage.output_path(batch_id), "rb") as f:
@@ -313,7 +336,7 @@ def batch_usage(
     inference_s = sum(s.duration_s for s in shards.values())
     summary = {
         "batch_id": batch_id,
-        "status": "completed",
+        "status": merged["status"],
         "endpoint": manifest["endpoint"],
         "model": manifest["model"],
         "request_counts": merged["request_counts"],

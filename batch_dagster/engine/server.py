@@ -93,3 +93,24 @@ class ServerEngine:
                     return _error_line(custom_id, response.status_code, payload)
             await asyncio.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
+
+
+def server_command(spec: Any, model_path: str, host: str, port: int) -> list[str]:
+    """The command that starts a vLLM OpenAI-compatible server for a registry model, same settings as offline."""
+    import sys
+
+    from .offline import OfflineEngine
+
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", host, "--port", str(port),
+            "--served-model-name", spec.name]
+    for key, value in OfflineEngine(spec, model_path).llm_kwargs().items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, (dict, list)):
+            import json
+
+            args += [flag, json.dumps(value)]
+        else:
+            args += [flag, str(value)]
+    return args

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,30 @@ class BatchStorage(dg.ConfigurableResource):
 
     def summary_path(self, batch_id: str) -> Path:
         return self.batch_dir(batch_id) / "summary.json"
+
+    def stop_path(self, batch_id: str) -> Path:
+        return self.batch_dir(batch_id) / "stop.json"
+
+    def deadline_path(self, batch_id: str) -> Path:
+        return self.batch_dir(batch_id) / "deadline.json"
+
+    def request_stop(self, batch_id: str, reason: str) -> None:
+        """Ask a running batch to stop before its next shard (reason: "cancelled" or "expired")."""
+        self.write_json(self.stop_path(batch_id), {"reason": reason, "at": time.time()})
+
+    def set_deadline(self, batch_id: str, expires_at: float) -> None:
+        """The time (epoch seconds) after which no new shard starts: the batch expires."""
+        self.write_json(self.deadline_path(batch_id), {"expires_at": expires_at})
+
+    def stop_reason(self, batch_id: str) -> str | None:
+        """Why the batch must stop now ("cancelled" or "expired"), or None to go on."""
+        stop = self.read_json(self.stop_path(batch_id))
+        if stop is not None:
+            return stop["reason"]
+        deadline = self.read_json(self.deadline_path(batch_id))
+        if deadline is not None and time.time() >= deadline["expires_at"]:
+            return "expired"
+        return None
 
     def put_input(self, batch_id: str, source: Path) -> Path:
         """Copy an input file into the batch's folder (the pipeline never reads outside it)."""

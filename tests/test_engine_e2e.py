@@ -1,0 +1,131 @@
+"""End to end on the real vLLM CPU engine with the embedded default models.
+
+The engine starts once per model for the whole session (as in production, one per process).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+
+import pytest
+
+from batch_dagster.cli import run_batch
+
+from .conftest import CHAT_MODEL, EMBED_MODEL, chat_request, make_defs, read_jsonl, real_vllm, write_jsonl
+
+pytestmark = pytest.mark.engine
+
+
+def run(tmp_path, data_dir, instance, rows, **vllm_kwargs):
+    defs = make_defs(data_dir, real_vllm(**vllm_kwargs))
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs, instance=instance)
+    out = {l["custom_id"]: l for l in read_jsonl(tmp_path / "out" / "output.jsonl")}
+    err = {l["custom_id"]: l for l in read_jsonl(tmp_path / "out" / "errors.jsonl")}
+    return summary, out, err
+
+
+def content(line, i=0):
+    return line["response"]["body"]["choices"][i]["message"]["content"]
+
+
+def chat_rows_40():
+    rows = [chat_request("capital", "What is the capital of France?", max_tokens=24, temperature=0)]
+    rows.append(chat_request("short", "Tell me a long story about a dragon.", max_tokens=5, temperature=0))
+    rows.append(chat_request("three", "Name a fruit.", max_tokens=12, n=3, temperature=0.8, seed=7))
+    rows.append(chat_request("stop", "Count from one to ten, one number per line.", max_tokens=40,
+                             temperature=0, stop=["\n"]))
+    rows.append(chat_request("too-long", "word " * 2500, max_tokens=16))
+    rows.append(chat_request("bad-temperature", "Hello", temperature=-1))
+    rows.append(chat_request("greedy-n", "Hello", n=2, temperature=0))
+    topics = ["the sea", "a mountain", "coffee", "a library", "winter", "a city at night", "a cat", "music"]
+    for i in range(33):
+        rows.append(chat_request(f"q-{i:02d}", f"Write one sentence about {topics[i % len(topics)]}.",
+                                 max_tokens=16 + i % 3 * 8, temperature=0))
+    return rows
+
+
+def test_chat_batch_of_40(tmp_path, data_dir, instance):
+    rows = chat_rows_40()
+    assert len(rows) == 40
+    summary, out, err = run(tmp_path, data_dir, instance, rows)
+
+    assert summary["status"] == "completed"
+    assert set(out).isdisjoint(err)
+    assert sorted([*out, *err]) == sorted(r["custom_id"] for r in rows)
+    assert summary["request_counts"] == {"total": 40, "completed": len(out), "failed": len(err)}
+    assert set(err) == {"too-long", "bad-temperature", "greedy-n"}
+
+    assert "Paris" in content(out["capital"])
+    body = out["capital"]["response"]["body"]
+    assert body["object"] == "chat.completion" and body["model"] == CHAT_MODEL
+    assert out["capital"]["response"]["status_code"] == 200 and out["capital"]["error"] is None
+    assert out["capital"]["id"].startswith("batch_req_")
+
+    short = out["short"]["response"]["body"]
+    assert short["usage"]["completion_tokens"] == 5 and short["choices"][0]["finish_reason"] == "length"
+    assert len(out["three"]["response"]["body"]["choices"]) == 3
+    stopped = out["stop"]["response"]["body"]["choices"][0]
+    assert stopped["message"]["content"] and "\n" not in stopped["message"]["content"]
+    assert stopped["finish_reason"] == "stop" and out["stop"]["response"]["body"]["usage"]["completion_tokens"] < 40
+
+    too_long = err["too-long"]["response"]
+    assert too_long["status_code"] == 400
+    assert too_long["body"]["error"]["code"] == "context_length_exceeded"
+    assert too_long["body"]["error"]["type"] == "invalid_request_error"
+    bad = err["bad-temperature"]["response"]["body"]["error"]
+    assert bad["code"] == "invalid_request" and "temperature" in bad["message"]
+
+    usage = summary["usage"]
+    lines = [l["response"]["body"]["usage"] for l in out.values()]
+    assert usage["input_tokens"] == sum(u["prompt_tokens"] for u in lines)
+    assert usage["output_tokens"] == sum(u["completion_tokens"] for u in lines)
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    expected = (usage["input_tokens"] * 0.10 + usage["output_tokens"] * 0.40) / 1e6 * 0.5
+    assert summary["cost"]["total_cost"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_completions_batch(tmp_path, data_dir, instance):
+    rows = [
+        {"custom_id": "c1", "method": "POST", "url": "/v1/completions",
+         "body": {"model": CHAT_MODEL, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}},
+        {"custom_id": "c2", "method": "POST", "url": "/v1/completions",
+         "body": {"model": CHAT_MODEL, "prompt": ["One, two,", "Monday, Tuesday,"], "max_tokens": 6, "temperature": 0}},
+        {"custom_id": "c3", "method": "POST", "url": "/v1/completions",
+         "body": {"model": CHAT_MODEL, "prompt": "x " * 3000, "max_tokens": 4}},
+    ]
+    summary, out, err = run(tmp_path, data_dir, instance, rows)
+    assert summary["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    b1 = out["c1"]["response"]["body"]
+    assert b1["object"] == "text_completion" and "Paris" in b1["choices"][0]["text"]
+    assert b1["usage"]["completion_tokens"] <= 8
+    assert [c["index"] for c in out["c2"]["response"]["body"]["choices"]] == [0, 1]
+    assert err["c3"]["response"]["body"]["error"]["code"] == "context_length_exceeded"
+
+
+def _cos(a, b):
+    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+def test_embeddings_batch(tmp_path, data_dir, instance):
+    texts = {
+        "cat1": "A cat is sleeping on the sofa.",
+        "cat2": "The kitten naps on the couch.",
+        "tax": "Quarterly tax filings are due next week.",
+    }
+    rows = [{"custom_id": k, "method": "POST", "url": "/v1/embeddings", "body": {"model": EMBED_MODEL, "input": v}}
+            for k, v in texts.items()]
+    rows.append({"custom_id": "b64", "method": "POST", "url": "/v1/embeddings",
+                 "body": {"model": EMBED_MODEL, "input": [texts["cat1"], texts["tax"]], "encoding_format": "base64"}})
+    summary, out, err = run(tmp_path, data_dir, instance, rows)
+    assert summary["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
+    vec = {k: out[k]["response"]["body"]["data"][0]["embedding"] for k in texts}
+    assert all(len(v) == 384 for v in vec.values())
+    assert _cos(vec["cat1"], vec["cat2"]) > _cos(vec["cat1"], vec["tax"]) + 0.3
+    b64 = out["b64"]["response"]["body"]
+    assert b64["object"] == "list" and [d["index"] for d in b64["data"]] == [0, 1]
+    decoded = struct.unpack("<384f", base64.b64decode(b64["data"][0]["embedding"]))
+    assert _cos(decoded, vec["cat1"]) > 0.999
+    assert summary["usage"]["input_tokens"] > 0 and summary["usage"]["output_tokens"] == 0

@@ -1,0 +1,159 @@
+"""The Dagster pipeline on a fake engine: lineage, checks, skipping committed shards, failures."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from batch_dagster.batchfile.results import committed_shards
+from batch_dagster.cli import run_batch
+from batch_dagster.definitions import defs as project_defs
+from batch_dagster.resources import BatchStorage
+
+from .conftest import CHAT_MODEL, chat_request, make_defs, read_jsonl, write_jsonl
+from .fakes import FAKES, FakeEngine, FakeVLLM
+
+
+def fake_vllm(name: str, engine: FakeEngine) -> FakeVLLM:
+    from batch_dagster.settings import Settings
+
+    FAKES[name] = engine
+    return FakeVLLM(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent", fake=name)
+
+
+def test_project_definitions_load():
+    job = project_defs.resolve_job_def("batch_job")
+    keys = {k.to_user_string() for k in project_defs.resolve_all_asset_keys()}
+    assert keys == {"batch_input", "validated_requests", "batch_shards", "shard_results", "batch_output_files", "batch_usage"}
+    assert job.partitions_def.name == "batches"
+    checks = {k.name for k in project_defs.resolve_asset_graph().asset_check_keys}
+    assert checks == {"unique_custom_ids", "every_custom_id_exactly_once", "usage_equals_output_lines"}
+    shard_results = project_defs.resolve_assets_def("shard_results")
+    assert shard_results.op.pool == "gpu"
+    assert shard_results.op.retry_policy.max_retries >= 1
+
+
+def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, instance, monkeypatch):
+    monkeypatch.setenv("BATCH_SHARD_SIZE", "4")
+    engine = FakeEngine()
+    defs = make_defs(data_dir, fake_vllm("lineage", engine))
+    rows = [chat_request(f"r{i}", f"question number {i} " + "pad " * i, max_tokens=8) for i in range(10)]
+    rows.append(chat_request("bad-temp", "hi", temperature=-1))
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs, instance=instance)
+
+    assert summary["status"] == "completed"
+    assert summary["request_counts"] == {"total": 11, "completed": 10, "failed": 1}
+    out, err = read_jsonl(tmp_path / "out" / "output.jsonl"), read_jsonl(tmp_path / "out" / "errors.jsonl")
+    assert sorted(line["custom_id"] for line in out + err) == sorted(r["custom_id"] for r in rows)
+    assert err[0]["response"]["status_code"] == 400 and err[0]["response"]["body"]["error"]["param"] == "temperature"
+    assert summary["usage"]["output_tokens"] == sum(l["response"]["body"]["usage"]["completion_tokens"] for l in out)
+    assert summary["cost"]["total_cost"] > 0
+    assert len(engine.calls) == 3  # 11 requests in shards of 4
+
+    batch_id = summary["batch_id"]
+    assert batch_id in instance.get_dynamic_partitions("batches")
+    for key in ("batch_input", "validated_requests", "batch_shards", "shard_results", "batch_output_files", "batch_usage"):
+        assert instance.get_latest_materialization_event(dg.AssetKey(key)) is not None, key
+    checks = instance.event_log_storage.get_asset_check_execution_history(
+        dg.AssetCheckKey(dg.AssetKey("batch_output_files"), "every_custom_id_exactly_once"), limit=1
+    )
+    assert checks and checks[0].status.value == "SUCCEEDED"
+
+
+def test_rerun_skips_committed_shards(tmp_path, data_dir, instance, monkeypatch):
+    monkeypatch.setenv("BATCH_SHARD_SIZE", "3")
+    engine = FakeEngine()
+    defs = make_defs(data_dir, fake_vllm("rerun", engine))
+    rows = [chat_request(f"r{i}", f"q {i}") for i in range(9)]
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs, instance=instance)
+    batch_id = summary["batch_id"]
+    assert len(engine.calls) == 3
+    storage = BatchStorage(data_dir=str(data_dir))
+    # Lose one committed shard, as if the run had died before committing it.
+    lost = storage.results_dir(batch_id) / "shard-00001.json"
+    lost.unlink()
+
+    result = defs.resolve_job_def("batch_job").execute_in_process(partition_key=batch_id, instance=instance)
+    assert result.success
+    assert len(engine.calls) == 4  # only the lost shard ran again
+    assert sorted(committed_shards(storage.results_dir(batch_id))) == [0, 1, 2]
+    ids = [l["custom_id"] for l in read_jsonl(storage.output_path(batch_id))]
+    assert sorted(ids) == sorted(r["custom_id"] for r in rows)  # rewritten whole, not doubled
+
+
+def test_invalid_file_fails_the_batch_and_runs_nothing(tmp_path, data_dir, instance):
+    engine = FakeEngine()
+    defs = make_defs(data_dir, fake_vllm("invalid", engine))
+    rows = [chat_request("a", "hi"), "{not json", chat_request("a", "dup"), chat_request("b", "x", model="nope")]
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs, instance=instance)
+    assert summary["status"] == "failed"
+    codes = [(e["code"], e["line"]) for e in summary["errors"]]
+    assert codes == [("invalid_json", 2), ("duplicate_custom_id", 3), ("mixed_models", 4)]
+    assert engine.calls == []
+    assert (tmp_path / "out" / "output.jsonl").read_bytes() == b""
+
+
+def test_engine_crash_retries_then_succeeds(tmp_path, data_dir, instance, monkeypatch):
+    monkeypatch.setenv("BATCH_SHARD_SIZE", "2")
+    engine = FakeEngine(crash_times=1)
+    defs = make_defs(data_dir, fake_vllm("crash-once", engine))
+    rows = [chat_request(f"r{i}", f"q {i}") for i in range(4)]
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs, instance=instance)
+    assert summary["status"] == "completed"
+    assert summary["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
+    assert len(engine.calls) == 3  # crash, then both shards
+
+
+def test_engine_crash_past_retries_becomes_engine_error_lines(tmp_path, data_dir, instance, monkeypatch):
+    monkeypatch.setenv("BATCH_SHARD_SIZE", "2")
+    engine = FakeEngine(crash_times=3)  # the first shard crashes on every attempt
+    defs = make_defs(data_dir, fake_vllm("crash-always", engine))
+    rows = [chat_request(f"r{i}", f"q {i}") for i in range(4)]
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs, instance=instance)
+    assert summary["status"] == "completed"
+    assert summary["request_counts"] == {"total": 4, "completed": 2, "failed": 2}
+    err = read_jsonl(tmp_path / "out" / "errors.jsonl")
+    assert {e["response"]["body"]["error"]["code"] for e in err} == {"engine_error"}
+    assert {e["response"]["status_code"] for e in err} == {500}
+
+
+@pytest.mark.parametrize("bad", ["", "\n\n"])
+def test_empty_file_fails(tmp_path, data_dir, instance, bad):
+    defs = make_defs(data_dir, fake_vllm("empty", FakeEngine()))
+    path = tmp_path / "in.jsonl"
+    path.write_text(bad)
+    summary = run_batch(path, tmp_path / "out", show_progress=False, defs=defs, instance=instance)
+    assert summary["status"] == "failed"
+    assert summary["errors"][0]["code"] == "empty_file"
+
+
+@pytest.mark.parametrize("reason, code", [("cancelled", "batch_cancelled"), ("expired", "batch_expired")])
+def test_stopped_batch_keeps_finished_shards_and_accounts_for_the_rest(tmp_path, data_dir, instance, monkeypatch,
+                                                                        reason, code):
+    monkeypatch.setenv("BATCH_SHARD_SIZE", "2")
+    storage = BatchStorage(data_dir=str(data_dir))
+    engine = FakeEngine()
+    defs = make_defs(data_dir, fake_vllm(f"stop-{reason}", engine))
+
+    def stop_after_first_shard(n):
+        batch_id = next(iter(instance.get_dynamic_partitions("batches")))
+        if reason == "cancelled":
+            storage.request_stop(batch_id, "cancelled")
+        else:
+            storage.set_deadline(batch_id, 0.0)
+
+    engine.on_call = stop_after_first_shard
+    rows = [chat_request(f"r{i}", f"q {i}") for i in range(6)]
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs, instance=instance)
+    assert summary["status"] == reason
+    assert len(engine.calls) == 1
+    assert summary["request_counts"] == {"total": 6, "completed": 2, "failed": 4}
+    out, err = read_jsonl(tmp_path / "out" / "output.jsonl"), read_jsonl(tmp_path / "out" / "errors.jsonl")
+    assert sorted(l["custom_id"] for l in out + err) == sorted(r["custom_id"] for r in rows)
+    assert {e["error"]["code"] for e in err} == {code} and all(e["response"] is None for e in err)
