@@ -122,7 +122,9 @@ def run_batch(
     if summary is not None:
         shutil.copyfile(storage.output_path(batch_id), output_file)
         shutil.copyfile(storage.error_path(batch_id), error_file)
-        summary = {k: summary[k] for k in ("batch_id", "status", "model", "endpoint", "request_counts", "usage", "cost")}
+        keys = ("batch_id", "status", "model", "endpoint", "request_counts", "usage", "cost", "inference_s",
+                "output_tokens_per_s")
+        summary = {k: summary[k] for k in keys}
     else:
         output_file.write_bytes(b"")
         error_file.write_bytes(b"")
@@ -157,7 +159,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         return
     usage, cost = summary["usage"], summary["cost"]
     print(f"  requests: {rc['total']} total, {rc['completed']} completed, {rc['failed']} failed")
-    print(f"  tokens:   {usage['input_tokens']} input, {usage['output_tokens']} output")
+    print(f"  tokens:   {usage['input_tokens']} input, {usage['output_tokens']} output "
+          f"({summary['output_tokens_per_s']} output tokens/s over {summary['inference_s']:.1f}s of inference)")
     print(f"  cost:     {cost['total_cost']:.6f} {cost['currency']} (batch discount {cost['batch_discount']:.0%})")
     print(f"  output:   {summary['output_file']}\n  errors:   {summary['error_file']}")
     print(f"  took:     {summary['duration_s']:.1f}s")
@@ -233,8 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    sys.exit(args.func(args))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except OSError as exc:  # a missing or unreadable file is a usage error, not a crash
+        parser.exit(2, f"batch-dagster: error: {exc.strerror or exc}: {exc.filename or ''}\n")
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -6,14 +6,20 @@ The engine starts once per model for the whole session (as in production, one pe
 from __future__ import annotations
 
 import base64
+import json
 import math
+import os
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from batch_dagster.cli import run_batch
 
-from .conftest import CHAT_MODEL, EMBED_MODEL, chat_request, make_defs, read_jsonl, real_vllm, write_jsonl
+from .conftest import CHAT_MODEL, EMBED_MODEL, MODEL_CACHE, chat_request, make_defs, read_jsonl, real_vllm, write_jsonl
 
 pytestmark = pytest.mark.engine
 
@@ -47,10 +53,24 @@ def chat_rows_40():
     return rows
 
 
-def test_chat_batch_of_40(tmp_path, data_dir, instance):
+def run_cli(tmp_path, rows):
+    """`batch-dagster run --json` as a user runs it, with its own data dir and Dagster instance."""
+    env = {**os.environ, "BATCH_DATA_DIR": str(tmp_path / "data"), "DAGSTER_HOME": str(tmp_path / "home"),
+           "BATCH_MODEL_CACHE": str(MODEL_CACHE)}
+    cli = Path(sys.executable).with_name("batch-dagster")
+    proc = subprocess.run([str(cli), "run", str(write_jsonl(tmp_path / "in.jsonl", rows)), "--out",
+                           str(tmp_path / "out"), "--json"], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    out = {l["custom_id"]: l for l in read_jsonl(tmp_path / "out" / "output.jsonl")}
+    err = {l["custom_id"]: l for l in read_jsonl(tmp_path / "out" / "errors.jsonl")}
+    return summary, out, err
+
+
+def test_chat_batch_of_40_through_the_cli(tmp_path):
     rows = chat_rows_40()
     assert len(rows) == 40
-    summary, out, err = run(tmp_path, data_dir, instance, rows)
+    summary, out, err = run_cli(tmp_path, rows)
 
     assert summary["status"] == "completed"
     assert set(out).isdisjoint(err)
@@ -85,6 +105,13 @@ def test_chat_batch_of_40(tmp_path, data_dir, instance):
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
     expected = (usage["input_tokens"] * 0.10 + usage["output_tokens"] * 0.40) / 1e6 * 0.5
     assert summary["cost"]["total_cost"] == pytest.approx(expected, rel=1e-6)
+    assert summary["output_file"] == str(tmp_path / "out" / "output.jsonl") and summary["duration_s"] > 0
+
+    # The run went to the CLI's Dagster instance, so `make dev` shows it later.
+    with dg.DagsterInstance.from_config(str(tmp_path / "home")) as inst:
+        runs = inst.get_runs()
+        assert [r.tags.get("dagster/partition") for r in runs] == [summary["batch_id"]]
+        assert runs[0].is_success
 
 
 def test_completions_batch(tmp_path, data_dir, instance):

@@ -20,7 +20,7 @@ def comparable(line):
         response["status_code"],
         body["object"],
         body["model"],
-        [(c["message"], c["finish_reason"]) for c in body["choices"]],
+        [(c["message"], c["finish_reason"], c["stop_reason"]) for c in body["choices"]],
         {k: body["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
     )
 

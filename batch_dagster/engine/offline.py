@@ -178,7 +178,7 @@ class OfflineEngine:
             for _ in it.prompts:
                 out = next(outputs)
                 cached += out.num_cached_tokens or 0
-                choices += [t.Choice(o.text, o.finish_reason, len(o.token_ids)) for o in out.outputs]
+                choices += [t.Choice(o.text, o.finish_reason, len(o.token_ids), o.stop_reason) for o in out.outputs]
             lines.append(c.success_line(it.custom_id, make_body(model, choices, it.prompt_tokens, cached)))
         return lines
 

@@ -126,6 +126,7 @@ class Choice:
     text: str
     finish_reason: str | None
     tokens: int
+    stop_reason: int | str | None = None  # vLLM's extra: the stop string or token that ended it
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -146,9 +147,12 @@ def chat_completion(model: str, choices: list[Choice], prompt_tokens: int, cache
         "choices": [
             {
                 "index": i,
-                "message": {"role": "assistant", "content": ch.text},
+                # The fields vLLM's server writes, so offline and server lines are the same.
+                "message": {"role": "assistant", "content": ch.text, "refusal": None, "annotations": None,
+                            "audio": None, "function_call": None, "reasoning": None},
                 "logprobs": None,
                 "finish_reason": ch.finish_reason,
+                "stop_reason": ch.stop_reason,
             }
             for i, ch in enumerate(choices)
         ],
@@ -163,7 +167,8 @@ def text_completion(model: str, choices: list[Choice], prompt_tokens: int, cache
         "created": int(time.time()),
         "model": model,
         "choices": [
-            {"index": i, "text": ch.text, "logprobs": None, "finish_reason": ch.finish_reason}
+            {"index": i, "text": ch.text, "logprobs": None, "finish_reason": ch.finish_reason,
+             "stop_reason": ch.stop_reason}
             for i, ch in enumerate(choices)
         ],
         "usage": _usage(prompt_tokens, sum(ch.tokens for ch in choices), cached_tokens),

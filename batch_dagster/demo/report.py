@@ -1,0 +1,53 @@
+"""`batch-dagster demo`: the sample batch through the pipeline on the default model, then a summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from batch_dagster.cli import run_batch
+
+from . import sample_batch_path
+
+SHOWN = ("qa-001", "qa-002", "qa-004", "translate-fr-001", "translate-zh-001", "classify-sentiment-001")
+
+
+def _question(request: dict) -> str:
+    return request["body"]["messages"][-1]["content"]
+
+
+def run_demo(out_dir: Path) -> int:
+    sample = sample_batch_path()
+    requests = {r["custom_id"]: r for r in map(json.loads, sample.read_text(encoding="utf-8").splitlines())}
+    print(f"Running {len(requests)} sample requests through Dagster on the default model (first start ~30 s) ...")
+    summary = run_batch(sample, out_dir)
+    if summary["status"] != "completed":
+        print(f"The demo batch ended {summary['status']}: {summary.get('errors')}")
+        return 1
+    rc, usage, cost = summary["request_counts"], summary["usage"], summary["cost"]
+    rows = [
+        ("batch", summary["batch_id"]),
+        ("model", summary["model"]),
+        ("requests", f"{rc['total']} total, {rc['completed']} completed, {rc['failed']} failed"),
+        ("input tokens", usage["input_tokens"]),
+        ("output tokens", usage["output_tokens"]),
+        ("throughput", f"{summary['output_tokens_per_s']} output tokens/s"),
+        ("cost", f"{cost['total_cost']:.6f} {cost['currency']} (batch price, {cost['batch_discount']:.0%} off)"),
+        ("wall time", f"{summary['duration_s']:.1f} s"),
+        ("output file", summary["output_file"]),
+        ("error file", summary["error_file"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print()
+    for key, value in rows:
+        print(f"  {key:<{width}}  {value}")
+    answers = {}
+    for line in map(json.loads, Path(summary["output_file"]).read_text(encoding="utf-8").splitlines()):
+        if line["custom_id"] in SHOWN:
+            answers[line["custom_id"]] = line["response"]["body"]["choices"][0]["message"]["content"].strip()
+    print("\nA few answers:")
+    for cid in SHOWN:
+        if cid in answers:
+            print(f"\n  [{cid}] {_question(requests[cid])}\n  -> {answers[cid]}")
+    print("\nBrowse the run, its assets and checks in the Dagster UI: make dev (http://127.0.0.1:3000)")
+    return 0

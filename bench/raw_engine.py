@@ -1,0 +1,52 @@
+"""Stage 1 of the benchmark, run as its own process: the raw engine, every request in one `llm.chat` call.
+
+The engine settings are the registry's (`OfflineEngine(spec, path).llm_kwargs()`), so this is the
+same engine the pipeline builds. Prints one JSON object: engine_start_s (the `LLM(...)`
+constructor), inference_s (the one `llm.chat` call, chat templating included), output_tokens.
+
+    python -m bench.raw_engine INPUT.jsonl MODEL_PATH_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def main() -> None:
+    input_path, kwargs_json = sys.argv[1], sys.argv[2]
+    conversations, params_kwargs = [], []
+    with open(input_path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                body = json.loads(raw)["body"]
+                conversations.append(body["messages"])
+                params_kwargs.append({"max_tokens": body["max_tokens"], "temperature": body["temperature"]})
+
+    from vllm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(**json.loads(kwargs_json))
+    t1 = time.perf_counter()
+    print("BENCH engine ready", file=sys.stderr, flush=True)
+    params = [SamplingParams(**p) for p in params_kwargs]
+    outputs = llm.chat(conversations, params, use_tqdm=False)
+    t2 = time.perf_counter()
+    print("BENCH inference done", file=sys.stderr, flush=True)
+    output_tokens = sum(len(o.token_ids) for out in outputs for o in out.outputs)
+    prompt_tokens = sum(len(out.prompt_token_ids or []) for out in outputs)
+    cached_tokens = sum(out.num_cached_tokens or 0 for out in outputs)
+    print(json.dumps({
+        "engine_start_s": round(t1 - t0, 3),
+        "inference_s": round(t2 - t1, 3),
+        "requests": len(outputs),
+        "input_tokens": prompt_tokens,
+        "cached_tokens": cached_tokens,
+        "output_tokens": output_tokens,
+    }))
+    llm.llm_engine.engine_core.shutdown()
+
+
+if __name__ == "__main__":
+    main()

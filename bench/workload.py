@@ -1,0 +1,135 @@
+"""The benchmark workload: a fixed-seed, realistic OpenAI batch file of chat requests.
+
+Prompt lengths run from a few words to ~1,500 tokens with a long tail (log-normal), half of the
+requests open with one of three long system prompts (so a prefix cache can hit), max_tokens is
+16-128 and temperature 0. The same (n, model, seed) always gives the same bytes.
+
+    python -m bench.workload 5000 data/bench/input.jsonl [--model NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+from pathlib import Path
+
+import orjson
+
+SEED = 0
+MAX_PROMPT_TOKENS = 1500
+URL = "/v1/chat/completions"
+TOKENS_PER_WORD = 1.1
+
+# Common English words: SmolLM2's tokenizer spends ~1.1 tokens per word here (TOKENS_PER_WORD).
+WORDS = (
+    "the of and to in is was for on are with as at be this have from by they we say her she or an will my "
+    "one all would there their what so up out if about who get which go me when make can like time no just "
+    "him know take people into year your good some could them see other than then now look only come its over "
+    "think also back after use two how our work first well way even new want because any these give day most "
+    "us great small large old young long little right high different place world life hand part child eye "
+    "woman man week case point government company number group problem fact house water room mother area money "
+    "story month lot book job word business issue side kind head service friend father power hour game line end "
+    "member law car city community name president team minute idea kid body information nothing ago lead social "
+    "understand whether watch together follow around parent stop face anything create public already speak "
+    "others read level allow add office spend door health person art sure such war history party within grow "
+    "result open change morning walk reason low win research girl guy early food before moment himself air "
+    "teacher force offer enough both education across although remember foot second boy maybe toward able age "
+    "policy everything love process music including consider appear actually buy probably human wait serve "
+    "market die send expect home sense build stay fall nation plan cut college interest death course someone "
+    "experience behind reach local kill six remain effect suggest class control raise care perhaps late hard "
+    "field else pass former sell major sometimes require along development themselves report role better "
+    "economic effort decide rate strong possible heart drug show leader light voice wife police mind price"
+).split()
+
+TASKS = (
+    "Summarize the following text in two sentences:",
+    "Answer the question using the notes below.",
+    "Classify the topic of this message and explain why:",
+    "Rewrite the paragraph below in plain language:",
+    "List the three main points of this text:",
+    "Write a short reply to this customer message:",
+    "Extract every person and place named in the text:",
+    "Translate the following text into French:",
+)
+
+# Three long system prompts (~250, ~450 and ~700 tokens): the shared prefixes of half the requests.
+_SYSTEM_OPENINGS = (
+    ("You are the support assistant of a large online store. Follow the policy below exactly. ", 250),
+    ("You are a careful research assistant for a newspaper. Read the style guide below first. ", 450),
+    ("You are a legal document reviewer. The following rules govern every answer you give. ", 700),
+)
+
+
+def _words(rng: random.Random, n: int) -> str:
+    """n words of filler prose, with a full stop every 8-20 words."""
+    out, since = [], 0
+    stop = rng.randint(8, 20)
+    for _ in range(n):
+        w = rng.choice(WORDS)
+        if since == 0:
+            w = w.capitalize()
+        since += 1
+        if since >= stop:
+            w += "."
+            since, stop = 0, rng.randint(8, 20)
+        out.append(w)
+    return " ".join(out)
+
+
+def system_prompts(seed: int = SEED) -> list[str]:
+    rng = random.Random(f"system-{seed}")
+    return [opening + _words(rng, int(size / TOKENS_PER_WORD)) for opening, size in _SYSTEM_OPENINGS]
+
+
+def _prompt_tokens(rng: random.Random) -> int:
+    """A prompt length in tokens: median ~90, a long tail to MAX_PROMPT_TOKENS, at least a few words."""
+    return max(4, min(MAX_PROMPT_TOKENS, int(math.exp(rng.gauss(math.log(90), 1.1)))))
+
+
+def requests(n: int, model: str, seed: int = SEED):
+    """The n request lines (dicts) of the workload, in file order."""
+    rng = random.Random(seed)
+    systems = system_prompts(seed)
+    system_sizes = [size for _, size in _SYSTEM_OPENINGS]
+    for i in range(n):
+        tokens = _prompt_tokens(rng)
+        messages = []
+        if rng.random() < 0.5:
+            k = rng.randrange(3)
+            messages.append({"role": "system", "content": systems[k]})
+            # The system prompt counts toward the prompt: keep the whole under MAX_PROMPT_TOKENS.
+            tokens = max(4, min(tokens, MAX_PROMPT_TOKENS - system_sizes[k] - 20))
+        task = rng.choice(TASKS)
+        words = max(1, int(tokens / TOKENS_PER_WORD))
+        body_words = max(1, words - len(task.split()))
+        messages.append({"role": "user", "content": f"{task} {_words(rng, body_words)}" if tokens > 12
+                         else _words(rng, words)})
+        yield {
+            "custom_id": f"req-{i:06d}",
+            "method": "POST",
+            "url": URL,
+            "body": {"model": model, "messages": messages, "max_tokens": rng.randint(16, 128), "temperature": 0},
+        }
+
+
+def write_workload(path: Path, n: int, model: str, seed: int = SEED) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        for line in requests(n, model, seed):
+            f.write(orjson.dumps(line) + b"\n")
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("n", type=int)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--seed", type=int, default=SEED)
+    args = parser.parse_args()
+    write_workload(args.out, args.n, args.model, args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The `batch-dagster validate` command as a user runs it: exit codes, messages and --json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import chat_request, write_jsonl
+
+CLI = str(Path(sys.executable).with_name("batch-dagster"))
+
+
+def validate(*args):
+    return subprocess.run([CLI, "validate", *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def test_valid_file_exits_0_with_json_summary(tmp_path):
+    path = write_jsonl(tmp_path / "ok.jsonl", [chat_request("a", "hi"), chat_request("b", "there")])
+    proc = validate(path, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report == {"valid": True, "total_requests": 2, "model": "smollm2-135m-instruct",
+                      "endpoint": "/v1/chat/completions", "error_count": 0, "errors": []}
+
+
+def test_invalid_file_exits_1_and_names_line_and_field(tmp_path):
+    rows = [chat_request("a", "hi"), "", {"custom_id": "b", "method": "GET", "url": "/v1/chat/completions",
+                                          "body": {"model": "smollm2-135m-instruct", "messages": []}}, "[1, 2]"]
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    proc = validate(path, "--json")
+    assert proc.returncode == 1
+    errors = json.loads(proc.stdout)["errors"]
+    assert [(e["code"], e["line"], e["param"]) for e in errors] == [
+        ("invalid_method", 3, "method"), ("invalid_request", 4, None)]
+    human = validate(path)
+    assert human.returncode == 1 and "line 3 (method): [invalid_method]" in human.stderr
+    assert "Traceback" not in human.stderr
+
+
+def test_limits_and_endpoint_flags(tmp_path):
+    path = write_jsonl(tmp_path / "three.jsonl", [chat_request(str(i), "hi") for i in range(3)])
+    too_many = json.loads(validate(path, "--max-requests", 2, "--json").stdout)
+    assert [e["code"] for e in too_many["errors"]] == ["too_many_requests"]
+    too_big = json.loads(validate(path, "--max-bytes", 100, "--json").stdout)
+    assert [e["code"] for e in too_big["errors"]] == ["file_too_large"]
+    other = json.loads(validate(path, "--endpoint", "/v1/embeddings", "--json").stdout)
+    assert {(e["code"], e["line"]) for e in other["errors"]} == {("invalid_url", 1), ("invalid_url", 2), ("invalid_url", 3)}
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    proc = validate(tmp_path / "nope.jsonl")
+    assert proc.returncode == 2 and "nope.jsonl" in proc.stderr and "Traceback" not in proc.stderr
