@@ -62,7 +62,7 @@ class _Progress(threading.Thread):
 
         from batch_dagster.batchfile.results import committed_shards
 
-        bar = None
+        bar, shown = None, None
         while not self.stop.wait(0.5):
             manifest = self.storage.read_json(self.storage.shards_dir(self.batch_id) / "manifest.json")
             if manifest is None:
@@ -72,8 +72,14 @@ class _Progress(threading.Thread):
             shards = committed_shards(self.storage.results_dir(self.batch_id))
             done = sum(s.request_counts.total for s in shards.values())
             failed = sum(s.request_counts.failed for s in shards.values())
-            bar.set_postfix(failed=failed, shards=f"{len(shards)}/{manifest['shard_count']}")
-            bar.update(done - bar.n)
+            live = self.storage.read_json(self.storage.progress_path(self.batch_id))
+            if live is not None and live["shard"] not in shards:
+                done += live["done"]
+            state = (done, failed, len(shards))
+            if state != shown:  # redraw only on change: a log file gets one line per step, not per tick
+                shown = state
+                bar.set_postfix(failed=failed, shards=f"{len(shards)}/{manifest['shard_count']}", refresh=False)
+                bar.update(done - bar.n)
         if bar is not None:
             bar.close()
 

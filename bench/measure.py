@@ -37,48 +37,53 @@ class Measured:
     returncode: int
     wall_s: float
     peak_rss_mb: float
-    stdout: str
-    # (seconds since launch, line) for every stderr line, in order: log lines timed as they arrive.
-    stderr_lines: list[tuple[float, str]] = field(default_factory=list)
+    launched_at: float  # time.time() at launch, to line up with timestamps the process records itself
+    # (seconds since launch, line, "out" or "err") for every line printed (vLLM logs to stdout).
+    printed: list[tuple[float, str, str]] = field(default_factory=list)
+
+    @property
+    def stdout(self) -> str:
+        return "\n".join(line for _, line, stream in self.printed if stream == "out")
 
     def first(self, needle: str) -> float | None:
-        """Seconds since launch at which the first stderr line containing `needle` arrived."""
-        return next((t for t, line in self.stderr_lines if needle in line), None)
+        """Seconds since launch at which the first line containing `needle` arrived."""
+        return next((t for t, line, _ in self.printed if needle in line), None)
 
     def last(self, needle: str) -> float | None:
-        return next((t for t, line in reversed(self.stderr_lines) if needle in line), None)
+        return next((t for t, line, _ in reversed(self.printed) if needle in line), None)
 
     def tail(self, n: int = 40) -> str:
-        return "\n".join(line for _, line in self.stderr_lines[-n:])
+        return "\n".join(line for _, line, _ in self.printed[-n:])
 
 
 def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
                  timeout_s: float = 7200, log_path: Path | None = None) -> Measured:
     """Run cmd to the end, sampling the RSS of its process tree every SAMPLE_S seconds.
 
-    stderr is read line by line as it comes (PYTHONUNBUFFERED is set), so each log line gets the
-    time it was written to within a few milliseconds; stdout is kept whole.
+    stdout and stderr are read line by line as they come (PYTHONUNBUFFERED is set), so each log
+    line gets the time it was written within a few milliseconds.
     """
     env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    launched_at = time.time()
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     ps = psutil.Process(proc.pid)
-    lines: list[tuple[float, str]] = []
-    out_chunks: list[bytes] = []
+    tagged: list[tuple[float, str, str]] = []
+    lock = threading.Lock()
     log = open(log_path, "w") if log_path else None
 
-    def read_err() -> None:
-        for raw in proc.stderr:
+    def read(stream, tag: str) -> None:
+        for raw in stream:
+            at = time.perf_counter() - started
             line = raw.decode(errors="replace").rstrip("\n")
-            lines.append((time.perf_counter() - started, line))
-            if log:
-                log.write(f"{lines[-1][0]:9.3f} {line}\n")
+            with lock:
+                tagged.append((at, line, tag))
+                if log:
+                    log.write(f"{at:9.3f} {tag} {line}\n")
 
-    def read_out() -> None:
-        out_chunks.append(proc.stdout.read())
-
-    readers = [threading.Thread(target=read_err, daemon=True), threading.Thread(target=read_out, daemon=True)]
+    readers = [threading.Thread(target=read, args=(proc.stdout, "out"), daemon=True),
+               threading.Thread(target=read, args=(proc.stderr, "err"), daemon=True)]
     for r in readers:
         r.start()
     peak = 0
@@ -99,7 +104,8 @@ def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path
             r.join(10)
         if log:
             log.close()
-    return Measured(proc.returncode, wall, peak / 2**20, b"".join(out_chunks).decode(errors="replace"), lines)
+    tagged.sort(key=lambda x: x[0])
+    return Measured(proc.returncode, wall, peak / 2**20, launched_at, tagged)
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

@@ -2,9 +2,10 @@
 
 The engine settings are the registry's (`OfflineEngine(spec, path).llm_kwargs()`), so this is the
 same engine the pipeline builds. Prints one JSON object: engine_start_s (the `LLM(...)`
-constructor), inference_s (the one `llm.chat` call, chat templating included), output_tokens.
+constructor), inference_s (the one `llm.chat` call, chat templating included), output_tokens,
+written to RESULT.json (vLLM logs to stdout).
 
-    python -m bench.raw_engine INPUT.jsonl MODEL_PATH_JSON
+    python -m bench.raw_engine INPUT.jsonl LLM_KWARGS_JSON RESULT.json
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 
 
 def main() -> None:
-    input_path, kwargs_json = sys.argv[1], sys.argv[2]
+    input_path, kwargs_json, result_path = sys.argv[1:4]
     conversations, params_kwargs = [], []
     with open(input_path, "rb") as f:
         for raw in f:
@@ -37,14 +38,15 @@ def main() -> None:
     output_tokens = sum(len(o.token_ids) for out in outputs for o in out.outputs)
     prompt_tokens = sum(len(out.prompt_token_ids or []) for out in outputs)
     cached_tokens = sum(out.num_cached_tokens or 0 for out in outputs)
-    print(json.dumps({
-        "engine_start_s": round(t1 - t0, 3),
-        "inference_s": round(t2 - t1, 3),
-        "requests": len(outputs),
-        "input_tokens": prompt_tokens,
-        "cached_tokens": cached_tokens,
-        "output_tokens": output_tokens,
-    }))
+    with open(result_path, "w") as f:
+        json.dump({
+            "engine_start_s": round(t1 - t0, 3),
+            "inference_s": round(t2 - t1, 3),
+            "requests": len(outputs),
+            "input_tokens": prompt_tokens,
+            "cached_tokens": cached_tokens,
+            "output_tokens": output_tokens,
+        }, f)
     llm.llm_engine.engine_core.shutdown()
 
 

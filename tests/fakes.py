@@ -20,7 +20,7 @@ class FakeEngine:
     calls: list[list[str]] = field(default_factory=list)
     on_call: Callable[[int], None] | None = None  # called with the call number, e.g. to cancel mid-batch
 
-    def run(self, endpoint: str, requests: Sequence[Request]) -> list[Line]:
+    def run(self, endpoint: str, requests: Sequence[Request], on_progress: Callable[[int], None] | None = None) -> list[Line]:
         self.calls.append([cid for cid, _ in requests])
         if self.on_call is not None:
             self.on_call(len(self.calls))
@@ -37,6 +37,8 @@ class FakeEngine:
             out = " ".join(words[: body.get("max_tokens", 16)])
             choice = t.Choice(f"echo: {out}", "stop", len(words[: body.get("max_tokens", 16)]) + 1)
             lines.append(c.success_line(cid, t.chat_completion(body["model"], [choice], len(words))))
+            if on_progress is not None:
+                on_progress(1)
         return lines
 
 

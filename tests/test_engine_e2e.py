@@ -130,6 +130,10 @@ def test_completions_batch(tmp_path, data_dir, instance):
     assert b1["usage"]["completion_tokens"] <= 8
     assert [c["index"] for c in out["c2"]["response"]["body"]["choices"]] == [0, 1]
     assert err["c3"]["response"]["body"]["error"]["code"] == "context_length_exceeded"
+    # vLLM reported each finished prompt to the live progress (c1, and c2's two prompts), capped at
+    # the shard's size: an approximate count while the shard runs, exact once it commits.
+    storage = make_defs(data_dir, real_vllm()).resources["storage"]
+    assert storage.read_json(storage.progress_path(summary["batch_id"])) == {"shard": 0, "done": 3}
 
 
 def _cos(a, b):

@@ -52,6 +52,9 @@ def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, 
     assert len(engine.calls) == 3  # 11 requests in shards of 4
 
     batch_id = summary["batch_id"]
+    # Live progress inside a shard is written for the progress bar and live request counts.
+    storage = BatchStorage(data_dir=str(data_dir))
+    assert storage.read_json(storage.progress_path(batch_id)) == {"shard": 2, "done": 3}
     assert batch_id in instance.get_dynamic_partitions("batches")
     for key in ("batch_input", "validated_requests", "batch_shards", "shard_results", "batch_output_files", "batch_usage"):
         assert instance.get_latest_materialization_event(dg.AssetKey(key)) is not None, key

@@ -127,8 +127,11 @@ def validated_requests(
         )
     tmp.replace(out)
     context.log.info(f"{report.total_requests} valid requests for {report.model} at {report.endpoint}")
+    head = pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5).to_pylist()
+    preview = [{"custom_id": r["custom_id"], "prompt_chars": r["prompt_chars"], "body": r["body"][:100]} for r in head]
     return dg.MaterializeResult(
         metadata={
+            "preview": _md_table(preview),
             "total_requests": report.total_requests,
             "model": report.model,
             "endpoint": report.endpoint,
@@ -190,6 +193,23 @@ def read_shard(storage: BatchStorage, batch_id: str, index: int) -> list[tuple[s
     return [(cid, orjson.loads(body)) for cid, body in zip(table["custom_id"].to_pylist(), table["body"].to_pylist())]
 
 
+class _ShardProgress:
+    """Counts a shard's finished requests and writes them to storage at most once a second."""
+
+    def __init__(self, storage: BatchStorage, batch_id: str, index: int, size: int):
+        self.path, self.index, self.size = storage.progress_path(batch_id), index, size
+        self.storage = storage
+        self.done = 0
+        self.written_at = 0.0
+
+    def __call__(self, n: int) -> None:
+        self.done = min(self.done + n, self.size)
+        now = time.monotonic()
+        if now - self.written_at >= 1.0 or self.done == self.size:
+            self.written_at = now
+            self.storage.write_json(self.path, {"shard": self.index, "done": self.done})
+
+
 def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) -> list[dict[str, Any]]:
     message = f"The engine failed on this shard after {INFERENCE_RETRIES + 1} attempts: {reason}"
     return [c.request_error_line(cid, c.ENGINE_ERROR, message, status_code=500) for cid, _ in requests]
@@ -229,7 +249,8 @@ def shard_results(
         requests = read_shard(storage, batch_id, index)
         t0 = time.perf_counter()
         try:
-            lines = engine.run(manifest["endpoint"], requests)
+            progress = _ShardProgress(storage, batch_id, index, len(requests))
+            lines = engine.run(manifest["endpoint"], requests, on_progress=progress)
         except EngineCrash as exc:
             vllm.reset(manifest["model"])
             if context.retry_number < INFERENCE_RETRIES:
@@ -365,6 +386,8 @@ def batch_usage(
             "inference_s": summary["inference_s"],
             "model_revision": summary["record"]["revision"],
             "vllm_version": summary["record"]["vllm_version"],
+            "engine": dg.MetadataValue.json(summary["record"]),
+            "cost_detail": dg.MetadataValue.json(summary["cost"]),
         }
     )
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 Request = tuple[str, dict[str, Any]]  # (custom_id, body)
 Line = dict[str, Any]
+OnProgress = Callable[[int], None]  # called with the number of requests just finished
 
 
 class EngineCrash(RuntimeError):
@@ -14,9 +16,36 @@ class EngineCrash(RuntimeError):
 
 
 class Engine(Protocol):
-    def run(self, endpoint: str, requests: Sequence[Request]) -> list[Line]:
+    def run(self, endpoint: str, requests: Sequence[Request], on_progress: OnProgress | None = None) -> list[Line]:
         """One output or error line per request, in any order."""
         ...
+
+
+class ProgressTicker:
+    """Stands in for the tqdm bar vLLM's `use_tqdm` builds, forwarding finished requests to a callback."""
+
+    def __init__(self, on_progress: OnProgress):
+        self.on_progress = on_progress
+        self.n = 0
+        self.postfix = ""
+        self._started = time.monotonic()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> "ProgressTicker":
+        return self
+
+    @property
+    def format_dict(self) -> dict[str, float]:
+        return {"elapsed": max(time.monotonic() - self._started, 1e-9)}
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        self.on_progress(n)
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -12,7 +12,7 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.registry import ModelSpec
 
 from . import translate as t
-from .base import EngineCrash, Line, Request, is_out_of_memory
+from .base import EngineCrash, Line, OnProgress, ProgressTicker, Request, is_out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,9 @@ class OfflineEngine:
 
     # -- running -----------------------------------------------------------------------
 
-    def run(self, endpoint: str, requests: Sequence[Request]) -> list[Line]:
+    def run(self, endpoint: str, requests: Sequence[Request], on_progress: OnProgress | None = None) -> list[Line]:
         """All of a shard's requests go to the engine in one call, so continuous batching stays full."""
+        self._on_progress = on_progress
         try:
             self.llm  # noqa: B018 - start-up failures are crashes of the engine, not of a request
         except Exception as exc:
@@ -157,20 +158,24 @@ class OfflineEngine:
             mid = len(items) // 2
             return self._run_isolating(endpoint, items[:mid]) + self._run_isolating(endpoint, items[mid:])
 
+    def _ticker(self) -> ProgressTicker | bool:
+        on_progress = getattr(self, "_on_progress", None)
+        return ProgressTicker(on_progress) if on_progress else False
+
     def _execute(self, endpoint: str, items: list[_Prepared]) -> list[Line]:
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=p) for it in items for p in it.prompts]
         model = self.spec.name
         if endpoint == c.EMBEDDINGS:
-            outputs = iter(self.llm.embed(prompts, use_tqdm=False))
+            outputs = iter(self.llm.embed(prompts, use_tqdm=self._ticker()))
             lines = []
             for it in items:
                 vectors = [list(next(outputs).outputs.embedding) for _ in it.prompts]
                 lines.append(c.success_line(it.custom_id, t.embedding_list(model, vectors, it.prompt_tokens, it.encoding_format)))
             return lines
         params = [it.params for it in items for _ in it.prompts]
-        outputs = iter(self.llm.generate(prompts, params, use_tqdm=False))
+        outputs = iter(self.llm.generate(prompts, params, use_tqdm=self._ticker()))
         make_body = t.chat_completion if endpoint == c.CHAT else t.text_completion
         lines = []
         for it in items:

@@ -14,7 +14,7 @@ import httpx
 from batch_dagster.batchfile import contract as c
 
 from . import translate as t
-from .base import EngineCrash, Line, Request
+from .base import EngineCrash, Line, OnProgress, Request
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,10 @@ class ServerEngine:
     timeout_s: float = 600.0
     api_key: str | None = None
 
-    def run(self, endpoint: str, requests: Sequence[Request]) -> list[Line]:
-        return asyncio.run(self._run(endpoint, requests))
+    def run(self, endpoint: str, requests: Sequence[Request], on_progress: OnProgress | None = None) -> list[Line]:
+        return asyncio.run(self._run(endpoint, requests, on_progress))
 
-    async def _run(self, endpoint: str, requests: Sequence[Request]) -> list[Line]:
+    async def _run(self, endpoint: str, requests: Sequence[Request], on_progress: OnProgress | None) -> list[Line]:
         if not self.base_urls:
             raise EngineCrash("Server mode needs at least one server URL.")
         limit = asyncio.Semaphore(self.max_concurrency)
@@ -65,7 +65,10 @@ class ServerEngine:
 
             async def one(custom_id: str, body: dict[str, Any], url: str) -> Line:
                 async with limit:
-                    return await self._send(client, url, custom_id, server_body(endpoint, body))
+                    line = await self._send(client, url, custom_id, server_body(endpoint, body))
+                if on_progress is not None:
+                    on_progress(1)
+                return line
 
             tasks = [asyncio.create_task(one(cid, body, next(urls))) for cid, body in requests]
             try:

@@ -34,6 +34,10 @@ class BatchStorage(dg.ConfigurableResource):
     def results_dir(self, batch_id: str) -> Path:
         return self.batch_dir(batch_id) / "results"
 
+    def progress_path(self, batch_id: str) -> Path:
+        """Requests finished so far in the shard being inferred (the live part of request_counts)."""
+        return self.results_dir(batch_id) / "progress.json"
+
     def output_path(self, batch_id: str) -> Path:
         return self.batch_dir(batch_id) / "output.jsonl"
 

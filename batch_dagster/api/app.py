@@ -1,0 +1,46 @@
+"""The FastAPI app: OpenAI-compatible /v1/files and /v1/batches over the store and the pipeline's storage."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from batch_dagster.store import repo
+
+from . import batches, errors, files
+from .config import ApiConfig
+from .deps import AppContext
+from .uploads import MULTIPART_SLACK, UploadSizeLimit
+
+
+def create_app(config: ApiConfig | None = None) -> FastAPI:
+    """Build the app; the store's schema is upgraded to head here, before the first request."""
+    config = config or ApiConfig.from_env()
+    context = AppContext.build(config)
+    context.store.upgrade()
+    with context.store.session() as session:
+        repo.ensure_owners(session, [*context.owners.values(), repo.ANONYMOUS])
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        context.store.dispose()
+
+    app = FastAPI(
+        title="batch-dagster",
+        summary="OpenAI-compatible Files and Batches API; batches run through the Dagster pipeline.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.context = context
+    errors.install(app)
+    app.include_router(files.router, prefix="/v1")
+    app.include_router(batches.router, prefix="/v1")
+
+    @app.get("/health", include_in_schema=False)
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    app.add_middleware(UploadSizeLimit, max_body_bytes=config.max_upload_bytes + MULTIPART_SLACK)
+    return app

@@ -1,0 +1,139 @@
+"""/v1/batches: create a batch from an uploaded file, follow it, list, cancel."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from batch_dagster.batchfile.contract import ENDPOINTS
+from batch_dagster.store import TERMINAL, BatchRecord
+from batch_dagster.store import repo
+from batch_dagster.store.lifecycle import sync_batch
+
+from .deps import Context, DbSession, Owner
+from .errors import invalid, not_found
+from .schemas import Batch, BatchError, BatchErrors, BatchRequestCounts, BatchUsage, CreateBatchRequest, ListPage
+from .uploads import first_request
+
+router = APIRouter(tags=["batches"])
+COMPLETION_WINDOWS = ("24h",)
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+_HEAD = 1 << 20
+
+
+def batch_object(row: BatchRecord) -> Batch:
+    errors = BatchErrors(data=[BatchError(**e) for e in row.errors]) if row.errors else None
+    return Batch(
+        id=row.id, endpoint=row.endpoint, errors=errors, input_file_id=row.input_file_id,
+        completion_window=row.completion_window, status=row.status, output_file_id=row.output_file_id,
+        error_file_id=row.error_file_id, created_at=row.created_at, in_progress_at=row.in_progress_at,
+        expires_at=row.expires_at, finalizing_at=row.finalizing_at, completed_at=row.completed_at,
+        failed_at=row.failed_at, expired_at=row.expired_at, cancelling_at=row.cancelling_at,
+        cancelled_at=row.cancelled_at,
+        request_counts=BatchRequestCounts(total=row.request_total, completed=row.request_completed,
+                                          failed=row.request_failed),
+        metadata=row.meta, model=row.model, usage=BatchUsage.model_validate(row.usage or {}),
+    )
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    if not metadata:
+        return
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise invalid(f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS} are allowed.", "metadata")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise invalid(f"metadata key {key[:20]!r}... is longer than {MAX_METADATA_KEY} characters.", "metadata")
+        if len(value) > MAX_METADATA_VALUE:
+            raise invalid(f"metadata value of {key!r} is longer than {MAX_METADATA_VALUE} characters.", "metadata")
+
+
+def _check_first_line(path: Path, endpoint: str) -> None:
+    """The batch's endpoint must be its requests' url; the pipeline checks that every line shares line 1's."""
+    with open(path, "rb") as f:
+        request = first_request(f.read(_HEAD))
+    url = request.get("url") if request else None
+    if isinstance(url, str) and url != endpoint:
+        raise invalid(f"The input file's requests use url {url!r} (line 1) but the batch endpoint is {endpoint!r}.",
+                      param="endpoint", code="invalid_url")
+
+
+@router.post("/batches", response_model=Batch)
+def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, owner: Owner) -> Batch:
+    """Accept a batch: its input goes into the pipeline's storage; the Dagster sensor launches it."""
+    if body.completion_window not in COMPLETION_WINDOWS:
+        raise invalid(f"completion_window {body.completion_window!r} is not supported; use '24h'.",
+                      param="completion_window", code="invalid_completion_window")
+    if body.endpoint not in ENDPOINTS:
+        raise invalid(f"Endpoint {body.endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}.",
+                      param="endpoint", code="invalid_endpoint")
+    _check_metadata(body.metadata)
+    source = repo.get_file(session, owner, body.input_file_id)
+    if source is None:
+        raise not_found("File", body.input_file_id, param="input_file_id")
+    if source.purpose != "batch":
+        raise invalid(f"File {source.id} has purpose {source.purpose!r}; a batch needs a file uploaded with "
+                      "purpose 'batch'.", param="input_file_id", code="invalid_input_file")
+    _check_first_line(Path(source.path), body.endpoint)
+
+    batch_id = repo.new_batch_id()
+    started = time.time()
+    deadline = started + ctx.config.completion_window_s
+    # The input and the deadline are in place before the row exists, so the sensor never sees half a batch.
+    ctx.storage.put_input(batch_id, Path(source.path))
+    ctx.storage.set_deadline(batch_id, deadline)
+    row = BatchRecord(
+        id=batch_id, owner=owner, endpoint=body.endpoint, input_file_id=source.id,
+        completion_window=body.completion_window, status="validating", created_at=int(started),
+        expires_at=int(deadline), meta=body.metadata,
+        output_expires_after=body.output_expires_after.seconds if body.output_expires_after else None,
+    )
+    session.add(row)
+    session.commit()
+    return batch_object(row)
+
+
+def _owned_batch(session, ctx, owner: str, batch_id: str) -> BatchRecord:
+    row = repo.get_batch(session, owner, batch_id)
+    if row is None:
+        raise not_found("Batch", batch_id, param="batch_id")
+    return sync_batch(session, ctx.storage, row)
+
+
+@router.get("/batches/{batch_id}", response_model=Batch)
+def retrieve_batch(batch_id: str, ctx: Context, session: DbSession, owner: Owner) -> Batch:
+    return batch_object(_owned_batch(session, ctx, owner, batch_id))
+
+
+@router.get("/batches", response_model=ListPage[Batch])
+def list_batches(
+    ctx: Context,
+    session: DbSession,
+    owner: Owner,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> ListPage[Batch]:
+    page = repo.list_batches(session, owner, after=after, limit=limit)
+    if page is None:
+        raise not_found("Batch", after, param="after")
+    rows, has_more = page
+    data = [batch_object(sync_batch(session, ctx.storage, r)) for r in rows]
+    return ListPage[Batch](data=data, first_id=data[0].id if data else None,
+                           last_id=data[-1].id if data else None, has_more=has_more)
+
+
+@router.post("/batches/{batch_id}/cancel", response_model=Batch)
+def cancel_batch(batch_id: str, ctx: Context, session: DbSession, owner: Owner) -> Batch:
+    """Ask the run to stop before its next shard; the batch is `cancelling` until it has."""
+    row = _owned_batch(session, ctx, owner, batch_id)
+    if row.status in TERMINAL:
+        raise invalid(f"Batch {batch_id} is {row.status}; only a batch that has not ended can be cancelled.",
+                      param="batch_id", code="batch_not_cancellable")
+    if row.status != "cancelling":
+        # The stop file first: once the status says cancelling, the pipeline must already see it.
+        ctx.storage.request_stop(batch_id, "cancelled")
+        repo.request_cancel(session, row)
+    return batch_object(sync_batch(session, ctx.storage, row))

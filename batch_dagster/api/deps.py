@@ -1,0 +1,65 @@
+"""What every route needs: the app's context (config, store, storage), a session, and the caller's identity."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from batch_dagster.resources.storage import BatchStorage
+from batch_dagster.store import Store
+from batch_dagster.store.repo import ANONYMOUS, owner_of_key
+
+from .config import ApiConfig
+from .errors import ApiError
+
+
+@dataclass
+class AppContext:
+    config: ApiConfig
+    store: Store
+    storage: BatchStorage
+    owners: dict[str, str]  # api key -> owner
+
+    @classmethod
+    def build(cls, config: ApiConfig) -> AppContext:
+        store = Store(config.database_url)
+        return cls(config, store, BatchStorage(data_dir=str(config.data_dir)),
+                   {key: owner_of_key(key) for key in config.api_keys})
+
+
+def get_context(request: Request) -> AppContext:
+    return request.app.state.context
+
+
+def get_session(ctx: Annotated[AppContext, Depends(get_context)]) -> Iterator[Session]:
+    with ctx.store.session() as session:
+        yield session
+
+
+def get_owner(request: Request, ctx: Annotated[AppContext, Depends(get_context)]) -> str:
+    """The owner of the caller's key; everyone is one anonymous owner when no keys are configured."""
+    if not ctx.owners:
+        return ANONYMOUS
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise ApiError(401, "You didn't provide an API key. Send it as `Authorization: Bearer <key>`.",
+                       code="missing_api_key")
+    owner = None
+    for key, key_owner in ctx.owners.items():
+        # Compare with every key, in constant time, so timing says nothing about which one matched.
+        if hmac.compare_digest(token.encode(), key.encode()):
+            owner = key_owner
+    if owner is None:
+        raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+    return owner
+
+
+Context = Annotated[AppContext, Depends(get_context)]
+DbSession = Annotated[Session, Depends(get_session)]
+Owner = Annotated[str, Depends(get_owner)]

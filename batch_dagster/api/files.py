@@ -1,0 +1,130 @@
+"""/v1/files: upload a batch input file, list, retrieve, download and delete files."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi.responses import FileResponse
+
+from batch_dagster.store import FileRecord
+from batch_dagster.store import repo
+
+from .deps import Context, DbSession, Owner
+from .errors import ApiError, invalid, not_found
+from .schemas import FileDeleted, FileObject, ListPage
+from .uploads import jsonl_problem, sanitize_filename
+
+router = APIRouter(tags=["files"])
+_CHUNK = 1 << 20
+_SNIFF = 64 * 1024
+
+
+def file_object(row: FileRecord) -> FileObject:
+    return FileObject(id=row.id, bytes=row.bytes, created_at=row.created_at, filename=row.filename,
+                      purpose=row.purpose, expires_at=row.expires_at)
+
+
+@router.post("/files", response_model=FileObject)
+def create_file(
+    ctx: Context,
+    session: DbSession,
+    owner: Owner,
+    file: Annotated[UploadFile, File()],
+    purpose: Annotated[str, Form()],
+    expires_anchor: Annotated[str | None, Form(alias="expires_after[anchor]")] = None,
+    expires_seconds: Annotated[int | None, Form(alias="expires_after[seconds]")] = None,
+) -> FileObject:
+    """Store an uploaded batch input file (JSONL) and return its File object."""
+    if purpose != "batch":
+        raise invalid(f"Purpose {purpose!r} is not supported here; upload batch input files with purpose 'batch'.",
+                      param="purpose", code="invalid_purpose")
+    filename = sanitize_filename(file.filename)
+    if not filename.lower().endswith(".jsonl"):
+        raise invalid(f"File {filename!r} is not a .jsonl file; the Batch API takes JSONL files only.",
+                      param="file", code="invalid_file_format")
+    expires_at = None
+    if expires_anchor is not None or expires_seconds is not None:
+        if expires_anchor != "created_at" or expires_seconds is None or not 3600 <= expires_seconds <= 2_592_000:
+            raise invalid("expires_after needs anchor 'created_at' and seconds between 3600 and 2592000.",
+                          param="expires_after")
+    file_id = repo.new_file_id()
+    created_at = repo.now()
+    if expires_seconds is not None:
+        expires_at = created_at + expires_seconds
+    dest = ctx.config.files_dir / f"{file_id}.jsonl"
+    size = _store_upload(file, dest, ctx.config.max_upload_bytes)
+    row = repo.add_file(session, FileRecord(
+        id=file_id, owner=owner, bytes=size, created_at=created_at, expires_at=expires_at, filename=filename,
+        purpose=purpose, path=str(dest),
+    ))
+    return file_object(row)
+
+
+def _store_upload(upload: UploadFile, dest, limit: int) -> int:
+    """Copy the upload to `dest` in chunks, checking its size and that it starts like JSONL."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    size = 0
+    try:
+        with open(tmp, "wb") as out:
+            head = upload.file.read(_SNIFF)
+            if problem := jsonl_problem(head):
+                raise invalid(problem, param="file", code="invalid_file_format")
+            chunk = head
+            while chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"The file is larger than the upload limit of {limit} bytes.",
+                                   param="file", code="file_too_large")
+                out.write(chunk)
+                chunk = upload.file.read(_CHUNK)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return size
+
+
+@router.get("/files", response_model=ListPage[FileObject])
+def list_files(
+    session: DbSession,
+    owner: Owner,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Literal["asc", "desc"] = "desc",
+    purpose: str | None = None,
+) -> ListPage[FileObject]:
+    page = repo.list_files(session, owner, after=after, limit=limit, ascending=order == "asc", purpose=purpose)
+    if page is None:
+        raise not_found("File", after, param="after")
+    rows, has_more = page
+    data = [file_object(r) for r in rows]
+    return ListPage[FileObject](data=data, first_id=data[0].id if data else None,
+                                last_id=data[-1].id if data else None, has_more=has_more)
+
+
+def _owned_file(session, owner: str, file_id: str) -> FileRecord:
+    row = repo.get_file(session, owner, file_id)
+    if row is None:
+        raise not_found("File", file_id, param="file_id")
+    return row
+
+
+@router.get("/files/{file_id}", response_model=FileObject)
+def retrieve_file(file_id: str, session: DbSession, owner: Owner) -> FileObject:
+    return file_object(_owned_file(session, owner, file_id))
+
+
+@router.get("/files/{file_id}/content")
+def file_content(file_id: str, session: DbSession, owner: Owner) -> FileResponse:
+    row = _owned_file(session, owner, file_id)
+    if not os.path.exists(row.path):
+        raise ApiError(404, f"The content of file {file_id} is gone.", param="file_id", code="not_found")
+    return FileResponse(row.path, media_type="application/octet-stream", filename=row.filename)
+
+
+@router.delete("/files/{file_id}", response_model=FileDeleted)
+def delete_file(file_id: str, session: DbSession, owner: Owner) -> FileDeleted:
+    repo.delete_file(session, _owned_file(session, owner, file_id))
+    return FileDeleted(id=file_id, deleted=True)

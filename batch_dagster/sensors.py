@@ -1,0 +1,91 @@
+"""Sensors that connect the HTTP API to the pipeline: launch the batches it accepts, follow their runs."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from batch_dagster.jobs import batch_job
+from batch_dagster.partitions import batches
+from batch_dagster.resources import BatchStorage
+from batch_dagster.store import repo
+from batch_dagster.store.lifecycle import sync_batch
+from batch_dagster.store.resource import ApiStore
+
+PARTITION_TAG = "dagster/partition"
+# A batch marked launched with no run after this long (the tick's runs were lost) is requested again;
+# the run key keeps Dagster from running it twice.
+RELAUNCH_AFTER_S = 120
+_ENDED_BADLY = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+
+
+@dg.sensor(
+    job=batch_job,
+    minimum_interval_seconds=3,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Adds each batch created through the API as a partition and runs batch_job for it.",
+)
+def api_batch_sensor(context: dg.SensorEvaluationContext, api_store: ApiStore) -> dg.SensorResult | dg.SkipReason:
+    with api_store.session() as session:
+        waiting = [b.id for b in repo.batches_to_launch(session)]
+        if not waiting:
+            return dg.SkipReason("No new batches.")
+        repo.mark_launched(session, waiting)
+    context.log.info(f"Launching {len(waiting)} batch(es): {', '.join(waiting)}")
+    return dg.SensorResult(
+        run_requests=[
+            dg.RunRequest(partition_key=batch_id, run_key=batch_id, tags={"batch_id": batch_id, "source": "api"})
+            for batch_id in waiting
+        ],
+        dynamic_partitions_requests=[batches.build_add_request(waiting)],
+    )
+
+
+def latest_run(instance: dg.DagsterInstance, batch_id: str) -> dg.DagsterRun | None:
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=batch_job.name, tags={PARTITION_TAG: batch_id}), limit=1
+    )
+    return records[0].dagster_run if records else None
+
+
+def run_failure_message(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
+    """The first step failure of a run, or its run-level message."""
+    for record in instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records:
+        event = record.event_log_entry.dagster_event
+        error = event.step_failure_data.error if event and event.step_failure_data else None
+        if error is not None:
+            return f"Run {run.run_id} failed in step {event.step_key}: {error.message.strip()}"
+    verb = "was canceled" if run.status == dg.DagsterRunStatus.CANCELED else "failed"
+    return f"Run {run.run_id} {verb}; see the Dagster UI."
+
+
+@dg.sensor(
+    minimum_interval_seconds=5,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Brings the API's batches up to date with their runs: progress, the end, runs that failed.",
+)
+def api_batch_status_sensor(
+    context: dg.SensorEvaluationContext, api_store: ApiStore, storage: BatchStorage
+) -> dg.SkipReason:
+    moved = 0
+    with api_store.session() as session:
+        for batch in repo.active_batches(session):
+            before = batch.status
+            run = latest_run(context.instance, batch.id)
+            failure = None
+            if run is None:
+                if batch.launched_at is not None and repo.now() - batch.launched_at > RELAUNCH_AFTER_S:
+                    context.log.warning(f"{batch.id}: no run since it was launched; requesting it again")
+                    repo.unmark_launched(session, batch.id)
+                continue
+            if run.status in _ENDED_BADLY:
+                failure = run_failure_message(context.instance, run)
+            if batch.run_id != run.run_id:
+                batch.run_id = run.run_id
+                session.commit()
+            sync_batch(session, storage, batch, run_failure=failure)
+            if batch.status != before:
+                moved += 1
+                context.log.info(f"{batch.id}: {before} -> {batch.status}")
+        for file in repo.expired_files(session):
+            repo.delete_file(session, file)
+    return dg.SkipReason(f"{moved} batch(es) changed status.")

@@ -1,0 +1,6 @@
+"""The API's metadata store: files, batches and which API key owns them (SQLAlchemy, Alembic)."""
+
+from .models import TERMINAL, ApiKey, BatchRecord, FileRecord
+from .session import Store
+
+__all__ = ["TERMINAL", "ApiKey", "BatchRecord", "FileRecord", "Store"]

@@ -1,0 +1,177 @@
+"""How a batch's API status follows its Dagster run: read from the files the pipeline writes, then persisted.
+
+The pipeline writes, in order: validation.json (valid or not), shard summaries as each shard
+commits, merged.json once the output and error files are merged, summary.json at the end. Each
+file's presence moves the status on; its modification time is when that happened, so the
+timestamps are right whoever looks first (the API on a read, or the status sensor).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from batch_dagster.batchfile.results import RequestCounts, committed_shards
+from batch_dagster.batchfile.usage import Usage
+from batch_dagster.resources.storage import BatchStorage
+
+from .models import TERMINAL, BatchRecord, FileRecord
+from .repo import new_file_id, now
+
+WITH_FILES = frozenset({"completed", "cancelled", "expired"})
+PIPELINE_ERROR = "pipeline_error"
+
+
+@dataclass
+class Observation:
+    """What a batch's files say: its status, when each step happened, and its counts so far."""
+
+    status: str = "validating"
+    timestamps: dict[str, int] = field(default_factory=dict)
+    request_counts: dict[str, int] | None = None
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+    errors: list[dict[str, Any]] | None = None
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return int(os.stat(path).st_mtime)
+    except FileNotFoundError:
+        return None
+
+
+def observe(storage: BatchStorage, batch_id: str) -> Observation:
+    """Derive the batch's status from the pipeline's files (nothing there yet: `validating`)."""
+    obs = Observation()
+    validation_path = storage.validation_path(batch_id)
+    validation = storage.read_json(validation_path)
+    if validation is None:
+        return obs
+    obs.model = validation.get("model")
+    if not validation["valid"]:
+        obs.status = "failed"
+        obs.timestamps["failed_at"] = _mtime(validation_path)
+        obs.errors = validation["errors"]
+        obs.request_counts = RequestCounts(total=validation["total_requests"]).to_dict()
+        return obs
+    obs.status = "in_progress"
+    obs.timestamps["in_progress_at"] = _mtime(validation_path)
+
+    summary_path = storage.summary_path(batch_id)
+    summary = storage.read_json(summary_path)
+    merged_path = storage.batch_dir(batch_id) / "merged.json"
+    if (merged_at := _mtime(merged_path)) is not None:
+        obs.status = "finalizing"
+        obs.timestamps["finalizing_at"] = merged_at
+    if summary is not None:
+        obs.status = summary["status"]
+        obs.timestamps[f"{obs.status}_at"] = _mtime(summary_path)
+        obs.request_counts, obs.usage, obs.model = summary["request_counts"], summary["usage"], summary["model"]
+        return obs
+
+    # Running: the counts move with every committed shard.
+    results_dir = storage.results_dir(batch_id)
+    shards = committed_shards(results_dir)
+    counts, usage = RequestCounts(total=validation["total_requests"]), Usage()
+    for shard in shards.values():
+        counts.completed += shard.request_counts.completed
+        counts.failed += shard.request_counts.failed
+        usage += shard.usage
+    obs.request_counts, obs.usage = counts.to_dict(), usage.to_dict()
+    manifest = storage.read_json(storage.shards_dir(batch_id) / "manifest.json")
+    if obs.status == "in_progress" and manifest is not None and len(shards) >= manifest["shard_count"]:
+        obs.status = "finalizing"
+        obs.timestamps["finalizing_at"] = max(
+            (t for t in (_mtime(results_dir / f"shard-{i:05d}.json") for i in shards) if t is not None), default=now()
+        )
+    return obs
+
+
+def run_failed(obs: Observation, message: str, at: int | None = None) -> Observation:
+    """The observation of a batch whose Dagster run failed before it wrote a summary."""
+    if obs.status in TERMINAL:
+        return obs
+    error = {"code": PIPELINE_ERROR, "message": message, "line": None, "param": None}
+    return Observation("failed", {**obs.timestamps, "failed_at": at or now()}, obs.request_counts, obs.usage,
+                       obs.model, [error])
+
+
+def changes(batch: BatchRecord, obs: Observation) -> dict[str, Any]:
+    """The column updates that bring `batch` up to `obs`: statuses only move on, timestamps are set once."""
+    if batch.status in TERMINAL:
+        return {}
+    status = obs.status
+    cancelling = batch.cancelling_at is not None
+    if cancelling and status not in TERMINAL:
+        status = "cancelling"  # until the run has stopped and written its summary
+    values: dict[str, Any] = {}
+    if status != batch.status:
+        values["status"] = status
+    for key, at in obs.timestamps.items():
+        if key == "finalizing_at" and cancelling:
+            continue
+        if at is not None and getattr(batch, key) is None:
+            values[key] = at
+    if obs.request_counts is not None:
+        for name, value in obs.request_counts.items():
+            if getattr(batch, f"request_{name}") != value:
+                values[f"request_{name}"] = value
+    if obs.usage is not None and obs.usage != batch.usage:
+        values["usage"] = obs.usage
+    if obs.model and obs.model != batch.model:
+        values["model"] = obs.model
+    if obs.errors is not None and obs.errors != batch.errors:
+        values["errors"] = obs.errors
+    return values
+
+
+def _result_files(storage: BatchStorage, batch: BatchRecord, at: int) -> list[FileRecord]:
+    expires_at = at + batch.output_expires_after if batch.output_expires_after else None
+    files = []
+    for path, suffix in ((storage.output_path(batch.id), "output"), (storage.error_path(batch.id), "error")):
+        files.append(FileRecord(
+            id=new_file_id(), owner=batch.owner, bytes=path.stat().st_size if path.exists() else 0, created_at=at,
+            expires_at=expires_at, filename=f"{batch.id}_{suffix}.jsonl", purpose="batch_output", path=str(path),
+            batch_id=batch.id,
+        ))
+    return files
+
+
+def apply(session: Session, storage: BatchStorage, batch: BatchRecord, obs: Observation) -> BatchRecord:
+    """Persist what `obs` changes; on reaching the end, register the output and error files, once.
+
+    The update only applies while the stored batch is not terminal, so when the API and the
+    sensor observe the end together, exactly one of them registers the files.
+    """
+    values = changes(batch, obs)
+    if not values:
+        return batch
+    result = session.execute(
+        update(BatchRecord).where(BatchRecord.id == batch.id, BatchRecord.status.not_in(TERMINAL)).values(**values)
+    )
+    if result.rowcount == 1 and values.get("status") in WITH_FILES:
+        output, error = _result_files(storage, batch, now())
+        session.add_all([output, error])
+        session.flush()
+        session.execute(
+            update(BatchRecord).where(BatchRecord.id == batch.id).values(output_file_id=output.id, error_file_id=error.id)
+        )
+    session.commit()
+    session.refresh(batch)
+    return batch
+
+
+def sync_batch(session: Session, storage: BatchStorage, batch: BatchRecord, *, run_failure: str | None = None) -> BatchRecord:
+    """Bring a stored batch up to date with its pipeline files (and a failed run, when the sensor saw one)."""
+    if batch.status in TERMINAL:
+        return batch
+    obs = observe(storage, batch.id)
+    if run_failure is not None:
+        obs = run_failed(obs, run_failure)
+    return apply(session, storage, batch, obs)

@@ -1,0 +1,85 @@
+"""The tables: API keys (by hash), files and batches, named as in the OpenAI File and Batch objects.
+
+Rows have an integer `pk` that orders them (list pagination) and the public `id` the API shows.
+Only portable types are used, so the same schema runs on SQLite and Postgres.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere the key is a BIGINT.
+PK = BigInteger().with_variant(Integer(), "sqlite")
+
+TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {int: BigInteger, dict[str, Any]: JSON, list[dict[str, Any]]: JSON}
+
+
+class ApiKey(Base):
+    """An owner of files and batches: the SHA-256 of an API key (the key itself is never stored)."""
+
+    __tablename__ = "api_keys"
+
+    owner: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[int]
+
+
+class FileRecord(Base):
+    """A File object; its bytes live at `path` (uploads under the data dir, outputs in the batch's folder)."""
+
+    __tablename__ = "files"
+    __table_args__ = (Index("ix_files_owner_pk", "owner", "pk"),)
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    owner: Mapped[str] = mapped_column(String(64), ForeignKey("api_keys.owner"))
+    bytes: Mapped[int]
+    created_at: Mapped[int]
+    expires_at: Mapped[int | None]
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(32))
+    path: Mapped[str] = mapped_column(Text)
+    batch_id: Mapped[str | None] = mapped_column(String(64))  # the batch that wrote an output file
+
+
+class BatchRecord(Base):
+    """A Batch object and how far the API has handed it to Dagster (`launched_at`)."""
+
+    __tablename__ = "batches"
+    __table_args__ = (Index("ix_batches_owner_pk", "owner", "pk"), Index("ix_batches_status", "status"))
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    owner: Mapped[str] = mapped_column(String(64), ForeignKey("api_keys.owner"))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    input_file_id: Mapped[str] = mapped_column(String(64))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    output_file_id: Mapped[str | None] = mapped_column(String(64))
+    error_file_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[int]
+    in_progress_at: Mapped[int | None]
+    expires_at: Mapped[int | None]
+    finalizing_at: Mapped[int | None]
+    completed_at: Mapped[int | None]
+    failed_at: Mapped[int | None]
+    expired_at: Mapped[int | None]
+    cancelling_at: Mapped[int | None]
+    cancelled_at: Mapped[int | None]
+    request_total: Mapped[int] = mapped_column(default=0)
+    request_completed: Mapped[int] = mapped_column(default=0)
+    request_failed: Mapped[int] = mapped_column(default=0)
+    # "metadata" is reserved on declarative classes; the column keeps the API's name.
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
+    model: Mapped[str | None] = mapped_column(String(255))
+    usage: Mapped[dict[str, Any] | None]
+    errors: Mapped[list[dict[str, Any]] | None]
+    output_expires_after: Mapped[int | None]  # seconds; applied to the output and error files
+    launched_at: Mapped[int | None]
+    run_id: Mapped[str | None] = mapped_column(String(64))

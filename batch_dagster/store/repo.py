@@ -1,0 +1,139 @@
+"""Queries and writes on the store, scoped by owner: what the API and the sensors ask of it."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from .models import TERMINAL, ApiKey, BatchRecord, FileRecord
+
+ANONYMOUS = "anonymous"
+Row = TypeVar("Row", FileRecord, BatchRecord)
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def new_file_id() -> str:
+    return f"file-{uuid.uuid4().hex}"
+
+
+def new_batch_id() -> str:
+    return f"batch_{uuid.uuid4().hex}"
+
+
+def owner_of_key(api_key: str) -> str:
+    """The owner a key's files and batches are stored under: its SHA-256, never the key."""
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def ensure_owners(session: Session, owners: Sequence[str]) -> None:
+    known = set(session.scalars(select(ApiKey.owner).where(ApiKey.owner.in_(owners))))
+    session.add_all(ApiKey(owner=o, created_at=now()) for o in owners if o not in known)
+    session.commit()
+
+
+def _page(session: Session, model: type[Row], owner: str, after: str | None, limit: int, *, ascending: bool = False,
+          extra=()) -> tuple[list[Row], bool] | None:
+    """A page of an owner's rows, newest first, after the row with id `after`; None when `after` is unknown."""
+    query = select(model).where(model.owner == owner, *extra)
+    if after is not None:
+        anchor = session.scalar(select(model.pk).where(model.owner == owner, model.id == after))
+        if anchor is None:
+            return None
+        query = query.where(model.pk > anchor if ascending else model.pk < anchor)
+    query = query.order_by(model.pk.asc() if ascending else model.pk.desc()).limit(limit + 1)
+    rows = list(session.scalars(query))
+    return rows[:limit], len(rows) > limit
+
+
+def get_file(session: Session, owner: str, file_id: str) -> FileRecord | None:
+    row = session.scalar(select(FileRecord).where(FileRecord.owner == owner, FileRecord.id == file_id))
+    if row is not None and row.expires_at is not None and row.expires_at <= now():
+        return None
+    return row
+
+
+def list_files(session: Session, owner: str, *, after: str | None, limit: int, ascending: bool,
+               purpose: str | None) -> tuple[list[FileRecord], bool] | None:
+    extra = [(FileRecord.expires_at.is_(None)) | (FileRecord.expires_at > now())]
+    if purpose:
+        extra.append(FileRecord.purpose == purpose)
+    return _page(session, FileRecord, owner, after, limit, ascending=ascending, extra=extra)
+
+
+def expired_files(session: Session, limit: int = 500) -> list[FileRecord]:
+    return list(session.scalars(select(FileRecord).where(FileRecord.expires_at <= now()).limit(limit)))
+
+
+def get_batch(session: Session, owner: str, batch_id: str) -> BatchRecord | None:
+    return session.scalar(select(BatchRecord).where(BatchRecord.owner == owner, BatchRecord.id == batch_id))
+
+
+def list_batches(session: Session, owner: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool] | None:
+    return _page(session, BatchRecord, owner, after, limit)
+
+
+def batches_to_launch(session: Session, limit: int = 100) -> list[BatchRecord]:
+    """Batches the API accepted that Dagster has not been asked to run yet (a cancelled one runs too)."""
+    query = (
+        select(BatchRecord)
+        .where(BatchRecord.launched_at.is_(None), BatchRecord.status.in_(("validating", "cancelling")))
+        .order_by(BatchRecord.pk)
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def mark_launched(session: Session, batch_ids: Sequence[str], at: int | None = None) -> None:
+    session.execute(update(BatchRecord).where(BatchRecord.id.in_(batch_ids)).values(launched_at=at or now()))
+    session.commit()
+
+
+def unmark_launched(session: Session, batch_id: str) -> None:
+    session.execute(update(BatchRecord).where(BatchRecord.id == batch_id).values(launched_at=None))
+    session.commit()
+
+
+def active_batches(session: Session, limit: int = 1000) -> list[BatchRecord]:
+    """Launched batches that have not reached a terminal status."""
+    query = (
+        select(BatchRecord)
+        .where(BatchRecord.launched_at.is_not(None), BatchRecord.status.not_in(TERMINAL))
+        .order_by(BatchRecord.pk)
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def request_cancel(session: Session, batch: BatchRecord, at: int | None = None) -> bool:
+    """Move a batch to `cancelling` unless it already ended or is cancelling; False then."""
+    result = session.execute(
+        update(BatchRecord)
+        .where(BatchRecord.id == batch.id, BatchRecord.status.not_in(TERMINAL), BatchRecord.cancelling_at.is_(None))
+        .values(status="cancelling", cancelling_at=at or now())
+    )
+    session.commit()
+    session.refresh(batch)
+    return result.rowcount == 1
+
+
+def add_file(session: Session, row: FileRecord) -> FileRecord:
+    session.add(row)
+    session.commit()
+    return row
+
+
+def delete_file(session: Session, row: FileRecord) -> None:
+    """Forget a file and remove its bytes."""
+    session.delete(row)
+    session.commit()
+    Path(row.path).unlink(missing_ok=True)

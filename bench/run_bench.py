@@ -1,0 +1,326 @@
+"""`make bench`: the same batch file through the raw engine, vLLM's run_batch and this pipeline.
+
+The three stages run one after the other, each as its own process tree, on the same generated
+input (bench/workload.py), the same model and the same engine settings (the registry's, via
+`OfflineEngine(spec, path).llm_kwargs()` and `server_command(...)`). Per stage:
+
+- wall_s: launch to exit of the stage's process, measured here.
+- peak_rss_mb: the largest sum of RSS over the process and all its descendants (vLLM's engine
+  core and worker included), sampled every 0.2 s; pages shared between processes count twice.
+- engine_start_s: vLLM's engine construction, from its "Resolved architecture" log line to its
+  "init engine (profile, create kv cache, warmup model) took" line, both timed here as they
+  arrive. All three stages print both, so the same span is measured in each; Python imports are
+  left out (they are in wall_s).
+- inference_s: from that "init engine ... took" line to the end of inference: the raw engine's
+  "BENCH inference done" marker after its one `llm.chat` call; run_batch's "Writing outputs to
+  local file" log line; the pipeline's shard_results step success in the Dagster event log
+  (so shard reads and commits count, as they are part of the pipeline's inference phase).
+- output_tokens: completion tokens of successful requests (raw: the RequestOutputs; run_batch:
+  its output file's usage; pipeline: the batch's summary.json usage).
+- output_tok_s: output_tokens / inference_s.
+
+Environment: BENCH_REQUESTS (default 5000), BENCH_MODEL (default smollm2-135m-instruct),
+BENCH_STAGES (comma list, default all three), BENCH_OUT (default bench/results/latest.json),
+BENCH_PROFILE=1 (record a py-spy speedscope profile of each stage next to BENCH_OUT),
+BENCH_KEEP_WORK=1 (keep the temporary work folder with every stage's timed log).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.measure import Measured, run_measured
+from bench.workload import write_workload
+
+REPO = Path(__file__).resolve().parent.parent
+STAGES = ("raw_engine", "run_batch", "pipeline")
+METRICS = ("wall_s", "engine_start_s", "inference_s", "output_tokens", "output_tok_s", "peak_rss_mb")
+ENGINE_BEGIN = "Resolved architecture"
+ENGINE_READY = "init engine (profile, create kv cache, warmup model) took"
+STAGE_ENV = {"VLLM_LOGGING_LEVEL": "INFO"}  # the start/ready lines above are INFO lines, in every stage
+
+
+class StageFailed(RuntimeError):
+    pass
+
+
+def _engine_span(m: Measured, stage: str) -> tuple[float, float]:
+    begin, ready = m.first(ENGINE_BEGIN), m.first(ENGINE_READY)
+    if begin is None or ready is None:
+        raise StageFailed(f"{stage}: no engine start-up lines in its log (exit {m.returncode}):\n{m.tail()}")
+    return begin, ready
+
+
+def _metrics(m: Measured, engine: tuple[float, float], inference_end: float, output_tokens: int,
+             **extra: Any) -> dict[str, Any]:
+    begin, ready = engine
+    inference_s = inference_end - ready
+    return {
+        "wall_s": round(m.wall_s, 2),
+        "engine_start_s": round(ready - begin, 2),
+        "inference_s": round(inference_s, 2),
+        "output_tokens": output_tokens,
+        "output_tok_s": round(output_tokens / inference_s, 1) if inference_s > 0 else 0.0,
+        "peak_rss_mb": round(m.peak_rss_mb, 1),
+        "engine_ready_at_s": round(ready, 2),
+        "inference_end_at_s": round(inference_end, 2),
+    } | extra
+
+
+def _profiled(cmd: list[str], name: str, ctx: dict[str, Any]) -> list[str]:
+    if not ctx["profile"]:
+        return cmd
+    out = ctx["out"].with_name(f"profile-{name}.speedscope.json")
+    py_spy = Path(sys.executable).with_name("py-spy")
+    return [str(py_spy), "record", "--subprocesses", "--rate", "20", "--format", "speedscope", "-o", str(out), "--", *cmd]
+
+
+def _run(cmd: list[str], name: str, ctx: dict[str, Any], env: dict[str, str] | None = None) -> Measured:
+    log = ctx["work"] / f"{name}.log"
+    m = run_measured(_profiled(cmd, name, ctx), env={**STAGE_ENV, **(env or {})}, cwd=REPO, log_path=log)
+    if m.returncode != 0:
+        raise StageFailed(f"{name} exited with {m.returncode}; log {log}:\n{m.tail()}")
+    return m
+
+
+def stage_raw_engine(ctx: dict[str, Any]) -> dict[str, Any]:
+    """vllm.LLM in its own process, every request in one llm.chat call."""
+    from batch_dagster.engine.offline import OfflineEngine
+
+    result_path = ctx["work"] / "raw_engine.result.json"
+    kwargs = OfflineEngine(ctx["spec"], ctx["model_path"]).llm_kwargs()
+    cmd = [sys.executable, "-m", "bench.raw_engine", str(ctx["input"]), json.dumps(kwargs), str(result_path)]
+    m = _run(cmd, "raw_engine", ctx)
+    res = json.loads(result_path.read_text())
+    end = m.first("BENCH inference done")
+    return _metrics(m, _engine_span(m, "raw_engine"), end, res["output_tokens"],
+                    requests_completed=res["requests"], requests_failed=0,
+                    llm_constructor_s=res["engine_start_s"], chat_call_s=res["inference_s"],
+                    cached_prompt_tokens=res["cached_tokens"], prompt_tokens=res["input_tokens"])
+
+
+def run_batch_command(spec: Any, model_path: str, input_path: Path, output_path: Path) -> list[str]:
+    """vLLM's run_batch with the flags the project's own vLLM server command gets."""
+    from batch_dagster.engine.server import server_command
+
+    cmd = server_command(spec, model_path, "127.0.0.1", 0)
+    cmd[cmd.index("vllm.entrypoints.openai.api_server")] = "vllm.entrypoints.openai.run_batch"
+    for flag in ("--host", "--port"):  # a server's listening address; run_batch has no use for it
+        i = cmd.index(flag)
+        del cmd[i : i + 2]
+    return cmd + ["-i", str(input_path), "-o", str(output_path)]
+
+
+def stage_run_batch(ctx: dict[str, Any]) -> dict[str, Any]:
+    """python -m vllm.entrypoints.openai.run_batch on the same file and settings."""
+    out = ctx["work"] / "run_batch.output.jsonl"
+    m = _run(run_batch_command(ctx["spec"], ctx["model_path"], ctx["input"], out), "run_batch", ctx)
+    end = m.last("Writing outputs to local file")
+    if end is None:
+        raise StageFailed(f"run_batch: no 'Writing outputs' line:\n{m.tail()}")
+    completed = failed = tokens = 0
+    with open(out, "rb") as f:
+        for raw in f:
+            line = orjson.loads(raw)
+            response = line.get("response") or {}
+            if response.get("status_code") == 200 and not line.get("error"):
+                completed += 1
+                tokens += response["body"]["usage"]["completion_tokens"]
+            else:
+                failed += 1
+    return _metrics(m, _engine_span(m, "run_batch"), end, tokens, requests_completed=completed,
+                    requests_failed=failed)
+
+
+def _dagster_timeline(home: Path, launched_at: float) -> dict[str, Any]:
+    """Step timings of the pipeline's one run, from the Dagster event log (seconds since launch)."""
+    import dagster as dg
+
+    saved = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(home)  # the instance's dagster.yaml reads its storage dir from it
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            run = instance.get_runs(limit=1)[0]
+            steps: dict[str, dict[str, float]] = {}
+            shard_results_meta: dict[str, Any] = {}
+            run_start = run_end = None
+            for entry in instance.all_logs(run.run_id):
+                ev = entry.dagster_event
+                if ev is None:
+                    continue
+                at = entry.timestamp - launched_at
+                kind = ev.event_type_value
+                if kind == "RUN_START":
+                    run_start = at
+                elif kind in ("RUN_SUCCESS", "RUN_FAILURE"):
+                    run_end = at
+                elif kind == "STEP_START":
+                    steps.setdefault(ev.step_key, {})["start"] = at
+                elif kind in ("STEP_SUCCESS", "STEP_FAILURE"):
+                    steps.setdefault(ev.step_key, {})["end"] = at
+                elif kind == "ASSET_MATERIALIZATION" and ev.step_key == "shard_results":
+                    meta = ev.event_specific_data.materialization.metadata
+                    shard_results_meta = {k: getattr(v, "value", v) for k, v in meta.items()}
+    finally:
+        if saved is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = saved
+    return {"run_id": run.run_id, "run_start_at_s": run_start, "run_end_at_s": run_end,
+            "steps": {k: {"start_at_s": round(v.get("start", 0), 2), "end_at_s": round(v.get("end", 0), 2),
+                          "duration_s": round(v.get("end", 0) - v.get("start", 0), 2)} for k, v in steps.items()},
+            "shard_results_metadata": shard_results_meta}
+
+
+def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
+    """`batch-dagster run FILE --out DIR --json`, through Dagster, in a fresh DAGSTER_HOME and data dir."""
+    from batch_dagster.settings import Settings
+
+    base = ctx["work"] / "pipeline"
+    home, data, out = base / "dagster_home", base / "data", base / "out"
+    env = {
+        "DAGSTER_HOME": str(home),
+        "BATCH_DATA_DIR": str(data),
+        # The prepared models stay where `make setup` put them.
+        "BATCH_MODEL_CACHE": str(Settings.from_env().model_cache_dir),
+    }
+    cli = Path(sys.executable).with_name("batch-dagster")
+    m = _run([str(cli), "run", str(ctx["input"]), "--out", str(out), "--json"], "pipeline", ctx, env)
+    summaries = glob.glob(str(data / "batches" / "*" / "summary.json"))
+    if len(summaries) != 1:
+        raise StageFailed(f"pipeline: expected one summary.json, found {summaries}:\n{m.tail()}")
+    summary = json.loads(Path(summaries[0]).read_text())
+    timeline = _dagster_timeline(home, m.launched_at)
+    step = timeline["steps"].get("shard_results")
+    if not step:
+        raise StageFailed(f"pipeline: no shard_results step in the event log:\n{m.tail()}")
+    rc = summary["request_counts"]
+    return _metrics(m, _engine_span(m, "pipeline"), step["end_at_s"], summary["usage"]["output_tokens"],
+                    requests_completed=rc["completed"], requests_failed=rc["failed"],
+                    summary_inference_s=summary.get("inference_s"), dagster=timeline)
+
+
+RUNNERS = {"raw_engine": stage_raw_engine, "run_batch": stage_run_batch, "pipeline": stage_pipeline}
+
+
+def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    def ratio(a: str, b: str, key: str) -> float | None:
+        if a in results and b in results and results[b][key]:
+            return round(results[a][key] / results[b][key], 3)
+        return None
+
+    return {
+        "pipeline_vs_run_batch_wall": ratio("pipeline", "run_batch", "wall_s"),
+        "pipeline_vs_raw_engine_tok_s": ratio("pipeline", "raw_engine", "output_tok_s"),
+        "pipeline_vs_run_batch_tok_s": ratio("pipeline", "run_batch", "output_tok_s"),
+        "run_batch_vs_raw_engine_wall": ratio("run_batch", "raw_engine", "wall_s"),
+    }
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    head = ["stage", "wall s", "engine start s", "inference s", "output tokens", "output tok/s", "peak RSS MB"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for stage in STAGES:
+        r = report.get(stage)
+        if r:
+            rows.append("| " + " | ".join([stage, *(f"{r[k]:,}" if isinstance(r[k], int) else f"{r[k]:,.1f}"
+                                                     for k in METRICS)]) + " |")
+    meta = report["meta"]
+    ratio_text = ", ".join(f"{k} = {v}" for k, v in report["ratios"].items() if v is not None)
+    return "\n".join(rows) + (f"\n\n{meta['requests']:,} requests, model {meta['model']}, {meta['machine']}."
+                              + (f"\nRatios: {ratio_text}." if ratio_text else ""))
+
+
+def machine() -> str:
+    import psutil
+
+    cpu = platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpus = 0
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # no torch, or a CPU build: no GPU either way
+        pass
+    return (f"{os.cpu_count()} cores ({cpu}), {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, "
+            + (f"{gpus} GPU(s)" if gpus else "no GPU"))
+
+
+def main() -> None:
+    from batch_dagster.resources.config import resources_from_env
+
+    n = int(os.environ.get("BENCH_REQUESTS") or 5000)
+    model = os.environ.get("BENCH_MODEL") or "smollm2-135m-instruct"
+    stages = [s.strip() for s in (os.environ.get("BENCH_STAGES") or ",".join(STAGES)).split(",") if s.strip()]
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        sys.exit(f"Unknown BENCH_STAGES {sorted(unknown)}; choose from {', '.join(STAGES)}")
+    out = Path(os.environ.get("BENCH_OUT") or REPO / "bench" / "results" / "latest.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    keep = os.environ.get("BENCH_KEEP_WORK") == "1"
+
+    vllm = resources_from_env()["vllm"]
+    spec = vllm.spec(model)
+    work = Path(tempfile.mkdtemp(prefix="batch-dagster-bench-"))
+    ctx = {"work": work, "spec": spec, "model_path": vllm.model_path(spec), "out": out,
+           "profile": os.environ.get("BENCH_PROFILE") == "1",
+           "input": write_workload(work / "input.jsonl", n, model)}
+    import psutil
+
+    report: dict[str, Any] = {"meta": {
+        "requests": n, "model": model, "machine": machine(), "python": platform.python_version(),
+        "vllm": vllm.model_record(model)["vllm_version"], "engine_settings": spec.engine_settings(),
+        "input_bytes": ctx["input"].stat().st_size, "stages": stages,
+        "load_avg_before": [round(x, 2) for x in psutil.getloadavg()],
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }}
+    print(f"bench: {n} requests of {model}, work dir {work}", file=sys.stderr)
+    failed = False
+    try:
+        for stage in stages:
+            started = time.perf_counter()
+            print(f"bench: {stage} ...", file=sys.stderr, flush=True)
+            try:
+                report[stage] = RUNNERS[stage](ctx)
+            except StageFailed as exc:
+                failed = True
+                report[stage] = None
+                print(f"bench: {stage} FAILED: {exc}", file=sys.stderr)
+                continue
+            r = report[stage]
+            print(f"bench: {stage} done in {time.perf_counter() - started:.0f} s: "
+                  + ", ".join(f"{k}={r[k]}" for k in METRICS), file=sys.stderr, flush=True)
+    finally:
+        if keep or failed:
+            print(f"bench: work dir kept: {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    report = {k: v for k, v in report.items() if v is not None}
+    report["meta"]["load_avg_after"] = [round(x, 2) for x in psutil.getloadavg()]
+    report["ratios"] = ratios(report)
+    out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    print(markdown_table(report))
+    print(f"\nResults: {out}", file=sys.stderr)
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
