@@ -15,6 +15,9 @@ PARTITION_TAG = "dagster/partition"
 # A batch marked launched with no run after this long (the tick's runs were lost) is requested again;
 # the run key keeps Dagster from running it twice.
 RELAUNCH_AFTER_S = 120
+# A run that dies for a reason outside its steps (its worker killed, the machine restarted) is run again
+# when the instance enables run retries; the assets skip committed shards, so a retry resumes the batch.
+RUN_TAGS = {"source": "api", "dagster/max_retries": "2"}
 _ENDED_BADLY = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 
 
@@ -33,7 +36,7 @@ def api_batch_sensor(context: dg.SensorEvaluationContext, api_store: ApiStore) -
     context.log.info(f"Launching {len(waiting)} batch(es): {', '.join(waiting)}")
     return dg.SensorResult(
         run_requests=[
-            dg.RunRequest(partition_key=batch_id, run_key=batch_id, tags={"batch_id": batch_id, "source": "api"})
+            dg.RunRequest(partition_key=batch_id, run_key=batch_id, tags={"batch_id": batch_id, **RUN_TAGS})
             for batch_id in waiting
         ],
         dynamic_partitions_requests=[batches.build_add_request(waiting)],
@@ -53,9 +56,11 @@ def run_failure_message(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str
         event = record.event_log_entry.dagster_event
         error = event.step_failure_data.error if event and event.step_failure_data else None
         if error is not None:
-            return f"Run {run.run_id} failed in step {event.step_key}: {error.message.strip()}"
+            while error.cause is not None:  # the step error wraps what the code raised
+                error = error.cause
+            return f"The pipeline failed in step {event.step_key}: {error.message.strip()} (Dagster run {run.run_id})"
     verb = "was canceled" if run.status == dg.DagsterRunStatus.CANCELED else "failed"
-    return f"Run {run.run_id} {verb}; see the Dagster UI."
+    return f"The pipeline run {verb} (Dagster run {run.run_id}); see the Dagster UI."
 
 
 @dg.sensor(
@@ -77,7 +82,7 @@ def api_batch_status_sensor(
                     context.log.warning(f"{batch.id}: no run since it was launched; requesting it again")
                     repo.unmark_launched(session, batch.id)
                 continue
-            if run.status in _ENDED_BADLY:
+            if run.status in _ENDED_BADLY and not run.is_complete_and_waiting_to_retry:
                 failure = run_failure_message(context.instance, run)
             if batch.run_id != run.run_id:
                 batch.run_id = run.run_id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from collections.abc import Sequence
@@ -192,6 +193,19 @@ _ENGINES: dict[str, OfflineEngine] = {}
 _LOCK = threading.Lock()
 
 
+def shutdown_all() -> None:
+    """Stop every engine of this process.
+
+    Registered at exit: otherwise multiprocessing's exit hook waits forever on the engine-core
+    child that nobody told to stop, and the process never ends.
+    """
+    with _LOCK:
+        engines = list(_ENGINES.values())
+        _ENGINES.clear()
+    for engine in engines:
+        engine.shutdown()
+
+
 def engine_for(spec: ModelSpec, model_path: str) -> OfflineEngine:
     """The process's engine for this model: built once, reused across shards and runs."""
     with _LOCK:
@@ -199,6 +213,8 @@ def engine_for(spec: ModelSpec, model_path: str) -> OfflineEngine:
         if engine is None or engine.spec != spec or engine.model_path != model_path:
             if engine is not None:
                 engine.shutdown()
+            if not _ENGINES:
+                atexit.register(shutdown_all)  # after multiprocessing's hook, so it runs before it
             engine = _ENGINES[spec.name] = OfflineEngine(spec, model_path)
         return engine
 

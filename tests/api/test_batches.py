@@ -1,0 +1,248 @@
+"""Batches through the API with the openai SDK, run by the real pipeline on the fake engine."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import dagster as dg
+import openai
+import pytest
+
+from ..conftest import CHAT_MODEL, chat_request
+from ..fakes import FakeEngine, FakeVLLM
+from .conftest import KEY_A, KEY_B, fake_vllm, rows, upload, wait_for
+
+
+def lines(client, file_id) -> list[dict]:
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines() if line.strip()]
+
+
+def test_whole_cycle(start_service, tmp_path):
+    service = start_service(shard_size=2)
+    client = service.client()
+    requests = rows(7, max_tokens=8) + [chat_request("bad-temp", "hi", temperature=-1)]
+    file_id = upload(client, tmp_path / "in.jsonl", requests)
+
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
+                                  metadata={"job": "nightly"})
+    assert batch.status == "validating" and batch.id.startswith("batch_")
+    assert batch.expires_at == batch.created_at + 86_400
+    seen: list[str] = []
+    done = wait_for(client, batch.id, "completed", seen=seen)
+
+    assert seen[-1] == "completed" and set(seen) <= {"validating", "in_progress", "finalizing", "completed"}
+    assert done.request_counts.model_dump() == {"total": 8, "completed": 7, "failed": 1}
+    assert done.model == CHAT_MODEL and done.metadata == {"job": "nightly"} and done.errors is None
+    assert done.created_at <= done.in_progress_at <= done.finalizing_at <= done.completed_at
+    assert done.failed_at is done.cancelled_at is done.expired_at is None
+
+    out, err = lines(client, done.output_file_id), lines(client, done.error_file_id)
+    ids = [line["custom_id"] for line in out + err]
+    assert sorted(ids) == sorted(r["custom_id"] for r in requests)  # every custom_id exactly once
+    assert [e["custom_id"] for e in err] == ["bad-temp"] and err[0]["response"]["status_code"] == 400
+    usages = [line["response"]["body"]["usage"] for line in out]
+    assert done.usage.input_tokens == sum(u["prompt_tokens"] for u in usages)
+    assert done.usage.output_tokens == sum(u["completion_tokens"] for u in usages)
+    assert done.usage.total_tokens == sum(u["total_tokens"] for u in usages) > 0
+
+    output = client.files.retrieve(done.output_file_id)
+    assert output.purpose == "batch_output" and output.filename == f"{batch.id}_output.jsonl"
+    assert output.bytes == len(client.files.content(done.output_file_id).content)
+    assert {f.id for f in client.files.list(purpose="batch_output")} == {done.output_file_id, done.error_file_id}
+
+    # The same batch is a partition of the Dagster pipeline, with its lineage materialized.
+    assert batch.id in service.instance.get_dynamic_partitions("batches")
+    event = service.instance.get_latest_materialization_event(dg.AssetKey("batch_usage"))
+    assert event.dagster_event.partition == batch.id
+    [run] = service.instance.get_runs(dg.RunsFilter(tags={"dagster/partition": batch.id}))
+    assert run.job_name == "batch_job" and run.tags["source"] == "api"
+
+
+def test_invalid_file_fails_with_lines_and_codes(start_service, tmp_path):
+    service = start_service()
+    client = service.client()
+    bad = [chat_request("a", "hi"), "{not json", chat_request("a", "again"), chat_request("b", "x", model="nope")]
+    file_id = upload(client, tmp_path / "bad.jsonl", bad)
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    failed = wait_for(client, batch.id, {"failed", "completed"})
+
+    assert failed.status == "failed" and failed.failed_at is not None
+    assert [(e.code, e.line) for e in failed.errors.data] == [
+        ("invalid_json", 2), ("duplicate_custom_id", 3), ("mixed_models", 4)]
+    assert failed.errors.data[1].param == "custom_id" and failed.errors.data[0].message
+    assert failed.output_file_id is None and failed.error_file_id is None
+    assert service.engine.calls == []
+
+
+def test_list_pagination(start_service, tmp_path):
+    service = start_service(worker=False)
+    client = service.client()
+    file_id = upload(client, tmp_path / "in.jsonl", rows(2))
+    created = [client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                     completion_window="24h").id for _ in range(5)]
+    newest_first = created[::-1]
+
+    first = client.batches.list(limit=2)
+    assert [b.id for b in first.data] == newest_first[:2] and first.has_more
+    second = client.batches.list(limit=2, after=first.data[-1].id)
+    assert [b.id for b in second.data] == newest_first[2:4] and second.has_more
+    last = client.batches.list(limit=2, after=second.data[-1].id)
+    assert [b.id for b in last.data] == newest_first[4:] and not last.has_more
+    assert [b.id for b in client.batches.list(limit=2)] == newest_first  # the SDK pages on its own
+
+    with service.http() as http:
+        page = http.get("/v1/batches", params={"limit": 3}).json()
+        assert page["object"] == "list" and page["first_id"] == newest_first[0] and page["last_id"] == newest_first[2]
+        assert http.get("/v1/batches", params={"limit": 101}).status_code == 400
+        assert http.get("/v1/batches", params={"after": "batch_unknown"}).status_code == 404
+    assert client.batches.list().data[0].request_counts.total == 0
+
+
+def test_keys_are_isolated_and_wrong_keys_refused(start_service, tmp_path):
+    service = start_service(worker=False)
+    a, b = service.client(KEY_A), service.client(KEY_B)
+    file_id = upload(a, tmp_path / "in.jsonl", rows(2))
+    batch = a.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+
+    for call in (lambda: b.files.retrieve(file_id), lambda: b.files.content(file_id), lambda: b.files.delete(file_id),
+                 lambda: b.batches.retrieve(batch.id), lambda: b.batches.cancel(batch.id),
+                 lambda: b.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                          completion_window="24h")):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert b.batches.list().data == [] and b.files.list().data == []
+    assert [x.id for x in a.batches.list()] == [batch.id]
+
+    with pytest.raises(openai.AuthenticationError) as refused:
+        service.client("sk-wrong").batches.list()
+    assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+    with service.http(api_key=None) as http:
+        response = http.get(f"/v1/batches/{batch.id}")
+        assert response.status_code == 401
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_create_rejects_bad_requests(start_service, tmp_path):
+    service = start_service(worker=False)
+    client = service.client()
+    file_id = upload(client, tmp_path / "in.jsonl", rows(2))
+
+    def create(**overrides):
+        params = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        return client.batches.create(**{**params, **overrides})
+
+    for overrides, param in [
+        ({"completion_window": "48h"}, "completion_window"),
+        ({"endpoint": "/v1/moderations"}, "endpoint"),
+        ({"endpoint": "/v1/embeddings"}, "endpoint"),  # the file's requests are chat completions
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"metadata": {"k": "v" * 513}}, "metadata"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as rejected:
+            create(**overrides)
+        assert rejected.value.param == param, overrides
+        assert rejected.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError):
+        create(input_file_id="file-doesnotexist")
+    with service.http() as http:
+        response = http.post("/v1/batches", json={"endpoint": "/v1/chat/completions"})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "input_file_id"
+    assert client.batches.list().data == []
+
+
+def test_cancel_mid_run_keeps_partial_results(start_service, tmp_path):
+    engine = FakeEngine()
+    reached, release = threading.Event(), threading.Event()
+
+    def hold_second_shard(call: int) -> None:
+        if call == 2:
+            reached.set()
+            release.wait(30)
+
+    engine.on_call = hold_second_shard
+    service = start_service(shard_size=2, engine=engine)
+    client = service.client()
+    requests = rows(6)
+    batch = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", requests),
+                                  endpoint="/v1/chat/completions", completion_window="24h")
+    assert reached.wait(30)
+    running = client.batches.retrieve(batch.id)
+    # request_counts move per committed shard, not only at the end.
+    assert running.status == "in_progress" and running.request_counts.model_dump() == {
+        "total": 6, "completed": 2, "failed": 0}
+    assert running.usage.output_tokens > 0
+
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status == "cancelling" and cancelling.cancelling_at is not None
+    assert client.batches.retrieve(batch.id).status == "cancelling"
+    release.set()
+    cancelled = wait_for(client, batch.id, {"cancelled", "completed"})
+
+    assert cancelled.status == "cancelled" and cancelled.cancelled_at >= cancelled.cancelling_at
+    assert cancelled.finalizing_at is None
+    assert cancelled.request_counts.model_dump() == {"total": 6, "completed": 4, "failed": 2}
+    out, err = lines(client, cancelled.output_file_id), lines(client, cancelled.error_file_id)
+    assert sorted(line["custom_id"] for line in out + err) == sorted(r["custom_id"] for r in requests)
+    assert len(out) == 4 and {e["error"]["code"] for e in err} == {"batch_cancelled"}
+    assert cancelled.usage.output_tokens == sum(l["response"]["body"]["usage"]["completion_tokens"] for l in out)
+    with pytest.raises(openai.BadRequestError):
+        client.batches.cancel(batch.id)
+
+
+def test_cancel_before_launch_runs_nothing(start_service, tmp_path):
+    service = start_service(worker=False)
+    client = service.client()
+    requests = rows(3)
+    batch = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", requests),
+                                  endpoint="/v1/chat/completions", completion_window="24h")
+    assert client.batches.cancel(batch.id).status == "cancelling"
+    assert client.batches.cancel(batch.id).status == "cancelling"  # idempotent
+    service.start_worker()
+    cancelled = wait_for(client, batch.id, {"cancelled", "completed", "failed"})
+
+    assert cancelled.status == "cancelled" and cancelled.in_progress_at is not None
+    assert cancelled.request_counts.model_dump() == {"total": 3, "completed": 0, "failed": 3}
+    assert lines(client, cancelled.output_file_id) == []
+    err = lines(client, cancelled.error_file_id)
+    assert sorted(e["custom_id"] for e in err) == sorted(r["custom_id"] for r in requests)
+    assert {e["error"]["code"] for e in err} == {"batch_cancelled"}
+    assert service.engine.calls == []
+
+
+def test_expiry_with_a_short_window(start_service, tmp_path):
+    engine = FakeEngine()
+    engine.on_call = lambda call: time.sleep(3) if call == 1 else None  # the window passes during shard 1
+    service = start_service(shard_size=2, window_s=2, engine=engine)
+    client = service.client()
+    requests = rows(6)
+    batch = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", requests),
+                                  endpoint="/v1/chat/completions", completion_window="24h")
+    assert batch.expires_at - batch.created_at == 2
+    expired = wait_for(client, batch.id, {"expired", "completed"})
+
+    assert expired.status == "expired" and expired.expired_at >= expired.expires_at
+    assert expired.request_counts.model_dump() == {"total": 6, "completed": 2, "failed": 4}
+    out, err = lines(client, expired.output_file_id), lines(client, expired.error_file_id)
+    assert sorted(line["custom_id"] for line in out + err) == sorted(r["custom_id"] for r in requests)
+    assert {e["error"]["code"] for e in err} == {"batch_expired"}
+    assert len(engine.calls) == 1
+
+
+class BrokenRecordVLLM(FakeVLLM):
+    """Fails the last step of the run, after the outputs are merged: a failure that is not the input's."""
+
+    def model_record(self, model):
+        raise RuntimeError("the model record is unavailable")
+
+
+def test_a_failed_run_fails_the_batch(start_service, tmp_path):
+    service = start_service(vllm=fake_vllm(f"broken-{tmp_path.name}", FakeEngine(), BrokenRecordVLLM))
+    client = service.client()
+    batch = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", rows(2)),
+                                  endpoint="/v1/chat/completions", completion_window="24h")
+    failed = wait_for(client, batch.id, {"failed", "completed"})
+    assert failed.status == "failed" and failed.output_file_id is None
+    [error] = failed.errors.data
+    assert error.code == "pipeline_error" and "batch_usage" in error.message and "model record" in error.message

@@ -1,0 +1,131 @@
+"""The Files API with the openai SDK: upload, list, retrieve, download, delete, and what uploads may be."""
+
+from __future__ import annotations
+
+import io
+
+import openai
+import pytest
+
+from batch_dagster.api.uploads import sanitize_filename
+
+from .conftest import rows, upload
+
+
+def test_upload_retrieve_list_download_delete(start_service, tmp_path):
+    service = start_service(worker=False)
+    client = service.client()
+    path = tmp_path / "requests.jsonl"
+    file_id = upload(client, path, rows(3))
+
+    info = client.files.retrieve(file_id)
+    assert info.id.startswith("file-") and info.object == "file" and info.purpose == "batch"
+    assert info.filename == "requests.jsonl" and info.bytes == path.stat().st_size and info.created_at > 0
+    assert client.files.content(file_id).content == path.read_bytes()
+    assert [f.id for f in client.files.list()] == [file_id]
+    assert client.files.list(purpose="batch_output").data == []
+
+    deleted = client.files.delete(file_id)
+    assert deleted.id == file_id and deleted.deleted is True and deleted.object == "file"
+    for call in (lambda: client.files.retrieve(file_id), lambda: client.files.content(file_id),
+                 lambda: client.files.delete(file_id)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert client.files.list().data == []
+    assert list((service.data_dir / "files").iterdir()) == []
+
+
+def test_files_list_pages_and_orders(start_service, tmp_path):
+    service = start_service(worker=False)
+    client = service.client()
+    ids = [upload(client, tmp_path / f"f{i}.jsonl", rows(1)) for i in range(3)]
+    page = client.files.list(limit=2)
+    assert [f.id for f in page.data] == ids[::-1][:2] and page.has_more
+    assert [f.id for f in client.files.list(limit=2)] == ids[::-1]
+    assert [f.id for f in client.files.list(order="asc", limit=1)] == ids
+
+
+def test_deleting_an_input_file_leaves_its_batch_intact(start_service, tmp_path):
+    service = start_service()
+    client = service.client()
+    file_id = upload(client, tmp_path / "in.jsonl", rows(2))
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    client.files.delete(file_id)
+    from .conftest import wait_for
+
+    done = wait_for(client, batch.id, "completed")
+    assert done.input_file_id == file_id and done.request_counts.completed == 2
+    client.files.delete(done.output_file_id)
+    with pytest.raises(openai.NotFoundError):
+        client.files.content(done.output_file_id)
+    assert client.files.content(done.error_file_id).content == b""
+
+
+def test_upload_over_the_limit_is_413(start_service):
+    service = start_service(worker=False, max_upload_bytes=4096)
+    client = service.client()
+    body = b"".join(b'{"custom_id": "r%d", "method": "POST"}\n' % i for i in range(400))
+    assert 4096 < len(body) < 64 * 1024  # inside the request guard's slack: caught while storing
+    with pytest.raises(openai.APIStatusError) as too_large:
+        client.files.create(file=("big.jsonl", io.BytesIO(body)), purpose="batch")
+    assert too_large.value.status_code == 413 and too_large.value.code == "file_too_large"
+    huge = body * 40  # over the slack: refused by the guard before the app stores anything
+    with pytest.raises(openai.APIStatusError) as too_large:
+        client.files.create(file=("huge.jsonl", io.BytesIO(huge)), purpose="batch")
+    assert too_large.value.status_code == 413
+    assert client.files.list().data == [] and not list((service.data_dir / "files").glob("*"))
+    # The server still answers normally afterwards.
+    small = client.files.create(file=("ok.jsonl", io.BytesIO(body[:1000].rsplit(b"\n", 1)[0] + b"\n")), purpose="batch")
+    assert small.bytes < 1000
+
+
+@pytest.mark.parametrize("filename, content, purpose, param", [
+    ("data.csv", b'{"a": 1}\n', "batch", "file"),
+    ("notes.jsonl", b"hello world\n", "batch", "file"),
+    ("empty.jsonl", b"\n\n", "batch", "file"),
+    ("latin1.jsonl", '{"custom_id": "é"}\n'.encode("latin-1"), "batch", "file"),
+    ("tune.jsonl", b'{"a": 1}\n', "fine-tune", "purpose"),
+])
+def test_uploads_that_are_not_batch_jsonl_are_refused(start_service, filename, content, purpose, param):
+    client = start_service(worker=False).client()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.files.create(file=(filename, io.BytesIO(content)), purpose=purpose)
+    assert refused.value.param == param
+
+
+def test_filenames_are_sanitized(start_service):
+    service = start_service(worker=False)
+    client = service.client()
+    created = client.files.create(file=("../../etc/pass;wd.jsonl", io.BytesIO(b'{"a": 1}\n')), purpose="batch")
+    assert created.filename == "passwd.jsonl"
+    stored = list((service.data_dir / "files").iterdir())
+    assert [p.name for p in stored] == [f"{created.id}.jsonl"]
+    with service.http() as http:
+        response = http.get(f"/v1/files/{created.id}/content")
+        assert 'filename="passwd.jsonl"' in response.headers["content-disposition"]
+        # A raw multipart body can carry control characters the SDK would have escaped.
+        body = (b'--XX\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+                b'--XX\r\nContent-Disposition: form-data; name="file"; filename="..\\a\x01b\x7f.jsonl"\r\n'
+                b'Content-Type: application/octet-stream\r\n\r\n{"a": 1}\n\r\n--XX--\r\n')
+        raw = http.post("/v1/files", content=body, headers={"content-type": "multipart/form-data; boundary=XX"})
+        assert raw.status_code == 200 and raw.json()["filename"] == "ab.jsonl"
+
+
+def test_sanitize_filename():
+    assert sanitize_filename("C:\\Users\\me\\batch file.jsonl") == "batch file.jsonl"
+    assert sanitize_filename("..") == "upload.jsonl" and sanitize_filename(None) == "upload.jsonl"
+    assert sanitize_filename(".hidden.jsonl") == "hidden.jsonl"
+    assert sanitize_filename('a<b>"c"|?*.jsonl') == "abc.jsonl"
+    long = sanitize_filename("x" * 300 + ".jsonl")
+    assert long.endswith(".jsonl") and len(long.encode()) <= 255
+    assert sanitize_filename("résumé\u200b.jsonl").startswith("résumé")
+
+
+def test_unknown_routes_and_methods_answer_in_the_error_shape(start_service):
+    service = start_service(worker=False)
+    with service.http() as http:
+        response = http.get("/v1/nothing-here")
+        assert response.status_code == 404
+        assert response.json()["error"]["message"] == "Invalid URL (GET /v1/nothing-here)"
+        assert http.put("/v1/files").status_code == 405
+        assert http.get("/v1/files", params={"limit": 0}).json()["error"]["param"] == "limit"

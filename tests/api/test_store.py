@@ -1,0 +1,132 @@
+"""The store: migrations that match the models (and render for Postgres), paging, status transitions."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stdout
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect, select
+
+from batch_dagster.resources import BatchStorage
+from batch_dagster.store import TERMINAL, BatchRecord, FileRecord, Store, repo
+from batch_dagster.store.lifecycle import Observation, apply, changes, observe, run_failed
+from batch_dagster.store.models import Base
+from batch_dagster.store.session import alembic_config
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    s.upgrade()
+    yield s
+    s.dispose()
+
+
+def test_migrations_build_exactly_the_models(store):
+    store.upgrade()  # idempotent
+    with store.engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+        assert set(inspect(connection).get_table_names()) >= {"api_keys", "files", "batches", "alembic_version"}
+
+
+def test_migrations_render_for_postgres():
+    out = io.StringIO()
+    with redirect_stdout(out):
+        command.upgrade(alembic_config("postgresql://user@localhost/batches"), "head", sql=True)
+    sql = out.getvalue()
+    assert "CREATE TABLE batches" in sql and "BIGSERIAL" in sql and "JSON" in sql
+
+
+def add_batch(session, owner: str, status: str = "validating", created_at: int = 1000) -> BatchRecord:
+    row = BatchRecord(id=repo.new_batch_id(), owner=owner, endpoint="/v1/chat/completions", input_file_id="file-x",
+                      completion_window="24h", status=status, created_at=created_at)
+    session.add(row)
+    session.commit()
+    return row
+
+
+def test_pages_are_newest_first_and_scoped_by_owner(store):
+    with store.session() as s:
+        repo.ensure_owners(s, ["a", "b"])
+        ids = [add_batch(s, "a").id for _ in range(5)]  # all in the same second: order by insertion
+        add_batch(s, "b")
+        rows, more = repo.list_batches(s, "a", after=None, limit=3)
+        assert [r.id for r in rows] == ids[::-1][:3] and more
+        rows, more = repo.list_batches(s, "a", after=rows[-1].id, limit=3)
+        assert [r.id for r in rows] == ids[::-1][3:] and not more
+        assert repo.list_batches(s, "b", after=ids[0], limit=3) is None  # another owner's cursor
+        assert repo.get_batch(s, "b", ids[0]) is None
+
+
+def test_launch_queue(store):
+    with store.session() as s:
+        repo.ensure_owners(s, ["a"])
+        waiting, cancelling, done = add_batch(s, "a"), add_batch(s, "a", "cancelling"), add_batch(s, "a", "failed")
+        assert [b.id for b in repo.batches_to_launch(s)] == [waiting.id, cancelling.id]
+        repo.mark_launched(s, [waiting.id, cancelling.id])
+        assert repo.batches_to_launch(s) == []
+        assert {b.id for b in repo.active_batches(s)} == {waiting.id, cancelling.id}
+        assert done.id not in {b.id for b in repo.active_batches(s)}
+
+
+def row(**kw) -> BatchRecord:
+    base = dict(id="batch_1", owner="a", endpoint="/v1/chat/completions", input_file_id="f", completion_window="24h",
+                status="validating", created_at=1, request_total=0, request_completed=0, request_failed=0)
+    return BatchRecord(**{**base, **kw})
+
+
+def test_changes_only_move_forward():
+    running = Observation("in_progress", {"in_progress_at": 10}, {"total": 4, "completed": 2, "failed": 0})
+    assert changes(row(), running) == {"status": "in_progress", "in_progress_at": 10, "request_total": 4,
+                                       "request_completed": 2}
+    assert changes(row(status="in_progress", in_progress_at=5), running) == {"request_total": 4, "request_completed": 2}
+    # A cancel request holds the status at cancelling until the run ends; finalizing is not reported.
+    merging = Observation("finalizing", {"in_progress_at": 10, "finalizing_at": 20})
+    assert changes(row(status="cancelling", cancelling_at=15, in_progress_at=10), merging) == {}
+    assert changes(row(status="cancelling", cancelling_at=15), Observation("cancelled", {"cancelled_at": 30})) == {
+        "status": "cancelled", "cancelled_at": 30}
+    for status in TERMINAL:
+        assert changes(row(status=status), Observation("completed", {"completed_at": 1})) == {}
+    failed = run_failed(running, "boom", at=40)
+    assert failed.status == "failed" and failed.errors[0]["code"] == "pipeline_error"
+    assert run_failed(Observation("completed"), "boom").status == "completed"
+
+
+def test_observe_follows_the_pipeline_files(tmp_path):
+    storage = BatchStorage(data_dir=str(tmp_path))
+    assert observe(storage, "batch_x").status == "validating"
+    storage.write_json(storage.validation_path("batch_x"), {"valid": True, "total_requests": 3, "model": "m",
+                                                             "errors": []})
+    obs = observe(storage, "batch_x")
+    assert (obs.status, obs.request_counts, obs.model) == ("in_progress", {"total": 3, "completed": 0, "failed": 0}, "m")
+    storage.write_json(storage.shards_dir("batch_x") / "manifest.json", {"total_requests": 3, "shard_count": 1})
+    from batch_dagster.batchfile.results import commit_shard
+
+    commit_shard(storage.results_dir("batch_x"), 0, [])
+    assert observe(storage, "batch_x").status == "finalizing"
+    storage.write_json(storage.validation_path("batch_y"), {"valid": False, "total_requests": 2, "model": None,
+                                                             "errors": [{"code": "invalid_json", "line": 2}]})
+    assert observe(storage, "batch_y").errors == [{"code": "invalid_json", "line": 2}]
+
+
+def test_the_end_is_registered_once_when_two_observers_race(store, tmp_path):
+    storage = BatchStorage(data_dir=str(tmp_path))
+    with store.session() as s:
+        repo.ensure_owners(s, ["a"])
+        batch_id = add_batch(s, "a").id
+    for path in (storage.output_path(batch_id), storage.error_path(batch_id)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    end = Observation("completed", {"completed_at": 50}, {"total": 0, "completed": 0, "failed": 0})
+    with store.session() as first, store.session() as second:
+        # Both loaded the batch while it was still running; both see it end.
+        mine, theirs = repo.get_batch(first, "a", batch_id), repo.get_batch(second, "a", batch_id)
+        apply(first, storage, mine, end)
+        apply(second, storage, theirs, end)
+        assert theirs.status == "completed" and theirs.output_file_id == mine.output_file_id
+        files = second.scalars(select(FileRecord).where(FileRecord.batch_id == batch_id)).all()
+        assert sorted(f.filename for f in files) == [f"{batch_id}_error.jsonl", f"{batch_id}_output.jsonl"]
