@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.results import commit_shard, committed_shards, merge
 from batch_dagster.batchfile.shard import Features, features, plan_shards
-from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
+from batch_dagster.batchfile.usage import Usage, cost_of, load_price_table
 from batch_dagster.batchfile.validate import validate_file
 from batch_dagster.engine.base import EngineCrash
 from batch_dagster.partitions import batches
@@ -87,7 +87,6 @@ def validated_requests(
     tmp = out.with_name(out.name + ".tmp")
     started = time.perf_counter()
     buffer: dict[str, list] = {name: [] for name in REQUESTS_SCHEMA.names}
-    endpoint: list[str | None] = [None]
 
     with pq.ParquetWriter(tmp, REQUESTS_SCHEMA) as writer:
 
@@ -97,7 +96,6 @@ def validated_requests(
                 column.clear()
 
         def keep(line: int, request: dict[str, Any]) -> None:
-            endpoint[0] = endpoint[0] or request["url"]
             f = features(request["url"], request["body"])
             buffer["line"].append(line)
             buffer["custom_id"].append(request["custom_id"])
@@ -351,7 +349,7 @@ def batch_usage(
     manifest = storage.read_json(storage.shards_dir(batch_id) / "manifest.json")
     merged = storage.read_json(storage.batch_dir(batch_id) / "merged.json")
     usage = Usage.from_dict(merged["usage"])
-    prices = PriceTable.from_dict(_load_toml(settings.prices_file))
+    prices = load_price_table(settings.prices_file)
     cost = cost_of(usage, manifest["model"], prices)
     shards = committed_shards(storage.results_dir(batch_id))
     inference_s = sum(s.duration_s for s in shards.values())
@@ -390,13 +388,6 @@ def batch_usage(
             "cost_detail": dg.MetadataValue.json(summary["cost"]),
         }
     )
-
-
-def _load_toml(path) -> dict[str, Any]:
-    import tomllib
-
-    with open(path, "rb") as f:
-        return tomllib.load(f)
 
 
 lifecycle_assets = [batch_input, validated_requests, batch_shards, shard_results, batch_output_files, batch_usage]

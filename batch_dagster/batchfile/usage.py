@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -80,6 +82,11 @@ class PriceTable:
         default = Price(**base)
         models = {name: Price(**{**base, **entry}) for name, entry in d.get("models", {}).items()}
         return cls(models, default)
+
+
+def load_price_table(path: Path) -> PriceTable:
+    with open(path, "rb") as f:
+        return PriceTable.from_dict(tomllib.load(f))
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,9 @@ class OfflineEngine:
 
             log.info("Starting vLLM for %s from %s", self.spec.name, self.model_path)
             self._llm = LLM(**self.llm_kwargs())
+            # Registered after vLLM started its processes, so after multiprocessing's own exit
+            # hook, and atexit runs it first (it would otherwise wait on the engine forever).
+            atexit.register(shutdown_all)
             self._tokenizer = self._llm.get_tokenizer()
             self.max_model_len = self._llm.llm_engine.model_config.max_model_len
         return self._llm
@@ -213,8 +216,6 @@ def engine_for(spec: ModelSpec, model_path: str) -> OfflineEngine:
         if engine is None or engine.spec != spec or engine.model_path != model_path:
             if engine is not None:
                 engine.shutdown()
-            if not _ENGINES:
-                atexit.register(shutdown_all)  # after multiprocessing's hook, so it runs before it
             engine = _ENGINES[spec.name] = OfflineEngine(spec, model_path)
         return engine
 
