@@ -92,6 +92,8 @@ def run_batch(
     `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME).
     """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM logs to stdout by default; stdout belongs to the results (--json).
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     import dagster as dg
 
     from batch_dagster.partitions import batches

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import glob
 import os
+import resource
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
 SAMPLE_S = 0.2
+FOLLOW_S = 0.1
+Printed = list[tuple[float, str, str]]  # (seconds since launch, line, source), in arrival order
 
 
 def tree_rss(proc: psutil.Process) -> int:
@@ -30,6 +35,17 @@ def tree_rss(proc: psutil.Process) -> int:
     return total
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds of every descendant this process has reaped (they include their own reaped children)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _machine_cpu_s() -> float:
+    t = psutil.cpu_times()
+    return t.user + t.system + getattr(t, "nice", 0.0) + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+
+
 @dataclass
 class Measured:
     """What one stage's process did: its exit code, times and the lines it printed, with arrival times."""
@@ -38,16 +54,19 @@ class Measured:
     wall_s: float
     peak_rss_mb: float
     launched_at: float  # time.time() at launch, to line up with timestamps the process records itself
-    # (seconds since launch, line, "out" or "err") for every line printed (vLLM logs to stdout).
-    printed: list[tuple[float, str, str]] = field(default_factory=list)
+    # Every line printed, from "out", "err" or a followed file ("file"); vLLM logs to stdout.
+    printed: Printed = field(default_factory=list)
+    done_at_s: float | None = None  # when `done_when` first held
+    hung_at_exit: bool = False  # done, then still running after the grace period: stopped by us
+    other_cpu_pct: float = 0.0  # CPU used by other processes on the machine meanwhile, % of all cores
 
     @property
     def stdout(self) -> str:
-        return "\n".join(line for _, line, stream in self.printed if stream == "out")
+        return "\n".join(line for _, line, source in self.printed if source == "out")
 
-    def first(self, needle: str) -> float | None:
-        """Seconds since launch at which the first line containing `needle` arrived."""
-        return next((t for t, line, _ in self.printed if needle in line), None)
+    def first(self, needle: str, after: float = -1.0) -> float | None:
+        """Seconds since launch at which the first line containing `needle` arrived (after `after`)."""
+        return next((t for t, line, _ in self.printed if t > after and needle in line), None)
 
     def last(self, needle: str) -> float | None:
         return next((t for t, line, _ in reversed(self.printed) if needle in line), None)
@@ -56,37 +75,90 @@ class Measured:
         return "\n".join(line for _, line, _ in self.printed[-n:])
 
 
-def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
-                 timeout_s: float = 7200, log_path: Path | None = None) -> Measured:
+class _Follower(threading.Thread):
+    """Tails every file matching a glob as it grows, timing each new line (to within FOLLOW_S)."""
+
+    def __init__(self, pattern: str, emit: Callable[[str, str], None]):
+        super().__init__(daemon=True)
+        self.pattern, self.emit = pattern, emit
+        self.stop = threading.Event()
+        self.offsets: dict[str, int] = {}
+        self.partial: dict[str, bytes] = {}
+
+    def poll(self) -> None:
+        for path in sorted(glob.glob(self.pattern)):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets.get(path, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            if not data:
+                continue
+            self.offsets[path] = self.offsets.get(path, 0) + len(data)
+            data = self.partial.pop(path, b"") + data
+            *complete, rest = data.split(b"\n")
+            if rest:
+                self.partial[path] = rest
+            for raw in complete:
+                self.emit(raw.decode(errors="replace"), "file")
+
+    def run(self) -> None:
+        while not self.stop.wait(FOLLOW_S):
+            self.poll()
+        self.poll()
+
+
+def run_measured(
+    cmd: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout_s: float = 7200,
+    log_path: Path | None = None,
+    follow_glob: str | None = None,
+    done_when: Callable[[Printed], bool] | None = None,
+    exit_grace_s: float = 60.0,
+) -> Measured:
     """Run cmd to the end, sampling the RSS of its process tree every SAMPLE_S seconds.
 
     stdout and stderr are read line by line as they come (PYTHONUNBUFFERED is set), so each log
-    line gets the time it was written within a few milliseconds.
+    line gets the time it was written within a few milliseconds; files matching `follow_glob`
+    (logs a process writes instead of printing them) are tailed the same way. When `done_when`
+    holds for the lines so far and the process still runs `exit_grace_s` later, it is stopped and
+    the result says `hung_at_exit`.
     """
     env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    printed: Printed = []
+    lock = threading.Lock()
+    log = open(log_path, "w") if log_path else None
+    cpu_before, own_before = _machine_cpu_s(), _children_cpu_s()
     launched_at = time.time()
     started = time.perf_counter()
+
+    def emit(line: str, source: str) -> None:
+        at = time.perf_counter() - started
+        with lock:
+            printed.append((at, line, source))
+            if log:
+                log.write(f"{at:9.3f} {source} {line}\n")
+
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     ps = psutil.Process(proc.pid)
-    tagged: list[tuple[float, str, str]] = []
-    lock = threading.Lock()
-    log = open(log_path, "w") if log_path else None
 
-    def read(stream, tag: str) -> None:
+    def read(stream, source: str) -> None:
         for raw in stream:
-            at = time.perf_counter() - started
-            line = raw.decode(errors="replace").rstrip("\n")
-            with lock:
-                tagged.append((at, line, tag))
-                if log:
-                    log.write(f"{at:9.3f} {tag} {line}\n")
+            emit(raw.decode(errors="replace").rstrip("\n"), source)
 
-    readers = [threading.Thread(target=read, args=(proc.stdout, "out"), daemon=True),
-               threading.Thread(target=read, args=(proc.stderr, "err"), daemon=True)]
-    for r in readers:
-        r.start()
+    threads: list[threading.Thread] = [threading.Thread(target=read, args=(proc.stdout, "out"), daemon=True),
+                                       threading.Thread(target=read, args=(proc.stderr, "err"), daemon=True)]
+    follower = _Follower(follow_glob, emit) if follow_glob else None
+    for t in [*threads, *([follower] if follower else [])]:
+        t.start()
     peak = 0
+    done_at = None
+    hung = False
     try:
         while True:
             peak = max(peak, tree_rss(ps))
@@ -94,22 +166,35 @@ def run_measured(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path
                 proc.wait(SAMPLE_S)  # returns as soon as the process ends, so wall_s is not rounded up
                 break
             except subprocess.TimeoutExpired:
-                if time.perf_counter() - started > timeout_s:
+                now = time.perf_counter() - started
+                if now > timeout_s:
                     raise TimeoutError(f"{cmd[:3]} ran longer than {timeout_s} s") from None
+                if done_when is not None and done_at is None:
+                    with lock:
+                        if done_when(printed):
+                            done_at = now
+                if done_at is not None and now - done_at > exit_grace_s:
+                    hung = True
+                    break
     finally:
         wall = time.perf_counter() - started
         if proc.poll() is None:
             _stop_group(proc)
-        for r in readers:
-            r.join(10)
+        for t in threads:
+            t.join(10)
+        if follower:
+            follower.stop.set()
+            follower.join(10)
         if log:
             log.close()
-    tagged.sort(key=lambda x: x[0])
-    return Measured(proc.returncode, wall, peak / 2**20, launched_at, tagged)
+    other = max(0.0, (_machine_cpu_s() - cpu_before) - (_children_cpu_s() - own_before))
+    printed.sort(key=lambda x: x[0])
+    return Measured(proc.returncode, wall, peak / 2**20, launched_at, printed, done_at, hung,
+                    round(100 * other / (wall * (os.cpu_count() or 1)), 1))
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
-    """Stop a stage that overran: SIGINT to its process group, then SIGKILL."""
+    """Stop a stage that overran or hung: SIGINT to its process group, then SIGKILL."""
     for sig, wait in ((signal.SIGINT, 20), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
@@ -119,3 +204,36 @@ def _stop_group(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def foreign_engines(own_pid: int | None = None) -> list[str]:
+    """vLLM processes on the machine that are not ours: they compete for the same cores."""
+    mine = set()
+    if own_pid is not None:
+        try:
+            me = psutil.Process(own_pid)
+            mine = {own_pid, *(p.pid for p in me.children(recursive=True))}
+        except psutil.Error:
+            pass
+    found = []
+    for p in psutil.process_iter(["pid", "name", "cmdline"]):
+        if p.info["pid"] in mine:
+            continue
+        text = " ".join(p.info["cmdline"] or []) + " " + (p.info["name"] or "")
+        if "VLLM::" in text:
+            found.append(f"{p.info['pid']} {text.strip()[:60]}")
+    return found
+
+
+def wait_for_quiet(max_wait_s: float, busy_pct: float = 30.0) -> float:
+    """Wait (up to max_wait_s) until no other vLLM engine runs and the cores are mostly idle.
+
+    Returns the seconds waited. On a shared machine another engine on the same cores halves a
+    stage's speed; the wait and each stage's `other_cpu_pct` make that visible instead of silent.
+    """
+    started = time.perf_counter()
+    while time.perf_counter() - started < max_wait_s:
+        if not foreign_engines(os.getpid()) and psutil.cpu_percent(interval=2.0) < busy_pct:
+            break
+        time.sleep(3)
+    return round(time.perf_counter() - started, 1)

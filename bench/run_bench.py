@@ -22,7 +22,10 @@ input (bench/workload.py), the same model and the same engine settings (the regi
 Environment: BENCH_REQUESTS (default 5000), BENCH_MODEL (default smollm2-135m-instruct),
 BENCH_STAGES (comma list, default all three), BENCH_OUT (default bench/results/latest.json),
 BENCH_PROFILE=1 (record a py-spy speedscope profile of each stage next to BENCH_OUT),
-BENCH_KEEP_WORK=1 (keep the temporary work folder with every stage's timed log).
+BENCH_KEEP_WORK=1 (keep the temporary work folder with every stage's timed log),
+BENCH_QUIET_WAIT_S (default 600: before each stage, wait up to this long until no other vLLM
+engine runs and the cores are mostly idle; each stage records `other_cpu_pct`, the CPU other
+processes used meanwhile), BENCH_STAGE_TIMEOUT_S, BENCH_EXIT_GRACE_S (see `hung_at_exit`).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any
 
 import orjson
 
-from bench.measure import Measured, run_measured
+from bench.measure import Measured, run_measured, wait_for_quiet
 from bench.workload import write_workload
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,8 +70,14 @@ def _metrics(m: Measured, engine: tuple[float, float], inference_end: float, out
              **extra: Any) -> dict[str, Any]:
     begin, ready = engine
     inference_s = inference_end - ready
+    if not extra.get("requests_completed"):
+        raise StageFailed(f"no request completed:\n{m.tail()}")
+    hung = {}
+    if m.hung_at_exit:
+        # The work was done (and its output written) at done_at_s; the process never exited.
+        hung = {"hung_at_exit": True, "stopped_at_s": round(m.wall_s, 2)}
     return {
-        "wall_s": round(m.wall_s, 2),
+        "wall_s": round(m.done_at_s if m.hung_at_exit else m.wall_s, 2),
         "engine_start_s": round(ready - begin, 2),
         "inference_s": round(inference_s, 2),
         "output_tokens": output_tokens,
@@ -76,7 +85,8 @@ def _metrics(m: Measured, engine: tuple[float, float], inference_end: float, out
         "peak_rss_mb": round(m.peak_rss_mb, 1),
         "engine_ready_at_s": round(ready, 2),
         "inference_end_at_s": round(inference_end, 2),
-    } | extra
+        "other_cpu_pct": m.other_cpu_pct,
+    } | hung | extra
 
 
 def _profiled(cmd: list[str], name: str, ctx: dict[str, Any]) -> list[str]:
@@ -87,10 +97,12 @@ def _profiled(cmd: list[str], name: str, ctx: dict[str, Any]) -> list[str]:
     return [str(py_spy), "record", "--subprocesses", "--rate", "20", "--format", "speedscope", "-o", str(out), "--", *cmd]
 
 
-def _run(cmd: list[str], name: str, ctx: dict[str, Any], env: dict[str, str] | None = None) -> Measured:
+def _run(cmd: list[str], name: str, ctx: dict[str, Any], env: dict[str, str] | None = None,
+         **kwargs: Any) -> Measured:
     log = ctx["work"] / f"{name}.log"
-    m = run_measured(_profiled(cmd, name, ctx), env={**STAGE_ENV, **(env or {})}, cwd=REPO, log_path=log)
-    if m.returncode != 0:
+    m = run_measured(_profiled(cmd, name, ctx), env={**STAGE_ENV, **(env or {})}, cwd=REPO, log_path=log,
+                     timeout_s=ctx["timeout_s"], **kwargs)
+    if m.returncode != 0 and not m.hung_at_exit:
         raise StageFailed(f"{name} exited with {m.returncode}; log {log}:\n{m.tail()}")
     return m
 
@@ -197,7 +209,13 @@ def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
         "BATCH_MODEL_CACHE": str(Settings.from_env().model_cache_dir),
     }
     cli = Path(sys.executable).with_name("batch-dagster")
-    m = _run([str(cli), "run", str(ctx["input"]), "--out", str(out), "--json"], "pipeline", ctx, env)
+    # Dagster captures each step's output into compute-log files (mirrored to stdout only in part):
+    # the engine's log lines are read from those files as they grow. The CLI's JSON summary ends
+    # with a "}" line: the batch is done and its files are in place.
+    m = _run([str(cli), "run", str(ctx["input"]), "--out", str(out), "--json"], "pipeline", ctx, env,
+             follow_glob=str(home / "storage" / "*" / "compute_logs" / "*"),
+             done_when=lambda printed: any(line == "}" and src == "out" for _, line, src in printed[-50:]),
+             exit_grace_s=float(os.environ.get("BENCH_EXIT_GRACE_S") or 60))
     summaries = glob.glob(str(data / "batches" / "*" / "summary.json"))
     if len(summaries) != 1:
         raise StageFailed(f"pipeline: expected one summary.json, found {summaries}:\n{m.tail()}")
@@ -281,6 +299,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="batch-dagster-bench-"))
     ctx = {"work": work, "spec": spec, "model_path": vllm.model_path(spec), "out": out,
            "profile": os.environ.get("BENCH_PROFILE") == "1",
+           "timeout_s": float(os.environ.get("BENCH_STAGE_TIMEOUT_S") or 4 * 3600),
+           "quiet_wait_s": float(os.environ.get("BENCH_QUIET_WAIT_S") or 600),
            "input": write_workload(work / "input.jsonl", n, model)}
     import psutil
 
@@ -295,10 +315,12 @@ def main() -> None:
     failed = False
     try:
         for stage in stages:
+            waited = wait_for_quiet(ctx["quiet_wait_s"])
             started = time.perf_counter()
-            print(f"bench: {stage} ...", file=sys.stderr, flush=True)
+            print(f"bench: {stage} ...{f' (waited {waited:.0f} s for a quiet machine)' if waited > 5 else ''}",
+                  file=sys.stderr, flush=True)
             try:
-                report[stage] = RUNNERS[stage](ctx)
+                report[stage] = RUNNERS[stage](ctx) | {"quiet_wait_s": waited}
             except StageFailed as exc:
                 failed = True
                 report[stage] = None

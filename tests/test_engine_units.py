@@ -110,3 +110,26 @@ def test_server_command_carries_the_registry_settings():
     assert cmd[cmd.index("--max-model-len") + 1] == "1024"
     assert "--no-enable-prefix-caching" in cmd and "--enforce-eager" in cmd
     assert "--kv-cache-memory-bytes" not in cmd  # 0 means unset
+
+
+def test_when_every_request_fails_alone_the_engine_is_at_fault():
+    class AlwaysRejects(StubbedEngine):
+        def _execute(self, endpoint, items):
+            raise ValueError("broken engine")
+
+    engine = AlwaysRejects(None)
+    engine._llm, engine._tokenizer, engine.max_model_len = object(), None, 64  # pretend it started
+    with pytest.raises(EngineCrash, match="broken engine"):
+        engine.run("/v1/completions", [("a", {"prompt": [1, 2]}), ("b", {"prompt": [3]})])
+
+
+def test_progress_ticker_counts_finished_requests_and_passes_iterables_through():
+    from batch_dagster.engine.base import ProgressTicker
+
+    seen = []
+    ticker = ProgressTicker(seen.append)
+    assert ticker([1, 2, 3], desc="Adding requests") == [1, 2, 3]
+    bar = ticker(total=3, desc="Processed prompts")
+    bar.update(2)
+    bar.update(1)
+    assert seen == [2, 1] and bar.n == 3 and bar.format_dict["elapsed"] > 0

@@ -30,8 +30,9 @@ class ProgressTicker:
         self.postfix = ""
         self._started = time.monotonic()
 
-    def __call__(self, *args: Any, **kwargs: Any) -> "ProgressTicker":
-        return self
+    def __call__(self, iterable: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # vLLM also wraps the prompts it adds in a bar; those pass through uncounted.
+        return self if iterable is None else iterable
 
     @property
     def format_dict(self) -> dict[str, float]:

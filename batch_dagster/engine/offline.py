@@ -22,7 +22,7 @@ def _rejection_types() -> tuple[type[Exception], ...]:
     """Exceptions by which vLLM rejects one request (bad parameters), as opposed to failing itself."""
     from vllm.exceptions import VLLMClientError
 
-    return (VLLMClientError, ValueError, TypeError)
+    return (VLLMClientError, ValueError)
 
 
 @dataclass
@@ -140,7 +140,11 @@ class OfflineEngine:
             except t.RequestError as exc:
                 lines.append(exc.line(custom_id))
         if ready:
-            lines += self._run_isolating(endpoint, ready)
+            ran = self._run_isolating(endpoint, ready)
+            if len(ready) > 1 and all(line["response"]["status_code"] != 200 for line in ran):
+                # Every request failed on its own: the engine is at fault, not the requests.
+                raise EngineCrash(f"Every request of the shard failed: {ran[0]['response']['body']['error']['message']}")
+            lines += ran
         return lines
 
     def _run_isolating(self, endpoint: str, items: list[_Prepared]) -> list[Line]:
