@@ -159,6 +159,7 @@ def stage_run_batch(ctx: dict[str, Any]) -> dict[str, Any]:
 def _dagster_timeline(home: Path, launched_at: float) -> dict[str, Any]:
     """Step timings of the pipeline's one run, from the Dagster event log (seconds since launch)."""
     import dagster as dg
+    from dagster import DagsterEventType as T
 
     saved = os.environ.get("DAGSTER_HOME")
     os.environ["DAGSTER_HOME"] = str(home)  # the instance's dagster.yaml reads its storage dir from it
@@ -173,16 +174,16 @@ def _dagster_timeline(home: Path, launched_at: float) -> dict[str, Any]:
                 if ev is None:
                     continue
                 at = entry.timestamp - launched_at
-                kind = ev.event_type_value
-                if kind == "RUN_START":
+                kind = ev.event_type
+                if kind == T.RUN_START:
                     run_start = at
-                elif kind in ("RUN_SUCCESS", "RUN_FAILURE"):
+                elif kind in (T.RUN_SUCCESS, T.RUN_FAILURE):
                     run_end = at
-                elif kind == "STEP_START":
+                elif kind == T.STEP_START:
                     steps.setdefault(ev.step_key, {})["start"] = at
-                elif kind in ("STEP_SUCCESS", "STEP_FAILURE"):
+                elif kind in (T.STEP_SUCCESS, T.STEP_FAILURE):
                     steps.setdefault(ev.step_key, {})["end"] = at
-                elif kind == "ASSET_MATERIALIZATION" and ev.step_key == "shard_results":
+                elif kind == T.ASSET_MATERIALIZATION and ev.step_key == "shard_results":
                     meta = ev.event_specific_data.materialization.metadata
                     shard_results_meta = {k: getattr(v, "value", v) for k, v in meta.items()}
     finally:
@@ -190,7 +191,8 @@ def _dagster_timeline(home: Path, launched_at: float) -> dict[str, Any]:
             os.environ.pop("DAGSTER_HOME", None)
         else:
             os.environ["DAGSTER_HOME"] = saved
-    return {"run_id": run.run_id, "run_start_at_s": run_start, "run_end_at_s": run_end,
+    return {"run_id": run.run_id, "run_start_at_s": run_start and round(run_start, 2),
+            "run_end_at_s": run_end and round(run_end, 2),
             "steps": {k: {"start_at_s": round(v.get("start", 0), 2), "end_at_s": round(v.get("end", 0), 2),
                           "duration_s": round(v.get("end", 0) - v.get("start", 0), 2)} for k, v in steps.items()},
             "shard_results_metadata": shard_results_meta}

@@ -61,7 +61,7 @@ _SYSTEM_OPENINGS = (
 )
 
 
-def _words(rng: random.Random, n: int) -> str:
+def prose(rng: random.Random, n: int) -> str:
     """n words of filler prose, with a full stop every 8-20 words."""
     out, since = [], 0
     stop = rng.randint(8, 20)
@@ -79,7 +79,7 @@ def _words(rng: random.Random, n: int) -> str:
 
 def system_prompts(seed: int = SEED) -> list[str]:
     rng = random.Random(f"system-{seed}")
-    return [opening + _words(rng, int(size / TOKENS_PER_WORD)) for opening, size in _SYSTEM_OPENINGS]
+    return [opening + prose(rng, int(size / TOKENS_PER_WORD)) for opening, size in _SYSTEM_OPENINGS]
 
 
 def _prompt_tokens(rng: random.Random) -> int:
@@ -103,8 +103,8 @@ def requests(n: int, model: str, seed: int = SEED):
         task = rng.choice(TASKS)
         words = max(1, int(tokens / TOKENS_PER_WORD))
         body_words = max(1, words - len(task.split()))
-        messages.append({"role": "user", "content": f"{task} {_words(rng, body_words)}" if tokens > 12
-                         else _words(rng, words)})
+        messages.append({"role": "user", "content": f"{task} {prose(rng, body_words)}" if tokens > 12
+                         else prose(rng, words)})
         yield {
             "custom_id": f"req-{i:06d}",
             "method": "POST",

@@ -104,7 +104,7 @@ class OfflineEngine:
 
         if endpoint == c.EMBEDDINGS:
             fmt = t.encoding_format_of(body)
-            prompts = [self._encode(p, True) for p in t.embedding_inputs(body)]
+            prompts = [self._encode(p, True) for p in t.prompt_list(body, "input")]
             for p in prompts:
                 t.check_prompt_length(endpoint, len(p), self.max_model_len)
             return _Prepared(custom_id, prompts, None, fmt, sum(map(len, prompts)))
@@ -114,7 +114,7 @@ class OfflineEngine:
             )
             prompts = [self._tokenizer.encode(text, add_special_tokens=False)]
         else:
-            prompts = [self._encode(p, True) for p in t.completion_prompts(body)]
+            prompts = [self._encode(p, True) for p in t.prompt_list(body, "prompt")]
         longest = max(len(p) for p in prompts)
         max_tokens = t.max_tokens_of(endpoint, body, longest, self.max_model_len)
         try:

@@ -59,27 +59,16 @@ def chat_template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
-    """A completions `prompt` as a list of prompts (text or token ids)."""
-    prompt = body["prompt"]
-    if isinstance(prompt, str):
-        return [prompt]
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return [prompt]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        return list(prompt)
-    raise RequestError("'prompt' must be a string, a list of strings or a list of token ids.", param="prompt")
-
-
-def embedding_inputs(body: dict[str, Any]) -> list[str | list[int]]:
-    value = body["input"]
+def prompt_list(body: dict[str, Any], field: str) -> list[str | list[int]]:
+    """A completions `prompt` or embeddings `input` as a list of prompts (text or token ids)."""
+    value = body[field]
     if isinstance(value, str):
         return [value]
     if isinstance(value, list) and value and all(isinstance(t, int) for t in value):
         return [value]
     if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
         return list(value)
-    raise RequestError("'input' must be a string, a list of strings or token ids.", param="input")
+    raise RequestError(f"'{field}' must be a string, a list of strings or a list of token ids.", param=field)
 
 
 def max_tokens_of(endpoint: str, body: dict[str, Any], prompt_tokens: int, max_model_len: int) -> int:
