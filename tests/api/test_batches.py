@@ -213,13 +213,19 @@ def test_cancel_before_launch_runs_nothing(start_service, tmp_path):
 
 def test_expiry_with_a_short_window(start_service, tmp_path):
     engine = FakeEngine()
-    engine.on_call = lambda call: time.sleep(3) if call == 1 else None  # the window passes during shard 1
-    service = start_service(shard_size=2, window_s=2, engine=engine)
+    service = start_service(shard_size=2, window_s=5, engine=engine)
+
+    def outlast_the_window(call: int) -> None:  # shard 1 runs inside the window and ends after it
+        if call == 1:
+            [deadline] = [service.storage.read_json(p) for p in service.data_dir.glob("batches/*/deadline.json")]
+            time.sleep(max(0.0, deadline["expires_at"] - time.time()) + 0.2)
+
+    engine.on_call = outlast_the_window
     client = service.client()
     requests = rows(6)
     batch = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", requests),
                                   endpoint="/v1/chat/completions", completion_window="24h")
-    assert batch.expires_at - batch.created_at == 2
+    assert batch.expires_at - batch.created_at == 5
     expired = wait_for(client, batch.id, {"expired", "completed"})
 
     assert expired.status == "expired" and expired.expired_at >= expired.expires_at
