@@ -30,9 +30,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         max_bytes=args.max_bytes or settings.limits.max_bytes,
         max_line_bytes=settings.limits.max_line_bytes,
     )
-    from batch_dagster.batchfile.registry import load_registry
+    from batch_dagster.batchfile.registry import load_registry, served_endpoints
 
-    report = validate_file(args.file, limits=limits, endpoint=args.endpoint, models=load_registry(settings.models_file).keys())
+    models = served_endpoints(load_registry(settings.models_file))
+    report = validate_file(args.file, limits=limits, endpoint=args.endpoint, models=models)
     if args.json:
         _print_json(report.to_dict())
     else:

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.registry import served_endpoints
 from batch_dagster.batchfile.results import commit_shard, committed_shards, merge
 from batch_dagster.batchfile.shard import Features, features, plan_shards
 from batch_dagster.batchfile.usage import Usage, cost_of, load_price_table
@@ -106,7 +107,7 @@ def validated_requests(
                 flush()
 
         report = validate_file(
-            storage.input_path(batch_id), limits=settings.limits, models=vllm.registry().keys(), on_request=keep
+            storage.input_path(batch_id), limits=settings.limits, models=served_endpoints(vllm.registry()), on_request=keep
         )
         if buffer["line"]:
             flush()

@@ -61,6 +61,11 @@ def parse_registry(data: dict[str, Any]) -> dict[str, ModelSpec]:
     return specs
 
 
+def served_endpoints(registry: dict[str, ModelSpec]) -> dict[str, tuple[str, ...]]:
+    """Model name -> the endpoints it serves: what validation checks a file against."""
+    return {name: spec.endpoints for name, spec in registry.items()}
+
+
 def load_registry(path: Path) -> dict[str, ModelSpec]:
     with open(path, "rb") as f:
         return parse_registry(tomllib.load(f))

@@ -7,7 +7,7 @@ passes `on_request` and receives each one as it is parsed, so nothing is parsed 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -99,7 +99,11 @@ def validate_file(
     max_errors: int = 1000,
     on_request: OnRequest | None = None,
 ) -> ValidationReport:
-    """Validate a JSONL batch file; `models` is what the registry serves (None skips that check)."""
+    """Validate a JSONL batch file.
+
+    `models` is what the registry serves: names, or names mapped to the endpoints each serves
+    (None skips the model check).
+    """
     with open(path, "rb") as f:
         return validate_stream(
             f,
@@ -156,6 +160,10 @@ def validate_stream(
             if models is not None and model not in models:
                 served = ", ".join(sorted(models)) or "none"
                 error(c.MODEL_NOT_FOUND, f"Model {model!r} is not served here (served: {served}).", line_no, "body.model")
+            elif isinstance(models, Mapping) and report.endpoint not in models[model]:
+                served = ", ".join(models[model])
+                error(c.INVALID_URL, f"Model {model!r} does not serve {report.endpoint} (it serves {served}).",
+                      line_no, "url")
         elif model != report.model and not mixed_reported:
             mixed_reported = True
             error(

@@ -659,3 +659,16 @@ def test_validate_stream_does_not_read_ahead_of_the_request_it_reports():
     assert len(lead) == n
     assert len(data) > 50 * buffer_size
     assert max(lead) <= buffer_size
+
+
+def test_model_that_does_not_serve_the_endpoint_is_an_invalid_url(tmp_path):
+    from batch_dagster.batchfile.validate import validate_file
+
+    path = tmp_path / "emb.jsonl"
+    path.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/embeddings",
+                                "body": {"model": "chat", "input": "hi"}}) + "\n")
+    served = {"chat": ("/v1/chat/completions", "/v1/completions"), "emb": ("/v1/embeddings",)}
+    report = validate_file(path, models=served)
+    assert [(e.code, e.line, e.param) for e in report.errors] == [("invalid_url", 1, "url")]
+    assert "does not serve /v1/embeddings" in report.errors[0].message
+    assert validate_file(path, models=set(served)).valid  # names only: no endpoint check
