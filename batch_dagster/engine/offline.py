@@ -209,6 +209,9 @@ def shutdown_all() -> None:
     with _LOCK:
         engines = list(_ENGINES.values())
         _ENGINES.clear()
+    if engines:
+        # At exit the streams vLLM logs to may be closed already (pytest's capture, for one).
+        logging.getLogger("vllm").disabled = True
     for engine in engines:
         engine.shutdown()
 
