@@ -9,7 +9,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export BATCH_DATA_DIR ?= $(CURDIR)/data
 export BATCH_MODEL_CACHE ?= $(BATCH_DATA_DIR)/models
 
-.PHONY: setup models demo test dev clean
+.PHONY: setup models demo test dev serve clean
 
 setup: $(STAMP) models
 
@@ -38,5 +38,17 @@ dev: setup
 	$(VENV)/bin/batch-dagster instance
 	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
+# The API on 127.0.0.1:8000, the Dagster UI on 127.0.0.1:3000 and the daemon (its sensors run API batches).
+serve: setup
+	$(PY) -m batch_dagster.serve
+
 clean:
 	rm -rf $(VENV) .dagster_home data
+
+# Benchmarks (see README, "Performance"). BENCH_REQUESTS / BENCH_MODEL size and pick the workload.
+.PHONY: bench bench-cpu
+bench: setup
+	$(PY) -m bench.run_bench
+
+bench-cpu: setup
+	$(PY) -m bench.cpu_bench

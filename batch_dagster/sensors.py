@@ -7,18 +7,30 @@ import dagster as dg
 from batch_dagster.jobs import batch_job
 from batch_dagster.partitions import batches
 from batch_dagster.resources import BatchStorage
-from batch_dagster.store import repo
+from batch_dagster.store import TERMINAL, repo
 from batch_dagster.store.lifecycle import sync_batch
 from batch_dagster.store.resource import ApiStore
 
 PARTITION_TAG = "dagster/partition"
+FAILURE_REASON_TAG = "dagster/failure_reason"
 # A batch marked launched with no run after this long (the tick's runs were lost) is requested again;
 # the run key keeps Dagster from running it twice.
 RELAUNCH_AFTER_S = 120
-# A run that dies for a reason outside its steps (its worker killed, the machine restarted) is run again
-# when the instance enables run retries; the assets skip committed shards, so a retry resumes the batch.
-RUN_TAGS = {"source": "api", "dagster/max_retries": "2"}
+# A run that was interrupted rather than failed (serve stopped, its worker died) is run again, up to
+# this many runs in all: the assets skip committed shards, so the new run resumes the batch.
+MAX_RUNS = 3
+INTERRUPTED = ("UNEXPECTED_TERMINATION", "RUN_WORKER_RESTART", "START_TIMEOUT")
 _ENDED_BADLY = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+
+
+def _runs_filter(batch_id: str) -> dg.RunsFilter:
+    return dg.RunsFilter(job_name=batch_job.name, tags={PARTITION_TAG: batch_id})
+
+
+def run_key(instance: dg.DagsterInstance, batch_id: str) -> str:
+    """The batch id for its first run; `<batch id>:<n>` for the n-th, when an interrupted run is resumed."""
+    runs = instance.get_runs_count(_runs_filter(batch_id))
+    return batch_id if runs == 0 else f"{batch_id}:{runs + 1}"
 
 
 @dg.sensor(
@@ -36,7 +48,8 @@ def api_batch_sensor(context: dg.SensorEvaluationContext, api_store: ApiStore) -
     context.log.info(f"Launching {len(waiting)} batch(es): {', '.join(waiting)}")
     return dg.SensorResult(
         run_requests=[
-            dg.RunRequest(partition_key=batch_id, run_key=batch_id, tags={"batch_id": batch_id, **RUN_TAGS})
+            dg.RunRequest(partition_key=batch_id, run_key=run_key(context.instance, batch_id),
+                          tags={"batch_id": batch_id, "source": "api"})
             for batch_id in waiting
         ],
         dynamic_partitions_requests=[batches.build_add_request(waiting)],
@@ -44,9 +57,7 @@ def api_batch_sensor(context: dg.SensorEvaluationContext, api_store: ApiStore) -
 
 
 def latest_run(instance: dg.DagsterInstance, batch_id: str) -> dg.DagsterRun | None:
-    records = instance.get_run_records(
-        dg.RunsFilter(job_name=batch_job.name, tags={PARTITION_TAG: batch_id}), limit=1
-    )
+    records = instance.get_run_records(_runs_filter(batch_id), limit=1)
     return records[0].dagster_run if records else None
 
 
@@ -71,23 +82,30 @@ def run_failure_message(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str
 def api_batch_status_sensor(
     context: dg.SensorEvaluationContext, api_store: ApiStore, storage: BatchStorage
 ) -> dg.SkipReason:
+    instance = context.instance
     moved = 0
     with api_store.session() as session:
         for batch in repo.active_batches(session):
             before = batch.status
-            run = latest_run(context.instance, batch.id)
-            failure = None
+            run = latest_run(instance, batch.id)
             if run is None:
-                if batch.launched_at is not None and repo.now() - batch.launched_at > RELAUNCH_AFTER_S:
+                if repo.now() - batch.launched_at > RELAUNCH_AFTER_S:
                     context.log.warning(f"{batch.id}: no run since it was launched; requesting it again")
                     repo.unmark_launched(session, batch.id)
                 continue
-            if run.status in _ENDED_BADLY and not run.is_complete_and_waiting_to_retry:
-                failure = run_failure_message(context.instance, run)
             if batch.run_id != run.run_id:
                 batch.run_id = run.run_id
                 session.commit()
-            sync_batch(session, storage, batch, run_failure=failure)
+            sync_batch(session, storage, batch)
+            ended_badly = run.status in _ENDED_BADLY and not run.is_complete_and_waiting_to_retry
+            if ended_badly and batch.status not in TERMINAL:
+                if run.tags.get(FAILURE_REASON_TAG) in INTERRUPTED and instance.get_runs_count(
+                    _runs_filter(batch.id)
+                ) < MAX_RUNS:
+                    context.log.warning(f"{batch.id}: run {run.run_id} was interrupted; resuming in a new run")
+                    repo.unmark_launched(session, batch.id)
+                    continue
+                sync_batch(session, storage, batch, run_failure=run_failure_message(instance, run))
             if batch.status != before:
                 moved += 1
                 context.log.info(f"{batch.id}: {before} -> {batch.status}")

@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
 
     from batch_dagster.api.config import ApiConfig, UnsafeBind, check_bind
     from batch_dagster.instance import ensure_dagster_home
@@ -102,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     except UnsafeBind:
         return 2
     home = ensure_dagster_home()
+    # Create the instance's SQLite storages here, once: the daemon and the webserver creating them at the
+    # same moment on a fresh DAGSTER_HOME stamp their Alembic version twice and then refuse to load.
+    import dagster as dg
+
+    with dg.DagsterInstance.get():
+        pass
     # Create or upgrade the schema once, before the API and the daemon's sensors both open the store.
     store = Store(config.database_url)
     store.upgrade()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import os
-import resource
 import signal
 import subprocess
 import threading
@@ -20,8 +19,12 @@ FOLLOW_S = 0.1
 Printed = list[tuple[float, str, str]]  # (seconds since launch, line, source), in arrival order
 
 
-def tree_rss(proc: psutil.Process) -> int:
-    """RSS of a process and all its descendants, summed (pages shared between them count twice)."""
+def tree_sample(proc: psutil.Process, cpu_by_pid: dict[int, float]) -> int:
+    """RSS of a process and all its descendants, summed (pages shared between them count twice).
+
+    Also records each one's CPU seconds so far in cpu_by_pid: descendants that a killed parent
+    leaves behind are never reaped by us, so rusage of children would miss their CPU time.
+    """
     total = 0
     try:
         procs = [proc, *proc.children(recursive=True)]
@@ -29,16 +32,13 @@ def tree_rss(proc: psutil.Process) -> int:
         return 0
     for p in procs:
         try:
-            total += p.memory_info().rss
+            with p.oneshot():
+                total += p.memory_info().rss
+                t = p.cpu_times()
+                cpu_by_pid[p.pid] = t.user + t.system
         except psutil.Error:  # exited between listing and reading
             pass
     return total
-
-
-def _children_cpu_s() -> float:
-    """CPU seconds of every descendant this process has reaped (they include their own reaped children)."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def _machine_cpu_s() -> float:
@@ -58,6 +58,7 @@ class Measured:
     printed: Printed = field(default_factory=list)
     done_at_s: float | None = None  # when `done_when` first held
     hung_at_exit: bool = False  # done, then still running after the grace period: stopped by us
+    cpu_s: float = 0.0  # CPU seconds of the process tree (as last sampled, so up to SAMPLE_S short per process)
     other_cpu_pct: float = 0.0  # CPU used by other processes on the machine meanwhile, % of all cores
 
     @property
@@ -132,7 +133,8 @@ def run_measured(
     printed: Printed = []
     lock = threading.Lock()
     log = open(log_path, "w") if log_path else None
-    cpu_before, own_before = _machine_cpu_s(), _children_cpu_s()
+    cpu_before = _machine_cpu_s()
+    cpu_by_pid: dict[int, float] = {}
     launched_at = time.time()
     started = time.perf_counter()
 
@@ -161,7 +163,7 @@ def run_measured(
     hung = False
     try:
         while True:
-            peak = max(peak, tree_rss(ps))
+            peak = max(peak, tree_sample(ps, cpu_by_pid))
             try:
                 proc.wait(SAMPLE_S)  # returns as soon as the process ends, so wall_s is not rounded up
                 break
@@ -187,10 +189,10 @@ def run_measured(
             follower.join(10)
         if log:
             log.close()
-    other = max(0.0, (_machine_cpu_s() - cpu_before) - (_children_cpu_s() - own_before))
+    other = max(0.0, (_machine_cpu_s() - cpu_before) - sum(cpu_by_pid.values()))
     printed.sort(key=lambda x: x[0])
     return Measured(proc.returncode, wall, peak / 2**20, launched_at, printed, done_at, hung,
-                    round(100 * other / (wall * (os.cpu_count() or 1)), 1))
+                    round(sum(cpu_by_pid.values()), 1), round(100 * other / (wall * (os.cpu_count() or 1)), 1))
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

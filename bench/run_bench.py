@@ -85,6 +85,7 @@ def _metrics(m: Measured, engine: tuple[float, float], inference_end: float, out
         "peak_rss_mb": round(m.peak_rss_mb, 1),
         "engine_ready_at_s": round(ready, 2),
         "inference_end_at_s": round(inference_end, 2),
+        "cpu_s": m.cpu_s,
         "other_cpu_pct": m.other_cpu_pct,
     } | hung | extra
 

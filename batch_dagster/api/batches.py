@@ -9,19 +9,16 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from batch_dagster.batchfile.contract import ENDPOINTS
-from batch_dagster.store import TERMINAL, BatchRecord
-from batch_dagster.store import repo
+from batch_dagster.store import TERMINAL, BatchRecord, repo
 from batch_dagster.store.lifecycle import sync_batch
 
 from .deps import Context, DbSession, Owner
 from .errors import invalid, not_found
 from .schemas import Batch, BatchError, BatchErrors, BatchRequestCounts, BatchUsage, CreateBatchRequest, ListPage
-from .uploads import first_request
 
 router = APIRouter(tags=["batches"])
 COMPLETION_WINDOWS = ("24h",)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
-_HEAD = 1 << 20
 
 
 def batch_object(row: BatchRecord) -> Batch:
@@ -51,16 +48,6 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
             raise invalid(f"metadata value of {key!r} is longer than {MAX_METADATA_VALUE} characters.", "metadata")
 
 
-def _check_first_line(path: Path, endpoint: str) -> None:
-    """The batch's endpoint must be its requests' url; the pipeline checks that every line shares line 1's."""
-    with open(path, "rb") as f:
-        request = first_request(f.read(_HEAD))
-    url = request.get("url") if request else None
-    if isinstance(url, str) and url != endpoint:
-        raise invalid(f"The input file's requests use url {url!r} (line 1) but the batch endpoint is {endpoint!r}.",
-                      param="endpoint", code="invalid_url")
-
-
 @router.post("/batches", response_model=Batch)
 def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, owner: Owner) -> Batch:
     """Accept a batch: its input goes into the pipeline's storage; the Dagster sensor launches it."""
@@ -77,7 +64,6 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
     if source.purpose != "batch":
         raise invalid(f"File {source.id} has purpose {source.purpose!r}; a batch needs a file uploaded with "
                       "purpose 'batch'.", param="input_file_id", code="invalid_input_file")
-    _check_first_line(Path(source.path), body.endpoint)
 
     batch_id = repo.new_batch_id()
     started = time.time()
@@ -85,6 +71,7 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
     # The input and the deadline are in place before the row exists, so the sensor never sees half a batch.
     ctx.storage.put_input(batch_id, Path(source.path))
     ctx.storage.set_deadline(batch_id, deadline)
+    ctx.storage.set_endpoint(batch_id, body.endpoint)  # validation reports every line with another url
     row = BatchRecord(
         id=batch_id, owner=owner, endpoint=body.endpoint, input_file_id=source.id,
         completion_window=body.completion_window, status="validating", created_at=int(started),

@@ -8,8 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import FileResponse
 
-from batch_dagster.store import FileRecord
-from batch_dagster.store import repo
+from batch_dagster.store import FileRecord, repo
 
 from .deps import Context, DbSession, Owner
 from .errors import ApiError, invalid, not_found

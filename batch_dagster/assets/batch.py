@@ -107,7 +107,11 @@ def validated_requests(
                 flush()
 
         report = validate_file(
-            storage.input_path(batch_id), limits=settings.limits, models=served_endpoints(vllm.registry()), on_request=keep
+            storage.input_path(batch_id),
+            limits=settings.limits,
+            endpoint=storage.endpoint(batch_id),
+            models=served_endpoints(vllm.registry()),
+            on_request=keep,
         )
         if buffer["line"]:
             flush()
@@ -235,7 +239,7 @@ def shard_results(
         f"{len(done)} of {manifest['shard_count']} shards already committed; running {len(todo)} "
         f"(attempt {context.retry_number + 1})"
     )
-    engine = vllm.engine(manifest["model"]) if todo else None
+    engine = None  # built at the first shard that runs: a stopped batch never loads the model
     started = time.perf_counter()
     ran_requests = 0
     ran_tokens = 0
@@ -246,6 +250,7 @@ def shard_results(
             context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
             break
         requests = read_shard(storage, batch_id, index)
+        engine = engine or vllm.engine(manifest["model"])
         t0 = time.perf_counter()
         try:
             progress = _ShardProgress(storage, batch_id, index, len(requests))

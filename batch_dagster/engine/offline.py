@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import atexit
 import logging
+import multiprocessing.util
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,9 +72,11 @@ class OfflineEngine:
 
             log.info("Starting vLLM for %s from %s", self.spec.name, self.model_path)
             self._llm = LLM(**self.llm_kwargs())
-            # Registered after vLLM started its processes, so after multiprocessing's own exit
-            # hook, and atexit runs it first (it would otherwise wait on the engine forever).
-            atexit.register(shutdown_all)
+            # multiprocessing's exit hook joins every child process, the engine core included,
+            # which waits forever unless the engine was stopped first. A finalizer with an exit
+            # priority runs before that join, in the main process and in a multiprocessing
+            # child (Dagster's step processes) alike, where atexit handlers never run.
+            multiprocessing.util.Finalize(None, shutdown_all, exitpriority=100)
             self._tokenizer = self._llm.get_tokenizer()
             self.max_model_len = self._llm.llm_engine.model_config.max_model_len
         return self._llm

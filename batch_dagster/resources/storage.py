@@ -53,6 +53,14 @@ class BatchStorage(dg.ConfigurableResource):
     def deadline_path(self, batch_id: str) -> Path:
         return self.batch_dir(batch_id) / "deadline.json"
 
+    def set_endpoint(self, batch_id: str, endpoint: str) -> None:
+        """The endpoint the batch was created for: every request's url must match it."""
+        self.write_json(self.batch_dir(batch_id) / "batch.json", {"endpoint": endpoint})
+
+    def endpoint(self, batch_id: str) -> str | None:
+        """The batch's declared endpoint, or None (the first request's url then decides)."""
+        return (self.read_json(self.batch_dir(batch_id) / "batch.json") or {}).get("endpoint")
+
     def request_stop(self, batch_id: str, reason: str) -> None:
         """Ask a running batch to stop before its next shard (reason: "cancelled" or "expired")."""
         self.write_json(self.stop_path(batch_id), {"reason": reason, "at": time.time()})

@@ -1,6 +1,7 @@
 """The API's metadata store: files, batches and which API key owns them (SQLAlchemy, Alembic)."""
 
+from . import repo
 from .models import TERMINAL, ApiKey, BatchRecord, FileRecord
 from .session import Store
 
-__all__ = ["TERMINAL", "ApiKey", "BatchRecord", "FileRecord", "Store"]
+__all__ = ["TERMINAL", "ApiKey", "BatchRecord", "FileRecord", "Store", "repo"]

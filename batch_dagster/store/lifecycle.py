@@ -23,7 +23,7 @@ from batch_dagster.resources.storage import BatchStorage
 from .models import TERMINAL, BatchRecord, FileRecord
 from .repo import new_file_id, now
 
-WITH_FILES = frozenset({"completed", "cancelled", "expired"})
+WITH_FILES = ("completed", "cancelled", "expired")
 PIPELINE_ERROR = "pipeline_error"
 
 

@@ -14,7 +14,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere the key is a BIGINT.
 PK = BigInteger().with_variant(Integer(), "sqlite")
 
-TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
 class Base(DeclarativeBase):

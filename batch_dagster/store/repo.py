@@ -83,10 +83,10 @@ def list_batches(session: Session, owner: str, *, after: str | None, limit: int)
 
 
 def batches_to_launch(session: Session, limit: int = 100) -> list[BatchRecord]:
-    """Batches the API accepted that Dagster has not been asked to run yet (a cancelled one runs too)."""
+    """Batches Dagster has not been asked to run yet, or to run again; a cancelled one runs too."""
     query = (
         select(BatchRecord)
-        .where(BatchRecord.launched_at.is_(None), BatchRecord.status.in_(("validating", "cancelling")))
+        .where(BatchRecord.launched_at.is_(None), BatchRecord.status.not_in(TERMINAL))
         .order_by(BatchRecord.pk)
         .limit(limit)
     )

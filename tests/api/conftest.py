@@ -7,6 +7,7 @@ a test passes another vLLM resource.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -56,7 +57,8 @@ class Worker(threading.Thread):
                 self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
             for run in result.run_requests or []:
                 self.defs.resolve_job_def("batch_job").execute_in_process(
-                    partition_key=run.partition_key, instance=self.instance, tags=run.tags, raise_on_error=False,
+                    partition_key=run.partition_key, instance=self.instance, raise_on_error=False,
+                    tags={**run.tags, "dagster/run_key": run.run_key},  # as the daemon tags a sensor's run
                     run_config=QUIET,
                 )
                 self.ran.append(run.partition_key)
@@ -123,6 +125,24 @@ class Service:
             self.worker.start()
 
 
+def database_url(data_dir: Path) -> str:
+    """SQLite in the test's folder; BATCH_TEST_DATABASE_URL (e.g. a Postgres URL) runs the tests there, emptied first."""
+    url = os.environ.get("BATCH_TEST_DATABASE_URL")
+    if not url:
+        return f"sqlite:///{data_dir / 'api.db'}"
+    from sqlalchemy import text
+
+    from batch_dagster.store import Store
+    from batch_dagster.store.models import Base
+
+    store = Store(url)
+    Base.metadata.drop_all(store.engine)
+    with store.engine.begin() as connection:
+        connection.execute(text("DROP TABLE IF EXISTS alembic_version"))
+    store.dispose()
+    return url
+
+
 @pytest.fixture
 def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
     """Start the API (and, unless told not to, the worker) with the given configuration."""
@@ -135,7 +155,7 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
         data_dir = tmp_path / "data"
         monkeypatch.setenv("BATCH_DATA_DIR", str(data_dir))
         monkeypatch.setenv("BATCH_SHARD_SIZE", str(shard_size))
-        config = ApiConfig(api_keys=tuple(api_keys), database_url=f"sqlite:///{data_dir / 'api.db'}",
+        config = ApiConfig(api_keys=tuple(api_keys), database_url=database_url(data_dir),
                            data_dir=data_dir, max_upload_bytes=max_upload_bytes, completion_window_s=window_s)
         engine = engine or FakeEngine()
         vllm = vllm or fake_vllm(f"api-{tmp_path.name}", engine)

@@ -26,7 +26,8 @@ def test_whole_cycle(start_service, tmp_path):
     file_id = upload(client, tmp_path / "in.jsonl", requests)
 
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
-                                  metadata={"job": "nightly"})
+                                  metadata={"job": "nightly"},
+                                  output_expires_after={"anchor": "created_at", "seconds": 7200})
     assert batch.status == "validating" and batch.id.startswith("batch_")
     assert batch.expires_at == batch.created_at + 86_400
     seen: list[str] = []
@@ -49,6 +50,7 @@ def test_whole_cycle(start_service, tmp_path):
 
     output = client.files.retrieve(done.output_file_id)
     assert output.purpose == "batch_output" and output.filename == f"{batch.id}_output.jsonl"
+    assert output.expires_at == output.created_at + 7200
     assert output.bytes == len(client.files.content(done.output_file_id).content)
     assert {f.id for f in client.files.list(purpose="batch_output")} == {done.output_file_id, done.error_file_id}
 
@@ -73,6 +75,17 @@ def test_invalid_file_fails_with_lines_and_codes(start_service, tmp_path):
         ("invalid_json", 2), ("duplicate_custom_id", 3), ("mixed_models", 4)]
     assert failed.errors.data[1].param == "custom_id" and failed.errors.data[0].message
     assert failed.output_file_id is None and failed.error_file_id is None
+    assert service.engine.calls == []
+
+
+def test_requests_whose_url_is_not_the_batch_endpoint_fail_validation(start_service, tmp_path):
+    service = start_service()
+    client = service.client()
+    file_id = upload(client, tmp_path / "chat.jsonl", rows(2))  # chat requests
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
+    failed = wait_for(client, batch.id, {"failed", "completed"})
+    assert failed.status == "failed"
+    assert [(e.code, e.line, e.param) for e in failed.errors.data] == [("invalid_url", 1, "url"), ("invalid_url", 2, "url")]
     assert service.engine.calls == []
 
 
@@ -136,7 +149,6 @@ def test_create_rejects_bad_requests(start_service, tmp_path):
     for overrides, param in [
         ({"completion_window": "48h"}, "completion_window"),
         ({"endpoint": "/v1/moderations"}, "endpoint"),
-        ({"endpoint": "/v1/embeddings"}, "endpoint"),  # the file's requests are chat completions
         ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
         ({"metadata": {"k": "v" * 513}}, "metadata"),
     ]:
@@ -252,3 +264,26 @@ def test_a_failed_run_fails_the_batch(start_service, tmp_path):
     assert failed.status == "failed" and failed.output_file_id is None
     [error] = failed.errors.data
     assert error.code == "pipeline_error" and "batch_usage" in error.message and "model record" in error.message
+
+
+def test_an_interrupted_run_is_resumed_in_a_new_run(start_service, tmp_path):
+    service = start_service(worker=False)
+    client = service.client()
+    requests = rows(4)
+    batch = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", requests),
+                                  endpoint="/v1/chat/completions", completion_window="24h")
+    # The daemon launched it, then serve was stopped: Dagster marks such a run failed, "unexpected termination".
+    from batch_dagster.sensors import api_batch_sensor
+
+    launched = api_batch_sensor(dg.build_sensor_context(instance=service.instance, resources=service.worker.resources))
+    assert [r.run_key for r in launched.run_requests] == [batch.id]
+    service.instance.add_dynamic_partitions("batches", [batch.id])
+    service.instance.add_run(dg.DagsterRun(
+        job_name="batch_job", status=dg.DagsterRunStatus.FAILURE,
+        tags={"dagster/partition": batch.id, "dagster/failure_reason": "UNEXPECTED_TERMINATION"}))
+    service.start_worker()
+    done = wait_for(client, batch.id, {"completed", "failed"})
+
+    assert done.status == "completed" and done.request_counts.completed == 4
+    runs = service.instance.get_runs(dg.RunsFilter(tags={"dagster/partition": batch.id}))
+    assert sorted(r.tags.get("dagster/run_key", "-") for r in runs) == ["-", f"{batch.id}:2"]

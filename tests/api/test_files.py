@@ -73,6 +73,18 @@ def test_upload_over_the_limit_is_413(start_service):
     with pytest.raises(openai.APIStatusError) as too_large:
         client.files.create(file=("huge.jsonl", io.BytesIO(huge)), purpose="batch")
     assert too_large.value.status_code == 413
+    with service.http() as http:  # a chunked upload declares no length: counted as it arrives
+        head = b'--XX\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--XX\r\n' \
+               b'Content-Disposition: form-data; name="file"; filename="c.jsonl"\r\n\r\n'
+
+        def chunks():
+            yield head
+            for _ in range(40):
+                yield body
+            yield b"\r\n--XX--\r\n"
+
+        chunked = http.post("/v1/files", content=chunks(), headers={"content-type": "multipart/form-data; boundary=XX"})
+        assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "file_too_large"
     assert client.files.list().data == [] and not list((service.data_dir / "files").glob("*"))
     # The server still answers normally afterwards.
     small = client.files.create(file=("ok.jsonl", io.BytesIO(body[:1000].rsplit(b"\n", 1)[0] + b"\n")), purpose="batch")
@@ -129,3 +141,35 @@ def test_unknown_routes_and_methods_answer_in_the_error_shape(start_service):
         assert response.json()["error"]["message"] == "Invalid URL (GET /v1/nothing-here)"
         assert http.put("/v1/files").status_code == 405
         assert http.get("/v1/files", params={"limit": 0}).json()["error"]["param"] == "limit"
+
+
+def test_files_expire(start_service, tmp_path):
+    service = start_service(worker=False)
+    client = service.client()
+    with open(tmp_path / "in.jsonl", "wb") as f:
+        f.write(b'{"a": 1}\n')
+    with open(tmp_path / "in.jsonl", "rb") as f:
+        created = client.files.create(file=f, purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600})
+    assert created.expires_at == created.created_at + 3600
+    with pytest.raises(openai.BadRequestError):
+        client.files.create(file=("x.jsonl", io.BytesIO(b'{"a": 1}\n')), purpose="batch",
+                            expires_after={"anchor": "created_at", "seconds": 60})
+
+    from sqlalchemy import update
+
+    from batch_dagster.sensors import api_batch_status_sensor
+    from batch_dagster.store import FileRecord, Store
+
+    store = Store(service.config.database_url)
+    with store.session() as session:  # as if an hour had passed
+        session.execute(update(FileRecord).where(FileRecord.id == created.id).values(expires_at=created.created_at))
+        session.commit()
+    store.dispose()
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(created.id)
+    assert client.files.list().data == []
+    assert (service.data_dir / "files" / f"{created.id}.jsonl").exists()
+    import dagster as dg
+
+    api_batch_status_sensor(dg.build_sensor_context(instance=service.instance, resources=service.worker.resources))
+    assert not (service.data_dir / "files" / f"{created.id}.jsonl").exists()

@@ -1,0 +1,66 @@
+"""The benchmark harness runs end to end at a tiny size, so it cannot rot (speed lives in the benchmark)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.run_bench import METRICS, STAGES
+from bench.workload import MAX_PROMPT_TOKENS, requests, write_workload
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_workload_is_fixed_and_shaped_like_the_issue(tmp_path):
+    a = write_workload(tmp_path / "a.jsonl", 400, "m").read_bytes()
+    assert a == write_workload(tmp_path / "b.jsonl", 400, "m").read_bytes()
+    rows = list(requests(400, "m"))
+    systems = [r["body"]["messages"][0]["content"] for r in rows if r["body"]["messages"][0]["role"] == "system"]
+    assert 0.4 < len(systems) / len(rows) < 0.6 and len(set(systems)) == 3
+    assert {r["body"]["temperature"] for r in rows} == {0}
+    assert all(16 <= r["body"]["max_tokens"] <= 128 for r in rows)
+    words = sorted(len(r["body"]["messages"][-1]["content"].split()) for r in rows)
+    assert words[0] <= 10 and words[-1] > MAX_PROMPT_TOKENS / 4  # a few words up to a long tail
+
+
+def _run(module: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module], cwd=REPO, env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_cpu_bench_tiny(tmp_path):
+    out = tmp_path / "cpu.json"
+    done = _run("bench.cpu_bench", {"BENCH_CPU_SIZES": "0.2,0.4", "BENCH_CPU_OUT": str(out)}, 300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [s["lines"] for s in report["sizes"]] == [50, 100]
+    for size in report["sizes"]:
+        for stage in ("validate", "requests", "shard", "commit", "merge"):
+            r = size["stages"][stage]
+            assert r["seconds"] >= 0 and r["mb_s"] > 0 and r["peak_rss_mb"] > 0
+    assert set(report["rss_growth_mb"]) == {"validate", "requests", "shard", "commit", "merge"}
+    assert "| validate |" in done.stdout
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(900)
+def test_bench_three_stages_tiny(tmp_path):
+    out = tmp_path / "latest.json"
+    env = {"BENCH_REQUESTS": "8", "BENCH_OUT": str(out), "BENCH_QUIET_WAIT_S": "0"}
+    done = _run("bench.run_bench", env, 900)
+    assert done.returncode == 0, done.stderr[-5000:]
+    report = json.loads(out.read_text())
+    for stage in STAGES:
+        r = report[stage]
+        assert set(METRICS) <= set(r)
+        assert r["requests_completed"] == 8 and r["output_tokens"] > 0
+        assert 0 < r["engine_start_s"] < r["wall_s"] and 0 < r["inference_s"] < r["wall_s"]
+        assert r["peak_rss_mb"] > 500  # the engine's processes are in the tree
+    assert report["ratios"]["pipeline_vs_run_batch_wall"] > 0
+    assert report["ratios"]["pipeline_vs_raw_engine_tok_s"] > 0
+    assert "| pipeline |" in done.stdout
