@@ -12,15 +12,13 @@ from typing import Any
 
 import dagster as dg
 import orjson
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.columnar import custom_ids, read_shard, shard_path, validate_to_parquet, write_shards
 from batch_dagster.batchfile.registry import served_endpoints
 from batch_dagster.batchfile.results import commit_shard, committed_shards, merge
-from batch_dagster.batchfile.shard import Features, features, plan_shards
 from batch_dagster.batchfile.usage import Usage, cost_of, load_price_table
-from batch_dagster.batchfile.validate import validate_file
 from batch_dagster.engine.base import EngineCrash
 from batch_dagster.partitions import batches
 from batch_dagster.resources import BatchStorage, VLLMResource
@@ -28,11 +26,6 @@ from batch_dagster.settings import Settings
 
 GROUP = "batch_lifecycle"
 INFERENCE_RETRIES = 2
-_PARQUET_FLUSH_ROWS = 10_000
-REQUESTS_SCHEMA = pa.schema(
-    [("line", pa.int64()), ("custom_id", pa.string()), ("body", pa.string()),
-     ("prompt_chars", pa.int64()), ("prefix_key", pa.string())]
-)
 
 
 def _now() -> str:
@@ -85,41 +78,18 @@ def validated_requests(
     batch_id = context.partition_key
     settings = Settings.from_env()
     out = storage.requests_path(batch_id)
-    tmp = out.with_name(out.name + ".tmp")
     started = time.perf_counter()
-    buffer: dict[str, list] = {name: [] for name in REQUESTS_SCHEMA.names}
-
-    with pq.ParquetWriter(tmp, REQUESTS_SCHEMA) as writer:
-
-        def flush() -> None:
-            writer.write_table(pa.table(buffer, schema=REQUESTS_SCHEMA))
-            for column in buffer.values():
-                column.clear()
-
-        def keep(line: int, request: dict[str, Any]) -> None:
-            f = features(request["url"], request["body"])
-            buffer["line"].append(line)
-            buffer["custom_id"].append(request["custom_id"])
-            buffer["body"].append(orjson.dumps(request["body"]).decode())
-            buffer["prompt_chars"].append(f.prompt_chars)
-            buffer["prefix_key"].append(f.prefix_key)
-            if len(buffer["line"]) >= _PARQUET_FLUSH_ROWS:
-                flush()
-
-        report = validate_file(
-            storage.input_path(batch_id),
-            limits=settings.limits,
-            endpoint=storage.endpoint(batch_id),
-            models=served_endpoints(vllm.registry()),
-            on_request=keep,
-        )
-        if buffer["line"]:
-            flush()
+    report = validate_to_parquet(
+        storage.input_path(batch_id),
+        out,
+        limits=settings.limits,
+        endpoint=storage.endpoint(batch_id),
+        models=served_endpoints(vllm.registry()),
+    )
     elapsed = time.perf_counter() - started
     size = storage.input_path(batch_id).stat().st_size
     storage.write_json(storage.validation_path(batch_id), report.to_dict() | {"validated_at": _now()})
     if not report.valid:
-        tmp.unlink(missing_ok=True)
         first = report.errors[0]
         raise dg.Failure(
             description=f"The input file is invalid: {report.error_count} error(s); first at line "
@@ -128,7 +98,6 @@ def validated_requests(
                       "error_count": report.error_count},
             allow_retries=False,
         )
-    tmp.replace(out)
     context.log.info(f"{report.total_requests} valid requests for {report.model} at {report.endpoint}")
     head = pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5).to_pylist()
     preview = [{"custom_id": r["custom_id"], "prompt_chars": r["prompt_chars"], "body": r["body"][:100]} for r in head]
@@ -162,38 +131,23 @@ def batch_shards(context: dg.AssetExecutionContext, storage: BatchStorage) -> dg
         context.log.info(f"Reusing the {manifest['shard_count']} shards already planned")
         return dg.MaterializeResult(metadata={"shard_count": manifest["shard_count"], "status": "cached"})
     validation = storage.read_json(storage.validation_path(batch_id))
-    table = pq.read_table(storage.requests_path(batch_id))
-    feats = [Features(n, k) for n, k in zip(table["prompt_chars"].to_pylist(), table["prefix_key"].to_pylist())]
     shard_size = Settings.from_env().shard_size
-    plan = plan_shards(feats, shard_size)
-    shards_dir.mkdir(parents=True, exist_ok=True)
-    columns = table.select(["custom_id", "body"])
-    for index, rows in enumerate(plan):
-        pq.write_table(columns.take(pa.array(rows)), _shard_path(storage, batch_id, index))
+    sizes = write_shards(storage.requests_path(batch_id), shards_dir, shard_size)
     manifest = {
         "batch_id": batch_id,
         "endpoint": validation["endpoint"],
         "model": validation["model"],
-        "total_requests": table.num_rows,
+        "total_requests": sum(sizes),
         "shard_size": shard_size,
-        "shard_count": len(plan),
-        "shard_sizes": [len(r) for r in plan],
+        "shard_count": len(sizes),
+        "shard_sizes": sizes,
     }
+    # The manifest is written last: it is what marks the shards as planned and complete.
     storage.write_json(manifest_path, manifest)
-    prefixes = len(set(table["prefix_key"].to_pylist()))
-    context.log.info(f"{table.num_rows} requests in {len(plan)} shards of up to {shard_size}")
+    context.log.info(f"{sum(sizes)} requests in {len(sizes)} shards of up to {shard_size}")
     return dg.MaterializeResult(
-        metadata={"shard_count": len(plan), "shard_size": shard_size, "distinct_prefixes": prefixes}
+        metadata={"shard_count": len(sizes), "shard_size": shard_size, "largest_shard": max(sizes)}
     )
-
-
-def _shard_path(storage: BatchStorage, batch_id: str, index: int):
-    return storage.shards_dir(batch_id) / f"shard-{index:05d}.parquet"
-
-
-def read_shard(storage: BatchStorage, batch_id: str, index: int) -> list[tuple[str, dict[str, Any]]]:
-    table = pq.read_table(_shard_path(storage, batch_id, index))
-    return [(cid, orjson.loads(body)) for cid, body in zip(table["custom_id"].to_pylist(), table["body"].to_pylist())]
 
 
 class _ShardProgress:
@@ -249,7 +203,7 @@ def shard_results(
         if stopped:
             context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
             break
-        requests = read_shard(storage, batch_id, index)
+        requests = read_shard(shard_path(storage.shards_dir(batch_id), index))
         engine = engine or vllm.engine(manifest["model"])
         t0 = time.perf_counter()
         try:
@@ -309,7 +263,7 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: BatchStorage)
         not_run = (
             c.not_run_line(cid, code, message)
             for i in missing
-            for cid in pq.read_table(_shard_path(storage, batch_id, i), columns=["custom_id"])["custom_id"].to_pylist()
+            for cid in custom_ids(shard_path(storage.shards_dir(batch_id), i))
         )
     result = merge(
         results_dir, manifest["shard_count"], storage.output_path(batch_id), storage.error_path(batch_id),
