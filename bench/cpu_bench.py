@@ -40,15 +40,6 @@ STAGES = ("validate", "requests", "shard", "commit", "merge")
 LINES_PER_MB = 250
 SHARD_SIZE = 1000
 MODEL = "smollm2-135m-instruct"
-# The validated_requests asset's Parquet schema and flush size (batch_dagster/assets/batch.py).
-FLUSH_ROWS = 10_000
-
-
-def _requests_schema():
-    import pyarrow as pa
-
-    return pa.schema([("line", pa.int64()), ("custom_id", pa.string()), ("body", pa.string()),
-                      ("prompt_chars", pa.int64()), ("prefix_key", pa.string())])
 
 
 # -- the input file ---------------------------------------------------------------------------
@@ -102,37 +93,11 @@ def stage_validate(file: Path, work: Path) -> dict[str, Any]:
 
 
 def stage_requests(file: Path, work: Path) -> dict[str, Any]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from batch_dagster.batchfile.columnar import validate_to_parquet
 
-    from batch_dagster.batchfile.shard import features
-    from batch_dagster.batchfile.validate import validate_file
-
-    schema = _requests_schema()
-    models = _registry_models()
     out = work / "requests.parquet"
     t0 = time.perf_counter()
-    buffer: dict[str, list] = {name: [] for name in schema.names}
-    with pq.ParquetWriter(out, schema) as writer:
-
-        def flush() -> None:
-            writer.write_table(pa.table(buffer, schema=schema))
-            for column in buffer.values():
-                column.clear()
-
-        def keep(line: int, request: dict[str, Any]) -> None:
-            f = features(request["url"], request["body"])
-            buffer["line"].append(line)
-            buffer["custom_id"].append(request["custom_id"])
-            buffer["body"].append(orjson.dumps(request["body"]).decode())
-            buffer["prompt_chars"].append(f.prompt_chars)
-            buffer["prefix_key"].append(f.prefix_key)
-            if len(buffer["line"]) >= FLUSH_ROWS:
-                flush()
-
-        report = validate_file(file, models=models, on_request=keep)
-        if buffer["line"]:
-            flush()
+    report = validate_to_parquet(file, out, models=_registry_models())  # what validated_requests runs
     seconds = time.perf_counter() - t0
     assert report.valid
     return {"seconds": seconds, "mb": file.stat().st_size / 1e6, "rows": report.total_requests,
@@ -140,23 +105,14 @@ def stage_requests(file: Path, work: Path) -> dict[str, Any]:
 
 
 def stage_shard(file: Path, work: Path) -> dict[str, Any]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from batch_dagster.batchfile.shard import Features, plan_shards
+    from batch_dagster.batchfile.columnar import write_shards
 
     shards_dir = work / "shards"
     shutil.rmtree(shards_dir, ignore_errors=True)
     t0 = time.perf_counter()
-    table = pq.read_table(work / "requests.parquet")
-    feats = [Features(n, k) for n, k in zip(table["prompt_chars"].to_pylist(), table["prefix_key"].to_pylist())]
-    plan = plan_shards(feats, SHARD_SIZE)
-    shards_dir.mkdir(parents=True)
-    columns = table.select(["custom_id", "body"])
-    for index, rows in enumerate(plan):
-        pq.write_table(columns.take(pa.array(rows)), shards_dir / f"shard-{index:05d}.parquet")
+    sizes = write_shards(work / "requests.parquet", shards_dir, SHARD_SIZE)  # what batch_shards runs
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "mb": file.stat().st_size / 1e6, "rows": table.num_rows, "shards": len(plan)}
+    return {"seconds": seconds, "mb": file.stat().st_size / 1e6, "rows": sum(sizes), "shards": len(sizes)}
 
 
 def _synthetic_lines(custom_ids: list[str], rng: random.Random, corpus: str) -> list[dict[str, Any]]:
