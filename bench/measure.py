@@ -19,11 +19,12 @@ FOLLOW_S = 0.1
 Printed = list[tuple[float, str, str]]  # (seconds since launch, line, source), in arrival order
 
 
-def tree_sample(proc: psutil.Process, cpu_by_pid: dict[int, float]) -> int:
+def tree_sample(proc: psutil.Process, cpu_by_pid: dict[int, float], peak_by_pid: dict[int, tuple[str, int]]) -> int:
     """RSS of a process and all its descendants, summed (pages shared between them count twice).
 
-    Also records each one's CPU seconds so far in cpu_by_pid: descendants that a killed parent
-    leaves behind are never reaped by us, so rusage of children would miss their CPU time.
+    Also records each one's CPU seconds so far in cpu_by_pid (descendants that a killed parent
+    leaves behind are never reaped by us, so rusage of children would miss their CPU time) and
+    its largest RSS in peak_by_pid.
     """
     total = 0
     try:
@@ -33,12 +34,28 @@ def tree_sample(proc: psutil.Process, cpu_by_pid: dict[int, float]) -> int:
     for p in procs:
         try:
             with p.oneshot():
-                total += p.memory_info().rss
+                rss = p.memory_info().rss
                 t = p.cpu_times()
                 cpu_by_pid[p.pid] = t.user + t.system
+                if rss > peak_by_pid.get(p.pid, ("", 0))[1]:
+                    peak_by_pid[p.pid] = (peak_by_pid.get(p.pid, ("", 0))[0] or _label(p), rss)
+            total += rss
         except psutil.Error:  # exited between listing and reading
             pass
     return total
+
+
+def _label(p: psutil.Process) -> str:
+    """A short name for a process of the tree: vLLM names its engine processes, the rest by command."""
+    name = p.name()
+    if name.startswith("VLLM::"):
+        return name
+    cmd = p.cmdline()
+    if "-m" in cmd[:-1]:
+        return cmd[cmd.index("-m") + 1].rsplit(".", 1)[-1]
+    if "multiprocessing" in " ".join(cmd):
+        return "mp-child"
+    return Path(cmd[1] if len(cmd) > 1 and cmd[0].endswith("python") else cmd[0]).name if cmd else name
 
 
 def _machine_cpu_s() -> float:
@@ -60,6 +77,7 @@ class Measured:
     hung_at_exit: bool = False  # done, then still running after the grace period: stopped by us
     cpu_s: float = 0.0  # CPU seconds of the process tree (as last sampled, so up to SAMPLE_S short per process)
     other_cpu_pct: float = 0.0  # CPU used by other processes on the machine meanwhile, % of all cores
+    peak_rss_by_process_mb: dict[str, float] = field(default_factory=dict)  # "name pid" -> its own peak
 
     @property
     def stdout(self) -> str:
@@ -135,6 +153,7 @@ def run_measured(
     log = open(log_path, "w") if log_path else None
     cpu_before = _machine_cpu_s()
     cpu_by_pid: dict[int, float] = {}
+    peak_by_pid: dict[int, tuple[str, int]] = {}
     launched_at = time.time()
     started = time.perf_counter()
 
@@ -163,7 +182,7 @@ def run_measured(
     hung = False
     try:
         while True:
-            peak = max(peak, tree_sample(ps, cpu_by_pid))
+            peak = max(peak, tree_sample(ps, cpu_by_pid, peak_by_pid))
             try:
                 proc.wait(SAMPLE_S)  # returns as soon as the process ends, so wall_s is not rounded up
                 break
@@ -192,7 +211,8 @@ def run_measured(
     other = max(0.0, (_machine_cpu_s() - cpu_before) - sum(cpu_by_pid.values()))
     printed.sort(key=lambda x: x[0])
     return Measured(proc.returncode, wall, peak / 2**20, launched_at, printed, done_at, hung,
-                    round(sum(cpu_by_pid.values()), 1), round(100 * other / (wall * (os.cpu_count() or 1)), 1))
+                    round(sum(cpu_by_pid.values()), 1), round(100 * other / (wall * (os.cpu_count() or 1)), 1),
+                    {f"{name} {pid}": round(rss / 2**20, 1) for pid, (name, rss) in peak_by_pid.items()})
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

@@ -4,7 +4,9 @@ The three stages run one after the other, each as its own process tree, on the s
 input (bench/workload.py), the same model and the same engine settings (the registry's, via
 `OfflineEngine(spec, path).llm_kwargs()` and `server_command(...)`). Per stage:
 
-- wall_s: launch to exit of the stage's process, measured here.
+- wall_s: launch to exit of the stage's process, measured here. (Should the pipeline's process
+  not exit within BENCH_EXIT_GRACE_S after printing its JSON summary, it is stopped, wall_s is the
+  time of that summary and the stage says `hung_at_exit`.)
 - peak_rss_mb: the largest sum of RSS over the process and all its descendants (vLLM's engine
   core and worker included), sampled every 0.2 s; pages shared between processes count twice.
 - engine_start_s: vLLM's engine construction, from its "Resolved architecture" log line to its
@@ -87,6 +89,7 @@ def _metrics(m: Measured, engine: tuple[float, float], inference_end: float, out
         "inference_end_at_s": round(inference_end, 2),
         "cpu_s": m.cpu_s,
         "other_cpu_pct": m.other_cpu_pct,
+        "peak_rss_by_process_mb": m.peak_rss_by_process_mb,
     } | hung | extra
 
 
@@ -228,8 +231,11 @@ def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
     if not step:
         raise StageFailed(f"pipeline: no shard_results step in the event log:\n{m.tail()}")
     rc = summary["request_counts"]
-    return _metrics(m, _engine_span(m, "pipeline"), step["end_at_s"], summary["usage"]["output_tokens"],
+    usage = summary["usage"]
+    return _metrics(m, _engine_span(m, "pipeline"), step["end_at_s"], usage["output_tokens"],
                     requests_completed=rc["completed"], requests_failed=rc["failed"],
+                    prompt_tokens=usage["input_tokens"],
+                    cached_prompt_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens"),
                     summary_inference_s=summary.get("inference_s"), dagster=timeline)
 
 
@@ -284,6 +290,20 @@ def machine() -> str:
             + (f"{gpus} GPU(s)" if gpus else "no GPU"))
 
 
+def git_state() -> str | None:
+    """The commit measured, with "+dirty" when the working tree has changes."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def main() -> None:
     from batch_dagster.resources.config import resources_from_env
 
@@ -310,7 +330,7 @@ def main() -> None:
     report: dict[str, Any] = {"meta": {
         "requests": n, "model": model, "machine": machine(), "python": platform.python_version(),
         "vllm": vllm.model_record(model)["vllm_version"], "engine_settings": spec.engine_settings(),
-        "input_bytes": ctx["input"].stat().st_size, "stages": stages,
+        "input_bytes": ctx["input"].stat().st_size, "stages": stages, "git": git_state(),
         "load_avg_before": [round(x, 2) for x in psutil.getloadavg()],
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }}
