@@ -212,8 +212,10 @@ def shutdown_all() -> None:
         engines = list(_ENGINES.values())
         _ENGINES.clear()
     if engines:
-        # At exit the streams vLLM logs to may be closed already (pytest's capture, for one).
+        # At exit the streams vLLM logs to may be closed already (pytest's capture, for one);
+        # a late warning from its threads must not print a traceback.
         logging.getLogger("vllm").disabled = True
+        logging.raiseExceptions = False
     for engine in engines:
         engine.shutdown()
 
