@@ -25,7 +25,8 @@ Environment: BENCH_REQUESTS (default 5000), BENCH_MODEL (default smollm2-135m-in
 BENCH_STAGES (comma list, default all three), BENCH_OUT (default bench/results/latest.json),
 BENCH_PROFILE=1 (record a py-spy speedscope profile of each stage next to BENCH_OUT),
 BENCH_KEEP_WORK=1 (keep the temporary work folder with every stage's timed log),
-BENCH_QUIET_WAIT_S (default 600: before each stage, wait up to this long until no other vLLM
+BENCH_RESUME=1 (keep the stages BENCH_OUT already holds for the same workload and run only
+BENCH_STAGES), BENCH_QUIET_WAIT_S (default 600: before each stage, wait up to this long until no other vLLM
 engine runs and the cores are mostly idle; each stage records `other_cpu_pct`, the CPU other
 processes used meanwhile), BENCH_STAGE_TIMEOUT_S, BENCH_EXIT_GRACE_S (see `hung_at_exit`).
 """
@@ -290,6 +291,13 @@ def machine() -> str:
             + (f"{gpus} GPU(s)" if gpus else "no GPU"))
 
 
+def _write(out: Path, report: dict[str, Any]) -> dict[str, Any]:
+    report = {k: v for k, v in report.items() if v is not None}
+    report["ratios"] = ratios(report)
+    out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    return report
+
+
 def git_state() -> str | None:
     """The commit measured, with "+dirty" when the working tree has changes."""
     import subprocess
@@ -334,6 +342,14 @@ def main() -> None:
         "load_avg_before": [round(x, 2) for x in psutil.getloadavg()],
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }}
+    if os.environ.get("BENCH_RESUME") == "1" and out.exists():
+        # Keep the stages an earlier run of the same workload finished (a stage takes ~25 min at 5000).
+        earlier = json.loads(out.read_text())
+        same = {k: earlier["meta"].get(k) for k in ("requests", "model", "input_bytes")} == \
+            {k: report["meta"][k] for k in ("requests", "model", "input_bytes")}
+        if same:
+            report |= {s: earlier[s] for s in STAGES if s in earlier and s not in stages}
+            report["meta"]["resumed_from"] = earlier["meta"].get("started_at")
     print(f"bench: {n} requests of {model}, work dir {work}", file=sys.stderr)
     failed = False
     try:
@@ -352,15 +368,14 @@ def main() -> None:
             r = report[stage]
             print(f"bench: {stage} done in {time.perf_counter() - started:.0f} s: "
                   + ", ".join(f"{k}={r[k]}" for k in METRICS), file=sys.stderr, flush=True)
+            _write(out, report)  # after every stage, so a run stopped midway keeps what it measured
     finally:
         if keep or failed:
             print(f"bench: work dir kept: {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    report = {k: v for k, v in report.items() if v is not None}
     report["meta"]["load_avg_after"] = [round(x, 2) for x in psutil.getloadavg()]
-    report["ratios"] = ratios(report)
-    out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    report = _write(out, report)
     print(markdown_table(report))
     print(f"\nResults: {out}", file=sys.stderr)
     if failed:
