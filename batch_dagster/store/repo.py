@@ -82,15 +82,20 @@ def list_batches(session: Session, owner: str, *, after: str | None, limit: int)
     return _page(session, BatchRecord, owner, after, limit)
 
 
-def batches_to_launch(session: Session, limit: int = 100) -> list[BatchRecord]:
-    """Batches Dagster has not been asked to run yet, or to run again; a cancelled one runs too."""
+def _unfinished(session: Session, *, launched: bool, limit: int) -> list[BatchRecord]:
+    launch = BatchRecord.launched_at.is_not(None) if launched else BatchRecord.launched_at.is_(None)
     query = (
         select(BatchRecord)
-        .where(BatchRecord.launched_at.is_(None), BatchRecord.status.not_in(TERMINAL))
+        .where(launch, BatchRecord.status.not_in(TERMINAL))
         .order_by(BatchRecord.pk)
         .limit(limit)
     )
     return list(session.scalars(query))
+
+
+def batches_to_launch(session: Session, limit: int = 100) -> list[BatchRecord]:
+    """Batches Dagster has not been asked to run yet, or to run again; a cancelled one runs too."""
+    return _unfinished(session, launched=False, limit=limit)
 
 
 def mark_launched(session: Session, batch_ids: Sequence[str], at: int | None = None) -> None:
@@ -105,13 +110,7 @@ def unmark_launched(session: Session, batch_id: str) -> None:
 
 def active_batches(session: Session, limit: int = 1000) -> list[BatchRecord]:
     """Launched batches that have not reached a terminal status."""
-    query = (
-        select(BatchRecord)
-        .where(BatchRecord.launched_at.is_not(None), BatchRecord.status.not_in(TERMINAL))
-        .order_by(BatchRecord.pk)
-        .limit(limit)
-    )
-    return list(session.scalars(query))
+    return _unfinished(session, launched=True, limit=limit)
 
 
 def request_cancel(session: Session, batch: BatchRecord, at: int | None = None) -> bool:
