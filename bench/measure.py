@@ -38,7 +38,7 @@ def tree_sample(proc: psutil.Process, cpu_by_pid: dict[int, float], peak_by_pid:
                 t = p.cpu_times()
                 cpu_by_pid[p.pid] = t.user + t.system
                 if rss > peak_by_pid.get(p.pid, ("", 0))[1]:
-                    peak_by_pid[p.pid] = (peak_by_pid.get(p.pid, ("", 0))[0] or _label(p), rss)
+                    peak_by_pid[p.pid] = (_label(p), rss)  # relabelled: vLLM names its processes late
             total += rss
         except psutil.Error:  # exited between listing and reading
             pass
