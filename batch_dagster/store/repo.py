@@ -136,3 +136,13 @@ def delete_file(session: Session, row: FileRecord) -> None:
     session.delete(row)
     session.commit()
     Path(row.path).unlink(missing_ok=True)
+
+
+def finished_between(session: Session, start: int, end: int) -> list[BatchRecord]:
+    """Batches whose end (the timestamp of their terminal status) is in [start, end), in creation order."""
+    finished = None
+    for status in TERMINAL:
+        at = getattr(BatchRecord, f"{status}_at")
+        match = (BatchRecord.status == status) & (at >= start) & (at < end)
+        finished = match if finished is None else finished | match
+    return list(session.scalars(select(BatchRecord).where(finished).order_by(BatchRecord.pk)))

@@ -1,0 +1,129 @@
+"""The daily usage report: every batch that finished on a UTC day, per model and per batch, with a 30-day chart.
+
+Each partition is one day; a run rewrites that day's files whole, so a re-run or a backfill never
+double counts. The store is the one record of batches, however they arrived.
+"""
+
+import base64
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import dagster as dg
+
+from batch_dagster.batchfile.report import (
+    FinishedBatch,
+    batch_rows,
+    chart_png,
+    currencies,
+    daily_by_model,
+    finished_batch,
+    markdown_table,
+    model_rows,
+    totals,
+)
+from batch_dagster.resources import BatchStorage
+from batch_dagster.settings import Settings
+from batch_dagster.store import BatchRecord, repo
+from batch_dagster.store.resource import ApiStore
+
+GROUP = "reports"
+CHART_DAYS = 30
+
+# end_offset=0: the newest partition is yesterday, so today is never reported before it is over.
+daily = dg.DailyPartitionsDefinition(start_date="2026-01-01", timezone="UTC", end_offset=0)
+
+
+def report_dir(day: str) -> Path:
+    return Settings.from_env().data_dir / "reports" / "daily" / day
+
+
+def _finished(record: BatchRecord, storage: BatchStorage) -> FinishedBatch:
+    return finished_batch(
+        batch_id=record.id, owner=record.owner, status=record.status,
+        finished_at=getattr(record, f"{record.status}_at"), model=record.model,
+        request_counts={"total": record.request_total, "completed": record.request_completed,
+                        "failed": record.request_failed},
+        usage=record.usage, summary=storage.read_json(storage.summary_path(record.id)),
+    )
+
+
+def _write(path: Path, write: Callable[[Path], object]) -> Path:
+    """Write through a temporary file, so a reader never sees half a report."""
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    tmp.replace(path)
+    return path
+
+
+@dg.asset(
+    partitions_def=daily,
+    group_name=GROUP,
+    kinds={"parquet", "csv", "matplotlib"},
+    description="Usage and cost of the batches that finished on the day (UTC), per model and per batch, "
+                "as Parquet and CSV, with a PNG chart of tokens and cost per model over the last 30 days.",
+)
+def daily_usage_report(
+    context: dg.AssetExecutionContext, api_store: ApiStore, storage: BatchStorage
+) -> dg.MaterializeResult:
+    window = context.partition_time_window
+    day = window.start.date()
+    chart_start = window.end - timedelta(days=CHART_DAYS)
+    with api_store.session() as session:
+        records = repo.finished_between(session, int(chart_start.timestamp()), int(window.end.timestamp()))
+    context.log.info(f"{len(records)} batches finished in the {CHART_DAYS} days up to {day}")
+    batches = [_finished(r, storage) for r in records]
+
+    by_batch = batch_rows(b for b in batches if b.day == day)
+    by_model = model_rows(by_batch)
+    day_totals = totals(by_batch)
+    context.log.info(
+        f"{day}: {day_totals['batches']} batches, {day_totals['requests']} requests, "
+        f"{day_totals['total_tokens']} tokens, cost {day_totals['cost']}"
+    )
+
+    out = report_dir(context.partition_key)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, frame in (("usage_by_model", by_model), ("usage_by_batch", by_batch)):
+        paths[f"{name}_parquet"] = _write(out / f"{name}.parquet", lambda p, f=frame: f.to_parquet(p, index=False))
+        paths[f"{name}_csv"] = _write(out / f"{name}.csv", lambda p, f=frame: f.to_csv(p, index=False))
+    png = chart_png(daily_by_model(batches, chart_start.date(), day),
+                    f"Tokens and cost per model, {CHART_DAYS} days to {day} (UTC)",
+                    currency=currencies(b.currency for b in batches))
+    paths["usage_chart_png"] = _write(out / "usage_chart.png", lambda p: p.write_bytes(png))
+    context.log.info(f"Wrote the report to {out}")
+
+    chart_md = f"![tokens and cost per model](data:image/png;base64,{base64.b64encode(png).decode()})"
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": len(by_batch),
+            "models": len(by_model),
+            **day_totals,
+            # Totals add costs across currencies; one price file normally has one.
+            "currency": currencies(by_batch["currency"]) or "none",
+            "by_model": dg.MetadataValue.md(markdown_table(by_model)),
+            "by_batch": dg.MetadataValue.md(markdown_table(by_batch)),
+            "chart": dg.MetadataValue.md(chart_md),
+            **{k: dg.MetadataValue.path(str(p)) for k, p in paths.items()},
+        }
+    )
+
+
+daily_usage_report_job = dg.define_asset_job(
+    "daily_usage_report_job",
+    selection=dg.AssetSelection.assets(daily_usage_report),
+    description="Build one day's usage report (the partition key is the UTC day).",
+)
+
+# Shortly after midnight UTC, for the day that just ended (the newest partition).
+daily_usage_report_schedule = dg.build_schedule_from_partitioned_job(
+    daily_usage_report_job,
+    name="daily_usage_report_schedule",
+    hour_of_day=0,
+    minute_of_hour=15,
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Builds yesterday's usage report at 00:15 UTC.",
+)
+
+report_assets = [daily_usage_report]

@@ -1,0 +1,236 @@
+"""The daily usage report: each batch on the UTC day it ended, totals per model and batch, the chart, the schedule."""
+
+from __future__ import annotations
+
+import base64
+import io
+from datetime import date, datetime, timezone
+
+import dagster as dg
+import pandas as pd
+import pytest
+from PIL import Image
+
+from batch_dagster.assets.report import daily, daily_usage_report_schedule, report_assets, report_dir
+from batch_dagster.batchfile.report import (
+    FinishedBatch,
+    batch_rows,
+    chart_png,
+    daily_by_model,
+    day_bounds,
+    finished_batch,
+    markdown_table,
+    model_rows,
+    totals,
+)
+from batch_dagster.definitions import defs as project_defs
+from batch_dagster.resources import BatchStorage
+from batch_dagster.store import BatchRecord, repo
+from batch_dagster.store.resource import ApiStore
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+DAY_A, DAY_B = "2026-03-03", "2026-03-04"
+OWNER = "owner-a"
+
+
+def at(day: str, clock: str) -> int:
+    return int(datetime.fromisoformat(f"{day}T{clock}+00:00").timestamp())
+
+
+@pytest.fixture
+def env(data_dir):
+    """A temp store and batch storage under the test's data dir, as the report's resources."""
+    api_store = ApiStore(url=f"sqlite:///{data_dir / 'api.db'}")
+    storage = BatchStorage(data_dir=str(data_dir))
+    with api_store.session() as session:
+        repo.ensure_owners(session, [OWNER])
+    return {"api_store": api_store, "storage": storage}
+
+
+def add(env, batch_id: str, status: str, model: str | None, counts: tuple[int, int, int],
+        usage: tuple[int, int] | None = None, cost: float | None = None, inference_s: float = 0.0, **times) -> None:
+    """A batch in the store, and its summary.json when it has a cost (a batch that failed validation has none)."""
+    total, completed, failed = counts
+    usage_dict = {"input_tokens": usage[0], "output_tokens": usage[1], "total_tokens": sum(usage)} if usage else None
+    with env["api_store"].session() as session:
+        session.add(BatchRecord(
+            id=batch_id, owner=OWNER, endpoint="/v1/chat/completions", input_file_id="file-x", completion_window="24h",
+            status=status, created_at=at("2026-03-01", "00:00:00"), model=model, request_total=total,
+            request_completed=completed, request_failed=failed, usage=usage_dict, **times,
+        ))
+        session.commit()
+    if cost is not None:
+        storage = env["storage"]
+        storage.write_json(storage.summary_path(batch_id), {
+            "batch_id": batch_id, "status": status, "model": model, "usage": usage_dict,
+            "request_counts": {"total": total, "completed": completed, "failed": failed},
+            "cost": {"total_cost": cost, "currency": "USD"}, "inference_s": inference_s,
+        })
+
+
+def materialize(env, instance, day: str) -> dict:
+    result = dg.materialize(report_assets, partition_key=day, resources=env, instance=instance)
+    assert result.success
+    return result.asset_materializations_for_node("daily_usage_report")[0].metadata
+
+
+def read(day: str, name: str) -> pd.DataFrame:
+    """A report table from its Parquet file, checked against its CSV twin."""
+    parquet = pd.read_parquet(report_dir(day) / f"{name}.parquet")
+    csv = pd.read_csv(report_dir(day) / f"{name}.csv", keep_default_na=False)
+    assert list(csv.columns) == list(parquet.columns) and len(csv) == len(parquet)
+    assert csv["batch_id" if "batch_id" in csv else "model"].tolist() == parquet.iloc[:, 0].tolist()
+    return parquet
+
+
+def by_model(day: str) -> dict[str, dict]:
+    return read(day, "usage_by_model").set_index("model").to_dict("index")
+
+
+def test_batches_land_on_the_day_they_finished_with_correct_totals(env, instance):
+    add(env, "b1", "completed", "m-small", (10, 9, 1), (100, 50), 0.001, 5.0, completed_at=at(DAY_A, "10:00:00"))
+    add(env, "b2", "completed", "m-small", (4, 4, 0), (40, 20), 0.0004, 2.0, completed_at=at(DAY_A, "23:59:59"))
+    add(env, "b3", "failed", "m-big", (3, 0, 0), failed_at=at(DAY_A, "12:00:00"))  # failed validation: no summary
+    add(env, "b4", "completed", "m-big", (5, 5, 0), (500, 250), 0.01, 10.0, completed_at=at(DAY_B, "00:00:00"))
+    add(env, "b5", "cancelled", "m-small", (6, 2, 0), (20, 10), 0.0002, 1.0, cancelled_at=at(DAY_B, "08:00:00"),
+        cancelling_at=at(DAY_A, "20:00:00"))
+    # Started on day A but not finished: in no report.
+    add(env, "b6", "in_progress", "m-small", (7, 3, 0), (30, 15), in_progress_at=at(DAY_A, "09:00:00"))
+
+    with env["api_store"].session() as session:
+        found = repo.finished_between(session, *day_bounds(date.fromisoformat(DAY_A)))
+    assert sorted(b.id for b in found) == ["b1", "b2", "b3"]
+
+    meta_a = materialize(env, instance, DAY_A)
+    meta_b = materialize(env, instance, DAY_B)
+
+    batches_a = read(DAY_A, "usage_by_batch")
+    assert batches_a["batch_id"].tolist() == ["b1", "b3", "b2"]  # in the order they finished; b2 at 23:59:59
+    assert read(DAY_B, "usage_by_batch")["batch_id"].tolist() == ["b4", "b5"]  # b4 at 00:00:00 the next day
+
+    models_a = by_model(DAY_A)
+    small = models_a["m-small"]
+    assert (small["batches"], small["requests"], small["completed"], small["failed"]) == (2, 14, 13, 1)
+    assert (small["input_tokens"], small["output_tokens"], small["total_tokens"]) == (140, 70, 210)
+    assert small["cost"] == pytest.approx(0.0014) and small["currency"] == "USD"
+    assert small["output_tokens_per_s"] == pytest.approx(10.0)  # 70 tokens over 7 s, not the mean of 10 and 10
+    big = models_a["m-big"]
+    assert (big["batches"], big["requests"], big["completed"], big["total_tokens"], big["cost"]) == (1, 3, 0, 0, 0.0)
+
+    models_b = by_model(DAY_B)
+    assert models_b["m-big"]["requests"] == 5 and models_b["m-big"]["output_tokens_per_s"] == pytest.approx(25.0)
+    assert models_b["m-small"]["completed"] == 2 and models_b["m-small"]["cost"] == pytest.approx(0.0002)
+
+    b1 = batches_a.set_index("batch_id").loc["b1"]
+    assert (b1["model"], b1["status"], b1["failed"], b1["output_tokens_per_s"]) == ("m-small", "completed", 1, 10.0)
+    assert b1["finished_at"] == "2026-03-03T10:00:00+00:00"
+
+    assert meta_a["batches"].value == 3 and meta_a["requests"].value == 17 and meta_a["total_tokens"].value == 210
+    assert meta_a["cost"].value == pytest.approx(0.0014) and meta_a["dagster/row_count"].value == 3
+    assert meta_b["batches"].value == 2 and meta_b["input_tokens"].value == 520
+    assert "| m-small | 2 | 14 |" in meta_a["by_model"].value
+    assert meta_a["usage_by_batch_parquet"].value == str(report_dir(DAY_A) / "usage_by_batch.parquet")
+
+
+def test_rerun_rewrites_the_day_without_double_counting(env, instance):
+    add(env, "b1", "completed", "m-small", (10, 9, 1), (100, 50), 0.001, 5.0, completed_at=at(DAY_A, "10:00:00"))
+    materialize(env, instance, DAY_A)
+    materialize(env, instance, DAY_A)
+    assert read(DAY_A, "usage_by_batch")["batch_id"].tolist() == ["b1"]
+    assert by_model(DAY_A)["m-small"]["requests"] == 10
+
+    # A batch that finished since (a late backfill) is in the re-run, once, and nothing else moves.
+    add(env, "b2", "expired", "m-small", (4, 1, 0), (10, 5), 0.0001, 1.0, expired_at=at(DAY_A, "11:00:00"))
+    meta = materialize(env, instance, DAY_A)
+    assert by_model(DAY_A)["m-small"]["requests"] == 14 and meta["batches"].value == 2
+    assert not list(report_dir(DAY_A).glob("*.tmp"))
+
+
+def test_the_chart_is_a_png_in_the_file_and_the_metadata(env, instance):
+    add(env, "old", "completed", "m-big", (5, 5, 0), (500, 250), 0.01, 10.0, completed_at=at("2026-02-10", "12:00:00"))
+    add(env, "b1", "completed", "m-small", (10, 9, 1), (100, 50), 0.001, 5.0, completed_at=at(DAY_A, "10:00:00"))
+    meta = materialize(env, instance, DAY_A)
+
+    png = (report_dir(DAY_A) / "usage_chart.png").read_bytes()
+    assert png.startswith(PNG_SIGNATURE)
+    image = Image.open(io.BytesIO(png))
+    image.load()
+    assert image.format == "PNG" and image.width > 200 and image.height > 200
+    prefix = "![tokens and cost per model](data:image/png;base64,"
+    chart_md = meta["chart"].value
+    assert chart_md.startswith(prefix) and base64.b64decode(chart_md[len(prefix):-1]) == png
+    # The batch 21 days before is in the chart's window but not in the day's tables.
+    assert meta["batches"].value == 1 and "m-big" not in by_model(DAY_A)
+
+
+def test_schedule_builds_yesterday_shortly_after_midnight_utc():
+    schedule = project_defs.resolve_schedule_def("daily_usage_report_schedule")
+    assert schedule.cron_schedule == "15 0 * * *" and schedule.execution_timezone == "UTC"
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    assert schedule.job_name == "daily_usage_report_job"
+    tick = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 3, 5, 0, 15, tzinfo=timezone.utc))
+    requests = schedule.evaluate_tick(tick).run_requests
+    assert [r.partition_key for r in requests] == ["2026-03-04"]
+    assert daily_usage_report_schedule.name == schedule.name
+    # Today is not a partition until it is over, so neither a backfill nor the schedule builds it early.
+    with dg.partition_loading_context(effective_dt=datetime(2026, 3, 5, 23, 0, tzinfo=timezone.utc)):
+        assert daily.get_last_partition_key() == "2026-03-04"
+    report = project_defs.resolve_assets_def("daily_usage_report")
+    assert report.group_names_by_key[dg.AssetKey("daily_usage_report")] == "reports"
+
+
+# The pure core.
+
+def fb(batch_id: str, model: str, finished_at: int, **kw) -> FinishedBatch:
+    return FinishedBatch(batch_id=batch_id, owner=OWNER, model=model, status="completed", finished_at=finished_at, **kw)
+
+
+def test_core_rows_totals_and_series():
+    assert day_bounds(date(2026, 3, 3)) == (at(DAY_A, "00:00:00"), at(DAY_B, "00:00:00"))
+    batches = [
+        fb("x", "m1", at(DAY_A, "01:00:00"), requests=2, completed=2, input_tokens=10, output_tokens=30, cost=0.5,
+           currency="USD", inference_s=3.0),
+        fb("y", "m1", at(DAY_A, "02:00:00"), requests=1, failed=1, input_tokens=5, output_tokens=0, cost=0.25,
+           currency="USD", inference_s=1.0),
+        fb("z", "m2", at(DAY_A, "00:30:00"), requests=4, completed=4, output_tokens=8),
+    ]
+    rows = batch_rows(batches)
+    assert rows["batch_id"].tolist() == ["z", "x", "y"]
+    assert rows.set_index("batch_id").loc["x", "output_tokens_per_s"] == 10.0
+    models = model_rows(rows).set_index("model")
+    assert models.loc["m1", "batches"] == 2 and models.loc["m1", "output_tokens_per_s"] == 7.5  # 30 / 4 s
+    assert models.loc["m1", "cost"] == 0.75 and models.loc["m2", "currency"] == ""
+    assert totals(rows) == {"batches": 3, "requests": 7, "completed": 6, "failed": 1, "input_tokens": 15,
+                            "output_tokens": 38, "total_tokens": 53, "cost": 0.75, "inference_s": 4.0}
+
+    series = daily_by_model(batches + [fb("late", "m2", at(DAY_B, "00:00:00"), output_tokens=99)],
+                            date(2026, 3, 1), date(2026, 3, 3))
+    assert len(series) == 3 * 2  # every day, every model, zeros where nothing finished
+    day_a = series[series["day"] == date(2026, 3, 3)].set_index("model")
+    assert day_a.loc["m1", "tokens"] == 45 and day_a.loc["m2", "tokens"] == 8
+    assert series[series["day"] == date(2026, 3, 1)]["tokens"].sum() == 0
+
+    assert chart_png(series, "t").startswith(PNG_SIGNATURE)
+    assert chart_png(daily_by_model([], date(2026, 3, 1), date(2026, 3, 3)), "empty").startswith(PNG_SIGNATURE)
+
+
+def test_core_empty_day_and_markdown():
+    rows = batch_rows([])
+    assert rows.empty and list(model_rows(rows).columns)[:2] == ["model", "batches"]
+    assert totals(rows)["batches"] == 0 and totals(rows)["cost"] == 0
+    assert markdown_table(model_rows(rows)) == "_no finished batches_"
+    table = markdown_table(pd.DataFrame({"model": ["a|b"], "cost": [0.000123456789]}))
+    assert table.splitlines() == ["| model | cost |", "|---|---|", "| a\\|b | 0.000123457 |"]
+
+
+def test_core_finished_batch_prices_from_the_summary():
+    summary = {"model": "m1", "usage": {"input_tokens": 9, "output_tokens": 1},
+               "cost": {"total_cost": 0.2, "currency": "EUR"}, "inference_s": 2.0}
+    b = finished_batch("x", OWNER, "completed", 5, None, {"total": 3, "completed": 2, "failed": 1},
+                       {"input_tokens": 7, "output_tokens": 4}, summary)
+    # Tokens from the store's record (it is the one record); cost and time from the summary.
+    assert (b.model, b.input_tokens, b.output_tokens) == ("m1", 7, 4)
+    assert (b.cost, b.currency, b.inference_s) == (0.2, "EUR", 2.0)
+    assert (b.requests, b.completed, b.failed) == (3, 2, 1)
+    invalid = finished_batch("y", OWNER, "failed", 5, None, {"total": 3}, None, None)
+    assert (invalid.model, invalid.cost, invalid.input_tokens, invalid.requests) == ("unknown", 0.0, 0, 3)
