@@ -7,6 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster_aws.s3 import S3Resource
 
 from batch_dagster.assets.batch import lifecycle_assets
 from batch_dagster.assets.checks import lifecycle_checks
@@ -52,7 +53,7 @@ def make_defs(data_dir: Path, vllm: VLLMResource) -> dg.Definitions:
         assets=lifecycle_assets,
         asset_checks=lifecycle_checks,
         jobs=[batch_job],
-        resources={"storage": BatchStorage(data_dir=str(data_dir)), "vllm": vllm},
+        resources={"storage": BatchStorage(data_dir=str(data_dir)), "vllm": vllm, "s3": S3Resource()},
     )
 
 

@@ -24,7 +24,11 @@ def fake_vllm(name: str, engine: FakeEngine) -> FakeVLLM:
 def test_project_definitions_load():
     job = project_defs.resolve_job_def("batch_job")
     keys = {k.to_user_string() for k in project_defs.resolve_all_asset_keys()}
-    assert keys == {"batch_input", "validated_requests", "batch_shards", "shard_results", "batch_output_files", "batch_usage"}
+    lifecycle = {"batch_input", "validated_requests", "batch_shards", "shard_results", "batch_output_files", "batch_usage"}
+    assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == lifecycle
+    assert keys >= lifecycle | {"delivered_results"}
+    sensors = {s.name for s in project_defs.sensors}
+    assert sensors >= {"api_batch_sensor", "api_batch_status_sensor", "s3_upload_sensor", "inbox_sensor"}
     assert job.partitions_def.name == "batches"
     checks = {k.name for k in project_defs.resolve_asset_graph().asset_check_keys}
     assert checks == {"unique_custom_ids", "every_custom_id_exactly_once", "usage_equals_output_lines"}

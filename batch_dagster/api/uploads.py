@@ -6,8 +6,6 @@ import codecs
 import re
 import unicodedata
 
-import orjson
-
 from .errors import error_response
 
 BOM = b"\xef\xbb\xbf"
@@ -105,14 +103,3 @@ def jsonl_problem(head: bytes) -> str | None:
         return "The file is not JSONL: its first line is not a JSON object."
     return None
 
-
-def first_request(head: bytes) -> dict | None:
-    """The first line as a JSON object, when the head holds all of it and it parses."""
-    for raw in head.removeprefix(BOM).split(b"\n")[:-1] or [head]:
-        if raw.strip():
-            try:
-                value = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                return None
-            return value if isinstance(value, dict) else None
-    return None

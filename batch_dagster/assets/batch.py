@@ -8,11 +8,13 @@ Every asset is partitioned by batch and idempotent: a re-run reuses what is alre
 import hashlib
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import orjson
 import pyarrow.parquet as pq
+from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.columnar import custom_ids, read_shard, shard_path, validate_to_parquet, write_shards
@@ -22,6 +24,7 @@ from batch_dagster.batchfile.usage import Usage, cost_of, load_price_table
 from batch_dagster.engine.base import EngineCrash
 from batch_dagster.partitions import batches
 from batch_dagster.resources import BatchStorage, VLLMResource
+from batch_dagster.resources.transfer import fetch
 from batch_dagster.settings import Settings
 
 GROUP = "batch_lifecycle"
@@ -42,14 +45,28 @@ def _md_table(rows: list[dict[str, Any]]) -> dg.MetadataValue:
     return dg.MetadataValue.md("\n".join(lines))
 
 
+def _fetch_dropped_file(context: dg.AssetExecutionContext, storage: BatchStorage, batch_id: str,
+                        source: dict[str, str], s3: S3Resource) -> None:
+    """Bring a file dropped in S3 or the inbox to its File's path, then into the batch's folder."""
+    file_path = Path(source["file_path"])
+    started = time.perf_counter()
+    size = fetch(source["uri"], file_path, s3.get_client)
+    context.log.info(f"Fetched {source['uri']} ({size} bytes) in {time.perf_counter() - started:.1f}s")
+    storage.put_input(batch_id, file_path)
+
+
 @dg.asset(
     partitions_def=batches,
     group_name=GROUP,
     kinds={"json"},
-    description="The batch's input file as uploaded (OpenAI Batch JSONL).",
+    description="The batch's input file as uploaded, or fetched from the bucket or inbox it was dropped in.",
 )
-def batch_input(context: dg.AssetExecutionContext, storage: BatchStorage) -> dg.MaterializeResult:
-    path = storage.input_path(context.partition_key)
+def batch_input(context: dg.AssetExecutionContext, storage: BatchStorage, s3: S3Resource) -> dg.MaterializeResult:
+    batch_id = context.partition_key
+    path = storage.input_path(batch_id)
+    source = storage.source(batch_id)
+    if not path.exists() and source is not None:
+        _fetch_dropped_file(context, storage, batch_id, source, s3)
     if not path.exists():
         raise dg.Failure(f"No input file at {path}.", allow_retries=False)
     h = hashlib.sha256()

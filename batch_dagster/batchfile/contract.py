@@ -6,10 +6,25 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import orjson
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+
+
+def endpoint_of_head(head: bytes, default: str = CHAT) -> str:
+    """The endpoint a file's first request names, read from its first bytes; `default` when that line
+    is cut off, not a request or names no endpoint we serve (validation then reports it)."""
+    for raw in head.removeprefix(b"\xef\xbb\xbf").split(b"\n")[:-1]:
+        if raw.strip():
+            try:
+                url = orjson.loads(raw).get("url")
+            except (orjson.JSONDecodeError, AttributeError):
+                return default
+            return url if url in ENDPOINTS else default
+    return default
 
 # Validation error codes (file-level and line-level).
 EMPTY_FILE = "empty_file"

@@ -53,6 +53,16 @@ class BatchStorage(dg.ConfigurableResource):
     def deadline_path(self, batch_id: str) -> Path:
         return self.batch_dir(batch_id) / "deadline.json"
 
+    def source_path(self, batch_id: str) -> Path:
+        return self.batch_dir(batch_id) / "source.json"
+
+    def set_source(self, batch_id: str, uri: str, file_path: Path) -> None:
+        """A dropped file's batch: batch_input fetches `uri` to `file_path` (its File) and copies it in."""
+        self.write_json(self.source_path(batch_id), {"uri": uri, "file_path": str(file_path)})
+
+    def source(self, batch_id: str) -> dict[str, str] | None:
+        return self.read_json(self.source_path(batch_id))
+
     def set_endpoint(self, batch_id: str, endpoint: str) -> None:
         """The endpoint the batch was created for: every request's url must match it."""
         self.write_json(self.batch_dir(batch_id) / "batch.json", {"endpoint": endpoint})

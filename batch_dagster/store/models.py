@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere the key is a BIGINT.
@@ -83,3 +83,23 @@ class BatchRecord(Base):
     output_expires_after: Mapped[int | None]  # seconds; applied to the output and error files
     launched_at: Mapped[int | None]
     run_id: Mapped[str | None] = mapped_column(String(64))
+
+
+class IntakeRecord(Base):
+    """A dropped file (S3 object or inbox file) and the batch it became: one batch per source and version.
+
+    `version` is the S3 ETag or the inbox file's size and mtime, so a changed file is a new batch
+    and the same one never runs twice, whatever happens to the sensor's cursor.
+    """
+
+    __tablename__ = "intake"
+    __table_args__ = (UniqueConstraint("source", "version", name="uq_intake_source_version"),)
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    source: Mapped[str] = mapped_column(String(1024))  # s3://bucket/key or file:///path
+    version: Mapped[str] = mapped_column(String(255))
+    batch_id: Mapped[str] = mapped_column(String(64), ForeignKey("batches.id"), unique=True)
+    deliver_to: Mapped[str] = mapped_column(String(1024))  # where output, errors and summary are written
+    created_at: Mapped[int]
+    delivery_requested_at: Mapped[int | None]
+    delivered_at: Mapped[int | None]

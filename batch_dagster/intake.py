@@ -1,0 +1,158 @@
+"""Sensors that turn files dropped in an S3 bucket or a local inbox into batches, and deliver their results.
+
+Each tick registers the new complete files as batches in the API's store (so the REST API lists
+them), adds their partitions and requests their runs; and, for dropped files whose batch has
+ended, requests the run that writes the results back. The store, not the cursor, decides what is
+new: a (source, version) pair becomes a batch once, whatever happens to the cursor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import dagster as dg
+from dagster_aws.s3 import S3Resource
+
+from batch_dagster.assets.delivery import deliver_results_job
+from batch_dagster.batchfile.contract import endpoint_of_head
+from batch_dagster.jobs import batch_job
+from batch_dagster.partitions import batches
+from batch_dagster.resources import BatchStorage
+from batch_dagster.resources.intake import Intake
+from batch_dagster.resources.transfer import s3_uri
+from batch_dagster.sensors import run_key
+from batch_dagster.store import repo
+from batch_dagster.store.intake import DroppedFile, register_batch
+from batch_dagster.store.resource import ApiStore
+
+HEAD_BYTES = 64 * 1024  # enough for the first request's url
+IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload")
+
+
+def _tick(context: dg.SensorEvaluationContext, intake: Intake, api_store: ApiStore, storage: BatchStorage,
+          found: Sequence[DroppedFile], *, scheme: str, deliver_to: str, cursor: dict) -> dg.SensorResult:
+    """Register what is new in `found`, request its runs, and request deliveries for ended batches."""
+    with api_store.session() as session:
+        known = repo.known_sources(session, [f.source for f in found])
+        new = [f for f in found if (f.source, f.version) not in known][: intake.max_batches_per_tick]
+        launched = [
+            register_batch(session, storage, f, owner=intake.owner, deliver_to=deliver_to,
+                           files_dir=Path(intake.files_dir), completion_window_s=intake.completion_window_s).id
+            for f in new
+        ]
+        ended = [i.batch_id for i in repo.undelivered(session, scheme)]
+        repo.mark_delivery_requested(session, ended)
+    for f, batch_id in zip(new, launched):
+        context.log.info(f"{f.source} ({f.bytes} bytes) -> {batch_id}")
+    for batch_id in ended:
+        context.log.info(f"{batch_id} ended: delivering its results")
+    runs = [
+        dg.RunRequest(job_name=batch_job.name, partition_key=b, run_key=run_key(context.instance, b),
+                      tags={"batch_id": b, "source": f.source[:255]})
+        for f, b in zip(new, launched)
+    ] + [
+        dg.RunRequest(job_name=deliver_results_job.name, partition_key=b, run_key=f"{b}:delivery",
+                      tags={"batch_id": b})
+        for b in ended
+    ]
+    return dg.SensorResult(
+        run_requests=runs,
+        dynamic_partitions_requests=[batches.build_add_request(launched)] if launched else [],
+        cursor=json.dumps(cursor),
+        skip_reason=None if runs else f"Nothing new among {len(found)} file(s).",
+    )
+
+
+def list_s3(client, intake: Intake, start_after: str) -> tuple[list[dict], str]:
+    """Up to max_keys_per_tick `.jsonl` objects under the prefix after `start_after`, and where the next tick
+    starts: after the last key seen, or from the top ("") once the listing reached the end."""
+    objects, seen = [], 0
+    kwargs = {"Bucket": intake.s3_bucket, "Prefix": intake.s3_prefix}
+    while seen < intake.max_keys_per_tick:
+        page = client.list_objects_v2(**kwargs, StartAfter=start_after,
+                                      MaxKeys=min(1000, intake.max_keys_per_tick - seen))
+        contents = page.get("Contents", [])
+        seen += len(contents)
+        objects += [o for o in contents if o["Key"].endswith(".jsonl")
+                    and not o["Key"].startswith(intake.s3_output_prefix)]
+        if not page.get("IsTruncated") or not contents:
+            return objects, ""
+        start_after = contents[-1]["Key"]
+    return objects, start_after
+
+
+@dg.sensor(
+    jobs=[batch_job, deliver_results_job],
+    minimum_interval_seconds=30,
+    default_status=dg.DefaultSensorStatus.RUNNING if os.environ.get("BATCH_S3_BUCKET")
+    else dg.DefaultSensorStatus.STOPPED,
+    description="Runs each new .jsonl object under s3://$BATCH_S3_BUCKET/$BATCH_S3_PREFIX as a batch and writes "
+    "its results under $BATCH_S3_OUTPUT_PREFIX<batch_id>/.",
+)
+def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3Resource, api_store: ApiStore,
+                     storage: BatchStorage) -> dg.SensorResult | dg.SkipReason:
+    if not intake.s3_bucket:
+        return dg.SkipReason("BATCH_S3_BUCKET is not set.")
+    client = s3.get_client()
+    cursor = json.loads(context.cursor or "{}")
+    objects, next_start = list_s3(client, intake, cursor.get("start_after", ""))
+    with api_store.session() as session:
+        known = repo.known_sources(session, [s3_uri(intake.s3_bucket, o["Key"]) for o in objects])
+    found = []
+    for o in objects:
+        uri = s3_uri(intake.s3_bucket, o["Key"])
+        if (uri, o["ETag"]) in known:
+            continue
+        if len(found) == intake.max_batches_per_tick:
+            next_start = found[-1].source.removeprefix(f"s3://{intake.s3_bucket}/")  # the rest next tick
+            break
+        head = client.get_object(Bucket=intake.s3_bucket, Key=o["Key"], Range=f"bytes=0-{HEAD_BYTES - 1}")["Body"]
+        found.append(DroppedFile(source=uri, version=o["ETag"], filename=o["Key"].rsplit("/", 1)[-1],
+                                 bytes=o["Size"], endpoint=endpoint_of_head(head.read())))
+    return _tick(context, intake, api_store, storage, found, scheme="s3://", deliver_to=intake.s3_results_uri(),
+                 cursor={"start_after": next_start})
+
+
+def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: float, now: float
+                          ) -> tuple[list[tuple[os.DirEntry, os.stat_result]], dict[str, list[int]]]:
+    """The inbox's .jsonl files unchanged since the previous tick and for `settle_s`; the signatures seen now."""
+    complete, seen = [], {}
+    with os.scandir(inbox) as entries:
+        for entry in entries:
+            name = entry.name
+            if name.startswith(".") or not name.endswith(".jsonl") or name.endswith(IGNORED_SUFFIXES):
+                continue
+            if not entry.is_file():
+                continue
+            st = entry.stat()
+            seen[name] = [st.st_size, st.st_mtime_ns]
+            if pending.get(name) == seen[name] and now - st.st_mtime >= settle_s:
+                complete.append((entry, st))
+    return complete, seen
+
+
+@dg.sensor(
+    jobs=[batch_job, deliver_results_job],
+    minimum_interval_seconds=5,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Runs each .jsonl file dropped into the inbox folder ($BATCH_INBOX_DIR) as a batch, once it is "
+    "completely written, and writes its results to <outbox>/<batch_id>/.",
+)
+def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, api_store: ApiStore,
+                 storage: BatchStorage) -> dg.SensorResult | dg.SkipReason:
+    inbox = Path(intake.inbox_dir)
+    inbox.mkdir(parents=True, exist_ok=True)
+    cursor = json.loads(context.cursor or "{}")
+    complete, seen = _complete_inbox_files(inbox, cursor.get("pending", {}), intake.settle_s, time.time())
+    found = []
+    for entry, st in complete:
+        with open(entry.path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+        found.append(DroppedFile(source=Path(entry.path).resolve().as_uri(), version=f"{st.st_size}:{st.st_mtime_ns}",
+                                 filename=entry.name, bytes=st.st_size, endpoint=endpoint_of_head(head)))
+    return _tick(context, intake, api_store, storage, found, scheme="file://",
+                 deliver_to=Path(intake.outbox_dir).resolve().as_uri(), cursor={"pending": seen})
