@@ -12,7 +12,7 @@ from typing import TypeVar
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from .models import TERMINAL, ApiKey, BatchRecord, FileRecord
+from .models import TERMINAL, ApiKey, BatchRecord, FileRecord, IntakeRecord
 
 ANONYMOUS = "anonymous"
 Row = TypeVar("Row", FileRecord, BatchRecord)
@@ -146,3 +146,43 @@ def finished_between(session: Session, start: int, end: int) -> list[BatchRecord
         match = (BatchRecord.status == status) & (at >= start) & (at < end)
         finished = match if finished is None else finished | match
     return list(session.scalars(select(BatchRecord).where(finished).order_by(BatchRecord.pk)))
+
+
+def known_sources(session: Session, sources: Sequence[str]) -> set[tuple[str, str]]:
+    """The (source, version) pairs among `sources` that already became batches."""
+    if not sources:
+        return set()
+    rows = session.execute(select(IntakeRecord.source, IntakeRecord.version).where(IntakeRecord.source.in_(sources)))
+    return {(source, version) for source, version in rows}
+
+
+def get_intake(session: Session, batch_id: str) -> tuple[IntakeRecord, BatchRecord] | None:
+    """A dropped file's intake row and its batch."""
+    row = session.execute(
+        select(IntakeRecord, BatchRecord).join(BatchRecord, BatchRecord.id == IntakeRecord.batch_id)
+        .where(IntakeRecord.batch_id == batch_id)
+    ).first()
+    return (row[0], row[1]) if row else None
+
+
+def mark_delivered(session: Session, batch_id: str) -> None:
+    session.execute(update(IntakeRecord).where(IntakeRecord.batch_id == batch_id).values(delivered_at=now()))
+    session.commit()
+
+
+def undelivered(session: Session, scheme: str, limit: int = 100) -> list[IntakeRecord]:
+    """Dropped files from `scheme` (e.g. "s3://") whose batch ended and whose results were not yet requested."""
+    query = (
+        select(IntakeRecord)
+        .join(BatchRecord, BatchRecord.id == IntakeRecord.batch_id)
+        .where(IntakeRecord.delivery_requested_at.is_(None), IntakeRecord.source.startswith(scheme),
+               BatchRecord.status.in_(TERMINAL))
+        .order_by(IntakeRecord.pk)
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def mark_delivery_requested(session: Session, batch_ids: Sequence[str]) -> None:
+    session.execute(update(IntakeRecord).where(IntakeRecord.batch_id.in_(batch_ids)).values(delivery_requested_at=now()))
+    session.commit()
