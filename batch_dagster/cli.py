@@ -111,6 +111,7 @@ def run_batch(
     batch_id = f"batch_{uuid.uuid4().hex}"
     started = time.perf_counter()
     storage.put_input(batch_id, file)
+    record = _BatchRecord(defs, storage, batch_id, file)
     instance.add_dynamic_partitions(batches.name, [batch_id])
     progress = _Progress(storage, batch_id, show_progress)
     progress.start()
@@ -125,6 +126,7 @@ def run_batch(
     finally:
         progress.stop.set()
         progress.join()
+    record.sync(None if result.success else _failure_message(result))
     out_dir.mkdir(parents=True, exist_ok=True)
     output_file, error_file = out_dir / "output.jsonl", out_dir / "errors.jsonl"
     summary = storage.read_json(storage.summary_path(batch_id)) if result.success else None
@@ -149,6 +151,32 @@ def run_batch(
         "error_file": str(error_file),
         "duration_s": round(time.perf_counter() - started, 3),
     }
+
+
+class _BatchRecord:
+    """The batch in the API's metadata store, when the definitions have one: the one record of batches
+    (the daily usage report reads it), listed under the owner of dropped files' batches."""
+
+    def __init__(self, defs: Any, storage: Any, batch_id: str, file: Path):
+        from batch_dagster.store import repo
+        from batch_dagster.store.intake import record_local_batch
+
+        self.api_store, self.storage, self.batch_id = defs.resources.get("api_store"), storage, batch_id
+        intake = defs.resources.get("intake")
+        self.owner = intake.owner if intake is not None else repo.ANONYMOUS
+        if self.api_store is not None:
+            with self.api_store.session() as session:
+                record_local_batch(session, storage, batch_id, file, owner=self.owner,
+                                   files_dir=Path(storage.data_dir) / "files")
+
+    def sync(self, run_failure: str | None) -> None:
+        from batch_dagster.store import repo
+        from batch_dagster.store.lifecycle import sync_batch
+
+        if self.api_store is not None:
+            with self.api_store.session() as session:
+                batch = repo.get_batch(session, self.owner, self.batch_id)
+                sync_batch(session, self.storage, batch, run_failure=run_failure)
 
 
 def _failure_message(result: Any) -> str:

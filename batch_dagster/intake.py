@@ -26,10 +26,9 @@ from batch_dagster.resources.intake import Intake
 from batch_dagster.resources.transfer import s3_uri
 from batch_dagster.sensors import run_key
 from batch_dagster.store import repo
-from batch_dagster.store.intake import DroppedFile, register_batch
+from batch_dagster.store.intake import HEAD_BYTES, DroppedFile, register_batch
 from batch_dagster.store.resource import ApiStore
 
-HEAD_BYTES = 64 * 1024  # enough for the first request's url
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload")
 
 

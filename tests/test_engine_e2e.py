@@ -18,6 +18,8 @@ import dagster as dg
 import pytest
 
 from batch_dagster.cli import run_batch
+from batch_dagster.store import repo
+from batch_dagster.store.session import database_url_from_env, open_store
 
 from .conftest import CHAT_MODEL, EMBED_MODEL, MODEL_CACHE, chat_request, make_defs, read_jsonl, real_vllm, write_jsonl
 
@@ -97,6 +99,15 @@ def test_chat_batch_of_40_through_the_cli(tmp_path):
     assert too_long["body"]["error"]["type"] == "invalid_request_error"
     bad = err["bad-temperature"]["response"]["body"]["error"]
     assert bad["code"] == "invalid_request" and "temperature" in bad["message"]
+
+    # The run is recorded in the metadata store, the one record of batches (the API and the daily report read it).
+    with open_store(database_url_from_env(tmp_path / "data")).session() as session:
+        batch = repo.get_batch(session, repo.ANONYMOUS, summary["batch_id"])
+        assert batch.status == "completed" and batch.completed_at is not None
+        assert (batch.request_total, batch.request_completed, batch.request_failed) == (40, len(out), len(err))
+        assert batch.meta == {"source": (tmp_path / "in.jsonl").as_uri()}
+        assert Path(repo.get_file(session, repo.ANONYMOUS, batch.input_file_id).path).read_text() == \
+            (tmp_path / "in.jsonl").read_text()
 
     usage = summary["usage"]
     lines = [l["response"]["body"]["usage"] for l in out.values()]
