@@ -24,7 +24,6 @@ from batch_dagster.partitions import batches
 from batch_dagster.resources import BatchStorage
 from batch_dagster.resources.intake import Intake
 from batch_dagster.resources.transfer import s3_uri
-from batch_dagster.sensors import run_key
 from batch_dagster.store import repo
 from batch_dagster.store.intake import HEAD_BYTES, DroppedFile, register_batch
 from batch_dagster.store.resource import ApiStore
@@ -50,7 +49,7 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, api_store: ApiSto
     for batch_id in ended:
         context.log.info(f"{batch_id} ended: delivering its results")
     runs = [
-        dg.RunRequest(job_name=batch_job.name, partition_key=b, run_key=run_key(context.instance, b),
+        dg.RunRequest(job_name=batch_job.name, partition_key=b, run_key=b,
                       tags={"batch_id": b, "source": f.source[:255]})
         for f, b in zip(new, launched)
     ] + [
