@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import dagster as dg
 
 from batch_dagster.jobs import batch_job
@@ -12,15 +14,20 @@ from batch_dagster.store.lifecycle import sync_batch
 from batch_dagster.store.resource import ApiStore
 
 PARTITION_TAG = "dagster/partition"
-FAILURE_REASON_TAG = "dagster/failure_reason"
+RETRY_NUMBER_TAG = "dagster/retry_number"
+WILL_RETRY_TAG = "dagster/will_retry"
 # A batch marked launched with no run after this long (the tick's runs were lost) is requested again;
 # the run key keeps Dagster from running it twice.
 RELAUNCH_AFTER_S = 120
-# A run that was interrupted rather than failed (serve stopped, its worker died) is run again, up to
-# this many runs in all: the assets skip committed shards, so the new run resumes the batch.
-MAX_RUNS = 3
-INTERRUPTED = ("UNEXPECTED_TERMINATION", "RUN_WORKER_RESTART", "START_TIMEOUT")
+# Dagster tags a failed run `will_retry` just after it marks it failed; until then (at most this long)
+# the sensor waits rather than failing a batch that run retries are about to resume.
+RETRY_DECISION_WAIT_S = 60
 _ENDED_BADLY = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+# What Dagster writes when something outside the run (the code server) saw its process die.
+_MARKED_FROM_OUTSIDE = "marked as failed from outside the execution context"
+# Where the default run launcher records the code server that started the run worker.
+_GRPC_INFO_TAG = ".dagster/grpc_info"
+_LAUNCHED = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
 
 
 def _runs_filter(batch_id: str) -> dg.RunsFilter:
@@ -28,7 +35,7 @@ def _runs_filter(batch_id: str) -> dg.RunsFilter:
 
 
 def run_key(instance: dg.DagsterInstance, batch_id: str) -> str:
-    """The batch id for its first run; `<batch id>:<n>` for the n-th, when an interrupted run is resumed."""
+    """The batch id for its first run; `<batch id>:<n>` when the batch already has n-1 runs (relaunched)."""
     runs = instance.get_runs_count(_runs_filter(batch_id))
     return batch_id if runs == 0 else f"{batch_id}:{runs + 1}"
 
@@ -62,22 +69,73 @@ def latest_run(instance: dg.DagsterInstance, batch_id: str) -> dg.DagsterRun | N
 
 
 def run_failure_message(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
-    """The first step failure of a run, or its run-level message."""
+    """The first step failure of a run, else how the run ended (e.g. its process was killed)."""
+    retries = run.tags.get(RETRY_NUMBER_TAG)
+    where = f"Dagster run {run.run_id}" + (f", retry {retries}" if retries else "")
     for record in instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records:
         event = record.event_log_entry.dagster_event
         error = event.step_failure_data.error if event and event.step_failure_data else None
         if error is not None:
             while error.cause is not None:  # the step error wraps what the code raised
                 error = error.cause
-            return f"The pipeline failed in step {event.step_key}: {error.message.strip()} (Dagster run {run.run_id})"
+            return f"The pipeline failed in step {event.step_key}: {error.message.strip()} ({where})"
     verb = "was canceled" if run.status == dg.DagsterRunStatus.CANCELED else "failed"
-    return f"The pipeline run {verb} (Dagster run {run.run_id}); see the Dagster UI."
+    reason = _run_end_reason(instance, run)
+    return f"The pipeline run {verb} ({where})" + (f": {reason}" if reason else "; see the Dagster UI.")
+
+
+def _run_end_reason(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str | None:
+    """The run failure's message; when the code server marked the run failed, the crash it logged just before."""
+    kinds = {dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.ENGINE_EVENT}
+    events = [r.event_log_entry.dagster_event for r in instance.get_records_for_run(run.run_id, of_type=kinds).records]
+    ends = [i for i, event in enumerate(events) if event.event_type == dg.DagsterEventType.RUN_FAILURE]
+    if not ends:
+        return None
+    message = events[ends[-1]].message or ""
+    if _MARKED_FROM_OUTSIDE in message and ends[-1] > 0:
+        message = events[ends[-1] - 1].message or message
+    return message.strip() or None
+
+
+def _retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    """Whether Dagster's run retries (dagster.yaml `run_retries`) will still run this failed run again."""
+    if run.is_complete_and_waiting_to_retry:
+        return True
+    if run.status != dg.DagsterRunStatus.FAILURE or not instance.run_retries_enabled or WILL_RETRY_TAG in run.tags:
+        return False
+    record = instance.get_run_record_by_id(run.run_id)
+    ended = record.end_time if record and record.end_time else None
+    return ended is None or repo.now() - ended < RETRY_DECISION_WAIT_S
+
+
+def _worker_gone(run: dg.DagsterRun) -> bool:
+    """Whether an unfinished run's code server refuses connections: serve was stopped or killed mid-run.
+
+    The code server is the run worker's parent and outlives it while it runs, and it is what marks a
+    dead worker's run failed. When it is gone too, nothing else ever would.
+    """
+    info = run.tags.get(_GRPC_INFO_TAG)
+    if run.status not in _LAUNCHED or not info:
+        return False
+    import grpc
+    from dagster._core.errors import DagsterUserCodeUnreachableError
+    from dagster._grpc.client import DagsterGrpcClient
+
+    info = json.loads(info)
+    client = DagsterGrpcClient(port=info.get("port"), socket=info.get("socket"), host=info.get("host") or "localhost")
+    try:
+        client.ping("")
+    except DagsterUserCodeUnreachableError as exc:  # a busy server times out instead: that is not gone
+        cause = exc.__cause__
+        return isinstance(cause, grpc.RpcError) and cause.code() == grpc.StatusCode.UNAVAILABLE
+    return False
 
 
 @dg.sensor(
     minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Brings the API's batches up to date with their runs: progress, the end, runs that failed.",
+    description="Brings the API's batches up to date with their runs: progress, the end, and runs that failed "
+    "for good (after Dagster's run retries) or whose process is gone with serve.",
 )
 def api_batch_status_sensor(
     context: dg.SensorEvaluationContext, api_store: ApiStore, storage: BatchStorage
@@ -97,13 +155,15 @@ def api_batch_status_sensor(
                 batch.run_id = run.run_id
                 session.commit()
             sync_batch(session, storage, batch)
-            ended_badly = run.status in _ENDED_BADLY and not run.is_complete_and_waiting_to_retry
-            if ended_badly and batch.status not in TERMINAL:
-                if run.tags.get(FAILURE_REASON_TAG) in INTERRUPTED and instance.get_runs_count(
-                    _runs_filter(batch.id)
-                ) < MAX_RUNS:
-                    context.log.warning(f"{batch.id}: run {run.run_id} was interrupted; resuming in a new run")
-                    repo.unmark_launched(session, batch.id)
+            if batch.status not in TERMINAL and _worker_gone(run):
+                context.log.warning(f"{batch.id}: the code server of run {run.run_id} is gone; marking it failed")
+                instance.report_run_failed(run, "The run's worker is gone with the code server that started it "
+                                                "(serve was stopped or killed while it ran).")
+                continue  # next tick: Dagster retries it (dagster.yaml run_retries), or the batch fails
+            if run.status in _ENDED_BADLY and batch.status not in TERMINAL:
+                # A retried run is a new run of the same partition: the next tick follows that one.
+                if _retry_pending(instance, run):
+                    context.log.info(f"{batch.id}: run {run.run_id} failed; Dagster will retry it")
                     continue
                 sync_batch(session, storage, batch, run_failure=run_failure_message(instance, run))
             if batch.status != before:

@@ -6,7 +6,11 @@ Every asset is partitioned by batch and idempotent: a re-run reuses what is alre
 
 
 import hashlib
+import os
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,7 @@ from batch_dagster.settings import Settings
 
 GROUP = "batch_lifecycle"
 INFERENCE_RETRIES = 2
+RUN_WATCH_S = 2.0
 
 
 def _now() -> str:
@@ -184,6 +189,30 @@ class _ShardProgress:
             self.storage.write_json(self.path, {"shard": self.index, "done": self.done})
 
 
+@contextmanager
+def _dies_with_its_run(context: dg.AssetExecutionContext):
+    """Within this block, the process is killed if its run is marked finished (failed) meanwhile.
+
+    When a run worker is killed, its step process lives on as an orphan, inferring and committing
+    shards, while the run retry starts a new run (and a second engine) on the same shards. The code
+    server marks the dead worker's run failed within a second; the orphan then dies too.
+    """
+    stop = threading.Event()
+    instance, run_id = context.instance, context.run.run_id
+
+    def watch() -> None:
+        while not stop.wait(RUN_WATCH_S):
+            run = instance.get_run_by_id(run_id)
+            if run is not None and run.is_finished:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="run-watch").start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) -> list[dict[str, Any]]:
     message = f"The engine failed on this shard after {INFERENCE_RETRIES + 1} attempts: {reason}"
     return [c.request_error_line(cid, c.ENGINE_ERROR, message, status_code=500) for cid, _ in requests]
@@ -215,32 +244,33 @@ def shard_results(
     ran_requests = 0
     ran_tokens = 0
     stopped = None
-    for index in todo:
-        stopped = storage.stop_reason(batch_id)
-        if stopped:
-            context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
-            break
-        requests = read_shard(shard_path(storage.shards_dir(batch_id), index))
-        engine = engine or vllm.engine(manifest["model"])
-        t0 = time.perf_counter()
-        try:
-            progress = _ShardProgress(storage, batch_id, index, len(requests))
-            lines = engine.run(manifest["endpoint"], requests, on_progress=progress)
-        except EngineCrash as exc:
-            vllm.reset(manifest["model"])
-            if context.retry_number < INFERENCE_RETRIES:
-                context.log.error(f"Shard {index}: engine crashed ({exc}); the step will retry")
-                raise
-            context.log.error(f"Shard {index}: engine crashed on the last attempt; its requests become errors")
-            lines = engine_error_lines(requests, str(exc))
-            engine = vllm.engine(manifest["model"])
-        summary = commit_shard(results_dir, index, lines, time.perf_counter() - t0)
-        ran_requests += summary.request_counts.total
-        ran_tokens += summary.usage.output_tokens
-        context.log.info(
-            f"Shard {index}: {summary.request_counts.completed} completed, {summary.request_counts.failed} failed, "
-            f"{summary.usage.output_tokens} output tokens in {summary.duration_s:.1f}s"
-        )
+    with _dies_with_its_run(context):
+        for index in todo:
+            stopped = storage.stop_reason(batch_id)
+            if stopped:
+                context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
+                break
+            requests = read_shard(shard_path(storage.shards_dir(batch_id), index))
+            engine = engine or vllm.engine(manifest["model"])
+            t0 = time.perf_counter()
+            try:
+                progress = _ShardProgress(storage, batch_id, index, len(requests))
+                lines = engine.run(manifest["endpoint"], requests, on_progress=progress)
+            except EngineCrash as exc:
+                vllm.reset(manifest["model"])
+                if context.retry_number < INFERENCE_RETRIES:
+                    context.log.error(f"Shard {index}: engine crashed ({exc}); the step will retry")
+                    raise
+                context.log.error(f"Shard {index}: engine crashed on the last attempt; its requests become errors")
+                lines = engine_error_lines(requests, str(exc))
+                engine = vllm.engine(manifest["model"])
+            summary = commit_shard(results_dir, index, lines, time.perf_counter() - t0)
+            ran_requests += summary.request_counts.total
+            ran_tokens += summary.usage.output_tokens
+            context.log.info(
+                f"Shard {index}: {summary.request_counts.completed} completed, {summary.request_counts.failed} failed, "
+                f"{summary.usage.output_tokens} output tokens in {summary.duration_s:.1f}s"
+            )
     elapsed = time.perf_counter() - started
     all_done = committed_shards(results_dir)
     completed = sum(s.request_counts.completed for s in all_done.values())

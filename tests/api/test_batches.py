@@ -266,24 +266,44 @@ def test_a_failed_run_fails_the_batch(start_service, tmp_path):
     assert error.code == "pipeline_error" and "batch_usage" in error.message and "model record" in error.message
 
 
-def test_an_interrupted_run_is_resumed_in_a_new_run(start_service, tmp_path):
+def test_a_failed_run_fails_the_batch_only_once_dagster_stops_retrying(start_service, tmp_path):
     service = start_service(worker=False)
     client = service.client()
-    requests = rows(4)
-    batch = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", requests),
+    batch = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", rows(4)),
                                   endpoint="/v1/chat/completions", completion_window="24h")
-    # The daemon launched it, then serve was stopped: Dagster marks such a run failed, "unexpected termination".
-    from batch_dagster.sensors import api_batch_sensor
+    from batch_dagster.sensors import api_batch_sensor, api_batch_status_sensor
 
-    launched = api_batch_sensor(dg.build_sensor_context(instance=service.instance, resources=service.worker.resources))
+    def tick(sensor):
+        return sensor(dg.build_sensor_context(instance=service.instance, resources=service.worker.resources))
+
+    launched = tick(api_batch_sensor)
     assert [r.run_key for r in launched.run_requests] == [batch.id]
     service.instance.add_dynamic_partitions("batches", [batch.id])
-    service.instance.add_run(dg.DagsterRun(
-        job_name="batch_job", status=dg.DagsterRunStatus.FAILURE,
-        tags={"dagster/partition": batch.id, "dagster/failure_reason": "UNEXPECTED_TERMINATION"}))
-    service.start_worker()
-    done = wait_for(client, batch.id, {"completed", "failed"})
+    # Its run worker died. With run_retries on (dagster.yaml), Dagster tags the failed run `will_retry`
+    # and the daemon re-executes it as a new run of the same partition: the batch waits for that run.
+    first = dg.DagsterRun(job_name="batch_job", status=dg.DagsterRunStatus.FAILURE,
+                          tags={"dagster/partition": batch.id, "dagster/failure_reason": "UNEXPECTED_TERMINATION",
+                                "dagster/will_retry": "true"})
+    service.instance.add_run(first)
+    tick(api_batch_status_sensor)
+    assert client.batches.retrieve(batch.id).status == "validating"
+    assert isinstance(tick(api_batch_sensor), dg.SkipReason)  # Dagster relaunches it, not the sensor
 
-    assert done.status == "completed" and done.request_counts.completed == 4
-    runs = service.instance.get_runs(dg.RunsFilter(tags={"dagster/partition": batch.id}))
-    assert sorted(r.tags.get("dagster/run_key", "-") for r in runs) == ["-", f"{batch.id}:2"]
+    # The retry dies too, and Dagster will not retry it again: now the batch fails, with the reason.
+    retry = dg.DagsterRun(job_name="batch_job", status=dg.DagsterRunStatus.STARTED,
+                          tags={"dagster/partition": batch.id, "dagster/parent_run_id": first.run_id,
+                                "dagster/root_run_id": first.run_id, "dagster/retry_number": "1"})
+    service.instance.add_run(retry)
+    service.instance.add_run_tags(first.run_id, {"dagster/auto_retry_run_id": retry.run_id})
+    tick(api_batch_status_sensor)
+    assert client.batches.retrieve(batch.id).status == "validating"
+    service.instance.report_run_failed(retry, "Execution was interrupted unexpectedly.")
+    service.instance.add_run_tags(retry.run_id, {"dagster/will_retry": "false"})
+    tick(api_batch_status_sensor)
+
+    failed = client.batches.retrieve(batch.id)
+    assert failed.status == "failed" and failed.failed_at is not None
+    [error] = failed.errors.data
+    assert error.code == "pipeline_error" and "interrupted unexpectedly" in error.message
+    assert f"Dagster run {retry.run_id}, retry 1" in error.message
+    assert len(service.instance.get_runs(dg.RunsFilter(tags={"dagster/partition": batch.id}))) == 2

@@ -1,0 +1,72 @@
+"""Definitions for tests that run the real Dagster daemon: the project's pipeline and API sensors on a fake engine.
+
+The engine runs in the daemon's run processes, so what a test needs to see crosses processes through
+files: every engine call is appended to $BATCH_TEST_CALLS, and the $BATCH_TEST_KILL_ON_CALL-th call of a
+process kills that process with SIGKILL, as the OOM killer or a crash would; each call takes
+$BATCH_TEST_CALL_S seconds. Runs use the in-process executor: the process that dies is then the run
+worker itself, and the tests stay quick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import dagster as dg
+
+from batch_dagster.assets.batch import lifecycle_assets
+from batch_dagster.assets.checks import lifecycle_checks
+from batch_dagster.jobs import batch_job
+from batch_dagster.resources.config import resources_from_env
+from batch_dagster.sensors import api_batch_sensor, api_batch_status_sensor
+from batch_dagster.settings import Settings
+from batch_dagster.store.resource import api_store_from_env
+
+from .fakes import FakeEngine, FakeVLLM
+
+
+_calls_in_this_process = 0
+
+
+class LoggedEngine(FakeEngine):
+    """The fake engine, logging each call to a file; the process dies at its $BATCH_TEST_KILL_ON_CALL-th call."""
+
+    def run(self, endpoint, requests, on_progress=None):
+        global _calls_in_this_process
+        _calls_in_this_process += 1
+        killed = _calls_in_this_process == int(os.environ.get("BATCH_TEST_KILL_ON_CALL") or 0)
+        call = {"pid": os.getpid(), "custom_ids": [cid for cid, _ in requests], "killed": killed}
+        with open(os.environ["BATCH_TEST_CALLS"], "a") as f:
+            f.write(json.dumps(call) + "\n")
+        if killed:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(float(os.environ.get("BATCH_TEST_CALL_S") or 0))
+        return super().run(endpoint, requests, on_progress)
+
+
+class LoggedVLLM(FakeVLLM):
+    def engine(self, model: str) -> Any:
+        self.spec(model)
+        return LoggedEngine()
+
+
+def engine_calls(path) -> list[dict]:
+    """The calls a LoggedEngine logged to `path`, in order."""
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+
+defs = dg.Definitions(
+    assets=lifecycle_assets,
+    asset_checks=lifecycle_checks,
+    jobs=[batch_job],
+    sensors=[api_batch_sensor, api_batch_status_sensor],
+    resources={
+        **resources_from_env(),
+        "vllm": LoggedVLLM(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent"),
+        "api_store": api_store_from_env(),
+    },
+    executor=dg.in_process_executor,
+)

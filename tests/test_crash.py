@@ -1,0 +1,138 @@
+"""Crashes under the real Dagster daemon and the project's dagster.yaml: processes killed with SIGKILL mid-batch.
+
+A killed step process is retried in the same run (the op's RetryPolicy); a killed run worker is retried as
+a new run (`run_retries`); either way committed shards are kept, and every custom_id ends up in the output
+or error file exactly once. A batch whose runs keep dying fails, with the reason, once retries run out.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from batch_dagster.batchfile.results import committed_shards, shard_paths
+
+from .conftest import chat_request, read_jsonl
+from .daemon_defs import engine_calls
+from .serve_harness import Serve, batch_runs, file_stats, materialization_metadata, step_events
+
+SHARDS = 8
+
+
+def wait_until(predicate, timeout_s: float, serve: Serve, what: str):
+    deadline = time.time() + timeout_s
+    while not (value := predicate()):
+        if time.time() > deadline:
+            raise TimeoutError(f"{what}\n{serve.logs()}")
+        time.sleep(0.05)
+    return value
+
+
+def committed_files(results: Path) -> list[Path]:
+    return [p for i in sorted(committed_shards(results)) for p in shard_paths(results, i)]
+
+
+def lines(client, file_id) -> list[dict]:
+    return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
+
+
+@pytest.mark.engine
+def test_killed_step_and_killed_run_worker_resume_without_redoing_shards(tmp_path):
+    # Every request decodes 40 tokens, so a shard of 4 takes about a second: there is always one in flight.
+    rows = [chat_request(f"q{i:02d}", f"Say the number {i} and name a color.", max_tokens=40, min_tokens=40,
+                         temperature=0) for i in range(4 * SHARDS)]
+    with Serve(tmp_path, BATCH_SHARD_SIZE="4") as serve:
+        batch = serve.create_batch(rows)
+        results = serve.data_dir / "batches" / batch.id / "results"
+
+        # 1. kill -9 the step process running inference, once its first shard is committed.
+        step = wait_until(lambda: committed_shards(results) and serve.engine_step(), 240, serve, "no shard committed")
+        worker = step.parent()
+        step.kill()
+        step.wait(10)
+        after_step_kill = file_stats(committed_files(results))
+        assert 3 <= len(after_step_kill) < 3 * SHARDS
+
+        # 2. The op's RetryPolicy runs the step again in the same run worker. Once it has committed a shard
+        # of its own, kill -9 the run worker (only it: its step process is left an orphan).
+        step = wait_until(lambda: len(committed_files(results)) > len(after_step_kill) and serve.engine_step(), 180,
+                          serve, "the retried step committed nothing")
+        assert step.parent().pid == worker.pid
+        worker.kill()
+        worker.wait(10)
+        # The orphan sees its run marked failed and dies too, instead of racing the run's retry.
+        step.wait(15)
+        after_worker_kill = file_stats(committed_files(results))
+        assert len(after_worker_kill) < 3 * SHARDS
+
+        done = serve.wait_for(batch.id, {"completed", "failed", "cancelled", "expired"}, 300)
+        client = serve.client()
+        out, err = lines(client, done.output_file_id), lines(client, done.error_file_id)
+        with serve.instance() as instance:
+            runs = batch_runs(instance, batch.id)
+            retries = [len(step_events(instance, r.run_id, dg.DagsterEventType.STEP_UP_FOR_RETRY, "shard_results"))
+                       for r in runs]
+            resumed = materialization_metadata(instance, runs[-1].run_id, "shard_results")
+
+    assert done.status == "completed", done
+    assert done.request_counts.model_dump() == {"total": 4 * SHARDS, "completed": 4 * SHARDS, "failed": 0}
+    # Every custom_id exactly once, none lost with the killed processes, none written twice.
+    assert sorted(x["custom_id"] for x in out + err) == sorted(r["custom_id"] for r in rows)
+    assert done.usage.output_tokens == 40 * 4 * SHARDS
+    # Shards committed before each kill were never recomputed: not one of their files was rewritten.
+    now = file_stats(committed_files(results))
+    assert {name: now[name] for name in after_step_kill} == after_step_kill
+    assert {name: now[name] for name in after_worker_kill} == after_worker_kill
+    assert resumed["shards_skipped"] == len(after_worker_kill) // 3
+    assert resumed["shards_run"] == SHARDS - len(after_worker_kill) // 3
+
+    # The step kill was retried inside the first run; the worker kill by a new run, Dagster's run retry.
+    first, retry = runs
+    assert retries == [1, 0]
+    assert first.status == dg.DagsterRunStatus.FAILURE and first.tags["dagster/will_retry"] == "true"
+    assert first.tags["dagster/auto_retry_run_id"] == retry.run_id
+    assert retry.status == dg.DagsterRunStatus.SUCCESS
+    assert retry.tags["dagster/retry_number"] == "1" and retry.tags["dagster/parent_run_id"] == first.run_id
+    assert retry.tags["dagster/is_resume_retry"] == "true" and retry.tags["dagster/partition"] == batch.id
+
+
+def test_serve_stopped_mid_run_then_every_retry_dying_fails_the_batch_with_the_reason(tmp_path):
+    # 5 shards of 2. Under the first serve each engine call takes 8 s: the run outlives serve's grace
+    # period after Ctrl-C and is killed with its process group, code server included.
+    calls = tmp_path / "calls.jsonl"
+    rows = [chat_request(f"r{i}", f"question {i}", max_tokens=4) for i in range(10)]
+    env = {"module": "tests.daemon_defs", "BATCH_SHARD_SIZE": "2", "BATCH_TEST_CALLS": str(calls)}
+    with Serve(tmp_path, **env, BATCH_TEST_CALL_S="8") as serve:
+        batch = serve.create_batch(rows)
+        results = serve.data_dir / "batches" / batch.id / "results"
+        wait_until(lambda: committed_shards(results), 120, serve, "no shard committed")
+    stopped = file_stats(committed_files(results))
+    kept = {x["custom_id"] for p in committed_files(results) if p.name.endswith(".output.jsonl") for x in read_jsonl(p)}
+    calls_before = len(engine_calls(calls))
+    with serve.instance() as instance:
+        [stuck] = batch_runs(instance, batch.id, timeout_s=0)
+    assert stuck.status == dg.DagsterRunStatus.STARTED  # nothing is left that could mark it failed
+
+    # Started again, the status sensor finds the run's code server gone and marks it failed, and Dagster
+    # retries it. Here every retry's worker is killed at its first engine call, until retries run out.
+    with Serve(tmp_path, **env, BATCH_TEST_KILL_ON_CALL="1") as serve:
+        failed = serve.wait_for(batch.id, {"completed", "failed"}, 180)
+        with serve.instance() as instance:
+            runs = batch_runs(instance, batch.id)
+
+    assert [r.status for r in runs] == [dg.DagsterRunStatus.FAILURE] * 3
+    assert [r.tags.get("dagster/retry_number") for r in runs] == [None, "1", "2"]
+    assert [r.tags.get("dagster/will_retry") for r in runs] == ["true", "true", "false"]
+    # The shards committed before serve stopped were kept and never run again.
+    assert file_stats(committed_files(results)) == stopped
+    assert kept and not kept & {cid for c in engine_calls(calls)[calls_before:] for cid in c["custom_ids"]}
+
+    assert failed.status == "failed" and failed.failed_at is not None
+    assert failed.request_counts.model_dump() == {"total": 10, "completed": 2 * len(stopped) // 3, "failed": 0}
+    [error] = failed.errors.data
+    assert error.code == "pipeline_error"
+    assert f"Dagster run {runs[-1].run_id}, retry 2" in error.message and "signal 9 (SIGKILL)" in error.message
