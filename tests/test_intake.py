@@ -270,3 +270,23 @@ def test_drops_on_the_real_engine(tmp_path, bucket):
     answers = lambda lines: {l["custom_id"]: l["response"]["body"]["choices"][0]["message"]["content"] for l in lines}
     assert answers(from_s3) == answers(from_inbox)  # temperature 0, same engine: the same answers
     assert s3_json(bucket, f"results/{s3_batch}/summary.json")["usage"]["output_tokens"] > 0
+
+
+def test_configuration_from_the_environment(tmp_path, monkeypatch):
+    from batch_dagster.resources.intake import intake_from_env
+    from batch_dagster.store import repo
+
+    monkeypatch.setenv("BATCH_DATA_DIR", str(tmp_path / "data"))
+    for name in ("BATCH_S3_BUCKET", "BATCH_INBOX_DIR", "BATCH_OUTBOX_DIR", "BATCH_INTAKE_API_KEY", "BATCH_API_KEYS"):
+        monkeypatch.delenv(name, raising=False)
+    default = intake_from_env()
+    assert (default.s3_bucket, default.s3_prefix, default.s3_output_prefix) == ("", "incoming/", "results/")
+    assert Path(default.inbox_dir) == tmp_path / "data" / "inbox"
+    assert Path(default.outbox_dir) == tmp_path / "data" / "outbox"
+    assert default.owner == repo.ANONYMOUS
+    monkeypatch.setenv("BATCH_API_KEYS", "sk-first,sk-second")
+    assert intake_from_env().owner == repo.owner_of_key("sk-first")  # the API lists them to that key
+    monkeypatch.setenv("BATCH_INTAKE_API_KEY", "sk-second")
+    monkeypatch.setenv("BATCH_S3_BUCKET", "in")
+    configured = intake_from_env()
+    assert configured.owner == repo.owner_of_key("sk-second") and configured.s3_results_uri() == "s3://in/results/"
