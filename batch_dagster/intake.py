@@ -12,6 +12,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
+from typing import TypeVar
 from pathlib import Path
 
 import dagster as dg
@@ -29,14 +30,13 @@ from batch_dagster.store.intake import HEAD_BYTES, DroppedFile, register_batch
 from batch_dagster.store.resource import ApiStore
 
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload")
+T = TypeVar("T")
 
 
 def _tick(context: dg.SensorEvaluationContext, intake: Intake, api_store: ApiStore, storage: BatchStorage,
-          found: Sequence[DroppedFile], *, scheme: str, deliver_to: str, cursor: dict) -> dg.SensorResult:
-    """Register what is new in `found`, request its runs, and request deliveries for ended batches."""
+          new: Sequence[DroppedFile], *, scheme: str, deliver_to: str, cursor: dict) -> dg.SensorResult:
+    """Register the `new` files as batches, request their runs, and request deliveries for ended batches."""
     with api_store.session() as session:
-        known = repo.known_sources(session, [f.source for f in found])
-        new = [f for f in found if (f.source, f.version) not in known][: intake.max_batches_per_tick]
         launched = [
             register_batch(session, storage, f, owner=intake.owner, deliver_to=deliver_to,
                            files_dir=Path(intake.files_dir), completion_window_s=intake.completion_window_s).id
@@ -61,8 +61,18 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, api_store: ApiSto
         run_requests=runs,
         dynamic_partitions_requests=[batches.build_add_request(launched)] if launched else [],
         cursor=json.dumps(cursor),
-        skip_reason=None if runs else f"Nothing new among {len(found)} file(s).",
+        skip_reason=None if runs else "No new complete file, and no ended batch to deliver.",
     )
+
+
+def _unknown(api_store: ApiStore, candidates: list[tuple[str, str, T]]) -> list[T]:
+    """The items of (source, version, item) candidates that have not become batches yet, in order.
+
+    Checked before a file's head is read, so a tick reads nothing of the files it already knows.
+    """
+    with api_store.session() as session:
+        known = repo.known_sources(session, [source for source, _, _ in candidates])
+    return [item for source, version, item in candidates if (source, version) not in known]
 
 
 def list_s3(client, intake: Intake, start_after: str) -> tuple[list[dict], str]:
@@ -98,13 +108,9 @@ def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3
     client = s3.get_client()
     cursor = json.loads(context.cursor or "{}")
     objects, next_start = list_s3(client, intake, cursor.get("start_after", ""))
-    with api_store.session() as session:
-        known = repo.known_sources(session, [s3_uri(intake.s3_bucket, o["Key"]) for o in objects])
     found = []
-    for o in objects:
+    for o in _unknown(api_store, [(s3_uri(intake.s3_bucket, o["Key"]), o["ETag"], o) for o in objects]):
         uri = s3_uri(intake.s3_bucket, o["Key"])
-        if (uri, o["ETag"]) in known:
-            continue
         if len(found) == intake.max_batches_per_tick:
             next_start = found[-1].source.removeprefix(f"s3://{intake.s3_bucket}/")  # the rest next tick
             break
@@ -146,11 +152,16 @@ def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, api_store:
     inbox.mkdir(parents=True, exist_ok=True)
     cursor = json.loads(context.cursor or "{}")
     complete, seen = _complete_inbox_files(inbox, cursor.get("pending", {}), intake.settle_s, time.time())
-    found = []
+    candidates = []
     for entry, st in complete:
+        source, version = Path(entry.path).resolve().as_uri(), f"{st.st_size}:{st.st_mtime_ns}"
+        candidates.append((source, version, (source, version, entry, st)))
+    found = []
+    # Files past this tick's cap stay pending: they are complete, and taken on the next ticks.
+    for source, version, entry, st in _unknown(api_store, candidates)[: intake.max_batches_per_tick]:
         with open(entry.path, "rb") as f:
             head = f.read(HEAD_BYTES)
-        found.append(DroppedFile(source=Path(entry.path).resolve().as_uri(), version=f"{st.st_size}:{st.st_mtime_ns}",
-                                 filename=entry.name, bytes=st.st_size, endpoint=endpoint_of_head(head)))
+        found.append(DroppedFile(source=source, version=version, filename=entry.name, bytes=st.st_size,
+                                 endpoint=endpoint_of_head(head)))
     return _tick(context, intake, api_store, storage, found, scheme="file://",
                  deliver_to=Path(intake.outbox_dir).resolve().as_uri(), cursor={"pending": seen})
