@@ -17,6 +17,11 @@ def _int(name: str, default: int) -> int:
     return int(value) if value else default
 
 
+def api_keys_from_env() -> tuple[str, ...]:
+    """BATCH_API_KEYS: the comma-separated keys of the API (empty: no authentication, loopback only)."""
+    return tuple(k.strip() for k in os.environ.get("BATCH_API_KEYS", "").split(",") if k.strip())
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where data lives, which config files apply, and the batch limits."""

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from batch_dagster.settings import Settings
+from batch_dagster.settings import Settings, api_keys_from_env
 from batch_dagster.store.session import database_url_from_env
 
 log = logging.getLogger("batch_dagster.api")
@@ -29,7 +29,7 @@ class ApiConfig:
     @classmethod
     def from_env(cls) -> ApiConfig:
         settings = Settings.from_env()
-        keys = tuple(k.strip() for k in os.environ.get("BATCH_API_KEYS", "").split(",") if k.strip())
+        keys = api_keys_from_env()
         return cls(
             api_keys=keys,
             database_url=database_url_from_env(settings.data_dir),

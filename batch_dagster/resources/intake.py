@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from batch_dagster.settings import Settings
+from batch_dagster.settings import Settings, api_keys_from_env
 from batch_dagster.store import repo
 
 DAY_S = 24 * 3600
@@ -37,7 +37,7 @@ def intake_from_env() -> Intake:
     BATCH_INTAKE_API_KEY (default: the first of BATCH_API_KEYS; none: the keyless loopback owner)."""
     settings = Settings.from_env()
     inbox = Path(os.environ.get("BATCH_INBOX_DIR") or settings.data_dir / "inbox")
-    keys = [k.strip() for k in os.environ.get("BATCH_API_KEYS", "").split(",") if k.strip()]
+    keys = api_keys_from_env()
     key = os.environ.get("BATCH_INTAKE_API_KEY") or (keys[0] if keys else "")
     return Intake(
         s3_bucket=os.environ.get("BATCH_S3_BUCKET", ""),
