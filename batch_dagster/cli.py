@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import threading
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -48,144 +44,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if report.valid else 1
 
 
-class _Progress(threading.Thread):
-    """A progress bar over the batch's committed shards, read from storage while the run goes on."""
-
-    def __init__(self, storage: Any, batch_id: str, enabled: bool):
-        super().__init__(daemon=True)
-        self.storage, self.batch_id, self.enabled = storage, batch_id, enabled
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        if not self.enabled:
-            return
-        from tqdm import tqdm
-
-        from batch_dagster.batchfile.results import committed_shards
-
-        bar, shown = None, None
-        while not self.stop.wait(0.5):
-            manifest = self.storage.read_json(self.storage.shards_dir(self.batch_id) / "manifest.json")
-            if manifest is None:
-                continue
-            if bar is None:
-                bar = tqdm(total=manifest["total_requests"], unit="req", desc="requests", file=sys.stderr)
-            shards = committed_shards(self.storage.results_dir(self.batch_id))
-            done = sum(s.request_counts.total for s in shards.values())
-            failed = sum(s.request_counts.failed for s in shards.values())
-            live = self.storage.read_json(self.storage.progress_path(self.batch_id))
-            if live is not None and live["shard"] not in shards:
-                done += live["done"]
-            state = (done, failed, len(shards))
-            if state != shown:  # redraw only on change: a log file gets one line per step, not per tick
-                shown = state
-                bar.set_postfix(failed=failed, shards=f"{len(shards)}/{manifest['shard_count']}", refresh=False)
-                bar.update(done - bar.n)
-        if bar is not None:
-            bar.close()
-
-
-def run_batch(
-    file: Path, out_dir: Path, *, show_progress: bool = True, defs: Any = None, instance: Any = None
-) -> dict[str, Any]:
-    """Register a batch partition, materialize its lifecycle through Dagster, copy the files to out_dir.
-
-    `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME).
-    """
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    # vLLM logs to stdout by default; stdout belongs to the results (--json).
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    import dagster as dg
-
-    from batch_dagster.partitions import batches
-
-    if defs is None:
-        from batch_dagster.definitions import defs
-    if instance is None:
-        from batch_dagster.instance import ensure_dagster_home
-
-        ensure_dagster_home()
-        instance = dg.DagsterInstance.get()
-
-    storage = defs.resources["storage"]
-    batch_id = f"batch_{uuid.uuid4().hex}"
-    started = time.perf_counter()
-    storage.put_input(batch_id, file)
-    record = _BatchRecord(defs, storage, batch_id, file)
-    instance.add_dynamic_partitions(batches.name, [batch_id])
-    progress = _Progress(storage, batch_id, show_progress)
-    progress.start()
-    try:
-        result = defs.resolve_job_def("batch_job").execute_in_process(
-            partition_key=batch_id,
-            instance=instance,
-            raise_on_error=False,
-            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-            tags={"batch_id": batch_id, "source": "cli"},
-        )
-    finally:
-        progress.stop.set()
-        progress.join()
-    record.sync(None if result.success else _failure_message(result))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    output_file, error_file = out_dir / "output.jsonl", out_dir / "errors.jsonl"
-    summary = storage.read_json(storage.summary_path(batch_id)) if result.success else None
-    if summary is not None:
-        shutil.copyfile(storage.output_path(batch_id), output_file)
-        shutil.copyfile(storage.error_path(batch_id), error_file)
-        keys = ("batch_id", "status", "model", "endpoint", "request_counts", "usage", "cost", "inference_s",
-                "output_tokens_per_s")
-        summary = {k: summary[k] for k in keys}
-    else:
-        output_file.write_bytes(b"")
-        error_file.write_bytes(b"")
-        validation = storage.read_json(storage.validation_path(batch_id)) or {}
-        errors = validation.get("errors") or [{"code": "pipeline_error", "message": _failure_message(result),
-                                               "line": None, "param": None}]
-        summary = {"batch_id": batch_id, "status": "failed", "model": validation.get("model"),
-                   "endpoint": validation.get("endpoint"), "request_counts": {"total": validation.get("total_requests", 0),
-                   "completed": 0, "failed": 0}, "usage": None, "cost": None, "errors": errors}
-    return summary | {
-        "run_id": result.run_id,
-        "output_file": str(output_file),
-        "error_file": str(error_file),
-        "duration_s": round(time.perf_counter() - started, 3),
-    }
-
-
-class _BatchRecord:
-    """The batch in the API's metadata store, when the definitions have one: the one record of batches
-    (the daily usage report reads it), listed under the owner of dropped files' batches."""
-
-    def __init__(self, defs: Any, storage: Any, batch_id: str, file: Path):
-        from batch_dagster.store import repo
-        from batch_dagster.store.intake import record_local_batch
-
-        self.api_store, self.storage, self.batch_id = defs.resources.get("api_store"), storage, batch_id
-        intake = defs.resources.get("intake")
-        self.owner = intake.owner if intake is not None else repo.ANONYMOUS
-        if self.api_store is not None:
-            with self.api_store.session() as session:
-                record_local_batch(session, storage, batch_id, file, owner=self.owner,
-                                   files_dir=Path(storage.data_dir) / "files")
-
-    def sync(self, run_failure: str | None) -> None:
-        from batch_dagster.store import repo
-        from batch_dagster.store.lifecycle import sync_batch
-
-        if self.api_store is not None:
-            with self.api_store.session() as session:
-                batch = repo.get_batch(session, self.owner, self.batch_id)
-                sync_batch(session, self.storage, batch, run_failure=run_failure)
-
-
-def _failure_message(result: Any) -> str:
-    for event in result.all_events:
-        if event.is_failure and event.step_failure_data is not None:
-            return event.step_failure_data.error.message.strip() if event.step_failure_data.error else "step failed"
-    return "The run failed."
-
-
 def _print_summary(summary: dict[str, Any]) -> None:
     rc = summary["request_counts"]
     print(f"batch {summary['batch_id']}: {summary['status']}")
@@ -204,6 +62,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from batch_dagster.runner import run_batch
+
     summary = run_batch(Path(args.file), Path(args.out), show_progress=not args.json and not args.quiet)
     if args.json:
         _print_json(summary)
@@ -213,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from batch_dagster.demo.report import run_demo
+    from batch_dagster.demo.run import run_demo
 
     return run_demo(Path(args.out))
 
@@ -221,7 +81,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_vllm_server(args: argparse.Namespace) -> int:
     """Start (exec) a vLLM server for a registry model, for `BATCH_ENGINE_MODE=server`."""
     from batch_dagster.engine.server import server_command
-    from batch_dagster.resources.config import resources_from_env
+    from batch_dagster.resources.from_env import resources_from_env
 
     vllm = resources_from_env()["vllm"]
     spec = vllm.spec(args.model)

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from batch_dagster.settings import Settings
+
 log = logging.getLogger("batch_dagster.serve")
 GRACE_S = 20.0
 
@@ -80,8 +82,9 @@ def _workspace_args() -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m batch_dagster.serve", description=__doc__)
-    parser.add_argument("--host", default=os.environ.get("BATCH_API_HOST", "127.0.0.1"), help="the API's address")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("BATCH_API_PORT", "8000")))
+    settings = Settings.from_env()
+    parser.add_argument("--host", default=settings.api_host, help="the API's address")
+    parser.add_argument("--port", type=int, default=settings.api_port)
     parser.add_argument("--dagster-host", default="127.0.0.1", help="the Dagster UI's address")
     parser.add_argument("--dagster-port", type=int, default=3000)
     parser.add_argument("--no-ui", action="store_true", help="run the API and the daemon only")
@@ -93,11 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
-    from batch_dagster.api.config import ApiConfig, UnsafeBind, check_bind
+    from batch_dagster.api.bind import UnsafeBind, check_bind
+    from batch_dagster.api.context import ApiConfig
     from batch_dagster.instance import ensure_dagster_home
     from batch_dagster.store import Store
 
-    config = ApiConfig.from_env()
+    config = ApiConfig.from_settings()
     try:
         check_bind(args.host, config)
     except UnsafeBind:

@@ -1,8 +1,14 @@
-"""Configuration from the environment, in one place, with defaults that work on a laptop."""
+"""The one configuration: every BATCH_* variable, its default and its meaning, and the only reader of them.
+
+`VARIABLES` is the list the docs' configuration tables are generated from
+(`python -m batch_dagster.settings --markdown`); a test checks that every variable the code names is
+in it. Defaults work on a laptop.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,41 +16,178 @@ from batch_dagster.batchfile.contract import Limits
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR / "config"
+DAY_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: its default as text ("" for none) and what it means."""
+
+    name: str
+    default: str
+    meaning: str
+    section: str
+
+
+_L = Limits()
+VARIABLES: tuple[Variable, ...] = (
+    Variable("BATCH_DATA_DIR", "./data", "Where batch folders, uploaded files, reports and (by default) the "
+             "SQLite store and the models live.", "Storage"),
+    Variable("BATCH_MODEL_CACHE", "$BATCH_DATA_DIR/models", "Where embedded models are prepared.", "Storage"),
+    Variable("BATCH_DATABASE_URL", "sqlite:///$BATCH_DATA_DIR/batch-api.db",
+             "The API's metadata store: any SQLAlchemy URL (e.g. postgresql+psycopg://...).", "Storage"),
+    Variable("BATCH_MODELS_FILE", "batch_dagster/config/models.toml", "The model registry.", "Models"),
+    Variable("BATCH_PRICES_FILE", "batch_dagster/config/prices.toml", "The price table (per million tokens, "
+             "batch discount).", "Models"),
+    Variable("BATCH_ENGINE_MODE", "offline", "`offline`: vLLM in the run's process; `server`: OpenAI-compatible "
+             "vLLM servers at BATCH_VLLM_SERVER_URLS.", "Engine"),
+    Variable("BATCH_VLLM_SERVER_URLS", "", "Comma-separated base URLs of vLLM servers (server mode).", "Engine"),
+    Variable("BATCH_VLLM_API_KEY", "", "The key the vLLM servers expect, if any.", "Engine"),
+    Variable("BATCH_VLLM_MAX_CONCURRENCY", "64", "Requests in flight to the servers at once (server mode).",
+             "Engine"),
+    Variable("BATCH_SHARD_SIZE", "1000", "Requests per shard: the unit of commit, resume and progress.",
+             "Limits"),
+    Variable("BATCH_MAX_REQUESTS", str(_L.max_requests), "Requests per input file.", "Limits"),
+    Variable("BATCH_MAX_BYTES", str(_L.max_bytes), "Bytes per input file.", "Limits"),
+    Variable("BATCH_MAX_LINE_BYTES", str(_L.max_line_bytes), "Bytes per input line.", "Limits"),
+    Variable("BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "Largest upload the API accepts (413 past it).", "API"),
+    Variable("BATCH_COMPLETION_WINDOW_S", str(DAY_S), "Seconds after creation at which a batch expires "
+             "(API and drop-folder batches).", "API"),
+    Variable("BATCH_API_KEYS", "", "Comma-separated API keys; unset: no authentication, loopback only.", "API"),
+    Variable("BATCH_API_HOST", "127.0.0.1", "The address `make serve` binds the API to.", "API"),
+    Variable("BATCH_API_PORT", "8000", "The API's port under `make serve`.", "API"),
+    Variable("BATCH_S3_BUCKET", "", "The bucket the S3 drop sensor watches; unset: the sensor is off.",
+             "Drop folders"),
+    Variable("BATCH_S3_PREFIX", "incoming/", "Where in the bucket new .jsonl files are picked up.", "Drop folders"),
+    Variable("BATCH_S3_OUTPUT_PREFIX", "results/", "Where results go: <prefix><batch_id>/ in the same bucket.",
+             "Drop folders"),
+    Variable("BATCH_INBOX_DIR", "$BATCH_DATA_DIR/inbox", "The local inbox folder the inbox sensor watches.",
+             "Drop folders"),
+    Variable("BATCH_OUTBOX_DIR", "the inbox's sibling outbox/", "Where the inbox's results go: "
+             "<outbox>/<batch_id>/.", "Drop folders"),
+    Variable("BATCH_INTAKE_API_KEY", "the first of BATCH_API_KEYS", "The key whose owner dropped files' batches "
+             "are listed under in the API.", "Drop folders"),
+)
+_BY_NAME = {v.name: v for v in VARIABLES}
+
+
+def is_set(name: str) -> bool:
+    """Whether the variable has a non-empty value in the environment."""
+    return bool(_raw(name))
+
+
+def _raw(name: str) -> str:
+    if name not in _BY_NAME:
+        raise KeyError(f"{name} is not a documented variable (add it to settings.VARIABLES)")
+    return os.environ.get(name, "").strip()
 
 
 def _int(name: str, default: int) -> int:
-    value = os.environ.get(name)
+    value = _raw(name)
     return int(value) if value else default
 
 
-def api_keys_from_env() -> tuple[str, ...]:
-    """BATCH_API_KEYS: the comma-separated keys of the API (empty: no authentication, loopback only)."""
-    return tuple(k.strip() for k in os.environ.get("BATCH_API_KEYS", "").split(",") if k.strip())
+def _list(name: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in _raw(name).split(",") if part.strip())
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Where data lives, which config files apply, and the batch limits."""
+    """Every setting, typed, as the environment gives it now."""
 
     data_dir: Path
     model_cache_dir: Path
+    database_url: str
     models_file: Path
     prices_file: Path
-    limits: Limits
+    engine_mode: str
+    vllm_server_urls: tuple[str, ...]
+    vllm_api_key: str | None
+    vllm_max_concurrency: int
     shard_size: int
+    limits: Limits
+    max_upload_bytes: int
+    completion_window_s: int
+    api_keys: tuple[str, ...]
+    api_host: str
+    api_port: int
+    s3_bucket: str
+    s3_prefix: str
+    s3_output_prefix: str
+    inbox_dir: Path
+    outbox_dir: Path
+    intake_api_key: str
+
+    @property
+    def files_dir(self) -> Path:
+        """Where uploaded and dropped files' bytes are kept."""
+        return self.data_dir / "files"
 
     @classmethod
     def from_env(cls) -> Settings:
-        data_dir = Path(os.environ.get("BATCH_DATA_DIR") or Path.cwd() / "data").resolve()
+        data_dir = Path(_raw("BATCH_DATA_DIR") or Path.cwd() / "data").resolve()
+        limits = Limits(
+            max_requests=_int("BATCH_MAX_REQUESTS", _L.max_requests),
+            max_bytes=_int("BATCH_MAX_BYTES", _L.max_bytes),
+            max_line_bytes=_int("BATCH_MAX_LINE_BYTES", _L.max_line_bytes),
+        )
+        inbox = Path(_raw("BATCH_INBOX_DIR") or data_dir / "inbox")
+        keys = _list("BATCH_API_KEYS")
         return cls(
             data_dir=data_dir,
-            model_cache_dir=Path(os.environ.get("BATCH_MODEL_CACHE") or data_dir / "models"),
-            models_file=Path(os.environ.get("BATCH_MODELS_FILE") or CONFIG_DIR / "models.toml"),
-            prices_file=Path(os.environ.get("BATCH_PRICES_FILE") or CONFIG_DIR / "prices.toml"),
-            limits=Limits(
-                max_requests=_int("BATCH_MAX_REQUESTS", Limits.max_requests),
-                max_bytes=_int("BATCH_MAX_BYTES", Limits.max_bytes),
-                max_line_bytes=_int("BATCH_MAX_LINE_BYTES", Limits.max_line_bytes),
-            ),
+            model_cache_dir=Path(_raw("BATCH_MODEL_CACHE") or data_dir / "models"),
+            database_url=_raw("BATCH_DATABASE_URL") or f"sqlite:///{data_dir / 'batch-api.db'}",
+            models_file=Path(_raw("BATCH_MODELS_FILE") or CONFIG_DIR / "models.toml"),
+            prices_file=Path(_raw("BATCH_PRICES_FILE") or CONFIG_DIR / "prices.toml"),
+            engine_mode=_raw("BATCH_ENGINE_MODE") or "offline",
+            vllm_server_urls=_list("BATCH_VLLM_SERVER_URLS"),
+            vllm_api_key=_raw("BATCH_VLLM_API_KEY") or None,
+            vllm_max_concurrency=_int("BATCH_VLLM_MAX_CONCURRENCY", 64),
             shard_size=_int("BATCH_SHARD_SIZE", 1000),
+            limits=limits,
+            max_upload_bytes=_int("BATCH_MAX_UPLOAD_BYTES", limits.max_bytes),
+            completion_window_s=_int("BATCH_COMPLETION_WINDOW_S", DAY_S),
+            api_keys=keys,
+            api_host=_raw("BATCH_API_HOST") or "127.0.0.1",
+            api_port=_int("BATCH_API_PORT", 8000),
+            s3_bucket=_raw("BATCH_S3_BUCKET"),
+            s3_prefix=_raw("BATCH_S3_PREFIX") or "incoming/",
+            s3_output_prefix=_raw("BATCH_S3_OUTPUT_PREFIX") or "results/",
+            inbox_dir=inbox,
+            outbox_dir=Path(_raw("BATCH_OUTBOX_DIR") or inbox.parent / "outbox"),
+            intake_api_key=_raw("BATCH_INTAKE_API_KEY") or (keys[0] if keys else ""),
         )
+
+
+def markdown() -> str:
+    """The configuration tables of docs/configuration.md, one per section."""
+    out: list[str] = []
+    for section in dict.fromkeys(v.section for v in VARIABLES):
+        out += [f"### {section}", "", "| variable | default | meaning |", "|---|---|---|"]
+        for v in VARIABLES:
+            if v.section == section:
+                default = v.default if v.default.startswith("the ") else f"`{v.default}`" if v.default else "(unset)"
+                out.append(f"| `{v.name}` | {default} | {v.meaning} |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+BEGIN, END = "<!-- BEGIN GENERATED: settings -->", "<!-- END GENERATED: settings -->"
+
+
+def with_tables(doc: str) -> str:
+    """`doc` with the text between its BEGIN and END markers replaced by `markdown()`."""
+    head, _, rest = doc.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    return f"{head}{BEGIN}\n{markdown()}{END}{tail}"
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args == ["--markdown"]:
+        sys.stdout.write(markdown())
+    elif len(args) == 2 and args[0] == "--update":
+        doc = Path(args[1])
+        doc.write_text(with_tables(doc.read_text(encoding="utf-8")), encoding="utf-8")
+    else:
+        sys.exit("usage: python -m batch_dagster.settings --markdown | --update docs/configuration.md")

@@ -205,6 +205,8 @@ def _dagster_timeline(home: Path, launched_at: float) -> dict[str, Any]:
 
 def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
     """`batch-dagster run FILE --out DIR --json`, through Dagster, in a fresh DAGSTER_HOME and data dir."""
+    from batch_dagster.batchfile.folder import BatchFolder, batch_ids
+    from batch_dagster.batchfile.storage import LocalStorage
     from batch_dagster.settings import Settings
 
     base = ctx["work"] / "pipeline"
@@ -223,10 +225,12 @@ def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
              follow_glob=str(home / "storage" / "*" / "compute_logs" / "*"),
              done_when=lambda printed: any(line == "}" and src == "out" for _, line, src in printed[-50:]),
              exit_grace_s=float(os.environ.get("BENCH_EXIT_GRACE_S") or 60))
-    summaries = glob.glob(str(data / "batches" / "*" / "summary.json"))
-    if len(summaries) != 1:
-        raise StageFailed(f"pipeline: expected one summary.json, found {summaries}:\n{m.tail()}")
-    summary = json.loads(Path(summaries[0]).read_text())
+    storage = LocalStorage(data)
+    ids = batch_ids(storage)
+    done = [BatchFolder(storage, batch_id).summary() for batch_id in ids]
+    if len(done) != 1 or done[0] is None:
+        raise StageFailed(f"pipeline: expected one finished batch, found {ids}:\n{m.tail()}")
+    summary = done[0].to_dict()
     timeline = _dagster_timeline(home, m.launched_at)
     step = timeline["steps"].get("shard_results")
     if not step:
@@ -313,7 +317,7 @@ def git_state() -> str | None:
 
 
 def main() -> None:
-    from batch_dagster.resources.config import resources_from_env
+    from batch_dagster.resources.from_env import resources_from_env
 
     n = int(os.environ.get("BENCH_REQUESTS") or 5000)
     model = os.environ.get("BENCH_MODEL") or "smollm2-135m-instruct"

@@ -8,7 +8,8 @@ import logging
 import uvicorn
 
 from .app import create_app
-from .config import ApiConfig, check_bind
+from .bind import check_bind
+from .context import ApiConfig
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -18,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    config = ApiConfig.from_env()
+    config = ApiConfig.from_settings()
     check_bind(args.host, config)
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="info")
 

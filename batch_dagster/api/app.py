@@ -9,14 +9,13 @@ from fastapi import FastAPI
 from batch_dagster.store import repo
 
 from . import batches, errors, files
-from .config import ApiConfig
-from .deps import AppContext
+from .context import ApiConfig, AppContext
 from .uploads import MULTIPART_SLACK, UploadSizeLimit
 
 
 def create_app(config: ApiConfig | None = None) -> FastAPI:
     """Build the app; the store's schema is upgraded to head here, before the first request."""
-    config = config or ApiConfig.from_env()
+    config = config or ApiConfig.from_settings()
     context = AppContext.build(config)
     context.store.upgrade()
     with context.store.session() as session:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from batch_dagster.batchfile.contract import ENDPOINTS
+from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.store import TERMINAL, BatchRecord, repo
+from batch_dagster.store.batches import OUTPUT_EXPIRES_AFTER_S, create_batch
 from batch_dagster.store.lifecycle import sync_batch
 
 from .deps import Context, DbSession, Owner
@@ -65,21 +66,11 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
         raise invalid(f"File {source.id} has purpose {source.purpose!r}; a batch needs a file uploaded with "
                       "purpose 'batch'.", param="input_file_id", code="invalid_input_file")
 
-    batch_id = repo.new_batch_id()
-    started = time.time()
-    deadline = started + ctx.config.completion_window_s
-    # The input and the deadline are in place before the row exists, so the sensor never sees half a batch.
-    ctx.storage.put_input(batch_id, Path(source.path))
-    ctx.storage.set_deadline(batch_id, deadline)
-    ctx.storage.set_endpoint(batch_id, body.endpoint)  # validation reports every line with another url
-    row = BatchRecord(
-        id=batch_id, owner=owner, endpoint=body.endpoint, input_file_id=source.id,
-        completion_window=body.completion_window, status="validating", created_at=int(started),
-        expires_at=int(deadline), meta=body.metadata,
-        output_expires_after=body.output_expires_after.seconds if body.output_expires_after else None,
+    row = create_batch(
+        session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source, input_from=Path(source.path),
+        completion_window_s=ctx.config.completion_window_s, metadata=body.metadata,
+        output_expires_after=body.output_expires_after.seconds if body.output_expires_after else OUTPUT_EXPIRES_AFTER_S,
     )
-    session.add(row)
-    session.commit()
     return batch_object(row)
 
 
@@ -121,6 +112,6 @@ def cancel_batch(batch_id: str, ctx: Context, session: DbSession, owner: Owner) 
                       param="batch_id", code="batch_not_cancellable")
     if row.status != "cancelling":
         # The stop file first: once the status says cancelling, the pipeline must already see it.
-        ctx.storage.request_stop(batch_id, "cancelled")
+        BatchFolder(ctx.storage, batch_id).request_stop("cancelled")
         repo.request_cancel(session, row)
     return batch_object(sync_batch(session, ctx.storage, row))

@@ -4,32 +4,15 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from batch_dagster.resources.storage import BatchStorage
-from batch_dagster.store import Store
-from batch_dagster.store.repo import ANONYMOUS, owner_of_key
+from batch_dagster.store.repo import ANONYMOUS
 
-from .config import ApiConfig
+from .context import AppContext
 from .errors import ApiError
-
-
-@dataclass
-class AppContext:
-    config: ApiConfig
-    store: Store
-    storage: BatchStorage
-    owners: dict[str, str]  # api key -> owner
-
-    @classmethod
-    def build(cls, config: ApiConfig) -> AppContext:
-        store = Store(config.database_url)
-        return cls(config, store, BatchStorage(data_dir=str(config.data_dir)),
-                   {key: owner_of_key(key) for key in config.api_keys})
 
 
 def get_context(request: Request) -> AppContext:

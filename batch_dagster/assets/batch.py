@@ -4,13 +4,8 @@ Every asset is partitioned by batch and idempotent: a re-run reuses what is alre
 (a committed shard is never recomputed) and rewrites merged files whole.
 """
 
-
 import hashlib
-import os
-import signal
-import threading
 import time
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -21,19 +16,19 @@ import pyarrow.parquet as pq
 from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.columnar import custom_ids, read_shard, shard_path, validate_to_parquet, write_shards
+from batch_dagster.batchfile.columnar import custom_ids, read_shard, validate_to_parquet, write_shards
+from batch_dagster.batchfile.folder import BatchFolder, Manifest, Merged, Progress, Source, Summary, Validation
 from batch_dagster.batchfile.registry import served_endpoints
 from batch_dagster.batchfile.results import commit_shard, committed_shards, merge
-from batch_dagster.batchfile.usage import Usage, cost_of, load_price_table
+from batch_dagster.batchfile.usage import Usage, cost_of
+from batch_dagster.dagster_internals import dies_with_its_run
 from batch_dagster.engine.base import EngineCrash
 from batch_dagster.partitions import batches
-from batch_dagster.resources import BatchStorage, VLLMResource
+from batch_dagster.resources import BatchStorage, PipelineConfig, VLLMResource
 from batch_dagster.resources.transfer import fetch
-from batch_dagster.settings import Settings
 
 GROUP = "batch_lifecycle"
 INFERENCE_RETRIES = 2
-RUN_WATCH_S = 2.0
 
 
 def _now() -> str:
@@ -50,14 +45,14 @@ def _md_table(rows: list[dict[str, Any]]) -> dg.MetadataValue:
     return dg.MetadataValue.md("\n".join(lines))
 
 
-def _fetch_dropped_file(context: dg.AssetExecutionContext, storage: BatchStorage, batch_id: str,
-                        source: dict[str, str], s3: S3Resource) -> None:
+def _fetch_dropped_file(context: dg.AssetExecutionContext, folder: BatchFolder, source: Source,
+                        s3: S3Resource) -> None:
     """Bring a file dropped in S3 or the inbox to its File's path, then into the batch's folder."""
-    file_path = Path(source["file_path"])
+    file_path = Path(source.file_path)
     started = time.perf_counter()
-    size = fetch(source["uri"], file_path, s3.get_client)
-    context.log.info(f"Fetched {source['uri']} ({size} bytes) in {time.perf_counter() - started:.1f}s")
-    storage.put_input(batch_id, file_path)
+    size = fetch(source.uri, file_path, s3.get_client)
+    context.log.info(f"Fetched {source.uri} ({size} bytes) in {time.perf_counter() - started:.1f}s")
+    folder.put_input(file_path)
 
 
 @dg.asset(
@@ -67,12 +62,12 @@ def _fetch_dropped_file(context: dg.AssetExecutionContext, storage: BatchStorage
     description="The batch's input file as uploaded, or fetched from the bucket or inbox it was dropped in.",
 )
 def batch_input(context: dg.AssetExecutionContext, storage: BatchStorage, s3: S3Resource) -> dg.MaterializeResult:
-    batch_id = context.partition_key
-    path = storage.input_path(batch_id)
-    source = storage.source(batch_id)
-    if not path.exists() and source is not None:
-        _fetch_dropped_file(context, storage, batch_id, source, s3)
-    if not path.exists():
+    folder = storage.folder(context.partition_key)
+    path = folder.input_path
+    source = folder.source()
+    if not folder.has_input() and source is not None:
+        _fetch_dropped_file(context, folder, source, s3)
+    if not folder.has_input():
         raise dg.Failure(f"No input file at {path}.", allow_retries=False)
     h = hashlib.sha256()
     lines = 0
@@ -95,22 +90,21 @@ def batch_input(context: dg.AssetExecutionContext, storage: BatchStorage, s3: S3
     description="The validated requests, one row per request (Parquet); an invalid file fails the batch.",
 )
 def validated_requests(
-    context: dg.AssetExecutionContext, storage: BatchStorage, vllm: VLLMResource
+    context: dg.AssetExecutionContext, storage: BatchStorage, pipeline: PipelineConfig, vllm: VLLMResource
 ) -> dg.MaterializeResult:
-    batch_id = context.partition_key
-    settings = Settings.from_env()
-    out = storage.requests_path(batch_id)
+    folder = storage.folder(context.partition_key)
+    out = folder.requests_path
     started = time.perf_counter()
     report = validate_to_parquet(
-        storage.input_path(batch_id),
+        folder.input_path,
         out,
-        limits=settings.limits,
-        endpoint=storage.endpoint(batch_id),
+        limits=pipeline.limits,
+        endpoint=folder.endpoint(),
         models=served_endpoints(vllm.registry()),
     )
     elapsed = time.perf_counter() - started
-    size = storage.input_path(batch_id).stat().st_size
-    storage.write_json(storage.validation_path(batch_id), report.to_dict() | {"validated_at": _now()})
+    size = folder.input_path.stat().st_size
+    folder.write_validation(Validation(**report.to_dict(), validated_at=_now()))
     if not report.valid:
         first = report.errors[0]
         raise dg.Failure(
@@ -143,29 +137,24 @@ def validated_requests(
     deps=[validated_requests],
     description="Requests cut into shards: shared prefixes and similar lengths together.",
 )
-def batch_shards(context: dg.AssetExecutionContext, storage: BatchStorage) -> dg.MaterializeResult:
-    batch_id = context.partition_key
-    shards_dir = storage.shards_dir(batch_id)
-    manifest_path = shards_dir / "manifest.json"
-    manifest = storage.read_json(manifest_path)
+def batch_shards(
+    context: dg.AssetExecutionContext, storage: BatchStorage, pipeline: PipelineConfig
+) -> dg.MaterializeResult:
+    folder = storage.folder(context.partition_key)
+    manifest = folder.manifest()
     if manifest is not None:
         # Results may already be committed against this plan: never re-cut it.
-        context.log.info(f"Reusing the {manifest['shard_count']} shards already planned")
-        return dg.MaterializeResult(metadata={"shard_count": manifest["shard_count"], "status": "cached"})
-    validation = storage.read_json(storage.validation_path(batch_id))
-    shard_size = Settings.from_env().shard_size
-    sizes = write_shards(storage.requests_path(batch_id), shards_dir, shard_size)
-    manifest = {
-        "batch_id": batch_id,
-        "endpoint": validation["endpoint"],
-        "model": validation["model"],
-        "total_requests": sum(sizes),
-        "shard_size": shard_size,
-        "shard_count": len(sizes),
-        "shard_sizes": sizes,
-    }
+        context.log.info(f"Reusing the {manifest.shard_count} shards already planned")
+        return dg.MaterializeResult(metadata={"shard_count": manifest.shard_count, "status": "cached"})
+    validation = folder.validation()
+    assert validation is not None and validation.model and validation.endpoint  # validated_requests ran
+    shard_size = pipeline.shard_size
+    sizes = write_shards(folder.requests_path, folder.shards_dir, shard_size)
     # The manifest is written last: it is what marks the shards as planned and complete.
-    storage.write_json(manifest_path, manifest)
+    folder.write_manifest(Manifest(
+        batch_id=folder.batch_id, endpoint=validation.endpoint, model=validation.model, total_requests=sum(sizes),
+        shard_size=shard_size, shard_count=len(sizes), shard_sizes=sizes,
+    ))
     context.log.info(f"{sum(sizes)} requests in {len(sizes)} shards of up to {shard_size}")
     return dg.MaterializeResult(
         metadata={"shard_count": len(sizes), "shard_size": shard_size, "largest_shard": max(sizes)}
@@ -175,9 +164,8 @@ def batch_shards(context: dg.AssetExecutionContext, storage: BatchStorage) -> dg
 class _ShardProgress:
     """Counts a shard's finished requests and writes them to storage at most once a second."""
 
-    def __init__(self, storage: BatchStorage, batch_id: str, index: int, size: int):
-        self.path, self.index, self.size = storage.progress_path(batch_id), index, size
-        self.storage = storage
+    def __init__(self, folder: BatchFolder, index: int, size: int):
+        self.folder, self.index, self.size = folder, index, size
         self.done = 0
         self.written_at = 0.0
 
@@ -186,31 +174,7 @@ class _ShardProgress:
         now = time.monotonic()
         if now - self.written_at >= 1.0 or self.done == self.size:
             self.written_at = now
-            self.storage.write_json(self.path, {"shard": self.index, "done": self.done})
-
-
-@contextmanager
-def _dies_with_its_run(context: dg.AssetExecutionContext):
-    """Within this block, the process is killed if its run is marked finished (failed) meanwhile.
-
-    When a run worker is killed, its step process lives on as an orphan, inferring and committing
-    shards, while the run retry starts a new run (and a second engine) on the same shards. The code
-    server marks the dead worker's run failed within a second; the orphan then dies too.
-    """
-    stop = threading.Event()
-    instance, run_id = context.instance, context.run.run_id
-
-    def watch() -> None:
-        while not stop.wait(RUN_WATCH_S):
-            run = instance.get_run_by_id(run_id)
-            if run is not None and run.is_finished:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, daemon=True, name="run-watch").start()
-    try:
-        yield
-    finally:
-        stop.set()
+            self.folder.write_progress(Progress(self.index, self.done))
 
 
 def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) -> list[dict[str, Any]]:
@@ -230,13 +194,12 @@ def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) 
 def shard_results(
     context: dg.AssetExecutionContext, storage: BatchStorage, vllm: VLLMResource
 ) -> dg.MaterializeResult:
-    batch_id = context.partition_key
-    manifest = storage.read_json(storage.shards_dir(batch_id) / "manifest.json")
-    results_dir = storage.results_dir(batch_id)
-    done = committed_shards(results_dir)
-    todo = [i for i in range(manifest["shard_count"]) if i not in done]
+    folder = storage.folder(context.partition_key)
+    manifest = _manifest(folder)
+    done = committed_shards(folder.results_dir)
+    todo = [i for i in range(manifest.shard_count) if i not in done]
     context.log.info(
-        f"{len(done)} of {manifest['shard_count']} shards already committed; running {len(todo)} "
+        f"{len(done)} of {manifest.shard_count} shards already committed; running {len(todo)} "
         f"(attempt {context.retry_number + 1})"
     )
     engine = None  # built at the first shard that runs: a stopped batch never loads the model
@@ -244,27 +207,26 @@ def shard_results(
     ran_requests = 0
     ran_tokens = 0
     stopped = None
-    with _dies_with_its_run(context):
+    with dies_with_its_run(context):
         for index in todo:
-            stopped = storage.stop_reason(batch_id)
+            stopped = folder.stop_reason()
             if stopped:
                 context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
                 break
-            requests = read_shard(shard_path(storage.shards_dir(batch_id), index))
-            engine = engine or vllm.engine(manifest["model"])
+            requests = read_shard(folder.shard_path(index))
+            engine = engine or vllm.engine(manifest.model)
             t0 = time.perf_counter()
             try:
-                progress = _ShardProgress(storage, batch_id, index, len(requests))
-                lines = engine.run(manifest["endpoint"], requests, on_progress=progress)
+                lines = engine.run(manifest.endpoint, requests, on_progress=_ShardProgress(folder, index, len(requests)))
             except EngineCrash as exc:
-                vllm.reset(manifest["model"])
+                vllm.reset(manifest.model)
                 if context.retry_number < INFERENCE_RETRIES:
                     context.log.error(f"Shard {index}: engine crashed ({exc}); the step will retry")
                     raise
                 context.log.error(f"Shard {index}: engine crashed on the last attempt; its requests become errors")
                 lines = engine_error_lines(requests, str(exc))
-                engine = vllm.engine(manifest["model"])
-            summary = commit_shard(results_dir, index, lines, time.perf_counter() - t0)
+                engine = vllm.engine(manifest.model)
+            summary = commit_shard(folder.results_dir, index, lines, time.perf_counter() - t0)
             ran_requests += summary.request_counts.total
             ran_tokens += summary.usage.output_tokens
             context.log.info(
@@ -272,7 +234,7 @@ def shard_results(
                 f"{summary.usage.output_tokens} output tokens in {summary.duration_s:.1f}s"
             )
     elapsed = time.perf_counter() - started
-    all_done = committed_shards(results_dir)
+    all_done = committed_shards(folder.results_dir)
     completed = sum(s.request_counts.completed for s in all_done.values())
     failed = sum(s.request_counts.failed for s in all_done.values())
     return dg.MaterializeResult(
@@ -289,6 +251,13 @@ def shard_results(
     )
 
 
+def _manifest(folder: BatchFolder) -> Manifest:
+    manifest = folder.manifest()
+    if manifest is None:
+        raise dg.Failure(f"{folder.batch_id} has no shard manifest: batch_shards has not run.", allow_retries=False)
+    return manifest
+
+
 @dg.asset(
     partitions_def=batches,
     group_name=GROUP,
@@ -297,32 +266,24 @@ def shard_results(
     description="The merged output file and error file, in the OpenAI Batch format.",
 )
 def batch_output_files(context: dg.AssetExecutionContext, storage: BatchStorage) -> dg.MaterializeResult:
-    batch_id = context.partition_key
-    manifest = storage.read_json(storage.shards_dir(batch_id) / "manifest.json")
-    results_dir = storage.results_dir(batch_id)
-    missing = [i for i in range(manifest["shard_count"]) if i not in committed_shards(results_dir)]
-    stopped = storage.stop_reason(batch_id) if missing else None
-    not_run = []
+    folder = storage.folder(context.partition_key)
+    manifest = _manifest(folder)
+    missing = [i for i in range(manifest.shard_count) if i not in committed_shards(folder.results_dir)]
+    stopped = folder.stop_reason() if missing else None
+    not_run: Any = []
     if stopped:
         # The requests of shards that never ran still get a line each: nothing is dropped.
         code = c.BATCH_CANCELLED if stopped == "cancelled" else c.BATCH_EXPIRED
         message = f"The batch was {stopped} before this request ran."
-        not_run = (
-            c.not_run_line(cid, code, message)
-            for i in missing
-            for cid in custom_ids(shard_path(storage.shards_dir(batch_id), i))
-        )
+        not_run = (c.not_run_line(cid, code, message) for i in missing for cid in custom_ids(folder.shard_path(i)))
     result = merge(
-        results_dir, manifest["shard_count"], storage.output_path(batch_id), storage.error_path(batch_id),
+        folder.results_dir, manifest.shard_count, folder.output_path, folder.error_path,
         not_run=not_run, missing_ok=bool(stopped),
     )
-    storage.write_json(
-        storage.batch_dir(batch_id) / "merged.json",
-        {"status": stopped or "completed", "request_counts": result.request_counts.to_dict(),
-         "usage": result.usage.to_dict(), "error_codes": result.error_codes},
-    )
+    folder.write_merged(Merged(status=stopped or "completed", request_counts=result.request_counts.to_dict(),
+                               usage=result.usage.to_dict(), error_codes=result.error_codes))
     preview = []
-    with open(storage.output_path(batch_id), "rb") as f:
+    with open(folder.output_path, "rb") as f:
         for raw, _ in zip(f, range(3)):
             line = orjson.loads(raw)
             body = line["response"]["body"]
@@ -331,8 +292,8 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: BatchStorage)
             preview.append({"custom_id": line["custom_id"], "answer": text or f"[{body.get('object')}]"})
     return dg.MaterializeResult(
         metadata={
-            "output_file": dg.MetadataValue.path(str(storage.output_path(batch_id))),
-            "error_file": dg.MetadataValue.path(str(storage.error_path(batch_id))),
+            "output_file": dg.MetadataValue.path(str(folder.output_path)),
+            "error_file": dg.MetadataValue.path(str(folder.error_path)),
             "completed": result.request_counts.completed,
             "failed": result.request_counts.failed,
             "error_codes": dg.MetadataValue.json(result.error_codes),
@@ -349,34 +310,34 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: BatchStorage)
     description="Token usage and cost of the batch (successful requests only), and how it ran.",
 )
 def batch_usage(
-    context: dg.AssetExecutionContext, storage: BatchStorage, vllm: VLLMResource
+    context: dg.AssetExecutionContext, storage: BatchStorage, pipeline: PipelineConfig, vllm: VLLMResource
 ) -> dg.MaterializeResult:
-    batch_id = context.partition_key
-    settings = Settings.from_env()
-    manifest = storage.read_json(storage.shards_dir(batch_id) / "manifest.json")
-    merged = storage.read_json(storage.batch_dir(batch_id) / "merged.json")
-    usage = Usage.from_dict(merged["usage"])
-    prices = load_price_table(settings.prices_file)
-    cost = cost_of(usage, manifest["model"], prices)
-    shards = committed_shards(storage.results_dir(batch_id))
-    inference_s = sum(s.duration_s for s in shards.values())
-    summary = {
-        "batch_id": batch_id,
-        "status": merged["status"],
-        "endpoint": manifest["endpoint"],
-        "model": manifest["model"],
-        "request_counts": merged["request_counts"],
-        "usage": usage.to_dict(),
-        "cost": cost.to_dict(),
-        "error_codes": merged["error_codes"],
-        "inference_s": round(inference_s, 3),
-        "output_tokens_per_s": round(usage.output_tokens / inference_s, 1) if inference_s else 0.0,
-        "record": vllm.model_record(manifest["model"]),
-        "output_file": str(storage.output_path(batch_id)),
-        "error_file": str(storage.error_path(batch_id)),
-        "completed_at": _now(),
-    }
-    storage.write_json(storage.summary_path(batch_id), summary)
+    folder = storage.folder(context.partition_key)
+    manifest = _manifest(folder)
+    merged = folder.merged()
+    if merged is None:
+        raise dg.Failure(f"{folder.batch_id} has no merged files: batch_output_files has not run.",
+                         allow_retries=False)
+    usage = Usage.from_dict(merged.usage)
+    cost = cost_of(usage, manifest.model, pipeline.prices())
+    inference_s = sum(s.duration_s for s in committed_shards(folder.results_dir).values())
+    summary = Summary(
+        batch_id=folder.batch_id,
+        status=merged.status,
+        endpoint=manifest.endpoint,
+        model=manifest.model,
+        request_counts=merged.request_counts,
+        usage=usage.to_dict(),
+        cost=cost.to_dict(),
+        error_codes=merged.error_codes,
+        inference_s=round(inference_s, 3),
+        output_tokens_per_s=round(usage.output_tokens / inference_s, 1) if inference_s else 0.0,
+        record=vllm.model_record(manifest.model),
+        output_file=str(folder.output_path),
+        error_file=str(folder.error_path),
+        completed_at=_now(),
+    )
+    folder.write_summary(summary)
     context.log.info(
         f"{usage.input_tokens} input + {usage.output_tokens} output tokens; cost {cost.total_cost} {cost.currency}"
     )
@@ -387,12 +348,12 @@ def batch_usage(
             "total_tokens": usage.total_tokens,
             "cost": cost.total_cost,
             "currency": cost.currency,
-            "output_tokens_per_s": summary["output_tokens_per_s"],
-            "inference_s": summary["inference_s"],
-            "model_revision": summary["record"]["revision"],
-            "vllm_version": summary["record"]["vllm_version"],
-            "engine": dg.MetadataValue.json(summary["record"]),
-            "cost_detail": dg.MetadataValue.json(summary["cost"]),
+            "output_tokens_per_s": summary.output_tokens_per_s,
+            "inference_s": summary.inference_s,
+            "model_revision": summary.record["revision"],
+            "vllm_version": summary.record["vllm_version"],
+            "engine": dg.MetadataValue.json(summary.record),
+            "cost_detail": dg.MetadataValue.json(summary.cost),
         }
     )
 

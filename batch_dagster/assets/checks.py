@@ -21,7 +21,7 @@ warnings.filterwarnings("ignore", category=dg.PreviewWarning, message=".*partiti
 @dg.asset_check(asset=validated_requests, partitions_def=batches, blocking=True)
 def unique_custom_ids(context: dg.AssetCheckExecutionContext, storage: BatchStorage) -> dg.AssetCheckResult:
     """No custom_id appears twice among the validated requests."""
-    ids = pq.read_table(storage.requests_path(context.partition_key), columns=["custom_id"])["custom_id"]
+    ids = pq.read_table(storage.folder(context.partition_key).requests_path, columns=["custom_id"])["custom_id"]
     distinct = pc.count_distinct(ids).as_py()
     return dg.AssetCheckResult(passed=distinct == len(ids), metadata={"requests": len(ids), "distinct": distinct})
 
@@ -29,11 +29,9 @@ def unique_custom_ids(context: dg.AssetCheckExecutionContext, storage: BatchStor
 @dg.asset_check(asset=batch_output_files, partitions_def=batches, blocking=True)
 def every_custom_id_exactly_once(context: dg.AssetCheckExecutionContext, storage: BatchStorage) -> dg.AssetCheckResult:
     """Every input custom_id is in the output file or the error file, exactly once, and nothing else is."""
-    batch_id = context.partition_key
-    expected = pq.read_table(storage.requests_path(batch_id), columns=["custom_id"])["custom_id"].to_pylist()
-    seen = Counter(
-        line["custom_id"] for path in (storage.output_path(batch_id), storage.error_path(batch_id)) for line in iter_lines(path)
-    )
+    folder = storage.folder(context.partition_key)
+    expected = pq.read_table(folder.requests_path, columns=["custom_id"])["custom_id"].to_pylist()
+    seen = Counter(line["custom_id"] for path in (folder.output_path, folder.error_path) for line in iter_lines(path))
     missing = [cid for cid in expected if cid not in seen]
     duplicated = [cid for cid, n in seen.items() if n > 1]
     unexpected = len(set(seen) - set(expected))
@@ -53,11 +51,12 @@ def every_custom_id_exactly_once(context: dg.AssetCheckExecutionContext, storage
 @dg.asset_check(asset=batch_usage, partitions_def=batches)
 def usage_equals_output_lines(context: dg.AssetCheckExecutionContext, storage: BatchStorage) -> dg.AssetCheckResult:
     """The batch's usage totals equal the sums over the output file's lines."""
-    batch_id = context.partition_key
+    folder = storage.folder(context.partition_key)
     summed = Usage()
-    for line in iter_lines(storage.output_path(batch_id)):
+    for line in iter_lines(folder.output_path):
         summed.add_body(line["response"]["body"])
-    recorded = (storage.read_json(storage.summary_path(batch_id)) or {}).get("usage", {})
+    summary = folder.summary()
+    recorded = summary.usage if summary else {}
     return dg.AssetCheckResult(
         passed=summed.to_dict() == recorded,
         metadata={"summed_total_tokens": summed.total_tokens, "recorded_total_tokens": recorded.get("total_tokens", -1)},

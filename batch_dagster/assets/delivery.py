@@ -5,11 +5,10 @@ from dagster_aws.s3 import S3Resource
 
 from batch_dagster.assets.batch import GROUP, batch_usage
 from batch_dagster.partitions import batches
-from batch_dagster.resources import BatchStorage
+from batch_dagster.resources import ApiStore, BatchStorage
 from batch_dagster.resources.transfer import deliver
 from batch_dagster.store import repo
-from batch_dagster.store.intake import result_summary
-from batch_dagster.store.resource import ApiStore
+from batch_dagster.store.batches import result_summary
 
 
 @dg.asset(
@@ -30,12 +29,12 @@ def delivered_results(
             raise dg.Failure(f"{batch_id} did not arrive as a dropped file: it has nowhere to deliver to.",
                              allow_retries=False)
         intake, batch = found
-        files = {name: path for name, path in (("output.jsonl", storage.output_path(batch_id)),
-                                               ("errors.jsonl", storage.error_path(batch_id))) if path.exists()}
-        pipeline_summary = storage.read_json(storage.summary_path(batch_id)) or {}
-        summary_path = storage.batch_dir(batch_id) / "delivery" / "summary.json"
-        storage.write_json(summary_path, result_summary(batch, intake, pipeline_summary.get("cost"), [*files]))
-        written = deliver({**files, "summary.json": summary_path}, intake.deliver_to, s3.get_client)
+        folder = storage.folder(batch_id)
+        files = {path.name: path for path in (folder.output_path, folder.error_path) if path.exists()}
+        pipeline_summary = folder.summary()
+        cost = pipeline_summary.cost if pipeline_summary else None
+        summary_path = folder.write_delivery_summary(result_summary(batch, intake, cost, [*files]))
+        written = deliver({**files, summary_path.name: summary_path}, intake.deliver_to, s3.get_client)
         repo.mark_delivered(session, batch_id)
     context.log.info(f"{batch.status}: wrote {', '.join(written)}")
     return dg.MaterializeResult(metadata={
@@ -44,10 +43,3 @@ def delivered_results(
         "destination": intake.deliver_to,
         "files": dg.MetadataValue.json(written),
     })
-
-
-deliver_results_job = dg.define_asset_job(
-    "deliver_results_job",
-    selection=[delivered_results],
-    description="Write a dropped file's results back beside it (started by the S3 and inbox sensors).",
-)

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .contract import Limits
+from .folder import shard_file
 from .shard import Features, features, plan_shards
 from .validate import ValidationReport, validate_file
 
@@ -69,7 +70,7 @@ def validate_to_parquet(
 
 
 def shard_path(shards_dir: Path, index: int) -> Path:
-    return shards_dir / f"shard-{index:05d}.parquet"
+    return shards_dir / shard_file(index)
 
 
 def write_shards(requests_path: Path, shards_dir: Path, shard_size: int) -> list[int]:

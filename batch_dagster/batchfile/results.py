@@ -8,7 +8,6 @@ every shard that has one and redoes the rest.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +16,9 @@ from typing import Any
 import orjson
 
 from . import contract as c
+from .folder import committed_index, shard_result_files
 from .usage import Usage
 
-_SUMMARY = re.compile(r"^shard-(\d{5,})\.json$")
 
 
 @dataclass
@@ -88,8 +87,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 def shard_paths(results_dir: Path, index: int) -> tuple[Path, Path, Path]:
     """(output lines, error lines, summary) of shard `index`."""
-    stem = f"shard-{index:05d}"
-    return results_dir / f"{stem}.output.jsonl", results_dir / f"{stem}.errors.jsonl", results_dir / f"{stem}.json"
+    output, errors, summary = shard_result_files(index)
+    return results_dir / output, results_dir / errors, results_dir / summary
 
 
 def commit_shard(results_dir: Path, index: int, lines: Iterable[dict[str, Any]], duration_s: float = 0.0) -> ShardSummary:
@@ -121,9 +120,9 @@ def committed_shards(results_dir: Path) -> dict[int, ShardSummary]:
         return {}
     found = {}
     for entry in os.scandir(results_dir):
-        m = _SUMMARY.match(entry.name)
-        if m:
-            found[int(m.group(1))] = ShardSummary.from_dict(orjson.loads(Path(entry.path).read_bytes()))
+        index = committed_index(entry.name)
+        if index is not None:
+            found[index] = ShardSummary.from_dict(orjson.loads(Path(entry.path).read_bytes()))
     return found
 
 

@@ -9,7 +9,7 @@ import argparse
 
 from batch_dagster.settings import Settings
 
-from .session import Store, alembic_config, database_url_from_env
+from .session import Store, alembic_config
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     revision = sub.add_parser("revision", help="write a new migration from the difference to the models")
     revision.add_argument("-m", "--message", required=True)
     args = parser.parse_args(argv)
-    url = database_url_from_env(Settings.from_env().data_dir)
+    url = Settings.from_env().database_url
     if args.command == "upgrade":
         Store(url).upgrade()
         print(f"upgraded {url}")

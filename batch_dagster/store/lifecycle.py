@@ -8,17 +8,16 @@ timestamps are right whoever looks first (the API on a read, or the status senso
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.results import RequestCounts, committed_shards
+from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.usage import Usage
-from batch_dagster.resources.storage import BatchStorage
 
 from .models import TERMINAL, BatchRecord, FileRecord
 from .repo import new_file_id, now
@@ -39,56 +38,46 @@ class Observation:
     errors: list[dict[str, Any]] | None = None
 
 
-def _mtime(path: Path) -> int | None:
-    try:
-        return int(os.stat(path).st_mtime)
-    except FileNotFoundError:
-        return None
-
-
-def observe(storage: BatchStorage, batch_id: str) -> Observation:
+def observe(folder: BatchFolder) -> Observation:
     """Derive the batch's status from the pipeline's files (nothing there yet: `validating`)."""
     obs = Observation()
-    validation_path = storage.validation_path(batch_id)
-    validation = storage.read_json(validation_path)
+    validation = folder.validation()
     if validation is None:
         return obs
-    obs.model = validation.get("model")
-    if not validation["valid"]:
+    obs.model = validation.model
+    validated_at = folder.modified_at(folder.VALIDATION)
+    if not validation.valid:
         obs.status = "failed"
-        obs.timestamps["failed_at"] = _mtime(validation_path)
-        obs.errors = validation["errors"]
-        obs.request_counts = RequestCounts(total=validation["total_requests"]).to_dict()
+        obs.timestamps["failed_at"] = validated_at
+        obs.errors = validation.errors
+        obs.request_counts = RequestCounts(total=validation.total_requests).to_dict()
         return obs
     obs.status = "in_progress"
-    obs.timestamps["in_progress_at"] = _mtime(validation_path)
+    obs.timestamps["in_progress_at"] = validated_at
 
-    summary_path = storage.summary_path(batch_id)
-    summary = storage.read_json(summary_path)
-    merged_path = storage.batch_dir(batch_id) / "merged.json"
-    if (merged_at := _mtime(merged_path)) is not None:
+    if (merged_at := folder.modified_at(folder.MERGED)) is not None:
         obs.status = "finalizing"
         obs.timestamps["finalizing_at"] = merged_at
+    summary = folder.summary()
     if summary is not None:
-        obs.status = summary["status"]
-        obs.timestamps[f"{obs.status}_at"] = _mtime(summary_path)
-        obs.request_counts, obs.usage, obs.model = summary["request_counts"], summary["usage"], summary["model"]
+        obs.status = summary.status
+        obs.timestamps[f"{obs.status}_at"] = folder.summary_modified_at()
+        obs.request_counts, obs.usage, obs.model = summary.request_counts, summary.usage, summary.model
         return obs
 
     # Running: the counts move with every committed shard.
-    results_dir = storage.results_dir(batch_id)
-    shards = committed_shards(results_dir)
-    counts, usage = RequestCounts(total=validation["total_requests"]), Usage()
+    shards = committed_shards(folder.results_dir)
+    counts, usage = RequestCounts(total=validation.total_requests), Usage()
     for shard in shards.values():
         counts.completed += shard.request_counts.completed
         counts.failed += shard.request_counts.failed
         usage += shard.usage
     obs.request_counts, obs.usage = counts.to_dict(), usage.to_dict()
-    manifest = storage.read_json(storage.shards_dir(batch_id) / "manifest.json")
-    if obs.status == "in_progress" and manifest is not None and len(shards) >= manifest["shard_count"]:
+    manifest = folder.manifest()
+    if obs.status == "in_progress" and manifest is not None and len(shards) >= manifest.shard_count:
         obs.status = "finalizing"
         obs.timestamps["finalizing_at"] = max(
-            (t for t in (_mtime(results_dir / f"shard-{i:05d}.json") for i in shards) if t is not None), default=now()
+            (t for t in map(folder.shard_committed_at, shards) if t is not None), default=now()
         )
     return obs
 
@@ -131,10 +120,10 @@ def changes(batch: BatchRecord, obs: Observation) -> dict[str, Any]:
     return values
 
 
-def _result_files(storage: BatchStorage, batch: BatchRecord, at: int) -> list[FileRecord]:
+def _result_files(folder: BatchFolder, batch: BatchRecord, at: int) -> list[FileRecord]:
     expires_at = at + batch.output_expires_after if batch.output_expires_after else None
     files = []
-    for path, suffix in ((storage.output_path(batch.id), "output"), (storage.error_path(batch.id), "error")):
+    for path, suffix in ((folder.output_path, "output"), (folder.error_path, "error")):
         files.append(FileRecord(
             id=new_file_id(), owner=batch.owner, bytes=path.stat().st_size if path.exists() else 0, created_at=at,
             expires_at=expires_at, filename=f"{batch.id}_{suffix}.jsonl", purpose="batch_output", path=str(path),
@@ -143,7 +132,7 @@ def _result_files(storage: BatchStorage, batch: BatchRecord, at: int) -> list[Fi
     return files
 
 
-def apply(session: Session, storage: BatchStorage, batch: BatchRecord, obs: Observation) -> BatchRecord:
+def apply(session: Session, folder: BatchFolder, batch: BatchRecord, obs: Observation) -> BatchRecord:
     """Persist what `obs` changes; on reaching the end, register the output and error files, once.
 
     The update only applies while the stored batch is not terminal, so when the API and the
@@ -156,7 +145,7 @@ def apply(session: Session, storage: BatchStorage, batch: BatchRecord, obs: Obse
         update(BatchRecord).where(BatchRecord.id == batch.id, BatchRecord.status.not_in(TERMINAL)).values(**values)
     )
     if result.rowcount == 1 and values.get("status") in WITH_FILES:
-        output, error = _result_files(storage, batch, now())
+        output, error = _result_files(folder, batch, now())
         session.add_all([output, error])
         session.flush()
         session.execute(
@@ -167,11 +156,12 @@ def apply(session: Session, storage: BatchStorage, batch: BatchRecord, obs: Obse
     return batch
 
 
-def sync_batch(session: Session, storage: BatchStorage, batch: BatchRecord, *, run_failure: str | None = None) -> BatchRecord:
+def sync_batch(session: Session, storage: Storage, batch: BatchRecord, *, run_failure: str | None = None) -> BatchRecord:
     """Bring a stored batch up to date with its pipeline files (and a failed run, when the sensor saw one)."""
     if batch.status in TERMINAL:
         return batch
-    obs = observe(storage, batch.id)
+    folder = BatchFolder(storage, batch.id)
+    obs = observe(folder)
     if run_failure is not None:
         obs = run_failed(obs, run_failure)
-    return apply(session, storage, batch, obs)
+    return apply(session, folder, batch, obs)

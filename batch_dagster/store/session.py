@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,12 +13,6 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
-DEFAULT_DB_NAME = "batch-api.db"
-
-
-def database_url_from_env(data_dir: Path) -> str:
-    """BATCH_DATABASE_URL (any SQLAlchemy URL), else a SQLite file in the data dir."""
-    return os.environ.get("BATCH_DATABASE_URL") or f"sqlite:///{data_dir / DEFAULT_DB_NAME}"
 
 
 def make_engine(url: str) -> Engine:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 import dagster as dg
 
+from batch_dagster.dagster_internals import run_end_reason, worker_gone
 from batch_dagster.jobs import batch_job
 from batch_dagster.partitions import batches
-from batch_dagster.resources import BatchStorage
+from batch_dagster.resources import ApiStore, BatchStorage
 from batch_dagster.store import TERMINAL, repo
 from batch_dagster.store.lifecycle import sync_batch
-from batch_dagster.store.resource import ApiStore
 
 PARTITION_TAG = "dagster/partition"
 RETRY_NUMBER_TAG = "dagster/retry_number"
@@ -23,11 +21,6 @@ RELAUNCH_AFTER_S = 120
 # the sensor waits rather than failing a batch that run retries are about to resume.
 RETRY_DECISION_WAIT_S = 60
 _ENDED_BADLY = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
-# What Dagster writes when something outside the run (the code server) saw its process die.
-_MARKED_FROM_OUTSIDE = "marked as failed from outside the execution context"
-# Where the default run launcher records the code server that started the run worker.
-_GRPC_INFO_TAG = ".dagster/grpc_info"
-_LAUNCHED = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
 
 
 def _runs_filter(batch_id: str) -> dg.RunsFilter:
@@ -80,21 +73,8 @@ def run_failure_message(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str
                 error = error.cause
             return f"The pipeline failed in step {event.step_key}: {error.message.strip()} ({where})"
     verb = "was canceled" if run.status == dg.DagsterRunStatus.CANCELED else "failed"
-    reason = _run_end_reason(instance, run)
+    reason = run_end_reason(instance, run)
     return f"The pipeline run {verb} ({where})" + (f": {reason}" if reason else "; see the Dagster UI.")
-
-
-def _run_end_reason(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str | None:
-    """The run failure's message; when the code server marked the run failed, the crash it logged just before."""
-    kinds = {dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.ENGINE_EVENT}
-    events = [r.event_log_entry.dagster_event for r in instance.get_records_for_run(run.run_id, of_type=kinds).records]
-    ends = [i for i, event in enumerate(events) if event.event_type == dg.DagsterEventType.RUN_FAILURE]
-    if not ends:
-        return None
-    message = events[ends[-1]].message or ""
-    if _MARKED_FROM_OUTSIDE in message and ends[-1] > 0:
-        message = events[ends[-1] - 1].message or message
-    return message.strip() or None
 
 
 def _retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
@@ -108,29 +88,6 @@ def _retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     return ended is None or repo.now() - ended < RETRY_DECISION_WAIT_S
 
 
-def _worker_gone(run: dg.DagsterRun) -> bool:
-    """Whether an unfinished run's code server refuses connections: serve was stopped or killed mid-run.
-
-    The code server is the run worker's parent and outlives it while it runs, and it is what marks a
-    dead worker's run failed. When it is gone too, nothing else ever would.
-    """
-    info = run.tags.get(_GRPC_INFO_TAG)
-    if run.status not in _LAUNCHED or not info:
-        return False
-    import grpc
-    from dagster._core.errors import DagsterUserCodeUnreachableError
-    from dagster._grpc.client import DagsterGrpcClient
-
-    info = json.loads(info)
-    client = DagsterGrpcClient(port=info.get("port"), socket=info.get("socket"), host=info.get("host") or "localhost")
-    try:
-        client.ping("")
-    except DagsterUserCodeUnreachableError as exc:  # a busy server times out instead: that is not gone
-        cause = exc.__cause__
-        return isinstance(cause, grpc.RpcError) and cause.code() == grpc.StatusCode.UNAVAILABLE
-    return False
-
-
 @dg.sensor(
     minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
@@ -140,7 +97,7 @@ def _worker_gone(run: dg.DagsterRun) -> bool:
 def api_batch_status_sensor(
     context: dg.SensorEvaluationContext, api_store: ApiStore, storage: BatchStorage
 ) -> dg.SkipReason:
-    instance = context.instance
+    instance, folders = context.instance, storage.storage()
     moved = 0
     with api_store.session() as session:
         for batch in repo.active_batches(session):
@@ -154,8 +111,8 @@ def api_batch_status_sensor(
             if batch.run_id != run.run_id:
                 batch.run_id = run.run_id
                 session.commit()
-            sync_batch(session, storage, batch)
-            if batch.status not in TERMINAL and _worker_gone(run):
+            sync_batch(session, folders, batch)
+            if batch.status not in TERMINAL and worker_gone(run):
                 context.log.warning(f"{batch.id}: the code server of run {run.run_id} is gone; marking it failed")
                 instance.report_run_failed(run, "The run's worker is gone with the code server that started it "
                                                 "(serve was stopped or killed while it ran).")
@@ -165,10 +122,8 @@ def api_batch_status_sensor(
                 if _retry_pending(instance, run):
                     context.log.info(f"{batch.id}: run {run.run_id} failed; Dagster will retry it")
                     continue
-                sync_batch(session, storage, batch, run_failure=run_failure_message(instance, run))
+                sync_batch(session, folders, batch, run_failure=run_failure_message(instance, run))
             if batch.status != before:
                 moved += 1
                 context.log.info(f"{batch.id}: {before} -> {batch.status}")
-        for file in repo.expired_files(session):
-            repo.delete_file(session, file)
     return dg.SkipReason(f"{moved} batch(es) changed status.")

@@ -1,4 +1,4 @@
-"""The store as a Dagster resource, for the sensors that hand API batches to the pipeline."""
+"""The API's metadata store as a Dagster resource, for the sensors and assets that read and write batches."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from contextlib import contextmanager
 import dagster as dg
 from sqlalchemy.orm import Session
 
-from batch_dagster.settings import Settings
-
-from .session import Store, database_url_from_env, open_store
+from batch_dagster.store.session import Store, open_store
 
 
 class ApiStore(dg.ConfigurableResource):
@@ -25,7 +23,3 @@ class ApiStore(dg.ConfigurableResource):
     def session(self) -> Iterator[Session]:
         with self.store().session() as session:
             yield session
-
-
-def api_store_from_env() -> ApiStore:
-    return ApiStore(url=database_url_from_env(Settings.from_env().data_dir))

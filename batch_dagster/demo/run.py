@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from batch_dagster.cli import run_batch
+from batch_dagster.runner import run_batch
 
 from . import sample_batch_path
 

@@ -12,34 +12,32 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from typing import TypeVar
 from pathlib import Path
+from typing import Any, TypeVar
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
-from batch_dagster.assets.delivery import deliver_results_job
 from batch_dagster.batchfile.contract import endpoint_of_head
-from batch_dagster.jobs import batch_job
+from batch_dagster.jobs import batch_job, deliver_results_job
 from batch_dagster.partitions import batches
-from batch_dagster.resources import BatchStorage
-from batch_dagster.resources.intake import Intake
+from batch_dagster.resources import ApiStore, BatchStorage, Intake
 from batch_dagster.resources.transfer import s3_uri
+from batch_dagster.settings import Settings
 from batch_dagster.store import repo
-from batch_dagster.store.intake import HEAD_BYTES, DroppedFile, register_batch
-from batch_dagster.store.resource import ApiStore
+from batch_dagster.store.batches import HEAD_BYTES, DroppedFile, register_dropped
 
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload")
 T = TypeVar("T")
 
 
 def _tick(context: dg.SensorEvaluationContext, intake: Intake, api_store: ApiStore, storage: BatchStorage,
-          new: Sequence[DroppedFile], *, scheme: str, deliver_to: str, cursor: dict) -> dg.SensorResult:
+          new: Sequence[DroppedFile], *, scheme: str, deliver_to: str, cursor: dict[str, Any]) -> dg.SensorResult:
     """Register the `new` files as batches, request their runs, and request deliveries for ended batches."""
     with api_store.session() as session:
         launched = [
-            register_batch(session, storage, f, owner=intake.owner, deliver_to=deliver_to,
-                           files_dir=Path(intake.files_dir), completion_window_s=intake.completion_window_s).id
+            register_dropped(session, storage.storage(), f, owner=intake.owner, deliver_to=deliver_to,
+                             files_dir=Path(intake.files_dir), completion_window_s=intake.completion_window_s).id
             for f in new
         ]
         ended = [i.batch_id for i in repo.undelivered(session, scheme)]
@@ -96,7 +94,7 @@ def list_s3(client, intake: Intake, start_after: str) -> tuple[list[dict], str]:
 @dg.sensor(
     jobs=[batch_job, deliver_results_job],
     minimum_interval_seconds=30,
-    default_status=dg.DefaultSensorStatus.RUNNING if os.environ.get("BATCH_S3_BUCKET")
+    default_status=dg.DefaultSensorStatus.RUNNING if Settings.from_env().s3_bucket
     else dg.DefaultSensorStatus.STOPPED,
     description="Runs each new .jsonl object under s3://$BATCH_S3_BUCKET/$BATCH_S3_PREFIX as a batch and writes "
     "its results under $BATCH_S3_OUTPUT_PREFIX<batch_id>/.",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from batch_dagster.batchfile.report import (
+from batch_dagster.batchfile.daily_usage import (
     FinishedBatch,
     batch_rows,
     chart_png,
@@ -22,20 +22,17 @@ from batch_dagster.batchfile.report import (
     model_rows,
     totals,
 )
-from batch_dagster.resources import BatchStorage
-from batch_dagster.settings import Settings
+from batch_dagster.partitions import daily
+from batch_dagster.resources import ApiStore, BatchStorage
 from batch_dagster.store import BatchRecord, repo
-from batch_dagster.store.resource import ApiStore
 
 GROUP = "reports"
 CHART_DAYS = 30
 
-# end_offset=0: the newest partition is yesterday, so today is never reported before it is over.
-daily = dg.DailyPartitionsDefinition(start_date="2026-01-01", timezone="UTC", end_offset=0)
 
 
-def report_dir(day: str) -> Path:
-    return Settings.from_env().data_dir / "reports" / "daily" / day
+def report_dir(storage: BatchStorage, day: str) -> Path:
+    return Path(storage.data_dir) / "reports" / "daily" / day
 
 
 def _finished(record: BatchRecord, storage: BatchStorage) -> FinishedBatch:
@@ -44,7 +41,7 @@ def _finished(record: BatchRecord, storage: BatchStorage) -> FinishedBatch:
         finished_at=getattr(record, f"{record.status}_at"), model=record.model,
         request_counts={"total": record.request_total, "completed": record.request_completed,
                         "failed": record.request_failed},
-        usage=record.usage, summary=storage.read_json(storage.summary_path(record.id)),
+        usage=record.usage, summary=storage.folder(record.id).summary(),
     )
 
 
@@ -82,7 +79,7 @@ def daily_usage_report(
         f"{day_totals['total_tokens']} tokens, cost {day_totals['cost']}"
     )
 
-    out = report_dir(context.partition_key)
+    out = report_dir(storage, context.partition_key)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name, frame in (("usage_by_model", by_model), ("usage_by_batch", by_batch)):
@@ -109,21 +106,5 @@ def daily_usage_report(
         }
     )
 
-
-daily_usage_report_job = dg.define_asset_job(
-    "daily_usage_report_job",
-    selection=dg.AssetSelection.assets(daily_usage_report),
-    description="Build one day's usage report (the partition key is the UTC day).",
-)
-
-# Shortly after midnight UTC, for the day that just ended (the newest partition).
-daily_usage_report_schedule = dg.build_schedule_from_partitioned_job(
-    daily_usage_report_job,
-    name="daily_usage_report_schedule",
-    hour_of_day=0,
-    minute_of_hour=15,
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Builds yesterday's usage report at 00:15 UTC.",
-)
 
 report_assets = [daily_usage_report]

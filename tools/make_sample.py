@@ -1,8 +1,8 @@
-"""Generate the built-in demo batch, `sample_batch.jsonl`, next to this script.
+"""Generate the built-in demo batch, `batch_dagster/demo/sample_batch.jsonl` (not shipped in the package).
 
 Deterministic (fixed seed, standard library only): running it twice writes the same bytes.
 
-    python batch_dagster/demo/make_sample.py
+    python tools/make_sample.py
 
 The file holds 240 OpenAI-format chat requests for the embedded default model, in five task
 families that each share one system prompt per task (so prefix caching helps): short factual
@@ -20,7 +20,7 @@ from pathlib import Path
 SEED = 20240611
 MODEL = "smollm2-135m-instruct"
 URL = "/v1/chat/completions"
-OUT = Path(__file__).with_name("sample_batch.jsonl")
+OUT = Path(__file__).resolve().parent.parent / "batch_dagster" / "demo" / "sample_batch.jsonl"
 
 SYSTEM = {
     "qa": "You are a concise assistant. Answer the question in one short sentence.",

@@ -1,0 +1,45 @@
+"""The API's configuration (from the settings) and what every request shares: config, store, batch folders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from batch_dagster.batchfile.storage import LocalStorage
+from batch_dagster.settings import Settings
+from batch_dagster.store import Store
+from batch_dagster.store.repo import owner_of_key
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """What the API needs of the settings: keys, store, data dir, upload limit, completion window."""
+
+    api_keys: tuple[str, ...]
+    database_url: str
+    data_dir: Path
+    max_upload_bytes: int
+    completion_window_s: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> ApiConfig:
+        settings = settings or Settings.from_env()
+        return cls(api_keys=settings.api_keys, database_url=settings.database_url, data_dir=settings.data_dir,
+                   max_upload_bytes=settings.max_upload_bytes, completion_window_s=settings.completion_window_s)
+
+    @property
+    def files_dir(self) -> Path:
+        return self.data_dir / "files"
+
+
+@dataclass
+class AppContext:
+    config: ApiConfig
+    store: Store
+    storage: LocalStorage  # where batch folders live
+    owners: dict[str, str]  # api key -> owner
+
+    @classmethod
+    def build(cls, config: ApiConfig) -> AppContext:
+        return cls(config, Store(config.database_url), LocalStorage(config.data_dir),
+                   {key: owner_of_key(key) for key in config.api_keys})

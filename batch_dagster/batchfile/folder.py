@@ -1,0 +1,322 @@
+"""A batch's folder: the one place that knows every file of a batch and reads and writes its documents.
+
+The folder is the contract between the Dagster run, the API and the sensors. The data flows one
+way through it, in the order of the listing below; each internal JSON document is a typed object.
+
+    batches/<batch_id>/
+      batch.json          Declared: the endpoint the batch was created for (API batches)
+      source.json         Source: where a dropped file is fetched from, and its File's path
+      deadline.json       Deadline: when the batch expires (no shard starts after it)
+      stop.json           Stop: a request to stop before the next shard (cancel)
+      input.jsonl         the input file as uploaded
+      validation.json     Validation: the validation report
+      requests.parquet    the validated requests, one row per request
+      shards/shard-NNNNN.parquet, shards/manifest.json (Manifest, written last)
+      results/shard-NNNNN.{output.jsonl,errors.jsonl,json}, results/progress.json (Progress)
+      merged.json         Merged: counts and usage of the merged files
+      output.jsonl, errors.jsonl
+      summary.json        Summary: usage, cost and how the batch ran (written last)
+      delivery/summary.json   what a dropped file's results carry beside them
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+from .storage import Storage
+
+BATCHES = "batches"
+INPUT = "input.jsonl"
+OUTPUT = "output.jsonl"
+ERRORS = "errors.jsonl"
+SUMMARY = "summary.json"
+_SHARD_SUMMARY = re.compile(r"^shard-(\d{5,})\.json$")
+
+
+def shard_file(index: int) -> str:
+    """The name of shard `index`'s requests file in the shards folder."""
+    return f"shard-{index:05d}.parquet"
+
+
+def shard_result_files(index: int) -> tuple[str, str, str]:
+    """The names of shard `index`'s output lines, error lines and summary (its commit marker) in the results folder."""
+    stem = f"shard-{index:05d}"
+    return f"{stem}.output.jsonl", f"{stem}.errors.jsonl", f"{stem}.json"
+
+
+def committed_index(name: str) -> int | None:
+    """The shard index of a results-folder file that is a shard's commit marker, else None."""
+    m = _SHARD_SUMMARY.match(name)
+    return int(m.group(1)) if m else None
+
+
+def batch_ids(storage: Storage) -> list[str]:
+    """The ids of the batches that have a folder in `storage`."""
+    return [key.rsplit("/", 1)[-1] for key in storage.list_folders(BATCHES)]
+
+
+D = TypeVar("D", bound="Document")
+
+
+@dataclass
+class Document:
+    """An internal JSON document of the batch folder; unknown keys are ignored when read."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls: type[D], data: dict[str, Any]) -> D:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class Declared(Document):
+    """What the batch was created with: every request's url must match `endpoint`."""
+
+    endpoint: str
+
+
+@dataclass
+class Source(Document):
+    """A dropped file's batch: batch_input fetches `uri` to `file_path` (its File) and copies it in."""
+
+    uri: str
+    file_path: str
+
+
+@dataclass
+class Deadline(Document):
+    expires_at: float
+
+
+@dataclass
+class Stop(Document):
+    reason: str  # "cancelled" or "expired"
+    at: float
+
+
+@dataclass
+class Validation(Document):
+    """The validation report of the input file."""
+
+    valid: bool
+    total_requests: int
+    model: str | None
+    endpoint: str | None
+    error_count: int
+    errors: list[dict[str, Any]]
+    validated_at: str = ""
+
+
+@dataclass
+class Manifest(Document):
+    """The shard plan; written after every shard file, so its presence means the shards are complete."""
+
+    batch_id: str
+    endpoint: str
+    model: str
+    total_requests: int
+    shard_size: int
+    shard_count: int
+    shard_sizes: list[int]
+
+
+@dataclass
+class Progress(Document):
+    """Requests finished so far in the shard being inferred (the live part of request_counts)."""
+
+    shard: int
+    done: int
+
+
+@dataclass
+class Merged(Document):
+    """The totals of the merged output and error files."""
+
+    status: str  # "completed", "cancelled" or "expired"
+    request_counts: dict[str, int]
+    usage: dict[str, Any]
+    error_codes: dict[str, int]
+
+
+@dataclass
+class Summary(Document):
+    """The batch's end: usage, cost and the record of how it ran (written last)."""
+
+    batch_id: str
+    status: str
+    endpoint: str
+    model: str
+    request_counts: dict[str, int]
+    usage: dict[str, Any]
+    cost: dict[str, Any]
+    error_codes: dict[str, int]
+    inference_s: float
+    output_tokens_per_s: float
+    record: dict[str, Any]
+    output_file: str
+    error_file: str
+    completed_at: str
+
+
+class BatchFolder:
+    """The files of one batch in `storage`, under `batches/<batch_id>/`."""
+
+    def __init__(self, storage: Storage, batch_id: str):
+        self.storage, self.batch_id = storage, batch_id
+        self.prefix = f"{BATCHES}/{batch_id}"
+
+    def __repr__(self) -> str:
+        return f"BatchFolder({self.storage!r}, {self.batch_id!r})"
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
+
+    def _path(self, name: str) -> Path:
+        return self.storage.local_path(self.key(name))
+
+    # Files the pipeline streams (local paths for its readers and writers).
+    @property
+    def input_path(self) -> Path:
+        return self._path(INPUT)
+
+    @property
+    def requests_path(self) -> Path:
+        return self._path("requests.parquet")
+
+    @property
+    def shards_dir(self) -> Path:
+        return self._path("shards")
+
+    def shard_path(self, index: int) -> Path:
+        return self.shards_dir / shard_file(index)
+
+    @property
+    def results_dir(self) -> Path:
+        return self._path("results")
+
+    def shard_summary_path(self, index: int) -> Path:
+        return self.results_dir / shard_result_files(index)[2]
+
+    @property
+    def output_path(self) -> Path:
+        return self._path(OUTPUT)
+
+    @property
+    def error_path(self) -> Path:
+        return self._path(ERRORS)
+
+    @property
+    def summary_path(self) -> Path:
+        return self._path(SUMMARY)
+
+    @property
+    def delivery_summary_path(self) -> Path:
+        return self._path(f"delivery/{SUMMARY}")
+
+    # Documents.
+    def _read(self, name: str, kind: type[D]) -> D | None:
+        data = self.storage.read_bytes(self.key(name))
+        return None if data is None else kind.from_dict(orjson.loads(data))
+
+    def _write(self, name: str, doc: Document) -> None:
+        self.storage.write_bytes(self.key(name), orjson.dumps(doc.to_dict(), option=orjson.OPT_INDENT_2))
+
+    def modified_at(self, name: str) -> int | None:
+        """When a document of the folder was written (e.g. `validation.json`), in whole epoch seconds."""
+        at = self.storage.modified_at(self.key(name))
+        return None if at is None else int(at)
+
+    VALIDATION, MANIFEST, MERGED = "validation.json", "shards/manifest.json", "merged.json"
+
+    def put_input(self, source: Path) -> Path:
+        """Copy an input file into the folder (the pipeline never reads outside it)."""
+        self.storage.put_file(self.key(INPUT), source)
+        return self.input_path
+
+    def has_input(self) -> bool:
+        return self.storage.exists(self.key(INPUT))
+
+    def declared(self) -> Declared | None:
+        return self._read("batch.json", Declared)
+
+    def set_endpoint(self, endpoint: str) -> None:
+        self._write("batch.json", Declared(endpoint))
+
+    def endpoint(self) -> str | None:
+        """The batch's declared endpoint, or None (the first request's url then decides)."""
+        declared = self.declared()
+        return declared.endpoint if declared else None
+
+    def source(self) -> Source | None:
+        return self._read("source.json", Source)
+
+    def set_source(self, uri: str, file_path: Path) -> None:
+        self._write("source.json", Source(uri, str(file_path)))
+
+    def set_deadline(self, expires_at: float) -> None:
+        """The time (epoch seconds) after which no new shard starts: the batch expires."""
+        self._write("deadline.json", Deadline(expires_at))
+
+    def request_stop(self, reason: str) -> None:
+        """Ask a running batch to stop before its next shard (reason: "cancelled" or "expired")."""
+        self._write("stop.json", Stop(reason, time.time()))
+
+    def stop_reason(self) -> str | None:
+        """Why the batch must stop now ("cancelled" or "expired"), or None to go on."""
+        stop = self._read("stop.json", Stop)
+        if stop is not None:
+            return stop.reason
+        deadline = self._read("deadline.json", Deadline)
+        if deadline is not None and time.time() >= deadline.expires_at:
+            return "expired"
+        return None
+
+    def validation(self) -> Validation | None:
+        return self._read(self.VALIDATION, Validation)
+
+    def write_validation(self, validation: Validation) -> None:
+        self._write(self.VALIDATION, validation)
+
+    def manifest(self) -> Manifest | None:
+        return self._read(self.MANIFEST, Manifest)
+
+    def write_manifest(self, manifest: Manifest) -> None:
+        self._write(self.MANIFEST, manifest)
+
+    def progress(self) -> Progress | None:
+        return self._read("results/progress.json", Progress)
+
+    def write_progress(self, progress: Progress) -> None:
+        self._write("results/progress.json", progress)
+
+    def merged(self) -> Merged | None:
+        return self._read(self.MERGED, Merged)
+
+    def write_merged(self, merged: Merged) -> None:
+        self._write(self.MERGED, merged)
+
+    def summary(self) -> Summary | None:
+        return self._read(SUMMARY, Summary)
+
+    def write_summary(self, summary: Summary) -> None:
+        self._write(SUMMARY, summary)
+
+    def write_delivery_summary(self, data: dict[str, Any]) -> Path:
+        """The summary.json that goes beside a dropped file's results (the batch as the API shows it)."""
+        self.storage.write_bytes(self.key(f"delivery/{SUMMARY}"), orjson.dumps(data, option=orjson.OPT_INDENT_2))
+        return self.delivery_summary_path
+
+    def summary_modified_at(self) -> int | None:
+        return self.modified_at(SUMMARY)
+
+    def shard_committed_at(self, index: int) -> int | None:
+        return self.modified_at(f"results/{shard_result_files(index)[2]}")

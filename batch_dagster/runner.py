@@ -1,0 +1,161 @@
+"""Running one batch through Dagster from Python: register its partition, materialize its lifecycle, report.
+
+`batch-dagster run` and the demo use it. The run is recorded in the project's Dagster instance and
+the batch in the metadata store, so the UI and the API show it afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder
+from batch_dagster.batchfile.results import committed_shards
+
+
+class Progress(threading.Thread):
+    """A progress bar over the batch's finished requests, read from its folder while the run goes on."""
+
+    def __init__(self, folder: BatchFolder, enabled: bool):
+        super().__init__(daemon=True)
+        self.folder, self.enabled = folder, enabled
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        bar, shown = None, None
+        while not self.stop.wait(0.5):
+            manifest = self.folder.manifest()
+            if manifest is None:
+                continue
+            if bar is None:
+                bar = tqdm(total=manifest.total_requests, unit="req", desc="requests", file=sys.stderr)
+            shards = committed_shards(self.folder.results_dir)
+            done = sum(s.request_counts.total for s in shards.values())
+            failed = sum(s.request_counts.failed for s in shards.values())
+            live = self.folder.progress()
+            if live is not None and live.shard not in shards:
+                done += live.done
+            state = (done, failed, len(shards))
+            if state != shown:  # redraw only on change: a log file gets one line per step, not per tick
+                shown = state
+                bar.set_postfix(failed=failed, shards=f"{len(shards)}/{manifest.shard_count}", refresh=False)
+                bar.update(done - bar.n)
+        if bar is not None:
+            bar.close()
+
+
+class BatchRecord:
+    """The batch in the metadata store, when the definitions have one: the one record of batches (the daily
+    usage report reads it), listed under the owner of dropped files' batches."""
+
+    def __init__(self, defs: Any, file: Path):
+        from batch_dagster.store import repo
+        from batch_dagster.store.batches import register_local
+
+        storage = defs.resources["storage"]
+        self.storage, self.api_store = storage.storage(), defs.resources.get("api_store")
+        intake = defs.resources.get("intake")
+        self.owner = intake.owner if intake is not None else repo.ANONYMOUS
+        if self.api_store is None:  # no store: the batch folder alone
+            self.batch_id = repo.new_batch_id()
+            BatchFolder(self.storage, self.batch_id).put_input(file)
+            return
+        with self.api_store.session() as session:
+            self.batch_id = register_local(session, self.storage, file, owner=self.owner,
+                                           files_dir=storage.files_dir).id
+
+    def sync(self, run_failure: str | None) -> None:
+        from batch_dagster.store import repo
+        from batch_dagster.store.lifecycle import sync_batch
+
+        if self.api_store is not None:
+            with self.api_store.session() as session:
+                batch = repo.get_batch(session, self.owner, self.batch_id)
+                sync_batch(session, self.storage, batch, run_failure=run_failure)
+
+
+def _failure_message(result: Any) -> str:
+    for event in result.all_events:
+        if event.is_failure and event.step_failure_data is not None:
+            return event.step_failure_data.error.message.strip() if event.step_failure_data.error else "step failed"
+    return "The run failed."
+
+
+SUMMARY_KEYS = ("batch_id", "status", "model", "endpoint", "request_counts", "usage", "cost", "inference_s",
+                "output_tokens_per_s")
+
+
+def run_batch(
+    file: Path, out_dir: Path, *, show_progress: bool = True, defs: Any = None, instance: Any = None
+) -> dict[str, Any]:
+    """Register a batch partition, materialize its lifecycle through Dagster, copy the files to out_dir.
+
+    `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME).
+    """
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM logs to stdout by default; stdout belongs to the results (--json).
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    import dagster as dg
+
+    from batch_dagster.partitions import batches
+
+    if defs is None:
+        from batch_dagster.definitions import defs
+    if instance is None:
+        from batch_dagster.instance import ensure_dagster_home
+
+        ensure_dagster_home()
+        instance = dg.DagsterInstance.get()
+
+    started = time.perf_counter()
+    record = BatchRecord(defs, file)
+    batch_id = record.batch_id
+    folder = BatchFolder(record.storage, batch_id)
+    instance.add_dynamic_partitions(batches.name, [batch_id])
+    progress = Progress(folder, show_progress)
+    progress.start()
+    try:
+        result = defs.resolve_job_def("batch_job").execute_in_process(
+            partition_key=batch_id,
+            instance=instance,
+            raise_on_error=False,
+            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+            tags={"batch_id": batch_id, "source": "cli"},
+        )
+    finally:
+        progress.stop.set()
+        progress.join()
+    record.sync(None if result.success else _failure_message(result))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    output_file, error_file = out_dir / OUTPUT, out_dir / ERRORS
+    done = folder.summary() if result.success else None
+    if done is not None:
+        shutil.copyfile(folder.output_path, output_file)
+        shutil.copyfile(folder.error_path, error_file)
+        summary = {k: v for k, v in done.to_dict().items() if k in SUMMARY_KEYS}
+    else:
+        output_file.write_bytes(b"")
+        error_file.write_bytes(b"")
+        validation = folder.validation()
+        errors = (validation.errors if validation else None) or [
+            {"code": "pipeline_error", "message": _failure_message(result), "line": None, "param": None}]
+        summary = {"batch_id": batch_id, "status": "failed", "model": validation.model if validation else None,
+                   "endpoint": validation.endpoint if validation else None,
+                   "request_counts": {"total": validation.total_requests if validation else 0, "completed": 0,
+                                      "failed": 0},
+                   "usage": None, "cost": None, "errors": errors}
+    return summary | {
+        "run_id": result.run_id,
+        "output_file": str(output_file),
+        "error_file": str(error_file),
+        "duration_s": round(time.perf_counter() - started, 3),
+    }
