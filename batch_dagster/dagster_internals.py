@@ -56,7 +56,10 @@ def run_end_reason(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str | No
     """
     kinds = {dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.ENGINE_EVENT}
     events = [r.event_log_entry.dagster_event for r in instance.get_records_for_run(run.run_id, of_type=kinds).records]
-    ends = [i for i, event in enumerate(events) if event is not None and event.event_type == dg.DagsterEventType.RUN_FAILURE]
+    ends = [
+        i for i, event in enumerate(events)
+        if event is not None and event.event_type == dg.DagsterEventType.RUN_FAILURE
+    ]
     if not ends:
         return None
     end = events[ends[-1]]

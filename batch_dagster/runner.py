@@ -80,6 +80,8 @@ class BatchRecord:
         if self.api_store is not None:
             with self.api_store.session() as session:
                 batch = repo.get_batch(session, self.owner, self.batch_id)
+                if batch is None:
+                    raise RuntimeError(f"Batch {self.batch_id} is no longer in the API store.")
                 sync_batch(session, self.storage, batch, run_failure=run_failure)
 
 

@@ -207,7 +207,7 @@ def run_size(mb: float, work: Path) -> dict[str, Any]:
 
     lines = max(10, int(mb * LINES_PER_MB))
     file = make_file(work / "input.jsonl", int(mb * 1e6), lines)
-    size = {"file_mb": round(file.stat().st_size / 1e6, 1), "lines": lines, "stages": {}}
+    size: dict[str, Any] = {"file_mb": round(file.stat().st_size / 1e6, 1), "lines": lines, "stages": {}}
     for stage in STAGES:
         m = run_measured([sys.executable, "-m", "bench.cpu_bench", "--stage", stage, str(file), str(work)], cwd=REPO)
         if m.returncode != 0:

@@ -33,7 +33,6 @@ processes used meanwhile), BENCH_STAGE_TIMEOUT_S, BENCH_EXIT_GRACE_S (see `hung_
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import platform
@@ -41,7 +40,7 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +79,8 @@ def _metrics(m: Measured, engine: tuple[float, float], inference_end: float, out
         # The work was done (and its output written) at done_at_s; the process never exited.
         hung = {"hung_at_exit": True, "stopped_at_s": round(m.wall_s, 2)}
     return {
-        "wall_s": round(m.done_at_s if m.hung_at_exit else m.wall_s, 2),
+        # A hung stage has done_at_s: it is what made it count as done.
+        "wall_s": round(m.done_at_s if m.hung_at_exit and m.done_at_s is not None else m.wall_s, 2),
         "engine_start_s": round(ready - begin, 2),
         "inference_s": round(inference_s, 2),
         "output_tokens": output_tokens,
@@ -99,7 +99,8 @@ def _profiled(cmd: list[str], name: str, ctx: dict[str, Any]) -> list[str]:
         return cmd
     out = ctx["out"].with_name(f"profile-{name}.speedscope.json")
     py_spy = Path(sys.executable).with_name("py-spy")
-    return [str(py_spy), "record", "--subprocesses", "--rate", "20", "--format", "speedscope", "-o", str(out), "--", *cmd]
+    return [str(py_spy), "record", "--subprocesses", "--rate", "20", "--format", "speedscope", "-o", str(out),
+            "--", *cmd]
 
 
 def _run(cmd: list[str], name: str, ctx: dict[str, Any], env: dict[str, str] | None = None,
@@ -122,7 +123,10 @@ def stage_raw_engine(ctx: dict[str, Any]) -> dict[str, Any]:
     m = _run(cmd, "raw_engine", ctx)
     res = json.loads(result_path.read_text())
     end = m.first("BENCH inference done")
-    return _metrics(m, _engine_span(m, "raw_engine"), end, res["output_tokens"],
+    engine = _engine_span(m, "raw_engine")
+    if end is None:
+        raise StageFailed(f"raw_engine: no 'BENCH inference done' line:\n{m.tail()}")
+    return _metrics(m, engine, end, res["output_tokens"],
                     requests_completed=res["requests"], requests_failed=0,
                     llm_constructor_s=res["engine_start_s"], chat_call_s=res["inference_s"],
                     cached_prompt_tokens=res["cached_tokens"], prompt_tokens=res["input_tokens"])
@@ -184,12 +188,12 @@ def _dagster_timeline(home: Path, launched_at: float) -> dict[str, Any]:
                     run_start = at
                 elif kind in (T.RUN_SUCCESS, T.RUN_FAILURE):
                     run_end = at
-                elif kind == T.STEP_START:
+                elif kind == T.STEP_START and ev.step_key is not None:
                     steps.setdefault(ev.step_key, {})["start"] = at
-                elif kind in (T.STEP_SUCCESS, T.STEP_FAILURE):
+                elif kind in (T.STEP_SUCCESS, T.STEP_FAILURE) and ev.step_key is not None:
                     steps.setdefault(ev.step_key, {})["end"] = at
                 elif kind == T.ASSET_MATERIALIZATION and ev.step_key == "shard_results":
-                    meta = ev.event_specific_data.materialization.metadata
+                    meta = ev.step_materialization_data.materialization.metadata
                     shard_results_meta = {k: getattr(v, "value", v) for k, v in meta.items()}
     finally:
         if saved is None:
@@ -344,7 +348,7 @@ def main() -> None:
         "vllm": vllm.model_record(model)["vllm_version"], "engine_settings": spec.engine_settings(),
         "input_bytes": ctx["input"].stat().st_size, "stages": stages, "git": git_state(),
         "load_avg_before": [round(x, 2) for x in psutil.getloadavg()],
-        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }}
     if os.environ.get("BENCH_RESUME") == "1" and out.exists():
         # Keep the stages an earlier run of the same workload finished (a stage takes ~25 min at 5000).

@@ -302,7 +302,7 @@ def summaries(rng: random.Random) -> list[str]:
             )
         )
     # Interleave the three styles so neighbouring summary requests differ.
-    return [text for triple in zip(news, products, tickets) for text in triple]
+    return [text for triple in zip(news, products, tickets, strict=True) for text in triple]
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ from fastapi import APIRouter, Query
 from batch_dagster.batchfile.contract import ENDPOINTS
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.store import TERMINAL, BatchRecord, repo
-from batch_dagster.store.batches import OUTPUT_EXPIRES_AFTER_S, create_batch
+from batch_dagster.store.batches import OUTPUT_EXPIRES_AFTER_S
+from batch_dagster.store.batches import create_batch as store_create_batch
 from batch_dagster.store.lifecycle import sync_batch
 
 from .deps import Context, DbSession, Owner
@@ -66,7 +67,7 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
         raise invalid(f"File {source.id} has purpose {source.purpose!r}; a batch needs a file uploaded with "
                       "purpose 'batch'.", param="input_file_id", code="invalid_input_file")
 
-    row = create_batch(
+    row = store_create_batch(
         session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source, input_from=Path(source.path),
         completion_window_s=ctx.config.completion_window_s, metadata=body.metadata,
         output_expires_after=body.output_expires_after.seconds if body.output_expires_after else OUTPUT_EXPIRES_AFTER_S,
@@ -95,8 +96,8 @@ def list_batches(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> ListPage[Batch]:
     page = repo.list_batches(session, owner, after=after, limit=limit)
-    if page is None:
-        raise not_found("Batch", after, param="after")
+    if page is None:  # only when `after` names no batch
+        raise not_found("Batch", str(after), param="after")
     rows, has_more = page
     data = [batch_object(sync_batch(session, ctx.storage, r)) for r in rows]
     return ListPage[Batch](data=data, first_id=data[0].id if data else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,7 +44,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "Invalid request."}
+        first: dict[str, Any] = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "Invalid request."}
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
         param = ".".join(loc) or None
         message = f"{first['msg']}: {param}" if param else first["msg"]

@@ -95,8 +95,8 @@ def list_files(
     purpose: str | None = None,
 ) -> ListPage[FileObject]:
     page = repo.list_files(session, owner, after=after, limit=limit, ascending=order == "asc", purpose=purpose)
-    if page is None:
-        raise not_found("File", after, param="after")
+    if page is None:  # only when `after` names no file
+        raise not_found("File", str(after), param="after")
     rows, has_more = page
     data = [file_object(r) for r in rows]
     return ListPage[FileObject](data=data, first_id=data[0].id if data else None,

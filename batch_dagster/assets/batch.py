@@ -6,7 +6,7 @@ Every asset is partitioned by batch and idempotent: a re-run reuses what is alre
 
 import hashlib
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ INFERENCE_RETRIES = 2
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _md_table(rows: list[dict[str, Any]]) -> dg.MetadataValue:
@@ -217,7 +217,8 @@ def shard_results(
             engine = engine or vllm.engine(manifest.model)
             t0 = time.perf_counter()
             try:
-                lines = engine.run(manifest.endpoint, requests, on_progress=_ShardProgress(folder, index, len(requests)))
+                progress = _ShardProgress(folder, index, len(requests))
+                lines = engine.run(manifest.endpoint, requests, on_progress=progress)
             except EngineCrash as exc:
                 vllm.reset(manifest.model)
                 if context.retry_number < INFERENCE_RETRIES:
@@ -284,7 +285,7 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: BatchStorage)
                                usage=result.usage.to_dict(), error_codes=result.error_codes))
     preview = []
     with open(folder.output_path, "rb") as f:
-        for raw, _ in zip(f, range(3)):
+        for raw, _ in zip(f, range(3), strict=False):
             line = orjson.loads(raw)
             body = line["response"]["body"]
             choice = (body.get("choices") or [{}])[0]

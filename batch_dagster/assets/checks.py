@@ -59,7 +59,10 @@ def usage_equals_output_lines(context: dg.AssetCheckExecutionContext, storage: B
     recorded = summary.usage if summary else {}
     return dg.AssetCheckResult(
         passed=summed.to_dict() == recorded,
-        metadata={"summed_total_tokens": summed.total_tokens, "recorded_total_tokens": recorded.get("total_tokens", -1)},
+        metadata={
+            "summed_total_tokens": summed.total_tokens,
+            "recorded_total_tokens": recorded.get("total_tokens", -1),
+        },
     )
 
 

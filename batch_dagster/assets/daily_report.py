@@ -7,6 +7,7 @@ double counts. The store is the one record of batches, however they arrived.
 import base64
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import dagster as dg
@@ -36,12 +37,13 @@ def report_dir(storage: BatchStorage, day: str) -> Path:
 
 
 def _finished(record: BatchRecord, storage: BatchStorage) -> FinishedBatch:
+    summary = storage.folder(record.id).summary()
     return finished_batch(
         batch_id=record.id, owner=record.owner, status=record.status,
         finished_at=getattr(record, f"{record.status}_at"), model=record.model,
         request_counts={"total": record.request_total, "completed": record.request_completed,
                         "failed": record.request_failed},
-        usage=record.usage, summary=storage.folder(record.id).summary(),
+        usage=record.usage, summary=summary.to_dict() if summary is not None else None,
     )
 
 
@@ -83,8 +85,8 @@ def daily_usage_report(
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name, frame in (("usage_by_model", by_model), ("usage_by_batch", by_batch)):
-        paths[f"{name}_parquet"] = _write(out / f"{name}.parquet", lambda p, f=frame: f.to_parquet(p, index=False))
-        paths[f"{name}_csv"] = _write(out / f"{name}.csv", lambda p, f=frame: f.to_csv(p, index=False))
+        paths[f"{name}_parquet"] = _write(out / f"{name}.parquet", partial(frame.to_parquet, index=False))
+        paths[f"{name}_csv"] = _write(out / f"{name}.csv", partial(frame.to_csv, index=False))
     png = chart_png(daily_by_model(batches, chart_start.date(), day),
                     f"Tokens and cost per model, {CHART_DAYS} days to {day} (UTC)",
                     currency=currencies(b.currency for b in batches))

@@ -16,7 +16,7 @@ from batch_dagster.store.batches import result_summary
     group_name=GROUP,
     kinds={"s3"},
     deps=[batch_usage],
-    description="output.jsonl, errors.jsonl and summary.json of a dropped file's batch, written under the "
+    description="The output file, error file and summary of a dropped file's batch, written under the "
     "bucket's results prefix or the inbox's results folder (run once the batch has ended, however it ended).",
 )
 def delivered_results(

@@ -77,7 +77,8 @@ def write_shards(requests_path: Path, shards_dir: Path, shard_size: int) -> list
     """Cut the requests into shard files (see `plan_shards`); returns each shard's size."""
     source = pq.ParquetFile(requests_path)
     planning = source.read(columns=["prompt_chars", "prefix_key"])
-    feats = [Features(n, k) for n, k in zip(planning["prompt_chars"].to_pylist(), planning["prefix_key"].to_pylist())]
+    chars, keys = planning["prompt_chars"].to_pylist(), planning["prefix_key"].to_pylist()
+    feats = [Features(n, k) for n, k in zip(chars, keys, strict=True)]
     plan = plan_shards(feats, shard_size)
     shard_of = np.empty(len(feats), dtype=np.int32)
     for index, rows in enumerate(plan):
@@ -104,7 +105,8 @@ def write_shards(requests_path: Path, shards_dir: Path, shard_size: int) -> list
 def read_shard(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """A shard's requests as (custom_id, body)."""
     table = pq.read_table(path)
-    return [(cid, orjson.loads(body)) for cid, body in zip(table["custom_id"].to_pylist(), table["body"].to_pylist())]
+    ids, bodies = table["custom_id"].to_pylist(), table["body"].to_pylist()
+    return [(cid, orjson.loads(body)) for cid, body in zip(ids, bodies, strict=True)]
 
 
 def custom_ids(path: Path) -> list[str]:

@@ -116,4 +116,6 @@ def not_run_line(custom_id: str, code: str, message: str) -> dict[str, Any]:
 
 def is_success(line: dict[str, Any]) -> bool:
     response = line.get("response")
-    return bool(response) and response.get("status_code") == 200 and line.get("error") is None
+    if not response:
+        return False
+    return response.get("status_code") == 200 and line.get("error") is None

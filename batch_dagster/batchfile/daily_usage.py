@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 import pandas as pd
@@ -44,12 +44,12 @@ class FinishedBatch:
 
     @property
     def day(self) -> date:
-        return datetime.fromtimestamp(self.finished_at, timezone.utc).date()
+        return datetime.fromtimestamp(self.finished_at, UTC).date()
 
 
 def day_bounds(day: date) -> tuple[int, int]:
     """The UTC day as epoch seconds [start, end): 23:59:59 is in the day, 00:00:00 is the next day's."""
-    start = datetime.combine(day, time(), timezone.utc)
+    start = datetime.combine(day, time(), UTC)
     return int(start.timestamp()), int((start + timedelta(days=1)).timestamp())
 
 
@@ -62,7 +62,7 @@ def batch_rows(batches: Iterable[FinishedBatch]) -> pd.DataFrame:
     rows = []
     for b in sorted(batches, key=lambda b: (b.finished_at, b.batch_id)):
         row: dict[str, Any] = asdict(b)
-        row["finished_at"] = datetime.fromtimestamp(b.finished_at, timezone.utc).isoformat()
+        row["finished_at"] = datetime.fromtimestamp(b.finished_at, UTC).isoformat()
         row["total_tokens"] = b.input_tokens + b.output_tokens
         row["output_tokens_per_s"] = _rate(b.output_tokens, b.inference_s)
         rows.append(row)
@@ -78,7 +78,7 @@ def model_rows(by_batch: pd.DataFrame) -> pd.DataFrame:
     out.insert(0, "batches", grouped.size())
     # A model has one currency unless its price changed currency; the row then lists both (its cost adds them).
     out["currency"] = grouped["currency"].agg(currencies)
-    out["output_tokens_per_s"] = [_rate(t, s) for t, s in zip(out["output_tokens"], out["inference_s"])]
+    out["output_tokens_per_s"] = [_rate(t, s) for t, s in zip(out["output_tokens"], out["inference_s"], strict=True)]
     out["cost"] = out["cost"].round(8)
     out["inference_s"] = out["inference_s"].round(3)
     return out.reset_index()[list(MODEL_COLUMNS)].astype(MODEL_COLUMNS)

@@ -20,7 +20,6 @@ from .folder import committed_index, shard_result_files
 from .usage import Usage
 
 
-
 @dataclass
 class RequestCounts:
     """The Batch object's `request_counts`."""
@@ -91,7 +90,9 @@ def shard_paths(results_dir: Path, index: int) -> tuple[Path, Path, Path]:
     return results_dir / output, results_dir / errors, results_dir / summary
 
 
-def commit_shard(results_dir: Path, index: int, lines: Iterable[dict[str, Any]], duration_s: float = 0.0) -> ShardSummary:
+def commit_shard(
+    results_dir: Path, index: int, lines: Iterable[dict[str, Any]], duration_s: float = 0.0
+) -> ShardSummary:
     """Split a shard's lines into output and error lines and commit them atomically."""
     results_dir.mkdir(parents=True, exist_ok=True)
     summary = ShardSummary(index=index, duration_s=round(duration_s, 3))
@@ -154,7 +155,8 @@ def merge(
     missing = [i for i in range(shard_count) if i not in shards]
     if missing and not missing_ok:
         raise ValueError(f"Shards not committed: {missing[:10]}{' ...' if len(missing) > 10 else ''}")
-    counts, usage, codes = RequestCounts(), Usage(), {}
+    counts, usage = RequestCounts(), Usage()
+    codes: dict[str, int] = {}
     for path in (output_path, error_path):
         path.parent.mkdir(parents=True, exist_ok=True)
     out_tmp = output_path.with_name(output_path.name + ".tmp")

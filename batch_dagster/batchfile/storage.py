@@ -6,6 +6,7 @@ old object or the new one, never half of one. An object store can implement the 
 
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
 from collections.abc import Iterator
@@ -43,7 +44,7 @@ class Storage(Protocol):
         """The keys directly under the folder `prefix`."""
         ...
 
-    def list_folders(self, prefix: str) -> list[str]:
+    def list_folders(self, prefix: str) -> builtins.list[str]:  # `list` is the method above
         """The folders directly under the folder `prefix`."""
         ...
 
@@ -106,7 +107,7 @@ class LocalStorage:
             return []
         return sorted(f"{prefix.rstrip('/')}/{entry.name}" for entry in os.scandir(folder) if entry.is_file())
 
-    def list_folders(self, prefix: str) -> list[str]:
+    def list_folders(self, prefix: str) -> builtins.list[str]:  # `list` is the method above
         folder = self.local_path(prefix)
         if not folder.is_dir():
             return []

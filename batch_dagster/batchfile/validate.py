@@ -159,7 +159,8 @@ def validate_stream(
             report.model = model
             if models is not None and model not in models:
                 served = ", ".join(sorted(models)) or "none"
-                error(c.MODEL_NOT_FOUND, f"Model {model!r} is not served here (served: {served}).", line_no, "body.model")
+                error(c.MODEL_NOT_FOUND, f"Model {model!r} is not served here (served: {served}).",
+                      line_no, "body.model")
             elif isinstance(models, Mapping) and report.endpoint not in models[model]:
                 served = ", ".join(models[model])
                 error(c.INVALID_URL, f"Model {model!r} does not serve {report.endpoint} (it serves {served}).",

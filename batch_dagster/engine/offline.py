@@ -145,7 +145,8 @@ class OfflineEngine:
             ran = self._run_isolating(endpoint, ready)
             if len(ready) > 1 and all(line["response"]["status_code"] != 200 for line in ran):
                 # Every request failed on its own: the engine is at fault, not the requests.
-                raise EngineCrash(f"Every request of the shard failed: {ran[0]['response']['body']['error']['message']}")
+                first_error = ran[0]["response"]["body"]["error"]["message"]
+                raise EngineCrash(f"Every request of the shard failed: {first_error}")
             lines += ran
         return lines
 
@@ -162,7 +163,8 @@ class OfflineEngine:
             if len(items) == 1:
                 if oom:
                     return [c.request_error_line(items[0].custom_id, "out_of_memory",
-                                                 f"The engine ran out of memory on this request: {exc}", status_code=500)]
+                                                 f"The engine ran out of memory on this request: {exc}",
+                                                 status_code=500)]
                 return [t.RequestError(str(exc), param=getattr(exc, "parameter", None)).line(items[0].custom_id)]
             log.warning("Splitting %d requests after %s", len(items), type(exc).__name__)
             mid = len(items) // 2
@@ -182,7 +184,8 @@ class OfflineEngine:
             lines = []
             for it in items:
                 vectors = [list(next(outputs).outputs.embedding) for _ in it.prompts]
-                lines.append(c.success_line(it.custom_id, t.embedding_list(model, vectors, it.prompt_tokens, it.encoding_format)))
+                body = t.embedding_list(model, vectors, it.prompt_tokens, it.encoding_format)
+                lines.append(c.success_line(it.custom_id, body))
             return lines
         params = [it.params for it in items for _ in it.prompts]
         outputs = iter(self.llm.generate(prompts, params, use_tqdm=self._ticker()))

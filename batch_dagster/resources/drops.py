@@ -1,4 +1,5 @@
-"""Drop folders: where dropped files arrive (an S3 prefix, a local inbox), where their results go, and who owns their batches."""
+"""Drop folders: where dropped files arrive (an S3 prefix, a local inbox), where their results go, and who owns
+their batches."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ class Intake(dg.ConfigurableResource):
 
 
 def intake_from_env(settings: Settings) -> Intake:
-    """The drop locations and owner from the settings (BATCH_S3_*, BATCH_INBOX_DIR, BATCH_OUTBOX_DIR, BATCH_INTAKE_API_KEY)."""
+    """The drop locations and owner from the settings (BATCH_S3_*, BATCH_INBOX_DIR, BATCH_OUTBOX_DIR,
+    BATCH_INTAKE_API_KEY)."""
     key = settings.intake_api_key
     return Intake(
         s3_bucket=settings.s3_bucket,

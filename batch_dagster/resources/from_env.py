@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, cast
 
 from dagster_aws.s3 import S3Resource
 
@@ -23,7 +23,8 @@ def resources_from_env() -> dict[str, Any]:
         # Endpoint, region and credentials come from boto3's own variables (AWS_ENDPOINT_URL, AWS_*).
         "s3": S3Resource(),
         "vllm": VLLMResource(
-            mode=settings.engine_mode,
+            # BATCH_ENGINE_MODE is free text; the resource's pydantic config rejects any other value.
+            mode=cast(Literal["offline", "server"], settings.engine_mode),
             models_file=str(settings.models_file),
             model_cache_dir=str(settings.model_cache_dir),
             server_urls=list(settings.vllm_server_urls),

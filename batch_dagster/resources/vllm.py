@@ -68,7 +68,9 @@ class VLLMResource(dg.ConfigurableResource):
         try:
             return self.registry()[model]
         except KeyError:
-            raise dg.Failure(f"Model {model!r} is not in the registry {self.models_file}.", allow_retries=False) from None
+            raise dg.Failure(
+                f"Model {model!r} is not in the registry {self.models_file}.", allow_retries=False
+            ) from None
 
     def model_path(self, spec: ModelSpec) -> str:
         """A local folder or hub id for the engine; embedded models are prepared on first use."""

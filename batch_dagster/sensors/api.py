@@ -67,7 +67,9 @@ def run_failure_message(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str
     where = f"Dagster run {run.run_id}" + (f", retry {retries}" if retries else "")
     for record in instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records:
         event = record.event_log_entry.dagster_event
-        error = event.step_failure_data.error if event and event.step_failure_data else None
+        if event is None or event.step_failure_data is None:
+            continue
+        error = event.step_failure_data.error
         if error is not None:
             while error.cause is not None:  # the step error wraps what the code raised
                 error = error.cause
@@ -104,7 +106,8 @@ def api_batch_status_sensor(
             before = batch.status
             run = latest_run(instance, batch.id)
             if run is None:
-                if repo.now() - batch.launched_at > RELAUNCH_AFTER_S:
+                # active_batches() returns launched batches only: launched_at is set (the check narrows its type).
+                if batch.launched_at is not None and repo.now() - batch.launched_at > RELAUNCH_AFTER_S:
                     context.log.warning(f"{batch.id}: no run since it was launched; requesting it again")
                     repo.unmark_launched(session, batch.id)
                 continue

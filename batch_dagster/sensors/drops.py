@@ -42,14 +42,14 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, api_store: ApiSto
         ]
         ended = [i.batch_id for i in repo.undelivered(session, scheme)]
         repo.mark_delivery_requested(session, ended)
-    for f, batch_id in zip(new, launched):
+    for f, batch_id in zip(new, launched, strict=True):
         context.log.info(f"{f.source} ({f.bytes} bytes) -> {batch_id}")
     for batch_id in ended:
         context.log.info(f"{batch_id} ended: delivering its results")
     runs = [
         dg.RunRequest(job_name=batch_job.name, partition_key=b, run_key=b,
                       tags={"batch_id": b, "source": f.source[:255]})
-        for f, b in zip(new, launched)
+        for f, b in zip(new, launched, strict=True)
     ] + [
         dg.RunRequest(job_name=deliver_results_job.name, partition_key=b, run_key=f"{b}:delivery",
                       tags={"batch_id": b})
@@ -106,7 +106,7 @@ def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3
     client = s3.get_client()
     cursor = json.loads(context.cursor or "{}")
     objects, next_start = list_s3(client, intake, cursor.get("start_after", ""))
-    found = []
+    found: list[DroppedFile] = []
     for o in _unknown(api_store, [(s3_uri(intake.s3_bucket, o["Key"]), o["ETag"], o) for o in objects]):
         uri = s3_uri(intake.s3_bucket, o["Key"])
         if len(found) == intake.max_batches_per_tick:

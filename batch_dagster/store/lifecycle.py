@@ -9,9 +9,9 @@ timestamps are right whoever looks first (the API on a read, or the status senso
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import update
+from sqlalchemy import CursorResult, update
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.folder import BatchFolder
@@ -31,7 +31,7 @@ class Observation:
     """What a batch's files say: its status, when each step happened, and its counts so far."""
 
     status: str = "validating"
-    timestamps: dict[str, int] = field(default_factory=dict)
+    timestamps: dict[str, int | None] = field(default_factory=dict)  # None: the file's time is unknown (gone)
     request_counts: dict[str, int] | None = None
     usage: dict[str, Any] | None = None
     model: str | None = None
@@ -141,22 +141,27 @@ def apply(session: Session, folder: BatchFolder, batch: BatchRecord, obs: Observ
     values = changes(batch, obs)
     if not values:
         return batch
-    result = session.execute(
+    # An UPDATE without RETURNING gives a CursorResult (typed as a plain Result): its rowcount tells who won.
+    result = cast(CursorResult, session.execute(
         update(BatchRecord).where(BatchRecord.id == batch.id, BatchRecord.status.not_in(TERMINAL)).values(**values)
-    )
+    ))
     if result.rowcount == 1 and values.get("status") in WITH_FILES:
         output, error = _result_files(folder, batch, now())
         session.add_all([output, error])
         session.flush()
         session.execute(
-            update(BatchRecord).where(BatchRecord.id == batch.id).values(output_file_id=output.id, error_file_id=error.id)
+            update(BatchRecord)
+            .where(BatchRecord.id == batch.id)
+            .values(output_file_id=output.id, error_file_id=error.id)
         )
     session.commit()
     session.refresh(batch)
     return batch
 
 
-def sync_batch(session: Session, storage: Storage, batch: BatchRecord, *, run_failure: str | None = None) -> BatchRecord:
+def sync_batch(
+    session: Session, storage: Storage, batch: BatchRecord, *, run_failure: str | None = None
+) -> BatchRecord:
     """Bring a stored batch up to date with its pipeline files (and a failed run, when the sensor saw one)."""
     if batch.status in TERMINAL:
         return batch

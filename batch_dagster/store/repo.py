@@ -7,9 +7,9 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, CursorResult, or_, select, update
 from sqlalchemy.orm import Session
 
 from .models import TERMINAL, ApiKey, BatchRecord, FileRecord, IntakeRecord
@@ -64,7 +64,7 @@ def get_file(session: Session, owner: str, file_id: str) -> FileRecord | None:
 
 def list_files(session: Session, owner: str, *, after: str | None, limit: int, ascending: bool,
                purpose: str | None) -> tuple[list[FileRecord], bool] | None:
-    extra = [(FileRecord.expires_at.is_(None)) | (FileRecord.expires_at > now())]
+    extra: list[ColumnElement[bool]] = [(FileRecord.expires_at.is_(None)) | (FileRecord.expires_at > now())]
     if purpose:
         extra.append(FileRecord.purpose == purpose)
     return _page(session, FileRecord, owner, after, limit, ascending=ascending, extra=extra)
@@ -78,7 +78,9 @@ def get_batch(session: Session, owner: str, batch_id: str) -> BatchRecord | None
     return session.scalar(select(BatchRecord).where(BatchRecord.owner == owner, BatchRecord.id == batch_id))
 
 
-def list_batches(session: Session, owner: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool] | None:
+def list_batches(
+    session: Session, owner: str, *, after: str | None, limit: int
+) -> tuple[list[BatchRecord], bool] | None:
     return _page(session, BatchRecord, owner, after, limit)
 
 
@@ -115,11 +117,12 @@ def active_batches(session: Session, limit: int = 1000) -> list[BatchRecord]:
 
 def request_cancel(session: Session, batch: BatchRecord, at: int | None = None) -> bool:
     """Move a batch to `cancelling` unless it already ended or is cancelling; False then."""
-    result = session.execute(
+    # An UPDATE without RETURNING gives a CursorResult (typed as a plain Result), which has the rowcount.
+    result = cast(CursorResult, session.execute(
         update(BatchRecord)
         .where(BatchRecord.id == batch.id, BatchRecord.status.not_in(TERMINAL), BatchRecord.cancelling_at.is_(None))
         .values(status="cancelling", cancelling_at=at or now())
-    )
+    ))
     session.commit()
     session.refresh(batch)
     return result.rowcount == 1
@@ -140,12 +143,11 @@ def delete_file(session: Session, row: FileRecord) -> None:
 
 def finished_between(session: Session, start: int, end: int) -> list[BatchRecord]:
     """Batches whose end (the timestamp of their terminal status) is in [start, end), in creation order."""
-    finished = None
+    matches = []
     for status in TERMINAL:
         at = getattr(BatchRecord, f"{status}_at")
-        match = (BatchRecord.status == status) & (at >= start) & (at < end)
-        finished = match if finished is None else finished | match
-    return list(session.scalars(select(BatchRecord).where(finished).order_by(BatchRecord.pk)))
+        matches.append((BatchRecord.status == status) & (at >= start) & (at < end))
+    return list(session.scalars(select(BatchRecord).where(or_(*matches)).order_by(BatchRecord.pk)))
 
 
 def known_sources(session: Session, sources: Sequence[str]) -> set[tuple[str, str]]:

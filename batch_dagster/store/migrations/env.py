@@ -24,6 +24,9 @@ if context.is_offline_mode():
 elif config.attributes.get("connection") is not None:
     _run(config.attributes["connection"])
 else:
-    engine = create_engine(config.get_main_option("sqlalchemy.url"), poolclass=pool.NullPool)
+    url = config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise RuntimeError("Migrations need a connection from Store.upgrade() or a sqlalchemy.url option.")
+    engine = create_engine(url, poolclass=pool.NullPool)
     with engine.connect() as connection:
         _run(connection)

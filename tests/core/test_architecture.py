@@ -1,0 +1,157 @@
+"""The shape of the code: a pure core, imports one way, one owner of the batch folder and of configuration."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from batch_dagster import settings
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "batch_dagster"
+FRAMEWORKS = ("dagster", "dagster_aws", "vllm", "torch", "fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "migrations" in path.parts:
+            continue
+        parts = path.relative_to(REPO).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every module `name` imports, at module level or inside functions (relative imports resolved)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: {m for m in _imports(name, path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def test_the_core_imports_no_framework():
+    for name, path in _modules().items():
+        if name.startswith("batch_dagster.batchfile"):
+            used = {m.split(".")[0] for m in _imports(name, path)}
+            assert not used & set(FRAMEWORKS), f"{name} imports {used & set(FRAMEWORKS)}"
+            assert not {m for m in _imports(name, path) if m.startswith("batch_dagster.")
+                        and not m.startswith("batch_dagster.batchfile")}, name
+
+
+def test_imports_go_one_way_no_cycle_anywhere():
+    graph = _graph()
+    # A package's __init__ importing its own submodules is not a cycle of meaning; drop those edges.
+    edges = {a: {b for b in bs if not b.startswith(a + ".")} for a, bs in graph.items()}
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_store_and_api_do_not_use_the_dagster_resources():
+    for name, targets in _graph().items():
+        if name.startswith(("batch_dagster.store", "batch_dagster.api")):
+            assert not {t for t in targets if t.startswith(("batch_dagster.resources", "batch_dagster.assets",
+                                                             "batch_dagster.sensors"))}, name
+
+
+def test_importing_the_api_app_imports_neither_dagster_nor_vllm():
+    code = ("import sys, batch_dagster.api.app; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'vllm', 'torch', 'dagster_aws'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"
+
+
+FOLDER_NAMES = re.compile(r"""["'/](input\.jsonl|validation\.json|requests\.parquet|manifest\.json|progress\.json|"""
+                          r"""merged\.json|output\.jsonl|errors\.jsonl|summary\.json|stop\.json|deadline\.json|"""
+                          r"""source\.json|batch\.json|shard-)""")
+
+
+def test_only_the_folder_contract_spells_a_batch_file_name():
+    spelled = []
+    for name, path in _modules().items():
+        if name == "batch_dagster.batchfile.folder":
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if FOLDER_NAMES.search(line) and not line.lstrip().startswith("#"):
+                spelled.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert spelled == []
+
+
+def test_only_settings_reads_batch_variables_and_every_one_is_documented():
+    documented = {v.name for v in settings.VARIABLES}
+    name = re.compile(r"\bBATCH_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_*])")  # BATCH_S3_* in prose names a family
+    named, readers = set(re.findall(name, (REPO / "Makefile").read_text(encoding="utf-8"))), []
+    for path in [*PACKAGE.rglob("*.py"), *(REPO / "bench").rglob("*.py")]:
+        text = path.read_text(encoding="utf-8")
+        strings = [n.value for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        named |= {m for s in strings for m in name.findall(s)}
+        if path.name != "settings.py" and re.search(r"(environ|getenv)[^\n]*BATCH_", text):
+            readers.append(str(path.relative_to(REPO)))
+    assert readers == []
+    assert named - documented == set()
+
+
+def test_the_configuration_docs_are_generated_from_the_settings():
+    doc = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert settings.BEGIN in doc and settings.END in doc
+    assert settings.with_tables(doc) == doc, "run: python -m batch_dagster.settings --update docs/configuration.md"
+    for variable in settings.VARIABLES:
+        assert f"`{variable.name}`" in doc
+
+
+def test_settings_defaults_and_overrides(monkeypatch, tmp_path):
+    for variable in settings.VARIABLES:
+        monkeypatch.delenv(variable.name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    s = settings.Settings.from_env()
+    assert s.data_dir == tmp_path / "data" and s.shard_size == 1000 and s.completion_window_s == 86_400
+    assert s.database_url == f"sqlite:///{tmp_path / 'data' / 'batch-api.db'}"
+    assert s.max_upload_bytes == s.limits.max_bytes and s.outbox_dir == tmp_path / "data" / "outbox"
+    monkeypatch.setenv("BATCH_API_KEYS", " sk-a, sk-b ,")
+    monkeypatch.setenv("BATCH_MAX_BYTES", "1000")
+    s = settings.Settings.from_env()
+    assert s.api_keys == ("sk-a", "sk-b") and s.intake_api_key == "sk-a"
+    assert s.limits.max_bytes == 1000 and s.max_upload_bytes == 1000

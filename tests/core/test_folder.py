@@ -1,0 +1,114 @@
+"""The batch folder contract: every path of a batch, its typed documents, over the local storage."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import orjson
+import pytest
+
+from batch_dagster.batchfile.folder import (
+    BatchFolder,
+    Manifest,
+    Merged,
+    Progress,
+    Summary,
+    Validation,
+    batch_ids,
+    committed_index,
+    shard_file,
+    shard_result_files,
+)
+from batch_dagster.batchfile.storage import LocalStorage
+
+
+@pytest.fixture
+def folder(tmp_path) -> BatchFolder:
+    return BatchFolder(LocalStorage(tmp_path), "batch_1")
+
+
+def test_paths_follow_the_data_flow_under_the_batch_folder(folder, tmp_path):
+    root = tmp_path / "batches" / "batch_1"
+    assert folder.input_path == root / "input.jsonl"
+    assert folder.requests_path == root / "requests.parquet"
+    assert folder.shard_path(3) == root / "shards" / "shard-00003.parquet"
+    assert folder.shard_summary_path(3) == root / "results" / "shard-00003.json"
+    assert (folder.output_path, folder.error_path, folder.summary_path) == (
+        root / "output.jsonl", root / "errors.jsonl", root / "summary.json")
+    assert shard_file(12) == "shard-00012.parquet"
+    assert shard_result_files(1) == ("shard-00001.output.jsonl", "shard-00001.errors.jsonl", "shard-00001.json")
+
+
+def test_only_a_shard_summary_is_a_commit_marker():
+    assert committed_index("shard-00007.json") == 7
+    assert committed_index("shard-123456.json") == 123456
+    for name in ("shard-00007.output.jsonl", "shard-00007.json.tmp", "progress.json", "shard-7.json"):
+        assert committed_index(name) is None
+
+
+def test_documents_round_trip_as_typed_objects(folder):
+    assert folder.manifest() is None and folder.summary() is None and folder.validation() is None
+    manifest = Manifest("batch_1", "/v1/chat/completions", "m", 5, 2, 3, [2, 2, 1])
+    folder.write_manifest(manifest)
+    assert folder.manifest() == manifest
+    validation = Validation(valid=False, total_requests=2, model=None, endpoint=None, error_count=1,
+                            errors=[{"code": "invalid_json", "message": "x", "line": 2, "param": None}],
+                            validated_at="now")
+    folder.write_validation(validation)
+    assert folder.validation() == validation
+    merged = Merged("completed", {"total": 1, "completed": 1, "failed": 0}, {"input_tokens": 3}, {})
+    folder.write_merged(merged)
+    assert folder.merged() == merged
+    folder.write_progress(Progress(shard=1, done=7))
+    assert folder.progress() == Progress(1, 7)
+    summary = Summary("batch_1", "completed", "/v1/chat/completions", "m", {"total": 1}, {}, {"total_cost": 0.0},
+                      {}, 1.5, 2.0, {"revision": "r"}, "o", "e", "t")
+    folder.write_summary(summary)
+    assert folder.summary() == summary
+    # Written as plain JSON, so other tools (and older readers) can read them; unknown keys are ignored.
+    raw = orjson.loads(folder.summary_path.read_bytes())
+    assert raw["status"] == "completed"
+    folder.storage.write_bytes(folder.key("summary.json"), orjson.dumps({**raw, "added_later": 1}))
+    assert folder.summary() == summary
+
+
+def test_endpoint_source_deadline_and_stop(folder, tmp_path):
+    assert folder.endpoint() is None and folder.source() is None and folder.stop_reason() is None
+    folder.set_endpoint("/v1/embeddings")
+    assert folder.endpoint() == "/v1/embeddings"
+    folder.set_source("s3://b/k.jsonl", tmp_path / "files" / "f.jsonl")
+    assert folder.source().uri == "s3://b/k.jsonl"
+    folder.set_deadline(time.time() + 60)
+    assert folder.stop_reason() is None
+    folder.set_deadline(time.time() - 1)
+    assert folder.stop_reason() == "expired"
+    folder.request_stop("cancelled")
+    assert folder.stop_reason() == "cancelled"  # an explicit stop wins over the deadline
+
+
+def test_input_is_copied_in_and_writes_are_atomic(folder, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"a": 1}\n')
+    assert not folder.has_input()
+    assert folder.put_input(src) == folder.input_path
+    assert folder.has_input() and folder.input_path.read_bytes() == b'{"a": 1}\n'
+    src.write_bytes(b"changed\n")
+    assert folder.input_path.read_bytes() == b'{"a": 1}\n'  # a copy, not a link
+    leftovers = [p for p in tmp_path.rglob("*.tmp")]
+    assert leftovers == []
+
+
+def test_modified_at_and_listing(folder, tmp_path):
+    storage = folder.storage
+    assert folder.modified_at(folder.VALIDATION) is None
+    folder.write_validation(Validation(True, 1, "m", "/v1/completions", 0, []))
+    at = folder.modified_at(folder.VALIDATION)
+    assert at is not None and abs(at - time.time()) < 5
+    BatchFolder(storage, "batch_2").set_endpoint("/v1/completions")
+    assert batch_ids(storage) == ["batch_1", "batch_2"]
+    assert storage.list("batches/batch_1") == ["batches/batch_1/validation.json"]
+    assert storage.size("batches/batch_1/validation.json") == os.path.getsize(
+        tmp_path / "batches" / "batch_1" / "validation.json")
+    storage.delete("batches/batch_1/validation.json")
+    assert folder.validation() is None
