@@ -10,9 +10,18 @@ import dagster as dg
 import openai
 import pytest
 
-from ..conftest import CHAT_MODEL, chat_request
-from ..fakes import FakeEngine, FakeVLLM
-from .conftest import KEY_A, KEY_B, fake_vllm, rows, upload, wait_for
+from tests.helpers import (
+    CHAT_MODEL,
+    KEY_A,
+    KEY_B,
+    FakeEngine,
+    FakeVLLM,
+    chat_request,
+    fake_vllm,
+    rows,
+    upload,
+    wait_for,
+)
 
 
 def lines(client, file_id) -> list[dict]:

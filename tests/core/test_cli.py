@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .conftest import chat_request, write_jsonl
+from tests.helpers import chat_request, write_jsonl
 
 CLI = str(Path(sys.executable).with_name("batch-dagster"))
 
