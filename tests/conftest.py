@@ -2,13 +2,16 @@
 
 The suite is in tiers, one folder each, marked by folder here so that no test repeats it:
 
-- core/      pure functions (the batch-file core, engine translation, the CLI's validate), seconds
-- pipeline/  the Dagster pipeline in-process, on the fake engine
+- core/      pure functions (the batch-file core, the CLI's validate, the benchmark workload): no Dagster,
+             no vLLM, no server, seconds. Its tests build their own files and import nothing from
+             tests/helpers.py (which loads Dagster); tests/core/test_tiers.py checks this.
+- pipeline/  the Dagster pipeline in-process, on the fake engine; the engine's logic on a stubbed vLLM
 - api/       the HTTP API, the store and the sensors in-process, on the fake engine
 - system/    the real vLLM engine, the real Dagster daemon, `serve`, CLI runs on the real engine, the benchmarks
 
 `pytest -m "not system"` (`make test-fast`) runs the first three. Helpers live in tests/helpers.py; conftest
-files hold fixtures only, and nothing imports from them.
+files hold fixtures only, and nothing imports from them. This file imports no framework at module level, so
+that the core tier loads none.
 """
 
 from __future__ import annotations

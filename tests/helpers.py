@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,11 +76,6 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def utc_ts(day: str, clock: str) -> int:
-    """The Unix time of `day` (YYYY-MM-DD) at `clock` (HH:MM:SS) UTC."""
-    return int(datetime.fromisoformat(f"{day}T{clock}+00:00").timestamp())
-
-
 # Network.
 
 def free_port() -> int:
@@ -128,8 +122,8 @@ def run_on_real_engine(tmp_path: Path, data_dir: Path, instance: dg.DagsterInsta
     defs = make_defs(data_dir, real_vllm(**vllm_kwargs))
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
                         defs=defs, instance=instance)
-    out = {l["custom_id"]: l for l in read_jsonl(tmp_path / "out" / "output.jsonl")}
-    err = {l["custom_id"]: l for l in read_jsonl(tmp_path / "out" / "errors.jsonl")}
+    out = {line["custom_id"]: line for line in read_jsonl(tmp_path / "out" / "output.jsonl")}
+    err = {line["custom_id"]: line for line in read_jsonl(tmp_path / "out" / "errors.jsonl")}
     return summary, out, err
 
 
@@ -143,7 +137,8 @@ class FakeEngine:
     calls: list[list[str]] = field(default_factory=list)
     on_call: Callable[[int], None] | None = None  # called with the call number, e.g. to cancel mid-batch
 
-    def run(self, endpoint: str, requests: Sequence[Request], on_progress: Callable[[int], None] | None = None) -> list[Line]:
+    def run(self, endpoint: str, requests: Sequence[Request],
+            on_progress: Callable[[int], None] | None = None) -> list[Line]:
         self.calls.append([cid for cid, _ in requests])
         if self.on_call is not None:
             self.on_call(len(self.calls))
@@ -292,7 +287,8 @@ class Service:
 
 
 def database_url(data_dir: Path) -> str:
-    """SQLite in the test's folder; BATCH_TEST_DATABASE_URL (e.g. a Postgres URL) runs the tests there, emptied first."""
+    """SQLite in the test's folder; BATCH_TEST_DATABASE_URL (e.g. a Postgres URL) runs the tests there, emptied
+    first."""
     url = os.environ.get("BATCH_TEST_DATABASE_URL")
     if not url:
         return f"sqlite:///{data_dir / 'api.db'}"
@@ -316,7 +312,8 @@ def upload(client: OpenAI, path: Path, rows: list) -> str:
         return client.files.create(file=f, purpose="batch").id
 
 
-def wait_for(client: OpenAI, batch_id: str, statuses: set[str] | str, timeout_s: float = 60, seen: list[str] | None = None):
+def wait_for(client: OpenAI, batch_id: str, statuses: set[str] | str, timeout_s: float = 60,
+             seen: list[str] | None = None):
     """Poll a batch until its status is one of `statuses`; records each status seen on the way."""
     statuses = {statuses} if isinstance(statuses, str) else statuses
     deadline = time.time() + timeout_s

@@ -3,7 +3,7 @@ markdown table, and a finished batch priced from its summary (the Dagster asset 
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import date, datetime
 
 import pandas as pd
 
@@ -18,11 +18,14 @@ from batch_dagster.batchfile.report import (
     model_rows,
     totals,
 )
-from tests.helpers import utc_ts as at
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DAY_A, DAY_B = "2026-03-03", "2026-03-04"
 OWNER = "owner-a"
+
+
+def at(day: str, clock: str) -> int:
+    return int(datetime.fromisoformat(f"{day}T{clock}+00:00").timestamp())
 
 
 def fb(batch_id: str, model: str, finished_at: int, **kw) -> FinishedBatch:

@@ -19,11 +19,14 @@ from batch_dagster.definitions import defs as project_defs
 from batch_dagster.resources import BatchStorage
 from batch_dagster.store import BatchRecord, repo
 from batch_dagster.store.resource import ApiStore
-from tests.helpers import utc_ts as at
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DAY_A, DAY_B = "2026-03-03", "2026-03-04"
 OWNER = "owner-a"
+
+
+def at(day: str, clock: str) -> int:
+    return int(datetime.fromisoformat(f"{day}T{clock}+00:00").timestamp())
 
 
 @pytest.fixture
