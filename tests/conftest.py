@@ -1,38 +1,41 @@
-"""Shared fixtures: a temporary data dir and Dagster instance, batch files, definitions to run."""
+"""Fixtures for every tier, and the tier markers.
+
+The suite is in tiers, one folder each, marked by folder here so that no test repeats it:
+
+- core/      pure functions (the batch-file core, the CLI's validate, the benchmark workload): no Dagster,
+             no vLLM, no server, seconds. Its tests build their own files and import nothing from
+             tests/helpers.py (which loads Dagster); tests/core/test_tiers.py checks this.
+- pipeline/  the Dagster pipeline in-process, on the fake engine; the engine's logic on a stubbed vLLM
+- api/       the HTTP API, the store and the sensors in-process, on the fake engine
+- system/    the real vLLM engine, the real Dagster daemon, `serve`, CLI runs on the real engine, the benchmarks
+
+`pytest -m "not system"` (`make test-fast`) runs the first three. Helpers live in tests/helpers.py; conftest
+files hold fixtures only, and nothing imports from them. This file imports no framework at module level, so
+that the core tier loads none.
+"""
 
 from __future__ import annotations
 
-import json
+import subprocess
+import sys
 from pathlib import Path
 
-import dagster as dg
 import pytest
-from dagster_aws.s3 import S3Resource
 
-from batch_dagster.assets.batch import lifecycle_assets
-from batch_dagster.assets.checks import lifecycle_checks
-from batch_dagster.jobs import batch_job
-from batch_dagster.resources import BatchStorage, VLLMResource
-from batch_dagster.settings import Settings
-
-# Read before any test moves BATCH_DATA_DIR, so the prepared models are shared, not re-prepared.
-MODEL_CACHE = Settings.from_env().model_cache_dir
-CHAT_MODEL = "smollm2-135m-instruct"
-EMBED_MODEL = "all-minilm-l6-v2"
+TESTS = Path(__file__).resolve().parent
+TIERS = ("core", "pipeline", "api", "system")
 
 
-def chat_request(custom_id: str, content: str, model: str = CHAT_MODEL, **params) -> dict:
-    body = {"model": model, "messages": [{"role": "user", "content": content}], **params}
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows))
-    return path
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        tier = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: every test lives in a tier folder, tests/{{{','.join(TIERS)}}}/")
+        if item.get_closest_marker("engine") and tier != "system":
+            raise pytest.UsageError(f"{item.nodeid}: a test on the real engine belongs in tests/system/")
+        item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture
@@ -44,78 +47,42 @@ def data_dir(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture
 def instance():
+    import dagster as dg
+
     with dg.instance_for_test() as inst:
         yield inst
 
 
-def make_defs(data_dir: Path, vllm: VLLMResource) -> dg.Definitions:
-    return dg.Definitions(
-        assets=lifecycle_assets,
-        asset_checks=lifecycle_checks,
-        jobs=[batch_job],
-        resources={"storage": BatchStorage(data_dir=str(data_dir)), "vllm": vllm, "s3": S3Resource()},
-    )
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """moto's S3 server on a loopback port, found by boto3 through AWS_ENDPOINT_URL like any S3-compatible store."""
+    from tests.helpers import free_port, wait_http
 
-
-def real_vllm(**kwargs) -> VLLMResource:
-    return VLLMResource(models_file=str(Settings.from_env().models_file), model_cache_dir=str(MODEL_CACHE), **kwargs)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout_s: float, proc=None) -> None:
-    import time
-
-    import httpx
-
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
-        try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(url)
-
-
-@pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory):
-    """A real vLLM OpenAI-compatible server for the default chat model on loopback, for the session.
-
-    Yields its base URL (without /v1). Started with the registry's settings, as `batch-dagster
-    vllm-server` would start it.
-    """
-    import os
-    import signal
-    import subprocess
-
-    from batch_dagster.engine.server import server_command
-
-    vllm = real_vllm()
-    spec = vllm.spec(CHAT_MODEL)
     port = free_port()
-    log = open(tmp_path_factory.mktemp("vllm-server") / "server.log", "w")
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
-    proc = subprocess.Popen(server_command(spec, vllm.model_path(spec), "127.0.0.1", port), stdout=log,
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_http(base + "/health", 300, proc)
-        yield base
+        wait_http(f"http://127.0.0.1:{port}/", 30, proc)
+        yield f"http://127.0.0.1:{port}"
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def bucket(s3_endpoint, monkeypatch):
+    """An empty bucket (tests.helpers.BUCKET) on the S3 server, with the environment pointing boto3 at it."""
+    import boto3
+
+    from tests.helpers import BUCKET
+
+    for name, value in {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=BUCKET)
+    yield client
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        for o in page.get("Contents", []):
+            client.delete_object(Bucket=BUCKET, Key=o["Key"])
+    client.delete_bucket(Bucket=BUCKET)

@@ -24,9 +24,7 @@ from batch_dagster.resources.config import resources_from_env
 from batch_dagster.sensors import api_batch_sensor, api_batch_status_sensor
 from batch_dagster.settings import Settings
 from batch_dagster.store.resource import api_store_from_env
-
-from .fakes import FakeEngine, FakeVLLM
-
+from tests.helpers import FakeEngine, FakeVLLM
 
 _calls_in_this_process = 0
 

@@ -8,8 +8,7 @@ import openai
 import pytest
 
 from batch_dagster.api.uploads import sanitize_filename
-
-from .conftest import rows, upload
+from tests.helpers import rows, upload, wait_for
 
 
 def test_upload_retrieve_list_download_delete(start_service, tmp_path):
@@ -51,8 +50,6 @@ def test_deleting_an_input_file_leaves_its_batch_intact(start_service, tmp_path)
     file_id = upload(client, tmp_path / "in.jsonl", rows(2))
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
     client.files.delete(file_id)
-    from .conftest import wait_for
-
     done = wait_for(client, batch.id, "completed")
     assert done.input_file_id == file_id and done.request_counts.completed == 2
     client.files.delete(done.output_file_id)

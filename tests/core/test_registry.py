@@ -70,7 +70,7 @@ def test_bad_task_raises(task):
 
 
 def test_unknown_setting_raises():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="not_a_setting"):
         parse_registry({"models": {"a": {"source": "x", "not_a_setting": 1}}})
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import chat_request
-from .test_engine_e2e import run
+from tests.helpers import chat_request, run_on_real_engine
 
 pytestmark = pytest.mark.engine
 
@@ -36,8 +35,8 @@ def test_server_mode_writes_the_same_lines_as_offline(tmp_path, data_dir, instan
     rows[1]["body"]["messages"].insert(0, {"role": "system", "content": "You answer in one short line."})
     offline_dir, server_dir = tmp_path / "offline", tmp_path / "server"
     offline_dir.mkdir(), server_dir.mkdir()
-    s1, out1, err1 = run(offline_dir, data_dir, instance, rows)
-    s2, out2, err2 = run(server_dir, data_dir, instance, rows, mode="server", server_urls=[vllm_server])
+    s1, out1, err1 = run_on_real_engine(offline_dir, data_dir, instance, rows)
+    s2, out2, err2 = run_on_real_engine(server_dir, data_dir, instance, rows, mode="server", server_urls=[vllm_server])
 
     assert s1["request_counts"] == s2["request_counts"] == {"total": 5, "completed": 3, "failed": 2}
     assert set(out1) == set(out2) and set(err1) == set(err2)

@@ -1,4 +1,6 @@
-"""The benchmark harness runs end to end at a tiny size, so it cannot rot (speed lives in the benchmark)."""
+"""The benchmark harness runs end to end at a tiny size, so it cannot rot (speed lives in the benchmark).
+
+Its workload generator is tested in tests/core/test_bench_workload.py."""
 
 from __future__ import annotations
 
@@ -6,26 +8,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from bench.run_bench import METRICS, STAGES
-from bench.workload import MAX_PROMPT_TOKENS, requests, write_workload
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def test_workload_is_fixed_and_shaped_like_the_issue(tmp_path):
-    a = write_workload(tmp_path / "a.jsonl", 400, "m").read_bytes()
-    assert a == write_workload(tmp_path / "b.jsonl", 400, "m").read_bytes()
-    rows = list(requests(400, "m"))
-    systems = [r["body"]["messages"][0]["content"] for r in rows if r["body"]["messages"][0]["role"] == "system"]
-    assert 0.4 < len(systems) / len(rows) < 0.6 and len(set(systems)) == 3
-    assert {r["body"]["temperature"] for r in rows} == {0}
-    assert all(16 <= r["body"]["max_tokens"] <= 128 for r in rows)
-    words = sorted(len(r["body"]["messages"][-1]["content"].split()) for r in rows)
-    assert words[0] <= 10 and words[-1] > MAX_PROMPT_TOKENS / 4  # a few words up to a long tail
+from tests.helpers import REPO
 
 
 def _run(module: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:

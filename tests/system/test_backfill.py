@@ -15,10 +15,8 @@ import httpx
 from batch_dagster.assets.batch import lifecycle_assets
 from batch_dagster.batchfile.results import committed_shards, shard_paths
 from batch_dagster.resources import BatchStorage
-
-from .conftest import chat_request, read_jsonl
-from .daemon_defs import engine_calls
-from .serve_harness import Serve, batch_runs, file_stats, materialization_metadata
+from tests.daemon_defs import engine_calls
+from tests.helpers import Serve, batch_runs, chat_request, file_stats, materialization_metadata, read_jsonl
 
 LAUNCH_BACKFILL = """
 mutation Launch($params: LaunchBackfillParams!) {

@@ -9,16 +9,7 @@ from batch_dagster.batchfile.results import committed_shards
 from batch_dagster.cli import run_batch
 from batch_dagster.definitions import defs as project_defs
 from batch_dagster.resources import BatchStorage
-
-from .conftest import CHAT_MODEL, chat_request, make_defs, read_jsonl, write_jsonl
-from .fakes import FAKES, FakeEngine, FakeVLLM
-
-
-def fake_vllm(name: str, engine: FakeEngine) -> FakeVLLM:
-    from batch_dagster.settings import Settings
-
-    FAKES[name] = engine
-    return FakeVLLM(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent", fake=name)
+from tests.helpers import FakeEngine, chat_request, fake_vllm, make_defs, read_jsonl, write_jsonl
 
 
 def test_project_definitions_load():

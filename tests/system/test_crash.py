@@ -15,10 +15,8 @@ import dagster as dg
 import pytest
 
 from batch_dagster.batchfile.results import committed_shards, shard_paths
-
-from .conftest import chat_request, read_jsonl
-from .daemon_defs import engine_calls
-from .serve_harness import Serve, batch_runs, file_stats, materialization_metadata, step_events
+from tests.daemon_defs import engine_calls
+from tests.helpers import Serve, batch_runs, chat_request, file_stats, materialization_metadata, read_jsonl, step_events
 
 SHARDS = 8
 

@@ -7,9 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .conftest import chat_request, write_jsonl
-
 CLI = str(Path(sys.executable).with_name("batch-dagster"))
+
+
+# Built here, not taken from tests/helpers.py: the core tier loads no Dagster (see tests/core/test_tiers.py).
+def chat_request(custom_id: str, content: str) -> dict:
+    body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": content}]}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
 
 
 def validate(*args):

@@ -17,22 +17,21 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from batch_dagster.cli import run_batch
 from batch_dagster.store import repo
 from batch_dagster.store.session import database_url_from_env, open_store
-
-from .conftest import CHAT_MODEL, EMBED_MODEL, MODEL_CACHE, chat_request, make_defs, read_jsonl, real_vllm, write_jsonl
+from tests.helpers import (
+    CHAT_MODEL,
+    EMBED_MODEL,
+    MODEL_CACHE,
+    chat_request,
+    make_defs,
+    read_jsonl,
+    real_vllm,
+    run_on_real_engine,
+    write_jsonl,
+)
 
 pytestmark = pytest.mark.engine
-
-
-def run(tmp_path, data_dir, instance, rows, **vllm_kwargs):
-    defs = make_defs(data_dir, real_vllm(**vllm_kwargs))
-    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                        defs=defs, instance=instance)
-    out = {l["custom_id"]: l for l in read_jsonl(tmp_path / "out" / "output.jsonl")}
-    err = {l["custom_id"]: l for l in read_jsonl(tmp_path / "out" / "errors.jsonl")}
-    return summary, out, err
 
 
 def content(line, i=0):
@@ -134,7 +133,7 @@ def test_completions_batch(tmp_path, data_dir, instance):
         {"custom_id": "c3", "method": "POST", "url": "/v1/completions",
          "body": {"model": CHAT_MODEL, "prompt": "x " * 3000, "max_tokens": 4}},
     ]
-    summary, out, err = run(tmp_path, data_dir, instance, rows)
+    summary, out, err = run_on_real_engine(tmp_path, data_dir, instance, rows)
     assert summary["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
     b1 = out["c1"]["response"]["body"]
     assert b1["object"] == "text_completion" and "Paris" in b1["choices"][0]["text"]
@@ -161,7 +160,7 @@ def test_embeddings_batch(tmp_path, data_dir, instance):
             for k, v in texts.items()]
     rows.append({"custom_id": "b64", "method": "POST", "url": "/v1/embeddings",
                  "body": {"model": EMBED_MODEL, "input": [texts["cat1"], texts["tax"]], "encoding_format": "base64"}})
-    summary, out, err = run(tmp_path, data_dir, instance, rows)
+    summary, out, err = run_on_real_engine(tmp_path, data_dir, instance, rows)
     assert summary["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
     vec = {k: out[k]["response"]["body"]["data"][0]["embedding"] for k in texts}
     assert all(len(v) == 384 for v in vec.values())

@@ -1,0 +1,153 @@
+"""Dropped files: the S3 sensor against a real S3-compatible server on loopback (moto), and the inbox sensor.
+
+Sensors are evaluated as the daemon does and their runs executed in-process against a test
+instance; the REST API (openai SDK) must list the batches they create. The same drops on the real
+engine are in tests/system/test_intake.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import ExitStack
+from pathlib import Path
+
+import dagster as dg
+
+from batch_dagster.intake import inbox_sensor, s3_upload_sensor
+from tests.helpers import BUCKET, Daemon, FakeEngine, chat_request, fake_vllm, jsonl, rows, s3_json, s3_lines
+
+
+def test_s3_drops_become_batches_with_results_beside_them(tmp_path, bucket):
+    engine = FakeEngine()
+    daemon = Daemon(tmp_path, fake_vllm("s3", engine))
+    bucket.put_object(Bucket=BUCKET, Key="incoming/labels.jsonl", Body=jsonl(rows(5)))
+    bucket.put_object(Bucket=BUCKET, Key="incoming/notes.txt", Body=b"not a batch")
+    bucket.put_object(Bucket=BUCKET, Key="elsewhere/other.jsonl", Body=jsonl(rows(2)))
+
+    runs = daemon.until_delivered(s3_upload_sensor)
+    assert [job for job, _ in runs] == ["batch_job", "deliver_results_job"]
+    batch_id = runs[0][1]
+    assert runs[1][1] == batch_id
+    assert daemon.instance.get_dynamic_partitions("batches") == [batch_id]
+
+    prefix = f"results/{batch_id}/"
+    keys = {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
+    assert keys == {prefix + "output.jsonl", prefix + "errors.jsonl", prefix + "summary.json"}
+    assert sorted(l["custom_id"] for l in s3_lines(bucket, prefix + "output.jsonl")) == [f"r{i}" for i in range(5)]
+    assert s3_lines(bucket, prefix + "errors.jsonl") == []
+    summary = s3_json(bucket, prefix + "summary.json")
+    assert summary["status"] == "completed" and summary["source"] == f"s3://{BUCKET}/incoming/labels.jsonl"
+    assert summary["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
+    assert summary["cost"]["total_cost"] > 0 and summary["usage"]["output_tokens"] > 0
+
+    # The REST API lists the batch, with its input file, like an uploaded one.
+    with ExitStack() as stack:
+        client = daemon.api(stack)
+        listed = client.batches.list().data
+        assert [b.id for b in listed] == [batch_id]
+        assert listed[0].status == "completed" and listed[0].metadata == {"source": summary["source"]}
+        assert listed[0].request_counts.completed == 5
+        assert client.files.content(listed[0].input_file_id).read() == jsonl(rows(5))
+
+    # Nothing new: nothing runs. The same bytes uploaded again (same ETag): still nothing.
+    assert daemon.tick(s3_upload_sensor) == []
+    bucket.put_object(Bucket=BUCKET, Key="incoming/labels.jsonl", Body=jsonl(rows(5)))
+    assert daemon.tick(s3_upload_sensor) == []
+    assert len(engine.calls) == 1
+
+    # A changed object under the same key is a new batch.
+    bucket.put_object(Bucket=BUCKET, Key="incoming/labels.jsonl", Body=jsonl(rows(3, prefix="v2-")))
+    runs = daemon.until_delivered(s3_upload_sensor)
+    assert [job for job, _ in runs] == ["batch_job", "deliver_results_job"]
+    second = runs[0][1]
+    assert second != batch_id
+    assert sorted(l["custom_id"] for l in s3_lines(bucket, f"results/{second}/output.jsonl")) == ["v2-0", "v2-1", "v2-2"]
+
+
+def test_s3_cursor_survives_restarts_and_lists_incrementally(tmp_path, bucket):
+    daemon = Daemon(tmp_path, fake_vllm("s3-inc", FakeEngine()), max_keys_per_tick=2, max_batches_per_tick=1)
+    for i in range(4):
+        bucket.put_object(Bucket=BUCKET, Key=f"incoming/f{i}.jsonl", Body=jsonl(rows(1, prefix=f"f{i}-")))
+    launched = []
+    for _ in range(4):
+        launched += [b for job, b in daemon.tick(s3_upload_sensor, run=False) if job == "batch_job"]
+        assert len(launched) == len(set(launched))
+    assert len(launched) == 4  # one per tick: bounded work, the cursor moving through the bucket
+    # A restarted daemon with no cursor lists from the top and finds nothing new: the store remembers.
+    daemon.cursors.clear()
+    for _ in range(3):
+        assert daemon.tick(s3_upload_sensor, run=False) == []
+
+
+def test_s3_sensor_is_off_without_a_bucket(tmp_path):
+    daemon = Daemon(tmp_path, fake_vllm("s3-off", FakeEngine()), s3_bucket="")
+    context = dg.build_sensor_context(instance=daemon.instance, resources=daemon.resources)
+    result = s3_upload_sensor(context)
+    assert isinstance(result, dg.SkipReason) and "BATCH_S3_BUCKET" in result.skip_message
+    if not os.environ.get("BATCH_S3_BUCKET"):
+        assert s3_upload_sensor.default_status == dg.DefaultSensorStatus.STOPPED
+    assert inbox_sensor.default_status == dg.DefaultSensorStatus.RUNNING
+
+
+def test_inbox_waits_for_a_file_to_be_completely_written(tmp_path):
+    engine = FakeEngine()
+    daemon = Daemon(tmp_path, fake_vllm("inbox", engine))
+    inbox = Path(daemon.intake.inbox_dir)
+    inbox.mkdir(parents=True)
+    dropped = rows(6)
+    whole = jsonl(dropped)
+    path = inbox / "todo.jsonl"
+    path.write_bytes(whole[: len(whole) // 2])  # half written, cut mid-line
+    (inbox / "upload.jsonl.part").write_bytes(whole)  # a copy in progress under a temporary name
+    (inbox / ".hidden.jsonl").write_bytes(whole)
+    assert daemon.tick(inbox_sensor) == []  # first sight: not known to be complete
+    with open(path, "ab") as f:
+        f.write(whole[len(whole) // 2:])
+    assert daemon.tick(inbox_sensor) == []  # it changed since: still being written
+    runs = daemon.until_delivered(inbox_sensor)  # unchanged across two ticks: complete
+    assert [job for job, _ in runs] == ["batch_job", "deliver_results_job"]
+    batch_id = runs[0][1]
+    results = tmp_path / "outbox" / batch_id
+    assert sorted(p.name for p in results.iterdir()) == ["errors.jsonl", "output.jsonl", "summary.json"]
+    out = [json.loads(l) for l in (results / "output.jsonl").read_text().splitlines()]
+    assert sorted(l["custom_id"] for l in out) == sorted(r["custom_id"] for r in dropped)
+    assert json.loads((results / "summary.json").read_text())["source"] == path.resolve().as_uri()
+    assert daemon.tick(inbox_sensor) == []
+    assert len(engine.calls) == 1
+
+
+def test_an_invalid_dropped_file_gets_its_errors_beside_it(tmp_path):
+    engine = FakeEngine()
+    daemon = Daemon(tmp_path, fake_vllm("inbox-bad", engine))
+    inbox = Path(daemon.intake.inbox_dir)
+    inbox.mkdir(parents=True)
+    (inbox / "bad.jsonl").write_bytes(jsonl([chat_request("a", "hi"), "{oops", chat_request("a", "again")]))
+    daemon.tick(inbox_sensor)  # first sight
+    runs = daemon.until_delivered(inbox_sensor)
+    assert [job for job, _ in runs] == ["batch_job", "deliver_results_job"]
+    results = tmp_path / "outbox" / runs[0][1]
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["files"] == []
+    assert [(e["code"], e["line"]) for e in summary["errors"]] == [("invalid_json", 2), ("duplicate_custom_id", 3)]
+    assert engine.calls == []
+
+
+def test_configuration_from_the_environment(tmp_path, monkeypatch):
+    from batch_dagster.resources.intake import intake_from_env
+    from batch_dagster.store import repo
+
+    monkeypatch.setenv("BATCH_DATA_DIR", str(tmp_path / "data"))
+    for name in ("BATCH_S3_BUCKET", "BATCH_INBOX_DIR", "BATCH_OUTBOX_DIR", "BATCH_INTAKE_API_KEY", "BATCH_API_KEYS"):
+        monkeypatch.delenv(name, raising=False)
+    default = intake_from_env()
+    assert (default.s3_bucket, default.s3_prefix, default.s3_output_prefix) == ("", "incoming/", "results/")
+    assert Path(default.inbox_dir) == tmp_path / "data" / "inbox"
+    assert Path(default.outbox_dir) == tmp_path / "data" / "outbox"
+    assert default.owner == repo.ANONYMOUS
+    monkeypatch.setenv("BATCH_API_KEYS", "sk-first,sk-second")
+    assert intake_from_env().owner == repo.owner_of_key("sk-first")  # the API lists them to that key
+    monkeypatch.setenv("BATCH_INTAKE_API_KEY", "sk-second")
+    monkeypatch.setenv("BATCH_S3_BUCKET", "in")
+    configured = intake_from_env()
+    assert configured.owner == repo.owner_of_key("sk-second") and configured.s3_results_uri() == "s3://in/results/"

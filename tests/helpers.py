@@ -1,0 +1,549 @@
+"""What the tests share, in one module: batch files, definitions, the fake engine, and the harnesses that serve
+the API in-process, play the Dagster daemon for the sensors, and run `serve` for real.
+
+Tests import from here, never from a conftest.py (those hold fixtures only). The heavier libraries of the
+harnesses (uvicorn, the openai SDK, psutil, the API app) are imported where they are used, so that importing
+this module stays cheap, also for the daemon's processes that load tests/daemon_defs.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import dagster as dg
+from dagster_aws.s3 import S3Resource
+
+from batch_dagster.assets.batch import lifecycle_assets
+from batch_dagster.assets.checks import lifecycle_checks
+from batch_dagster.batchfile import contract as c
+from batch_dagster.engine import translate as t
+from batch_dagster.engine.base import EngineCrash, Line, Request
+from batch_dagster.jobs import batch_job
+from batch_dagster.resources import BatchStorage, VLLMResource
+from batch_dagster.settings import Settings
+
+if TYPE_CHECKING:
+    import httpx
+    import psutil
+    from openai import OpenAI
+
+    from batch_dagster.api.config import ApiConfig
+
+REPO = Path(__file__).resolve().parents[1]
+# Read when the tests are collected, before any test moves BATCH_DATA_DIR, so the prepared models are shared.
+MODEL_CACHE = Settings.from_env().model_cache_dir
+CHAT_MODEL = "smollm2-135m-instruct"
+EMBED_MODEL = "all-minilm-l6-v2"
+# Run config that keeps in-process runs quiet.
+QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+
+
+# Batch files.
+
+def chat_request(custom_id: str, content: str, model: str = CHAT_MODEL, **params) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], **params}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def rows(n: int, prefix: str = "r", **params) -> list[dict]:
+    """n chat requests of growing length, custom_ids `<prefix>0` ... `<prefix><n-1>`."""
+    return [chat_request(f"{prefix}{i}", f"question {i} " + "word " * i, **params) for i in range(n)]
+
+
+def jsonl(rows: list) -> bytes:
+    """A batch file's bytes; a str row is written as it is (to make broken lines)."""
+    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows))
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# Network.
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout_s: float, proc=None) -> None:
+    import httpx
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(url)
+
+
+# Definitions.
+
+def make_defs(data_dir: Path, vllm: VLLMResource) -> dg.Definitions:
+    return dg.Definitions(
+        assets=lifecycle_assets,
+        asset_checks=lifecycle_checks,
+        jobs=[batch_job],
+        resources={"storage": BatchStorage(data_dir=str(data_dir)), "vllm": vllm, "s3": S3Resource()},
+    )
+
+
+def real_vllm(**kwargs) -> VLLMResource:
+    return VLLMResource(models_file=str(Settings.from_env().models_file), model_cache_dir=str(MODEL_CACHE), **kwargs)
+
+
+def run_on_real_engine(tmp_path: Path, data_dir: Path, instance: dg.DagsterInstance, rows: list, **vllm_kwargs):
+    """`run_batch` of `rows` on the real engine: the summary, and the output and error lines by custom_id."""
+    from batch_dagster.cli import run_batch
+
+    defs = make_defs(data_dir, real_vllm(**vllm_kwargs))
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs, instance=instance)
+    out = {line["custom_id"]: line for line in read_jsonl(tmp_path / "out" / "output.jsonl")}
+    err = {line["custom_id"]: line for line in read_jsonl(tmp_path / "out" / "errors.jsonl")}
+    return summary, out, err
+
+
+# The fake engine, for fast pipeline tests: deterministic answers, countable calls, injectable faults.
+
+@dataclass
+class FakeEngine:
+    """Echoes the last user message; `crash_times` shards crash before it behaves."""
+
+    crash_times: int = 0
+    calls: list[list[str]] = field(default_factory=list)
+    on_call: Callable[[int], None] | None = None  # called with the call number, e.g. to cancel mid-batch
+
+    def run(self, endpoint: str, requests: Sequence[Request],
+            on_progress: Callable[[int], None] | None = None) -> list[Line]:
+        self.calls.append([cid for cid, _ in requests])
+        if self.on_call is not None:
+            self.on_call(len(self.calls))
+        if self.crash_times > 0:
+            self.crash_times -= 1
+            raise EngineCrash("fake engine died")
+        lines = []
+        for cid, body in requests:
+            if body.get("temperature", 1) < 0:
+                lines.append(t.RequestError("temperature must be non-negative", param="temperature").line(cid))
+                continue
+            text = str(body["messages"][-1]["content"]) if endpoint == c.CHAT else str(body.get("prompt"))
+            words = text.split()
+            out = " ".join(words[: body.get("max_tokens", 16)])
+            choice = t.Choice(f"echo: {out}", "stop", len(words[: body.get("max_tokens", 16)]) + 1)
+            lines.append(c.success_line(cid, t.chat_completion(body["model"], [choice], len(words))))
+            if on_progress is not None:
+                on_progress(1)
+        return lines
+
+
+FAKES: dict[str, FakeEngine] = {}
+
+
+class FakeVLLM(VLLMResource):
+    """The vLLM resource with the engine swapped for `FAKES[fake]`."""
+
+    fake: str = "default"
+
+    def engine(self, model: str) -> Any:
+        self.spec(model)
+        return FAKES[self.fake]
+
+    def reset(self, model: str) -> None:
+        pass
+
+    def model_record(self, model: str) -> dict[str, Any]:
+        return {"model": model, "revision": "fake", "engine_mode": "fake", "engine_settings": {},
+                "vllm_version": "none", "seed": 0}
+
+
+def fake_vllm(name: str, engine: FakeEngine, cls: type[FakeVLLM] = FakeVLLM) -> FakeVLLM:
+    """A vLLM resource (of class `cls`) whose engine is `engine`, registered under `name`."""
+    FAKES[name] = engine
+    return cls(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent", fake=name)
+
+
+# The API in-process: uvicorn on loopback, the openai SDK as its client, and a worker that plays the daemon.
+
+KEY_A, KEY_B = "sk-test-a", "sk-test-b"
+
+
+class Worker(threading.Thread):
+    """Plays the Dagster daemon: ticks the sensors and runs each requested partition of batch_job."""
+
+    def __init__(self, defs: dg.Definitions, instance: dg.DagsterInstance, resources: dict, interval_s: float = 0.2):
+        super().__init__(daemon=True, name="dagster-worker")
+        self.defs, self.instance, self.resources, self.interval_s = defs, instance, resources, interval_s
+        self.stopping = threading.Event()
+        self.ran: list[str] = []
+        self.errors: list[BaseException] = []
+
+    def tick(self) -> None:
+        from batch_dagster.sensors import api_batch_sensor, api_batch_status_sensor
+
+        result = api_batch_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))
+        if isinstance(result, dg.SensorResult):
+            for request in result.dynamic_partitions_requests or []:
+                self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+            for run in result.run_requests or []:
+                self.defs.resolve_job_def("batch_job").execute_in_process(
+                    partition_key=run.partition_key, instance=self.instance, raise_on_error=False,
+                    tags={**run.tags, "dagster/run_key": run.run_key},  # as the daemon tags a sensor's run
+                    run_config=QUIET,
+                )
+                self.ran.append(run.partition_key)
+        api_batch_status_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.tick()
+            except BaseException as exc:  # surfaced by the fixture's teardown
+                self.errors.append(exc)
+                return
+            self.stopping.wait(self.interval_s)
+
+
+class ApiServer:
+    """uvicorn in a thread on a free loopback port."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True, name="uvicorn")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the API server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@dataclass
+class Service:
+    """The API served in-process (see the `start_service` fixture), its worker, and where they keep things."""
+
+    url: str
+    data_dir: Path
+    config: ApiConfig
+    engine: FakeEngine
+    worker: Worker
+    instance: dg.DagsterInstance
+    storage: BatchStorage
+    clients: list[OpenAI] = field(default_factory=list)
+
+    def client(self, api_key: str = KEY_A) -> OpenAI:
+        from openai import OpenAI
+
+        client = OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=30)
+        self.clients.append(client)
+        return client
+
+    def http(self, api_key: str | None = KEY_A) -> httpx.Client:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def start_worker(self) -> None:
+        if not self.worker.is_alive():
+            self.worker.start()
+
+
+def database_url(data_dir: Path) -> str:
+    """SQLite in the test's folder; BATCH_TEST_DATABASE_URL (e.g. a Postgres URL) runs the tests there, emptied
+    first."""
+    url = os.environ.get("BATCH_TEST_DATABASE_URL")
+    if not url:
+        return f"sqlite:///{data_dir / 'api.db'}"
+    from sqlalchemy import text
+
+    from batch_dagster.store import Store
+    from batch_dagster.store.models import Base
+
+    store = Store(url)
+    Base.metadata.drop_all(store.engine)
+    with store.engine.begin() as connection:
+        connection.execute(text("DROP TABLE IF EXISTS alembic_version"))
+    store.dispose()
+    return url
+
+
+def upload(client: OpenAI, path: Path, rows: list) -> str:
+    """Write `rows` to `path` and upload it with the openai SDK `client`; the file's id."""
+    write_jsonl(path, rows)
+    with open(path, "rb") as f:
+        return client.files.create(file=f, purpose="batch").id
+
+
+def wait_for(client: OpenAI, batch_id: str, statuses: set[str] | str, timeout_s: float = 60,
+             seen: list[str] | None = None):
+    """Poll a batch until its status is one of `statuses`; records each status seen on the way."""
+    statuses = {statuses} if isinstance(statuses, str) else statuses
+    deadline = time.time() + timeout_s
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if seen is not None and (not seen or seen[-1] != batch.status):
+            seen.append(batch.status)
+        if batch.status in statuses:
+            return batch
+        if time.time() > deadline:
+            raise TimeoutError(f"{batch_id} is still {batch.status} (waiting for {statuses})")
+        time.sleep(0.1)
+
+
+# Dropped files: the S3 and inbox sensors, evaluated as the daemon does.
+
+BUCKET = "drops"
+
+
+class Daemon:
+    """Plays the Dagster daemon for the drop sensors: evaluates them with their cursor, runs what they request."""
+
+    def __init__(self, tmp_path: Path, vllm: VLLMResource, **intake):
+        from batch_dagster.assets.delivery import deliver_results_job, delivered_results
+        from batch_dagster.resources.intake import Intake
+        from batch_dagster.store.resource import ApiStore
+
+        self.data_dir = tmp_path / "data"
+        self.storage = BatchStorage(data_dir=str(self.data_dir))
+        self.db_url = f"sqlite:///{self.data_dir / 'api.db'}"
+        self.intake = Intake(inbox_dir=str(tmp_path / "inbox"), outbox_dir=str(tmp_path / "outbox"),
+                             files_dir=str(self.data_dir / "files"), **{"s3_bucket": BUCKET, "settle_s": 0, **intake})
+        base = make_defs(self.data_dir, vllm)
+        self.resources = {**base.resources, "api_store": ApiStore(url=self.db_url), "intake": self.intake}
+        self.defs = dg.Definitions(assets=[*base.assets, delivered_results], asset_checks=base.asset_checks,
+                                   jobs=[*base.jobs, deliver_results_job], resources=self.resources)
+        self.instance = dg.DagsterInstance.ephemeral()
+        self.cursors: dict[str, str | None] = {}
+
+    def tick(self, sensor: dg.SensorDefinition, *, run: bool = True) -> list[tuple[str, str]]:
+        """One evaluation of `sensor`; the (job, batch id) of each run it requested, executed unless run=False."""
+        context = dg.build_sensor_context(instance=self.instance, resources=self.resources,
+                                          cursor=self.cursors.get(sensor.name))
+        result = sensor(context)
+        if not isinstance(result, dg.SensorResult):
+            return []
+        self.cursors[sensor.name] = result.cursor
+        for request in result.dynamic_partitions_requests or []:
+            self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        requested = [(r.job_name, r.partition_key) for r in result.run_requests or []]
+        for r in (result.run_requests or []) if run else []:
+            outcome = self.defs.resolve_job_def(r.job_name).execute_in_process(
+                partition_key=r.partition_key, instance=self.instance, raise_on_error=False, run_config=QUIET,
+                tags={**r.tags, "dagster/partition": r.partition_key})
+            assert outcome.success or r.job_name == "batch_job", f"{r.job_name} failed"
+        return requested
+
+    def follow(self) -> None:
+        """The API's status sensor: brings the stored batches up to date with their runs."""
+        from batch_dagster.sensors import api_batch_status_sensor
+
+        api_batch_status_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))
+
+    def until_delivered(self, sensor: dg.SensorDefinition) -> list[tuple[str, str]]:
+        """Run a dropped file's whole life: launch, follow to the end, deliver. All the runs requested."""
+        runs = self.tick(sensor)
+        self.follow()
+        return runs + self.tick(sensor)
+
+    def api(self, stack: ExitStack) -> OpenAI:
+        """The REST API over this daemon's store, served until `stack` closes; an openai SDK client for it."""
+        from openai import OpenAI
+
+        from batch_dagster.api.app import create_app
+        from batch_dagster.api.config import ApiConfig
+
+        config = ApiConfig(api_keys=(), database_url=self.db_url, data_dir=self.data_dir,
+                           max_upload_bytes=1 << 20, completion_window_s=86_400)
+        server = stack.enter_context(ApiServer(create_app(config)))
+        return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def s3_lines(client, key: str) -> list[dict]:
+    body = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    return [json.loads(line) for line in body.splitlines() if line.strip()]
+
+
+def s3_json(client, key: str) -> dict:
+    return json.loads(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+
+
+# `python -m batch_dagster.serve` started by a test, with the project's dagster.yaml: the API, the real Dagster
+# daemon (sensors, run queue, run retries, backfills) and optionally the UI, plus their processes.
+
+SERVE_API_KEY = "sk-harness"
+
+
+def serve_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment for serve in `tmp_path`: none of the caller's BATCH_/DAGSTER_ settings, the shared models."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATCH_", "DAGSTER_"))}
+    return env | {"DAGSTER_HOME": str(tmp_path / "dagster_home"), "BATCH_DATA_DIR": str(tmp_path / "data"),
+                  "BATCH_MODEL_CACHE": str(MODEL_CACHE)} | extra
+
+
+class Serve:
+    """serve in `tmp_path` (its DAGSTER_HOME links the repo's dagster.yaml); `module` replaces the project's
+    definitions (a workspace.yaml in the working directory points the daemon at it)."""
+
+    def __init__(self, tmp_path: Path, *, module: str | None = None, ui: bool = False, **env: str):
+        self.tmp_path, self.module, self.ui = tmp_path, module, ui
+        self.home, self.data_dir = tmp_path / "dagster_home", tmp_path / "data"
+        self.api_port, self.ui_port = free_port(), free_port()
+        self.env = serve_env(tmp_path, BATCH_API_KEYS=SERVE_API_KEY, **env)
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Serve:
+        if self.module:
+            (self.tmp_path / "workspace.yaml").write_text(
+                f"load_from:\n  - python_module:\n      module_name: {self.module}\n"
+                f"      working_directory: {REPO}\n      location_name: tests\n")
+        self.log = open(self.tmp_path / "serve.log", "w")
+        command = [sys.executable, "-m", "batch_dagster.serve", "--port", str(self.api_port)]
+        command += ["--dagster-port", str(self.ui_port)] if self.ui else ["--no-ui"]
+        self.proc = subprocess.Popen(command, cwd=self.tmp_path, env=self.env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_http(f"http://127.0.0.1:{self.api_port}/health", 60, self.proc)
+            if self.ui:
+                wait_http(f"{self.ui_url}/server_info", 120, self.proc)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Ctrl-C, as in a terminal; whatever is left after that is killed, so no test leaks processes."""
+        import psutil
+
+        descendants = psutil.Process(self.proc.pid).children(recursive=True) if self.proc.poll() is None else []
+        os.kill(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        for p in descendants:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.log.close()
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://127.0.0.1:{self.ui_port}"
+
+    def logs(self, tail: int = 4000) -> str:
+        self.log.flush()
+        return (self.tmp_path / "serve.log").read_text()[-tail:]
+
+    def client(self) -> OpenAI:
+        from openai import OpenAI
+
+        return OpenAI(base_url=f"http://127.0.0.1:{self.api_port}/v1", api_key=SERVE_API_KEY, max_retries=0,
+                      timeout=30)
+
+    def create_batch(self, rows: list[dict], name: str = "in.jsonl"):
+        client = self.client()
+        with open(write_jsonl(self.tmp_path / name, rows), "rb") as f:
+            file_id = client.files.create(file=f, purpose="batch").id
+        return client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+
+    def wait_for(self, batch_id: str, statuses: set[str], timeout_s: float):
+        client, deadline = self.client(), time.time() + timeout_s
+        while (batch := client.batches.retrieve(batch_id)).status not in statuses:
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise TimeoutError(f"{batch_id} is still {batch.status}\n{self.logs()}")
+            time.sleep(0.5)
+        return batch
+
+    @contextmanager
+    def instance(self):
+        """The Dagster instance the daemon writes to, read from the test."""
+        saved = os.environ.get("DAGSTER_HOME")
+        os.environ["DAGSTER_HOME"] = str(self.home)
+        try:
+            with dg.DagsterInstance.from_config(str(self.home)) as instance:
+                yield instance
+        finally:
+            if saved is None:
+                os.environ.pop("DAGSTER_HOME", None)
+            else:
+                os.environ["DAGSTER_HOME"] = saved
+
+    def engine_step(self) -> psutil.Process | None:
+        """The step process holding a vLLM engine (its engine-core child is named VLLM::...), if any."""
+        import psutil
+
+        for p in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if any(c.name().startswith("VLLM") for c in p.children()):
+                    return p
+            except psutil.NoSuchProcess:
+                continue
+        return None
+
+
+def batch_runs(instance: dg.DagsterInstance, batch_id: str, timeout_s: float = 60) -> list[dg.DagsterRun]:
+    """The batch's runs, oldest first, once the newest has finished (the API's batch ends a little before)."""
+    deadline = time.time() + timeout_s
+    while True:
+        runs = instance.get_runs(dg.RunsFilter(job_name="batch_job", tags={"dagster/partition": batch_id}))
+        if (runs and runs[0].is_finished) or time.time() > deadline:
+            return list(reversed(runs))
+        time.sleep(0.5)
+
+
+def step_events(instance: dg.DagsterInstance, run_id: str, event_type: dg.DagsterEventType, step_key: str) -> list:
+    records = instance.get_records_for_run(run_id, of_type=event_type).records
+    return [r for r in records if r.event_log_entry.step_key == step_key]
+
+
+def materialization_metadata(instance: dg.DagsterInstance, run_id: str, asset: str) -> dict:
+    for record in instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records:
+        materialization = record.event_log_entry.asset_materialization
+        if materialization.asset_key == dg.AssetKey(asset):
+            return {k: v.value for k, v in materialization.metadata.items()}
+    raise KeyError(f"{asset} was not materialized in run {run_id}")
+
+
+def file_stats(paths) -> dict[str, tuple[int, int]]:
+    """(inode, mtime_ns) of each file: a rewrite (even atomic, by rename) changes one of them."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in paths}
