@@ -10,7 +10,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export BATCH_DATA_DIR ?= $(CURDIR)/data
 export BATCH_MODEL_CACHE ?= $(BATCH_DATA_DIR)/models
 
-.PHONY: setup models demo test test-fast dev serve clean
+.PHONY: setup models demo lint test test-fast dev serve clean
 
 setup: $(STAMP) models
 
@@ -32,10 +32,15 @@ models: $(STAMP)
 demo: setup
 	$(VENV)/bin/batch-dagster demo
 
-test: setup
+# Lint and types first (seconds), then the tests.
+lint: setup
+	$(VENV)/bin/ruff check batch_dagster bench tools tests
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest -q
 
-test-fast: setup
+test-fast: lint
 	$(PY) -m pytest -q -m "not system" tests/core tests/pipeline tests/api
 
 dev: setup
@@ -49,7 +54,7 @@ serve: setup
 clean:
 	rm -rf $(VENV) .dagster_home data
 
-# Benchmarks (see README, "Performance"). BENCH_REQUESTS / BENCH_MODEL size and pick the workload.
+# Benchmarks (see docs/performance.md). BENCH_REQUESTS / BENCH_MODEL size and pick the workload.
 .PHONY: bench bench-cpu
 bench: setup
 	$(PY) -m bench.run_bench

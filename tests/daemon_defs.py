@@ -20,10 +20,9 @@ import dagster as dg
 from batch_dagster.assets.batch import lifecycle_assets
 from batch_dagster.assets.checks import lifecycle_checks
 from batch_dagster.jobs import batch_job
-from batch_dagster.resources.config import resources_from_env
+from batch_dagster.resources.from_env import resources_from_env
 from batch_dagster.sensors import api_batch_sensor, api_batch_status_sensor
 from batch_dagster.settings import Settings
-from batch_dagster.store.resource import api_store_from_env
 from tests.helpers import FakeEngine, FakeVLLM
 
 _calls_in_this_process = 0
@@ -64,7 +63,6 @@ defs = dg.Definitions(
     resources={
         **resources_from_env(),
         "vllm": LoggedVLLM(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent"),
-        "api_store": api_store_from_env(),
     },
     executor=dg.in_process_executor,
 )

@@ -31,7 +31,7 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.engine import translate as t
 from batch_dagster.engine.base import EngineCrash, Line, Request
 from batch_dagster.jobs import batch_job
-from batch_dagster.resources import BatchStorage, VLLMResource
+from batch_dagster.resources import BatchStorage, PipelineConfig, VLLMResource
 from batch_dagster.settings import Settings
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import psutil
     from openai import OpenAI
 
-    from batch_dagster.api.config import ApiConfig
+    from batch_dagster.api.context import ApiConfig
 
 REPO = Path(__file__).resolve().parents[1]
 # Read when the tests are collected, before any test moves BATCH_DATA_DIR, so the prepared models are shared.
@@ -102,12 +102,14 @@ def wait_http(url: str, timeout_s: float, proc=None) -> None:
 
 # Definitions.
 
-def make_defs(data_dir: Path, vllm: VLLMResource) -> dg.Definitions:
+def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000) -> dg.Definitions:
+    """batch_job over `data_dir` on `vllm`, cutting shards of `shard_size` requests."""
     return dg.Definitions(
         assets=lifecycle_assets,
         asset_checks=lifecycle_checks,
         jobs=[batch_job],
-        resources={"storage": BatchStorage(data_dir=str(data_dir)), "vllm": vllm, "s3": S3Resource()},
+        resources={"storage": BatchStorage(data_dir=str(data_dir)), "vllm": vllm, "s3": S3Resource(),
+                   "pipeline": PipelineConfig(shard_size=shard_size)},
     )
 
 
@@ -117,7 +119,7 @@ def real_vllm(**kwargs) -> VLLMResource:
 
 def run_on_real_engine(tmp_path: Path, data_dir: Path, instance: dg.DagsterInstance, rows: list, **vllm_kwargs):
     """`run_batch` of `rows` on the real engine: the summary, and the output and error lines by custom_id."""
-    from batch_dagster.cli import run_batch
+    from batch_dagster.runner import run_batch
 
     defs = make_defs(data_dir, real_vllm(**vllm_kwargs))
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
@@ -337,9 +339,9 @@ class Daemon:
     """Plays the Dagster daemon for the drop sensors: evaluates them with their cursor, runs what they request."""
 
     def __init__(self, tmp_path: Path, vllm: VLLMResource, **intake):
-        from batch_dagster.assets.delivery import deliver_results_job, delivered_results
-        from batch_dagster.resources.intake import Intake
-        from batch_dagster.store.resource import ApiStore
+        from batch_dagster.assets.delivery import delivered_results
+        from batch_dagster.jobs import deliver_results_job
+        from batch_dagster.resources import ApiStore, Intake
 
         self.data_dir = tmp_path / "data"
         self.storage = BatchStorage(data_dir=str(self.data_dir))
@@ -388,7 +390,7 @@ class Daemon:
         from openai import OpenAI
 
         from batch_dagster.api.app import create_app
-        from batch_dagster.api.config import ApiConfig
+        from batch_dagster.api.context import ApiConfig
 
         config = ApiConfig(api_keys=(), database_url=self.db_url, data_dir=self.data_dir,
                            max_upload_bytes=1 << 20, completion_window_s=86_400)

@@ -266,6 +266,9 @@ class BatchFolder:
         """The time (epoch seconds) after which no new shard starts: the batch expires."""
         self._write("deadline.json", Deadline(expires_at))
 
+    def deadline(self) -> Deadline | None:
+        return self._read("deadline.json", Deadline)
+
     def request_stop(self, reason: str) -> None:
         """Ask a running batch to stop before its next shard (reason: "cancelled" or "expired")."""
         self._write("stop.json", Stop(reason, time.time()))
@@ -275,7 +278,7 @@ class BatchFolder:
         stop = self._read("stop.json", Stop)
         if stop is not None:
             return stop.reason
-        deadline = self._read("deadline.json", Deadline)
+        deadline = self.deadline()
         if deadline is not None and time.time() >= deadline.expires_at:
             return "expired"
         return None

@@ -14,9 +14,8 @@ import dagster as dg
 import pytest
 
 from batch_dagster.api.app import create_app
-from batch_dagster.api.config import ApiConfig
-from batch_dagster.resources import BatchStorage, VLLMResource
-from batch_dagster.store.resource import ApiStore
+from batch_dagster.api.context import ApiConfig
+from batch_dagster.resources import ApiStore, BatchStorage, VLLMResource
 from tests.helpers import KEY_A, KEY_B, ApiServer, FakeEngine, Service, Worker, database_url, fake_vllm, make_defs
 
 
@@ -31,7 +30,6 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
               engine: FakeEngine | None = None, worker: bool = True) -> Service:
         data_dir = tmp_path / "data"
         monkeypatch.setenv("BATCH_DATA_DIR", str(data_dir))
-        monkeypatch.setenv("BATCH_SHARD_SIZE", str(shard_size))
         config = ApiConfig(api_keys=tuple(api_keys), database_url=database_url(data_dir),
                            data_dir=data_dir, max_upload_bytes=max_upload_bytes, completion_window_s=window_s)
         engine = engine or FakeEngine()
@@ -40,7 +38,7 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
         storage = BatchStorage(data_dir=str(data_dir))
         resources = {"api_store": ApiStore(url=config.database_url), "storage": storage}
         server = stack.enter_context(ApiServer(create_app(config)))
-        service = Service(server.url, data_dir, config, engine, Worker(make_defs(data_dir, vllm), instance, resources),
+        service = Service(server.url, data_dir, config, engine, Worker(make_defs(data_dir, vllm, shard_size), instance, resources),
                           instance, storage)
         services.append(service)
         if worker:

@@ -10,6 +10,7 @@ import dagster as dg
 import openai
 import pytest
 
+from batch_dagster.batchfile.folder import batch_ids
 from tests.helpers import (
     CHAT_MODEL,
     KEY_A,
@@ -239,8 +240,10 @@ def test_expiry_with_a_short_window(start_service, tmp_path):
 
     def outlast_the_window(call: int) -> None:  # shard 1 runs inside the window and ends after it
         if call == 1:
-            [deadline] = [service.storage.read_json(p) for p in service.data_dir.glob("batches/*/deadline.json")]
-            time.sleep(max(0.0, deadline["expires_at"] - time.time()) + 0.2)
+            [batch_id] = batch_ids(service.storage.storage())
+            deadline = service.storage.folder(batch_id).deadline()
+            assert deadline is not None
+            time.sleep(max(0.0, deadline.expires_at - time.time()) + 0.2)
 
     engine.on_call = outlast_the_window
     client = service.client()

@@ -154,7 +154,7 @@ def test_files_expire(start_service, tmp_path):
 
     from sqlalchemy import update
 
-    from batch_dagster.sensors import api_batch_status_sensor
+    from batch_dagster.sensors import api_batch_status_sensor, file_expiry_sensor
     from batch_dagster.store import FileRecord, Store
 
     store = Store(service.config.database_url)
@@ -168,5 +168,9 @@ def test_files_expire(start_service, tmp_path):
     assert (service.data_dir / "files" / f"{created.id}.jsonl").exists()
     import dagster as dg
 
-    api_batch_status_sensor(dg.build_sensor_context(instance=service.instance, resources=service.worker.resources))
+    context = dg.build_sensor_context(instance=service.instance, resources=service.worker.resources)
+    api_batch_status_sensor(context)  # follows batches only: expiry is its own sensor
+    assert (service.data_dir / "files" / f"{created.id}.jsonl").exists()
+    assert file_expiry_sensor(context).skip_message == "1 expired file(s) deleted."
     assert not (service.data_dir / "files" / f"{created.id}.jsonl").exists()
+    assert file_expiry_sensor(context).skip_message == "0 expired file(s) deleted."

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from batch_dagster.intake import inbox_sensor, s3_upload_sensor
+from batch_dagster.sensors import inbox_sensor, s3_upload_sensor
 from tests.helpers import BUCKET, Daemon, FakeEngine, chat_request, fake_vllm, jsonl, rows, s3_json, s3_lines
 
 
@@ -134,20 +134,21 @@ def test_an_invalid_dropped_file_gets_its_errors_beside_it(tmp_path):
 
 
 def test_configuration_from_the_environment(tmp_path, monkeypatch):
-    from batch_dagster.resources.intake import intake_from_env
+    from batch_dagster.resources.drops import intake_from_env
+    from batch_dagster.settings import Settings
     from batch_dagster.store import repo
 
     monkeypatch.setenv("BATCH_DATA_DIR", str(tmp_path / "data"))
     for name in ("BATCH_S3_BUCKET", "BATCH_INBOX_DIR", "BATCH_OUTBOX_DIR", "BATCH_INTAKE_API_KEY", "BATCH_API_KEYS"):
         monkeypatch.delenv(name, raising=False)
-    default = intake_from_env()
+    default = intake_from_env(Settings.from_env())
     assert (default.s3_bucket, default.s3_prefix, default.s3_output_prefix) == ("", "incoming/", "results/")
     assert Path(default.inbox_dir) == tmp_path / "data" / "inbox"
     assert Path(default.outbox_dir) == tmp_path / "data" / "outbox"
     assert default.owner == repo.ANONYMOUS
     monkeypatch.setenv("BATCH_API_KEYS", "sk-first,sk-second")
-    assert intake_from_env().owner == repo.owner_of_key("sk-first")  # the API lists them to that key
+    assert intake_from_env(Settings.from_env()).owner == repo.owner_of_key("sk-first")  # the API lists them to that key
     monkeypatch.setenv("BATCH_INTAKE_API_KEY", "sk-second")
     monkeypatch.setenv("BATCH_S3_BUCKET", "in")
-    configured = intake_from_env()
+    configured = intake_from_env(Settings.from_env())
     assert configured.owner == repo.owner_of_key("sk-second") and configured.s3_results_uri() == "s3://in/results/"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
+from batch_dagster.batchfile.folder import Validation
 from batch_dagster.definitions import defs
-from batch_dagster.resources import BatchStorage
+from batch_dagster.resources import ApiStore, BatchStorage
 from batch_dagster.sensors import api_batch_sensor, api_batch_status_sensor
 from batch_dagster.store import BatchRecord, repo
-from batch_dagster.store.resource import ApiStore
 
 
 def test_definitions_carry_the_api_sensors():
@@ -67,8 +67,8 @@ def test_a_waiting_batch_is_launched_once_and_followed(sensor_env):
     assert tick(api_batch_status_sensor, instance, resources).skip_message == "0 batch(es) changed status."
     instance.add_run(dg.DagsterRun(job_name="batch_job", status=dg.DagsterRunStatus.STARTED,
                                    tags={"dagster/partition": batch_id}))
-    storage.write_json(storage.validation_path(batch_id), {"valid": True, "total_requests": 3, "model": "m",
-                                                             "errors": []})
+    storage.folder(batch_id).write_validation(Validation(valid=True, total_requests=3, model="m",
+                                                         endpoint="/v1/chat/completions", error_count=0, errors=[]))
     assert tick(api_batch_status_sensor, instance, resources).skip_message == "1 batch(es) changed status."
     with resources["api_store"].session() as session:
         batch = repo.get_batch(session, "a", batch_id)

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from batch_dagster.api.config import ApiConfig, UnsafeBind, check_bind, is_loopback
+from batch_dagster.api.bind import UnsafeBind, check_bind, is_loopback
+from batch_dagster.api.context import ApiConfig
 from tests.helpers import REPO, serve_env
 
 

@@ -11,7 +11,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, select
 
-from batch_dagster.resources import BatchStorage
+from batch_dagster.batchfile.folder import BatchFolder, Manifest, Validation
+from batch_dagster.batchfile.storage import LocalStorage
 from batch_dagster.store import TERMINAL, BatchRecord, FileRecord, Store, repo
 from batch_dagster.store.lifecycle import Observation, apply, changes, observe, run_failed
 from batch_dagster.store.models import Base
@@ -97,36 +98,36 @@ def test_changes_only_move_forward():
 
 
 def test_observe_follows_the_pipeline_files(tmp_path):
-    storage = BatchStorage(data_dir=str(tmp_path))
-    assert observe(storage, "batch_x").status == "validating"
-    storage.write_json(storage.validation_path("batch_x"), {"valid": True, "total_requests": 3, "model": "m",
-                                                             "errors": []})
-    obs = observe(storage, "batch_x")
-    assert (obs.status, obs.request_counts, obs.model) == ("in_progress", {"total": 3, "completed": 0, "failed": 0}, "m")
-    storage.write_json(storage.shards_dir("batch_x") / "manifest.json", {"total_requests": 3, "shard_count": 1})
     from batch_dagster.batchfile.results import commit_shard
 
-    commit_shard(storage.results_dir("batch_x"), 0, [])
-    assert observe(storage, "batch_x").status == "finalizing"
-    storage.write_json(storage.validation_path("batch_y"), {"valid": False, "total_requests": 2, "model": None,
-                                                             "errors": [{"code": "invalid_json", "line": 2}]})
-    assert observe(storage, "batch_y").errors == [{"code": "invalid_json", "line": 2}]
+    folder = BatchFolder(LocalStorage(tmp_path), "batch_x")
+    assert observe(folder).status == "validating"
+    folder.write_validation(Validation(True, 3, "m", "/v1/chat/completions", 0, []))
+    obs = observe(folder)
+    assert (obs.status, obs.request_counts, obs.model) == ("in_progress", {"total": 3, "completed": 0, "failed": 0}, "m")
+    folder.write_manifest(Manifest("batch_x", "/v1/chat/completions", "m", 3, 3, 1, [3]))
+    assert observe(folder).status == "in_progress"
+    commit_shard(folder.results_dir, 0, [])
+    assert observe(folder).status == "finalizing"
+    invalid = BatchFolder(LocalStorage(tmp_path), "batch_y")
+    invalid.write_validation(Validation(False, 2, None, None, 1, [{"code": "invalid_json", "line": 2}]))
+    assert observe(invalid).errors == [{"code": "invalid_json", "line": 2}]
 
 
 def test_the_end_is_registered_once_when_two_observers_race(store, tmp_path):
-    storage = BatchStorage(data_dir=str(tmp_path))
     with store.session() as s:
         repo.ensure_owners(s, ["a"])
         batch_id = add_batch(s, "a").id
-    for path in (storage.output_path(batch_id), storage.error_path(batch_id)):
+    folder = BatchFolder(LocalStorage(tmp_path), batch_id)
+    for path in (folder.output_path, folder.error_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"")
     end = Observation("completed", {"completed_at": 50}, {"total": 0, "completed": 0, "failed": 0})
     with store.session() as first, store.session() as second:
         # Both loaded the batch while it was still running; both see it end.
         mine, theirs = repo.get_batch(first, "a", batch_id), repo.get_batch(second, "a", batch_id)
-        apply(first, storage, mine, end)
-        apply(second, storage, theirs, end)
+        apply(first, folder, mine, end)
+        apply(second, folder, theirs, end)
         assert theirs.status == "completed" and theirs.output_file_id == mine.output_file_id
         files = second.scalars(select(FileRecord).where(FileRecord.batch_id == batch_id)).all()
         assert sorted(f.filename for f in files) == [f"{batch_id}_error.jsonl", f"{batch_id}_output.jsonl"]

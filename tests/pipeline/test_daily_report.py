@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import base64
 import io
-from datetime import date, datetime, timezone
+import os
+from datetime import UTC, date, datetime
 
 import dagster as dg
 import pandas as pd
 import pytest
 from PIL import Image
 
-from batch_dagster.assets.report import daily, daily_usage_report_schedule, report_assets, report_dir
-from batch_dagster.batchfile.report import day_bounds
+from batch_dagster.assets.daily_report import report_assets
+from batch_dagster.assets.daily_report import report_dir as _report_dir
+from batch_dagster.batchfile.daily_usage import day_bounds
+from batch_dagster.batchfile.folder import Summary
 from batch_dagster.definitions import defs as project_defs
-from batch_dagster.resources import BatchStorage
+from batch_dagster.jobs import daily_usage_report_schedule
+from batch_dagster.partitions import daily
+from batch_dagster.resources import ApiStore, BatchStorage
 from batch_dagster.store import BatchRecord, repo
-from batch_dagster.store.resource import ApiStore
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DAY_A, DAY_B = "2026-03-03", "2026-03-04"
@@ -52,18 +56,22 @@ def add(env, batch_id: str, status: str, model: str | None, counts: tuple[int, i
         ))
         session.commit()
     if cost is not None:
-        storage = env["storage"]
-        storage.write_json(storage.summary_path(batch_id), {
-            "batch_id": batch_id, "status": status, "model": model, "usage": usage_dict,
-            "request_counts": {"total": total, "completed": completed, "failed": failed},
-            "cost": {"total_cost": cost, "currency": "USD"}, "inference_s": inference_s,
-        })
+        env["storage"].folder(batch_id).write_summary(Summary(
+            batch_id=batch_id, status=status, endpoint="/v1/chat/completions", model=model or "",
+            request_counts={"total": total, "completed": completed, "failed": failed}, usage=usage_dict or {},
+            cost={"total_cost": cost, "currency": "USD"}, error_codes={}, inference_s=inference_s,
+            output_tokens_per_s=0.0, record={}, output_file="", error_file="", completed_at="",
+        ))
 
 
 def materialize(env, instance, day: str) -> dict:
     result = dg.materialize(report_assets, partition_key=day, resources=env, instance=instance)
     assert result.success
     return result.asset_materializations_for_node("daily_usage_report")[0].metadata
+
+
+def report_dir(day: str):
+    return _report_dir(BatchStorage(data_dir=os.environ["BATCH_DATA_DIR"]), day)  # the data_dir fixture's
 
 
 def read(day: str, name: str) -> pd.DataFrame:
@@ -160,12 +168,12 @@ def test_schedule_builds_yesterday_shortly_after_midnight_utc():
     assert schedule.cron_schedule == "15 0 * * *" and schedule.execution_timezone == "UTC"
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
     assert schedule.job_name == "daily_usage_report_job"
-    tick = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 3, 5, 0, 15, tzinfo=timezone.utc))
+    tick = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 3, 5, 0, 15, tzinfo=UTC))
     requests = schedule.evaluate_tick(tick).run_requests
     assert [r.partition_key for r in requests] == ["2026-03-04"]
     assert daily_usage_report_schedule.name == schedule.name
     # Today is not a partition until it is over, so neither a backfill nor the schedule builds it early.
-    with dg.partition_loading_context(effective_dt=datetime(2026, 3, 5, 23, 0, tzinfo=timezone.utc)):
+    with dg.partition_loading_context(effective_dt=datetime(2026, 3, 5, 23, 0, tzinfo=UTC)):
         assert daily.get_last_partition_key() == "2026-03-04"
     report = project_defs.resolve_assets_def("daily_usage_report")
     assert report.group_names_by_key[dg.AssetKey("daily_usage_report")] == "reports"

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
+from batch_dagster.batchfile.folder import Progress
 from batch_dagster.batchfile.results import committed_shards
-from batch_dagster.cli import run_batch
 from batch_dagster.definitions import defs as project_defs
 from batch_dagster.resources import BatchStorage
+from batch_dagster.runner import run_batch
 from tests.helpers import FakeEngine, chat_request, fake_vllm, make_defs, read_jsonl, write_jsonl
 
 
@@ -28,10 +29,9 @@ def test_project_definitions_load():
     assert shard_results.op.retry_policy.max_retries >= 1
 
 
-def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, instance, monkeypatch):
-    monkeypatch.setenv("BATCH_SHARD_SIZE", "4")
+def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, instance):
     engine = FakeEngine()
-    defs = make_defs(data_dir, fake_vllm("lineage", engine))
+    defs = make_defs(data_dir, fake_vllm("lineage", engine), shard_size=4)
     rows = [chat_request(f"r{i}", f"question number {i} " + "pad " * i, max_tokens=8) for i in range(10)]
     rows.append(chat_request("bad-temp", "hi", temperature=-1))
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
@@ -48,8 +48,7 @@ def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, 
 
     batch_id = summary["batch_id"]
     # Live progress inside a shard is written for the progress bar and live request counts.
-    storage = BatchStorage(data_dir=str(data_dir))
-    assert storage.read_json(storage.progress_path(batch_id)) == {"shard": 2, "done": 3}
+    assert BatchStorage(data_dir=str(data_dir)).folder(batch_id).progress() == Progress(shard=2, done=3)
     assert batch_id in instance.get_dynamic_partitions("batches")
     for key in ("batch_input", "validated_requests", "batch_shards", "shard_results", "batch_output_files", "batch_usage"):
         assert instance.get_latest_materialization_event(dg.AssetKey(key)) is not None, key
@@ -59,25 +58,23 @@ def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, 
     assert checks and checks[0].status.value == "SUCCEEDED"
 
 
-def test_rerun_skips_committed_shards(tmp_path, data_dir, instance, monkeypatch):
-    monkeypatch.setenv("BATCH_SHARD_SIZE", "3")
+def test_rerun_skips_committed_shards(tmp_path, data_dir, instance):
     engine = FakeEngine()
-    defs = make_defs(data_dir, fake_vllm("rerun", engine))
+    defs = make_defs(data_dir, fake_vllm("rerun", engine), shard_size=3)
     rows = [chat_request(f"r{i}", f"q {i}") for i in range(9)]
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
                         defs=defs, instance=instance)
     batch_id = summary["batch_id"]
     assert len(engine.calls) == 3
-    storage = BatchStorage(data_dir=str(data_dir))
+    folder = BatchStorage(data_dir=str(data_dir)).folder(batch_id)
     # Lose one committed shard, as if the run had died before committing it.
-    lost = storage.results_dir(batch_id) / "shard-00001.json"
-    lost.unlink()
+    folder.shard_summary_path(1).unlink()
 
     result = defs.resolve_job_def("batch_job").execute_in_process(partition_key=batch_id, instance=instance)
     assert result.success
     assert len(engine.calls) == 4  # only the lost shard ran again
-    assert sorted(committed_shards(storage.results_dir(batch_id))) == [0, 1, 2]
-    ids = [l["custom_id"] for l in read_jsonl(storage.output_path(batch_id))]
+    assert sorted(committed_shards(folder.results_dir)) == [0, 1, 2]
+    ids = [l["custom_id"] for l in read_jsonl(folder.output_path)]
     assert sorted(ids) == sorted(r["custom_id"] for r in rows)  # rewritten whole, not doubled
 
 
@@ -94,10 +91,9 @@ def test_invalid_file_fails_the_batch_and_runs_nothing(tmp_path, data_dir, insta
     assert (tmp_path / "out" / "output.jsonl").read_bytes() == b""
 
 
-def test_engine_crash_retries_then_succeeds(tmp_path, data_dir, instance, monkeypatch):
-    monkeypatch.setenv("BATCH_SHARD_SIZE", "2")
+def test_engine_crash_retries_then_succeeds(tmp_path, data_dir, instance):
     engine = FakeEngine(crash_times=1)
-    defs = make_defs(data_dir, fake_vllm("crash-once", engine))
+    defs = make_defs(data_dir, fake_vllm("crash-once", engine), shard_size=2)
     rows = [chat_request(f"r{i}", f"q {i}") for i in range(4)]
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
                         defs=defs, instance=instance)
@@ -106,10 +102,9 @@ def test_engine_crash_retries_then_succeeds(tmp_path, data_dir, instance, monkey
     assert len(engine.calls) == 3  # crash, then both shards
 
 
-def test_engine_crash_past_retries_becomes_engine_error_lines(tmp_path, data_dir, instance, monkeypatch):
-    monkeypatch.setenv("BATCH_SHARD_SIZE", "2")
+def test_engine_crash_past_retries_becomes_engine_error_lines(tmp_path, data_dir, instance):
     engine = FakeEngine(crash_times=3)  # the first shard crashes on every attempt
-    defs = make_defs(data_dir, fake_vllm("crash-always", engine))
+    defs = make_defs(data_dir, fake_vllm("crash-always", engine), shard_size=2)
     rows = [chat_request(f"r{i}", f"q {i}") for i in range(4)]
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
                         defs=defs, instance=instance)
@@ -131,19 +126,18 @@ def test_empty_file_fails(tmp_path, data_dir, instance, bad):
 
 
 @pytest.mark.parametrize("reason, code", [("cancelled", "batch_cancelled"), ("expired", "batch_expired")])
-def test_stopped_batch_keeps_finished_shards_and_accounts_for_the_rest(tmp_path, data_dir, instance, monkeypatch,
+def test_stopped_batch_keeps_finished_shards_and_accounts_for_the_rest(tmp_path, data_dir, instance,
                                                                         reason, code):
-    monkeypatch.setenv("BATCH_SHARD_SIZE", "2")
     storage = BatchStorage(data_dir=str(data_dir))
     engine = FakeEngine()
-    defs = make_defs(data_dir, fake_vllm(f"stop-{reason}", engine))
+    defs = make_defs(data_dir, fake_vllm(f"stop-{reason}", engine), shard_size=2)
 
     def stop_after_first_shard(n):
         batch_id = next(iter(instance.get_dynamic_partitions("batches")))
         if reason == "cancelled":
-            storage.request_stop(batch_id, "cancelled")
+            storage.folder(batch_id).request_stop("cancelled")
         else:
-            storage.set_deadline(batch_id, 0.0)
+            storage.folder(batch_id).set_deadline(0.0)
 
     engine.on_call = stop_after_first_shard
     rows = [chat_request(f"r{i}", f"q {i}") for i in range(6)]

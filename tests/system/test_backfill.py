@@ -53,18 +53,21 @@ def wait_for_backfill(instance: dg.DagsterInstance, backfill_id: str, partitions
 
 def snapshot(storage: BatchStorage, batch_id: str) -> dict:
     """What a re-run must keep: shard files untouched, merged files' content, the summary's counts."""
-    results = storage.results_dir(batch_id)
-    summary = storage.read_json(storage.summary_path(batch_id))
+    folder = storage.folder(batch_id)
+    results = folder.results_dir
+    summary = folder.summary()
+    assert summary is not None
     return {
         "shards": file_stats(p for i in sorted(committed_shards(results)) for p in shard_paths(results, i)),
-        "output": storage.output_path(batch_id).read_bytes(),
-        "errors": storage.error_path(batch_id).read_bytes(),
-        "counts": (summary["request_counts"], summary["usage"], summary["cost"]),
+        "output": folder.output_path.read_bytes(),
+        "errors": folder.error_path.read_bytes(),
+        "counts": (summary.request_counts, summary.usage, summary.cost),
     }
 
 
 def merged_inodes(storage: BatchStorage, batch_id: str) -> tuple[int, int]:
-    return storage.output_path(batch_id).stat().st_ino, storage.error_path(batch_id).stat().st_ino
+    folder = storage.folder(batch_id)
+    return folder.output_path.stat().st_ino, folder.error_path.stat().st_ino
 
 
 def test_backfills_of_finished_batches_redo_no_shard_and_rewrite_files_whole(tmp_path):
@@ -116,10 +119,11 @@ def test_backfills_of_finished_batches_redo_no_shard_and_rewrite_files_whole(tmp
         sizes = {batch_id: client.files.retrieve(after[batch_id].output_file_id).bytes for batch_id in ids}
 
     for name, batch in batches.items():
-        out, err = read_jsonl(storage.output_path(batch.id)), read_jsonl(storage.error_path(batch.id))
+        folder = storage.folder(batch.id)
+        out, err = read_jsonl(folder.output_path), read_jsonl(folder.error_path)
         assert sorted(x["custom_id"] for x in out + err) == sorted(r["custom_id"] for r in inputs[name])
         # The API's batch is the same finished batch: same counts (not doubled), same files.
         assert after[batch.id].model_dump() == first[batch.id].model_dump()
-        assert sizes[batch.id] == storage.output_path(batch.id).stat().st_size
+        assert sizes[batch.id] == folder.output_path.stat().st_size
     assert first[batches["a"].id].request_counts.model_dump() == {"total": 6, "completed": 5, "failed": 1}
     assert len(engine_calls(calls)) == 3 + 2  # a: 6 requests in shards of 2; b: 4

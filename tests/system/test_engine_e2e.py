@@ -17,8 +17,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from batch_dagster.batchfile.folder import Progress
 from batch_dagster.store import repo
-from batch_dagster.store.session import database_url_from_env, open_store
+from batch_dagster.store.session import open_store
 from tests.helpers import (
     CHAT_MODEL,
     EMBED_MODEL,
@@ -100,7 +101,7 @@ def test_chat_batch_of_40_through_the_cli(tmp_path):
     assert bad["code"] == "invalid_request" and "temperature" in bad["message"]
 
     # The run is recorded in the metadata store, the one record of batches (the API and the daily report read it).
-    with open_store(database_url_from_env(tmp_path / "data")).session() as session:
+    with open_store(f"sqlite:///{tmp_path / 'data' / 'batch-api.db'}").session() as session:
         batch = repo.get_batch(session, repo.ANONYMOUS, summary["batch_id"])
         assert batch.status == "completed" and batch.completed_at is not None
         assert (batch.request_total, batch.request_completed, batch.request_failed) == (40, len(out), len(err))
@@ -143,7 +144,7 @@ def test_completions_batch(tmp_path, data_dir, instance):
     # vLLM reported each finished prompt to the live progress (c1, and c2's two prompts), capped at
     # the shard's size: an approximate count while the shard runs, exact once it commits.
     storage = make_defs(data_dir, real_vllm()).resources["storage"]
-    assert storage.read_json(storage.progress_path(summary["batch_id"])) == {"shard": 0, "done": 3}
+    assert storage.folder(summary["batch_id"]).progress() == Progress(shard=0, done=3)
 
 
 def _cos(a, b):
