@@ -1,6 +1,6 @@
 """Sensors: API batches (launch, follow), drop folders (S3, inbox) and file expiry."""
 
-from .api import api_batch_sensor, api_batch_status_sensor
+from .api_batches import api_batch_sensor, api_batch_status_sensor
 from .drops import inbox_sensor, s3_upload_sensor
 from .expiry import file_expiry_sensor
 
