@@ -51,6 +51,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_MAX_BYTES", str(_L.max_bytes), "Bytes per input file.", "Limits"),
     Variable("BATCH_MAX_LINE_BYTES", str(_L.max_line_bytes), "Bytes per input line.", "Limits"),
     Variable("BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "Largest upload the API accepts (413 past it).", "API"),
+    Variable("BATCH_MAX_JSON_BODY_BYTES", str(1 << 20), "Largest JSON request body the API reads (413 past it).",
+             "API"),
     Variable("BATCH_COMPLETION_WINDOW_S", str(DAY_S), "Seconds after creation at which a batch expires "
              "(API and drop-folder batches).", "API"),
     Variable("BATCH_API_KEYS", "", "Comma-separated API keys; unset: no authentication, loopback only.", "API"),
@@ -107,6 +109,7 @@ class Settings:
     shard_size: int
     limits: Limits
     max_upload_bytes: int
+    max_json_body_bytes: int
     completion_window_s: int
     api_keys: tuple[str, ...]
     api_host: str
@@ -146,6 +149,7 @@ class Settings:
             shard_size=_int("BATCH_SHARD_SIZE", 1000),
             limits=limits,
             max_upload_bytes=_int("BATCH_MAX_UPLOAD_BYTES", limits.max_bytes),
+            max_json_body_bytes=_int("BATCH_MAX_JSON_BODY_BYTES", 1 << 20),
             completion_window_s=_int("BATCH_COMPLETION_WINDOW_S", DAY_S),
             api_keys=keys,
             api_host=_raw("BATCH_API_HOST") or "127.0.0.1",

@@ -10,7 +10,7 @@ from batch_dagster.store import repo
 
 from . import batches, errors, files
 from .context import ApiConfig, AppContext
-from .uploads import MULTIPART_SLACK, UploadSizeLimit
+from .guard import RequestGuard
 
 
 def create_app(config: ApiConfig | None = None) -> FastAPI:
@@ -41,5 +41,22 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    app.add_middleware(UploadSizeLimit, max_body_bytes=config.max_upload_bytes + MULTIPART_SLACK)
+    app.add_middleware(RequestGuard, context=context)
+    app.openapi = _without_422(app)  # type: ignore[method-assign]
     return app
+
+
+def _without_422(app: FastAPI):
+    """The OpenAPI document without FastAPI's 422: request validation errors are 400 (errors.py)."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        schema = generate()  # cached by FastAPI after the first call; the edit below is idempotent
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        return schema
+
+    return openapi

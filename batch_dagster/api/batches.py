@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -9,22 +11,34 @@ from fastapi import APIRouter, Query
 
 from batch_dagster.batchfile.contract import ENDPOINTS
 from batch_dagster.batchfile.folder import BatchFolder
+from batch_dagster.batchfile.storage import LocalStorage
 from batch_dagster.store import TERMINAL, BatchRecord, repo
 from batch_dagster.store.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.store.batches import create_batch as store_create_batch
 from batch_dagster.store.lifecycle import sync_batch
 
 from .deps import Context, DbSession, Owner
-from .errors import invalid, not_found
-from .schemas import Batch, BatchError, BatchErrors, BatchRequestCounts, BatchUsage, CreateBatchRequest, ListPage
+from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
+from .schemas import (
+    COMPLETION_WINDOWS,
+    MAX_METADATA_KEY,
+    MAX_METADATA_PAIRS,
+    MAX_METADATA_VALUE,
+    Batch,
+    BatchError,
+    BatchErrors,
+    BatchRequestCounts,
+    BatchUsage,
+    CreateBatchRequest,
+    ListPage,
+    Text,
+)
 
-router = APIRouter(tags=["batches"])
-COMPLETION_WINDOWS = ("24h",)
-MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+router = APIRouter(tags=["batches"], responses=ERROR_RESPONSES)
 
 
 def batch_object(row: BatchRecord) -> Batch:
-    errors = BatchErrors(data=[BatchError(**e) for e in row.errors]) if row.errors else None
+    errors = BatchErrors(data=[BatchError.model_validate(e) for e in row.errors]) if row.errors else None
     return Batch(
         id=row.id, endpoint=row.endpoint, errors=errors, input_file_id=row.input_file_id,
         completion_window=row.completion_window, status=row.status, output_file_id=row.output_file_id,
@@ -34,8 +48,16 @@ def batch_object(row: BatchRecord) -> Batch:
         cancelled_at=row.cancelled_at,
         request_counts=BatchRequestCounts(total=row.request_total, completed=row.request_completed,
                                           failed=row.request_failed),
-        metadata=row.meta, model=row.model, usage=BatchUsage.model_validate(row.usage or {}),
+        metadata=_shown_metadata(row.meta), model=row.model, usage=BatchUsage.model_validate(row.usage or {}),
     )
+
+
+def _shown_metadata(meta) -> dict[str, str] | None:
+    """Stored metadata as strings: whatever a row holds (a value from before validation, another writer's),
+    listing it never fails."""
+    if not isinstance(meta, dict):
+        return None
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:
@@ -45,19 +67,25 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
         raise invalid(f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS} are allowed.", "metadata")
     for key, value in metadata.items():
         if len(key) > MAX_METADATA_KEY:
-            raise invalid(f"metadata key {key[:20]!r}... is longer than {MAX_METADATA_KEY} characters.", "metadata")
+            raise invalid(f"metadata key {clip(key, 20)!r} is longer than {MAX_METADATA_KEY} characters.",
+                          "metadata")
         if len(value) > MAX_METADATA_VALUE:
-            raise invalid(f"metadata value of {key!r} is longer than {MAX_METADATA_VALUE} characters.", "metadata")
+            raise invalid(f"metadata value of {clip(key, 20)!r} is longer than {MAX_METADATA_VALUE} characters.",
+                          "metadata")
 
 
 @router.post("/batches", response_model=Batch)
 def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, owner: Owner) -> Batch:
-    """Accept a batch: its input goes into the pipeline's storage; the Dagster sensor launches it."""
+    """Accept a batch: its input goes into the pipeline's storage; the Dagster sensor launches it.
+
+    Everything is checked before the first write, and a write that fails takes the batch's folder with it,
+    so a create either succeeds or leaves nothing behind.
+    """
     if body.completion_window not in COMPLETION_WINDOWS:
-        raise invalid(f"completion_window {body.completion_window!r} is not supported; use '24h'.",
+        raise invalid(f"completion_window {clip(body.completion_window)!r} is not supported; use '24h'.",
                       param="completion_window", code="invalid_completion_window")
     if body.endpoint not in ENDPOINTS:
-        raise invalid(f"Endpoint {body.endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}.",
+        raise invalid(f"Endpoint {clip(body.endpoint)!r} is not supported; use one of {', '.join(ENDPOINTS)}.",
                       param="endpoint", code="invalid_endpoint")
     _check_metadata(body.metadata)
     source = repo.get_file(session, owner, body.input_file_id)
@@ -66,13 +94,28 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
     if source.purpose != "batch":
         raise invalid(f"File {source.id} has purpose {source.purpose!r}; a batch needs a file uploaded with "
                       "purpose 'batch'.", param="input_file_id", code="invalid_input_file")
+    if not Path(source.path).exists():
+        raise ApiError(404, f"The content of file {source.id} is gone.", param="input_file_id", code="not_found")
 
-    row = store_create_batch(
-        session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source, input_from=Path(source.path),
-        completion_window_s=ctx.config.completion_window_s, metadata=body.metadata,
-        output_expires_after=body.output_expires_after.seconds if body.output_expires_after else OUTPUT_EXPIRES_AFTER_S,
-    )
+    batch_id = repo.new_batch_id()
+    try:
+        row = store_create_batch(
+            session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source,
+            input_from=Path(source.path), completion_window_s=ctx.config.completion_window_s,
+            metadata=body.metadata, batch_id=batch_id,
+            output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
+                                  else OUTPUT_EXPIRES_AFTER_S),
+        )
+    except BaseException:
+        session.rollback()
+        _remove_folder(ctx.storage, batch_id)
+        raise
     return batch_object(row)
+
+
+def _remove_folder(storage: LocalStorage, batch_id: str) -> None:
+    """Take away what a failed create wrote, so that no sensor ever sees a folder without its row."""
+    shutil.rmtree(storage.local_path(BatchFolder(storage, batch_id).prefix), ignore_errors=True)
 
 
 def _owned_batch(session, ctx, owner: str, batch_id: str) -> BatchRecord:
@@ -83,7 +126,7 @@ def _owned_batch(session, ctx, owner: str, batch_id: str) -> BatchRecord:
 
 
 @router.get("/batches/{batch_id}", response_model=Batch)
-def retrieve_batch(batch_id: str, ctx: Context, session: DbSession, owner: Owner) -> Batch:
+def retrieve_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) -> Batch:
     return batch_object(_owned_batch(session, ctx, owner, batch_id))
 
 
@@ -92,7 +135,7 @@ def list_batches(
     ctx: Context,
     session: DbSession,
     owner: Owner,
-    after: str | None = None,
+    after: Text | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> ListPage[Batch]:
     page = repo.list_batches(session, owner, after=after, limit=limit)
@@ -105,11 +148,11 @@ def list_batches(
 
 
 @router.post("/batches/{batch_id}/cancel", response_model=Batch)
-def cancel_batch(batch_id: str, ctx: Context, session: DbSession, owner: Owner) -> Batch:
+def cancel_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) -> Batch:
     """Ask the run to stop before its next shard; the batch is `cancelling` until it has."""
     row = _owned_batch(session, ctx, owner, batch_id)
     if row.status in TERMINAL:
-        raise invalid(f"Batch {batch_id} is {row.status}; only a batch that has not ended can be cancelled.",
+        raise invalid(f"Batch {clip(batch_id)} is {row.status}; only a batch that has not ended can be cancelled.",
                       param="batch_id", code="batch_not_cancellable")
     if row.status != "cancelling":
         # The stop file first: once the status says cancelling, the pipeline must already see it.

@@ -13,19 +13,21 @@ from batch_dagster.store.repo import owner_of_key
 
 @dataclass(frozen=True)
 class ApiConfig:
-    """What the API needs of the settings: keys, store, data dir, upload limit, completion window."""
+    """What the API needs of the settings: keys, store, data dir, body limits, completion window."""
 
     api_keys: tuple[str, ...]
     database_url: str
     data_dir: Path
     max_upload_bytes: int
     completion_window_s: int
+    max_json_body_bytes: int = 1 << 20
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> ApiConfig:
         settings = settings or Settings.from_env()
         return cls(api_keys=settings.api_keys, database_url=settings.database_url, data_dir=settings.data_dir,
-                   max_upload_bytes=settings.max_upload_bytes, completion_window_s=settings.completion_window_s)
+                   max_upload_bytes=settings.max_upload_bytes, completion_window_s=settings.completion_window_s,
+                   max_json_body_bytes=settings.max_json_body_bytes)
 
     @property
     def files_dir(self) -> Path:

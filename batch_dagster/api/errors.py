@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("batch_dagster.api")
+ECHO_CHARS = 64  # the most of a client's input an error message repeats
+
+
+def clip(text: object, limit: int = ECHO_CHARS) -> str:
+    """A short, printable prefix of client input for an error message (lone surrogates escaped)."""
+    text = str(text)
+    short = text[:limit] + ("…" if len(text) > limit else "")
+    return short.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class SafeJSONResponse(JSONResponse):
+    """JSON that always encodes: a lone surrogate that reached a stored value becomes U+FFFD, not a 500."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                          separators=(",", ":")).encode("utf-8", "replace")
 
 
 class ApiError(Exception):
@@ -24,9 +42,10 @@ class ApiError(Exception):
 
 
 def error_response(status_code: int, message: str, *, type: str = "invalid_request_error",
-                   param: str | None = None, code: str | None = None) -> JSONResponse:
+                   param: str | None = None, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": type, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status_code)
+    return SafeJSONResponse(body, status_code=status_code, headers=headers)
 
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -34,7 +53,33 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 
 
 def not_found(kind: str, object_id: str, param: str = "id") -> ApiError:
-    return ApiError(404, f"No such {kind} object: {object_id}", param=param, code="not_found")
+    return ApiError(404, f"No such {kind} object: {clip(object_id)}", param=param, code="not_found")
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error response."""
+
+    error: ErrorDetail
+
+
+def _documented(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+# The errors every operation may answer, in the OpenAPI document (FastAPI's 422 is never sent; see app.py).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _documented("Invalid request: a parameter is missing, malformed or not supported."),
+    401: _documented("No API key, or not a valid one."),
+    404: _documented("No such object (for this key), or its content is gone."),
+    413: _documented("The request body is larger than the limit."),
+}
 
 
 def install(app: FastAPI) -> None:
@@ -45,19 +90,28 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         first: dict[str, Any] = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "Invalid request."}
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
-        param = ".".join(loc) or None
+        loc = [clip(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        param = clip(".".join(loc), 200) or None
         message = f"{first['msg']}: {param}" if param else first["msg"]
         return error_response(400, message, param=param, code="invalid_request")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404 and exc.detail == "Not Found":
-            message = f"Invalid URL ({request.method} {request.url.path})"
+            message = f"Invalid URL ({request.method} {clip(request.url.path)})"
+        elif exc.status_code == 405:
+            message = f"Method {request.method} is not allowed on {clip(request.url.path)}."
         else:
-            message = str(exc.detail)
+            message = clip(exc.detail, 200)
         kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
-        return error_response(exc.status_code, message, type=kind)
+        return error_response(exc.status_code, message, type=kind, headers=dict(exc.headers or {}))
+
+    @app.exception_handler(UnicodeError)
+    async def _bad_text(_request: Request, exc: UnicodeError) -> JSONResponse:
+        # A last line: every text field is checked on the way in (schemas.Text), before anything is written.
+        log.warning("Invalid Unicode reached the store: %s", exc)
+        return error_response(400, "The request contains invalid Unicode (a lone surrogate).",
+                              code="invalid_request")
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:

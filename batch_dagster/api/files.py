@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import FileResponse
@@ -11,11 +11,13 @@ from fastapi.responses import FileResponse
 from batch_dagster.store import FileRecord, repo
 
 from .deps import Context, DbSession, Owner
-from .errors import ApiError, invalid, not_found
-from .schemas import FileDeleted, FileObject, ListPage
+from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
+from .schemas import FileDeleted, FileObject, ListPage, Text
 from .uploads import jsonl_problem, sanitize_filename
 
-router = APIRouter(tags=["files"])
+router = APIRouter(tags=["files"], responses=ERROR_RESPONSES)
+FILE_BYTES: dict[int | str, dict[str, Any]] = {200: {"description": "The file's bytes.",
+                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
 _CHUNK = 1 << 20
 _SNIFF = 64 * 1024
 
@@ -31,17 +33,19 @@ def create_file(
     session: DbSession,
     owner: Owner,
     file: Annotated[UploadFile, File()],
-    purpose: Annotated[str, Form()],
-    expires_anchor: Annotated[str | None, Form(alias="expires_after[anchor]")] = None,
-    expires_seconds: Annotated[int | None, Form(alias="expires_after[seconds]")] = None,
+    purpose: Annotated[Text, Form(json_schema_extra={"enum": ["batch"]})],
+    expires_anchor: Annotated[Text | None, Form(alias="expires_after[anchor]",
+                                                json_schema_extra={"enum": ["created_at"]})] = None,
+    expires_seconds: Annotated[int | None, Form(alias="expires_after[seconds]",
+                                                json_schema_extra={"minimum": 3600, "maximum": 2_592_000})] = None,
 ) -> FileObject:
     """Store an uploaded batch input file (JSONL) and return its File object."""
     if purpose != "batch":
-        raise invalid(f"Purpose {purpose!r} is not supported here; upload batch input files with purpose 'batch'.",
-                      param="purpose", code="invalid_purpose")
+        raise invalid(f"Purpose {clip(purpose)!r} is not supported here; upload batch input files with purpose "
+                      "'batch'.", param="purpose", code="invalid_purpose")
     filename = sanitize_filename(file.filename)
     if not filename.lower().endswith(".jsonl"):
-        raise invalid(f"File {filename!r} is not a .jsonl file; the Batch API takes JSONL files only.",
+        raise invalid(f"File {clip(filename)!r} is not a .jsonl file; the Batch API takes JSONL files only.",
                       param="file", code="invalid_file_format")
     expires_at = None
     if expires_anchor is not None or expires_seconds is not None:
@@ -89,10 +93,10 @@ def _store_upload(upload: UploadFile, dest, limit: int) -> int:
 def list_files(
     session: DbSession,
     owner: Owner,
-    after: str | None = None,
+    after: Text | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
     order: Literal["asc", "desc"] = "desc",
-    purpose: str | None = None,
+    purpose: Text | None = None,
 ) -> ListPage[FileObject]:
     page = repo.list_files(session, owner, after=after, limit=limit, ascending=order == "asc", purpose=purpose)
     if page is None:  # only when `after` names no file
@@ -111,19 +115,19 @@ def _owned_file(session, owner: str, file_id: str) -> FileRecord:
 
 
 @router.get("/files/{file_id}", response_model=FileObject)
-def retrieve_file(file_id: str, session: DbSession, owner: Owner) -> FileObject:
+def retrieve_file(file_id: Text, session: DbSession, owner: Owner) -> FileObject:
     return file_object(_owned_file(session, owner, file_id))
 
 
-@router.get("/files/{file_id}/content")
-def file_content(file_id: str, session: DbSession, owner: Owner) -> FileResponse:
+@router.get("/files/{file_id}/content", response_class=FileResponse, responses=FILE_BYTES)
+def file_content(file_id: Text, session: DbSession, owner: Owner) -> FileResponse:
     row = _owned_file(session, owner, file_id)
     if not os.path.exists(row.path):
-        raise ApiError(404, f"The content of file {file_id} is gone.", param="file_id", code="not_found")
+        raise ApiError(404, f"The content of file {clip(file_id)} is gone.", param="file_id", code="not_found")
     return FileResponse(row.path, media_type="application/octet-stream", filename=row.filename)
 
 
 @router.delete("/files/{file_id}", response_model=FileDeleted)
-def delete_file(file_id: str, session: DbSession, owner: Owner) -> FileDeleted:
+def delete_file(file_id: Text, session: DbSession, owner: Owner) -> FileDeleted:
     repo.delete_file(session, _owned_file(session, owner, file_id))
     return FileDeleted(id=file_id, deleted=True)

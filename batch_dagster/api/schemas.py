@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Generic, Literal, TypeVar
+from typing import Annotated, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
+
+from batch_dagster.batchfile.contract import ENDPOINTS
 
 T = TypeVar("T")
+COMPLETION_WINDOWS = ("24h",)
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+
+
+def _storable(value: str) -> str:
+    """Text every store keeps and every response encodes: valid Unicode (no lone surrogate), no NUL."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("Invalid Unicode (a lone surrogate)") from None
+    if "\x00" in value:
+        raise ValueError("NUL characters are not allowed")
+    return value
+
+
+# Every text a client sends (bodies, path and query parameters, form fields) is checked on the way in, so
+# nothing the store or a response cannot hold ever gets as far as a write.
+Text = Annotated[str, AfterValidator(_storable)]
 
 BatchStatus = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
@@ -104,20 +124,15 @@ class ExpiresAfter(BaseModel):
     seconds: int = Field(ge=3600, le=2_592_000)
 
 
+# The schema states the limits create_batch checks (their errors name the field with their own messages).
+Metadata = Annotated[dict[Text, Text], Field(json_schema_extra={
+    "maxProperties": MAX_METADATA_PAIRS, "propertyNames": {"maxLength": MAX_METADATA_KEY},
+    "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE}})]
+
+
 class CreateBatchRequest(BaseModel):
-    input_file_id: str
-    endpoint: str
-    completion_window: str
-    metadata: dict[str, str] | None = None
+    input_file_id: Text
+    endpoint: Text = Field(json_schema_extra={"enum": list(ENDPOINTS)})
+    completion_window: Text = Field(json_schema_extra={"enum": list(COMPLETION_WINDOWS)})
+    metadata: Metadata | None = None
     output_expires_after: ExpiresAfter | None = None
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail

@@ -50,7 +50,8 @@ def observe(folder: BatchFolder) -> Observation:
         obs.status = "failed"
         obs.timestamps["failed_at"] = validated_at
         obs.errors = validation.errors
-        obs.request_counts = RequestCounts(total=validation.total_requests).to_dict()
+        # A batch that never ran counts no requests, as OpenAI reports it; errors.data says what was wrong.
+        obs.request_counts = RequestCounts(total=0).to_dict()
         return obs
     obs.status = "in_progress"
     obs.timestamps["in_progress_at"] = validated_at
