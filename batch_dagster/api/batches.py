@@ -38,7 +38,7 @@ router = APIRouter(tags=["batches"], responses=ERROR_RESPONSES)
 
 
 def batch_object(row: BatchRecord) -> Batch:
-    errors = BatchErrors(data=[BatchError.model_validate(e) for e in row.errors]) if row.errors else None
+    errors = BatchErrors(data=[BatchError.model_validate(_shown(e)) for e in row.errors]) if row.errors else None
     return Batch(
         id=row.id, endpoint=row.endpoint, errors=errors, input_file_id=row.input_file_id,
         completion_window=row.completion_window, status=row.status, output_file_id=row.output_file_id,
@@ -52,12 +52,22 @@ def batch_object(row: BatchRecord) -> Batch:
     )
 
 
-def _shown_metadata(meta) -> dict[str, str] | None:
+def _text(value: object) -> str:
+    """A stored value as text that always encodes (a lone surrogate becomes '?')."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _shown_metadata(meta: object) -> dict[str, str] | None:
     """Stored metadata as strings: whatever a row holds (a value from before validation, another writer's),
     listing it never fails."""
     if not isinstance(meta, dict):
         return None
-    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
+    return {_text(k): _text(v) for k, v in meta.items()}
+
+
+def _shown(error: dict) -> dict:
+    return {k: _text(v) if isinstance(v, str) else v for k, v in error.items()}
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:

@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 log = logging.getLogger("batch_dagster.api")
 ECHO_CHARS = 64  # the most of a client's input an error message repeats
@@ -82,6 +83,16 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+def _allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """Every method some route serves on this path (Starlette's 405 names only the first route's)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -103,8 +114,11 @@ def install(app: FastAPI) -> None:
             message = f"Method {request.method} is not allowed on {clip(request.url.path)}."
         else:
             message = clip(exc.detail, 200)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(app, request))
         kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
-        return error_response(exc.status_code, message, type=kind, headers=dict(exc.headers or {}))
+        return error_response(exc.status_code, message, type=kind, headers=headers)
 
     @app.exception_handler(UnicodeError)
     async def _bad_text(_request: Request, exc: UnicodeError) -> JSONResponse:

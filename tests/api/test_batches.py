@@ -82,6 +82,8 @@ def test_invalid_file_fails_with_lines_and_codes(start_service, tmp_path):
     failed = wait_for(client, batch.id, {"failed", "completed"})
 
     assert failed.status == "failed" and failed.failed_at is not None
+    # A batch that never ran counts no requests (as OpenAI's do); what was wrong is in errors.data.
+    assert failed.request_counts.model_dump() == {"total": 0, "completed": 0, "failed": 0}
     assert [(e.code, e.line) for e in failed.errors.data] == [
         ("invalid_json", 2), ("duplicate_custom_id", 3), ("mixed_models", 4)]
     assert failed.errors.data[1].param == "custom_id" and failed.errors.data[0].message

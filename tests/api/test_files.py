@@ -123,6 +123,9 @@ def test_filenames_are_sanitized(start_service):
 def test_sanitize_filename():
     assert sanitize_filename("C:\\Users\\me\\batch file.jsonl") == "batch file.jsonl"
     assert sanitize_filename("..") == "upload.jsonl" and sanitize_filename(None) == "upload.jsonl"
+    # Format characters (Cf: bidi overrides, zero-width) and controls (Cc, C1 included) are dropped.
+    assert sanitize_filename("evil\u202elnosj.exe.jsonl") == "evillnosj.exe.jsonl"
+    assert sanitize_filename("a\u200bb\u2066c\u0085d\ufeff.jsonl") == "abcd.jsonl"
     assert sanitize_filename(".hidden.jsonl") == "hidden.jsonl"
     assert sanitize_filename('a<b>"c"|?*.jsonl') == "abc.jsonl"
     long = sanitize_filename("x" * 300 + ".jsonl")

@@ -1,0 +1,182 @@
+"""What no client can do to the API: make it read an unbounded body, read a body before the key is checked,
+echo its input back at length, store text it cannot give back, or get a 500 (issue #13)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+
+from batch_dagster.store import BatchRecord, Store
+from tests.helpers import KEY_A, rows, upload
+
+CHAT = "/v1/chat/completions"
+
+
+def assert_error(response: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text[:300]
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    return error
+
+
+def raw_request(port: int, head: bytes, body: bytes = b"", timeout_s: float = 10) -> bytes:
+    """Send a request's head (and part of a body) on a plain socket; the status line of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(head + body)
+        return sock.recv(65536).split(b"\r\n", 1)[0]
+
+
+def test_json_bodies_past_the_limit_are_413_declared_or_chunked(start_service):
+    service = start_service(worker=False, max_json_body_bytes=4096)
+    body = json.dumps({"input_file_id": "file-x", "endpoint": CHAT, "completion_window": "24h",
+                       "metadata": {"k": "v" * 5000}}).encode()
+    with service.http() as http:
+        error = assert_error(http.post("/v1/batches", content=body, headers={"content-type": "application/json"}), 413)
+        assert error["code"] == "request_too_large" and "4096" in error["message"]
+
+        def chunks():
+            for i in range(0, len(body), 1000):
+                yield body[i:i + 1000]
+
+        chunked = http.post("/v1/batches", content=chunks(), headers={"content-type": "application/json"})
+        assert chunked.request.headers.get("transfer-encoding") == "chunked"
+        assert assert_error(chunked, 413)["code"] == "request_too_large"
+        # Under the limit the request goes through to the route (a 404 for the unknown file).
+        assert_error(http.post("/v1/batches", json={"input_file_id": "file-x", "endpoint": CHAT,
+                                                    "completion_window": "24h"}), 404, "input_file_id")
+
+
+@pytest.mark.parametrize("path", ["/v1/files", "/v1/batches"])
+@pytest.mark.parametrize("auth", [b"", b"Authorization: Bearer sk-wrong\r\n"])
+def test_a_request_without_a_right_key_is_refused_before_its_body_is_read(start_service, path, auth):
+    service = start_service(worker=False)
+    # 300 MB declared, none of it sent: the 401 comes from the headers alone (a server reading the body first
+    # would wait for it until the socket times out).
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+            f"Content-Length: {300 * 1024 * 1024}\r\n").encode() + auth + b"\r\n"
+    assert raw_request(int(service.url.rsplit(":", 1)[1]), head, b"--x\r\n") == b"HTTP/1.1 401 Unauthorized"
+
+
+def test_error_messages_echo_only_a_short_prefix_of_the_input(start_service):
+    service = start_service(worker=False)
+    long_id = "file-" + "x" * 200_000
+    with service.http() as http:
+        for response in (
+            http.post("/v1/batches", json={"input_file_id": long_id, "endpoint": CHAT, "completion_window": "24h"}),
+            http.get(f"/v1/files/{long_id[:20_000]}"),
+            http.get("/v1/batches", params={"after": long_id[:20_000]}),
+            http.post("/v1/batches", json={"input_file_id": "f", "endpoint": "/v1/" + "e" * 200_000,
+                                           "completion_window": "24h"}),
+        ):
+            error = assert_error(response, response.status_code)
+            assert response.status_code in (400, 404) and len(error["message"]) < 200, error["message"][:300]
+            assert "…" in error["message"]
+
+
+SURROGATE_BODIES = [  # raw JSON: FILE is an uploaded file's id, CHAT the chat endpoint
+    ('{"input_file_id": "\\ud800", "endpoint": "CHAT", "completion_window": "24h"}', "input_file_id"),
+    ('{"input_file_id": "FILE", "endpoint": "CHAT", "completion_window": "24h", "metadata": {"k": "\\udfff"}}',
+     "metadata.k"),
+    ('{"input_file_id": "FILE", "endpoint": "CHAT", "completion_window": "24h", "metadata": {"\\ud83d": "v"}}',
+     None),
+    ('{"input_file_id": "FILE", "endpoint": "\\ud800", "completion_window": "24h"}', "endpoint"),
+    ('{"input_file_id": "FILE\\u0000", "endpoint": "CHAT", "completion_window": "24h"}', "input_file_id"),
+]
+
+
+def test_invalid_unicode_anywhere_is_a_400_and_a_create_leaves_nothing_behind(start_service, tmp_path):
+    service = start_service(worker=False)
+    client = service.client()
+    file_id = upload(client, tmp_path / "in.jsonl", rows(1))
+    with service.http() as http:
+        for body, param in SURROGATE_BODIES:
+            response = http.post("/v1/batches", content=body.replace("FILE", file_id).replace("CHAT", CHAT).encode(),
+                                 headers={"content-type": "application/json"})
+            error = assert_error(response, 400)
+            if param is not None:
+                assert error["param"] == param
+            assert error["type"] == "invalid_request_error"
+        # Path and query parameters, percent-encoded invalid UTF-8 and NUL.
+        for url in ("/v1/files/%ED%A0%80", "/v1/batches/%ED%A0%80", "/v1/files/%00/content",
+                    "/v1/batches?after=%ED%A0%80", "/v1/files?purpose=%00", "/v1/batches/%ff%fe/cancel"):
+            response = http.post(url) if url.endswith("cancel") else http.get(url)
+            assert response.status_code in (400, 404), (url, response.text[:200])
+            assert_error(response, response.status_code)
+        # A filename that is not UTF-8, or holds controls, still gives a clean File (or a clean 400).
+        for name in (b"\xed\xa0\x80.jsonl", b"a\x00b\x1b.jsonl"):
+            multipart = (b"--b\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--b\r\n"
+                         b"Content-Disposition: form-data; name=\"file\"; filename=\"" + name + b"\"\r\n\r\n"
+                         + json.dumps(rows(1)[0]).encode() + b"\n\r\n--b--\r\n")
+            response = http.post("/v1/files", content=multipart,
+                                 headers={"content-type": "multipart/form-data; boundary=b"})
+            assert response.status_code == 200, response.text[:200]
+            assert all(c.isprintable() for c in response.json()["filename"])
+        assert http.get("/v1/batches").json()["data"] == []
+    # Nothing written for any of the refused creates: no row (above), no batch folder.
+    batches_dir = service.data_dir / "batches"
+    assert not batches_dir.exists() or list(batches_dir.iterdir()) == []
+
+
+def test_one_odd_stored_value_never_breaks_a_listing(start_service, tmp_path):
+    """A row whose metadata holds what validation now refuses (a lone surrogate, a non-string, as an older
+    version or another writer could have stored) still lists, retrieves and cancels."""
+    service = start_service(worker=False)
+    client = service.client()
+    ok = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", rows(1)), endpoint=CHAT,
+                               completion_window="24h")
+    store = Store(service.config.database_url)
+    with store.session() as session:
+        row = session.get(BatchRecord, session.query(BatchRecord.pk).filter_by(id=ok.id).scalar())
+        row.meta = {"bad\ud800": "\udfffvalue", "n": 5, "nested": {"a": [1]}}
+        row.errors = [{"code": "x", "message": "\ud800", "line": 1, "param": None}]
+        session.commit()
+    store.dispose()
+    with service.http() as http:
+        listed = http.get("/v1/batches")
+        assert listed.status_code == 200, listed.text[:300]
+        [batch] = listed.json()["data"]
+        assert batch["id"] == ok.id and batch["metadata"]["n"] == "5" and batch["metadata"]["nested"] == '{"a": [1]}'
+        assert http.get(f"/v1/batches/{ok.id}").status_code == 200
+        assert http.post(f"/v1/batches/{ok.id}/cancel").status_code == 200
+
+
+def test_unsupported_methods_are_405_with_allow(start_service):
+    service = start_service(worker=False)
+    with service.http() as http:
+        for method, path, allowed in [("TRACE", "/v1/batches", {"GET", "POST"}),
+                                      ("PUT", "/v1/files/file-x", {"GET", "DELETE"}), ("DELETE", "/v1/batches/b", {"GET"})]:
+            response = http.request(method, path)
+            assert_error(response, 405)
+            assert set(response.headers["allow"].replace(" ", "").split(",")) == allowed, response.headers
+
+
+def test_openapi_documents_the_real_responses(start_service):
+    service = start_service(worker=False)
+    with service.http(api_key=None) as http:
+        schema = http.get("/openapi.json").json()
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            codes = set(operation["responses"])
+            assert "422" not in codes and {"200", "400", "401", "404", "413"} <= codes, (method, path, codes)
+            assert operation["responses"]["401"]["content"]["application/json"]["schema"] == {
+                "$ref": "#/components/schemas/ErrorResponse"}
+    content = schema["paths"]["/v1/files/{file_id}/content"]["get"]["responses"]["200"]["content"]
+    assert list(content) == ["application/octet-stream"]
+    create = schema["components"]["schemas"]["CreateBatchRequest"]["properties"]
+    assert create["completion_window"]["enum"] == ["24h"] and CHAT in create["endpoint"]["enum"]
+    assert schema["components"]["schemas"]["Body_create_file_v1_files_post"]["properties"]["purpose"]["enum"] == [
+        "batch"]
+
+
+def test_keys_are_checked_before_404_and_405(start_service):
+    service = start_service(worker=False)
+    with service.http(api_key=None) as http:
+        assert_error(http.get("/v1/nowhere"), 401)
+        assert_error(http.request("TRACE", "/v1/batches"), 401)
+    with service.http(api_key=KEY_A) as http:
+        assert_error(http.get("/v1/nowhere"), 404)
