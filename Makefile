@@ -55,9 +55,13 @@ clean:
 	rm -rf $(VENV) .dagster_home data
 
 # Benchmarks (see docs/performance.md). BENCH_REQUESTS / BENCH_MODEL size and pick the workload.
-.PHONY: bench bench-cpu
+.PHONY: bench bench-cpu bench-api
 bench: setup
 	$(PY) -m bench.run_bench
 
 bench-cpu: setup
 	$(PY) -m bench.cpu_bench
+
+# The API under load through serve, 32 clients for 60 s, on SQLite and on a throwaway PostgreSQL 15.
+bench-api: setup
+	$(PY) -m bench.api_load --db both --out bench/results/api_load.json
