@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from pydantic import ValidationError
 
 from batch_dagster.batchfile.contract import ENDPOINTS
 from batch_dagster.batchfile.folder import BatchFolder
@@ -32,13 +33,16 @@ from .schemas import (
     CreateBatchRequest,
     ListPage,
     Text,
+    shown,
 )
 
 router = APIRouter(tags=["batches"], responses=ERROR_RESPONSES)
+log = logging.getLogger("batch_dagster.api")
 
 
 def batch_object(row: BatchRecord) -> Batch:
-    errors = BatchErrors(data=[BatchError.model_validate(_shown(e)) for e in row.errors]) if row.errors else None
+    stored = row.errors if isinstance(row.errors, list) else []
+    errors = BatchErrors(data=[_shown_error(e) for e in stored if isinstance(e, dict)]) if stored else None
     return Batch(
         id=row.id, endpoint=row.endpoint, errors=errors, input_file_id=row.input_file_id,
         completion_window=row.completion_window, status=row.status, output_file_id=row.output_file_id,
@@ -48,14 +52,8 @@ def batch_object(row: BatchRecord) -> Batch:
         cancelled_at=row.cancelled_at,
         request_counts=BatchRequestCounts(total=row.request_total, completed=row.request_completed,
                                           failed=row.request_failed),
-        metadata=_shown_metadata(row.meta), model=row.model, usage=BatchUsage.model_validate(row.usage or {}),
+        metadata=_shown_metadata(row.meta), model=row.model, usage=_shown_usage(row.usage),
     )
-
-
-def _text(value: object) -> str:
-    """A stored value as text that always encodes (a lone surrogate becomes '?')."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _shown_metadata(meta: object) -> dict[str, str] | None:
@@ -63,11 +61,24 @@ def _shown_metadata(meta: object) -> dict[str, str] | None:
     listing it never fails."""
     if not isinstance(meta, dict):
         return None
-    return {_text(k): _text(v) for k, v in meta.items()}
+    return {shown(k): shown(v) for k, v in meta.items()}
 
 
-def _shown(error: dict) -> dict:
-    return {k: _text(v) if isinstance(v, str) else v for k, v in error.items()}
+def _shown_error(error: dict) -> BatchError:
+    def text(name: str) -> str | None:
+        return None if error.get(name) is None else shown(error[name])
+
+    line = error.get("line")
+    return BatchError(code=text("code"), message=text("message"), param=text("param"),
+                      line=line if isinstance(line, int) else None)
+
+
+def _shown_usage(usage: object) -> BatchUsage:
+    try:
+        return BatchUsage.model_validate(usage or {})
+    except ValidationError:
+        log.warning("Stored usage that is not a usage object: %.200r", usage)
+        return BatchUsage()
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:
@@ -135,6 +146,17 @@ def _owned_batch(session, ctx, owner: str, batch_id: str) -> BatchRecord:
     return sync_batch(session, ctx.storage, row)
 
 
+def _synced(session, ctx, row: BatchRecord) -> BatchRecord:
+    """The row brought up to date; as stored when its folder cannot be read, so that one batch never breaks
+    the listing of the others."""
+    try:
+        return sync_batch(session, ctx.storage, row)
+    except Exception:
+        log.exception("Could not bring batch %s up to date; listed as stored", row.id)
+        session.rollback()
+        return row
+
+
 @router.get("/batches/{batch_id}", response_model=Batch)
 def retrieve_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) -> Batch:
     return batch_object(_owned_batch(session, ctx, owner, batch_id))
@@ -152,7 +174,7 @@ def list_batches(
     if page is None:  # only when `after` names no batch
         raise not_found("Batch", str(after), param="after")
     rows, has_more = page
-    data = [batch_object(sync_batch(session, ctx.storage, r)) for r in rows]
+    data = [batch_object(_synced(session, ctx, r)) for r in rows]
     return ListPage[Batch](data=data, first_id=data[0].id if data else None,
                            last_id=data[-1].id if data else None, has_more=has_more)
 

@@ -12,7 +12,7 @@ from batch_dagster.store import FileRecord, repo
 
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
-from .schemas import FileDeleted, FileObject, ListPage, Text
+from .schemas import FileDeleted, FileObject, ListPage, Text, shown
 from .uploads import jsonl_problem, sanitize_filename
 
 router = APIRouter(tags=["files"], responses=ERROR_RESPONSES)
@@ -23,7 +23,7 @@ _SNIFF = 64 * 1024
 
 
 def file_object(row: FileRecord) -> FileObject:
-    return FileObject(id=row.id, bytes=row.bytes, created_at=row.created_at, filename=row.filename,
+    return FileObject(id=row.id, bytes=row.bytes, created_at=row.created_at, filename=shown(row.filename),
                       purpose=row.purpose, expires_at=row.expires_at)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, Field
@@ -22,6 +23,13 @@ def _storable(value: str) -> str:
     if "\x00" in value:
         raise ValueError("NUL characters are not allowed")
     return value
+
+
+def shown(value: object) -> str:
+    """A stored value as text a response can always encode: a lone surrogate (from a row written before these
+    checks, or by another writer) becomes '?'; a non-string is shown as JSON."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 # Every text a client sends (bodies, path and query parameters, form fields) is checked on the way in, so

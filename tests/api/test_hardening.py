@@ -9,6 +9,8 @@ import socket
 import httpx
 import pytest
 
+from batch_dagster.batchfile.folder import BatchFolder
+from batch_dagster.batchfile.storage import LocalStorage
 from batch_dagster.store import BatchRecord, Store
 from tests.helpers import KEY_A, rows, upload
 
@@ -133,13 +135,21 @@ def test_one_odd_stored_value_never_breaks_a_listing(start_service, tmp_path):
     with store.session() as session:
         row = session.get(BatchRecord, session.query(BatchRecord.pk).filter_by(id=ok.id).scalar())
         row.meta = {"bad\ud800": "\udfffvalue", "n": 5, "nested": {"a": [1]}}
-        row.errors = [{"code": "x", "message": "\ud800", "line": 1, "param": None}]
+        row.errors = [{"code": "x", "message": "\ud800", "line": "one", "param": 5}, "not an error"]
+        row.usage = {"input_tokens": "many"}
         session.commit()
+    # A second batch whose folder holds a validation document that cannot be read.
+    broken = client.batches.create(input_file_id=upload(client, tmp_path / "in2.jsonl", rows(1)), endpoint=CHAT,
+                                   completion_window="24h")
+    storage = LocalStorage(service.data_dir)
+    storage.write_bytes(BatchFolder(storage, broken.id).key(BatchFolder.VALIDATION), b"{not json")
     store.dispose()
     with service.http() as http:
         listed = http.get("/v1/batches")
         assert listed.status_code == 200, listed.text[:300]
-        [batch] = listed.json()["data"]
+        assert [b["id"] for b in listed.json()["data"]] == [broken.id, ok.id]
+        batch = listed.json()["data"][1]
+        assert batch["errors"]["data"] == [{"code": "x", "message": "?", "param": "5", "line": None}]
         assert batch["id"] == ok.id and batch["metadata"]["n"] == "5" and batch["metadata"]["nested"] == '{"a": [1]}'
         assert http.get(f"/v1/batches/{ok.id}").status_code == 200
         assert http.post(f"/v1/batches/{ok.id}/cancel").status_code == 200
