@@ -38,6 +38,7 @@ from bench.postgres import TempPostgres, _free_port
 REPO = Path(__file__).resolve().parent.parent
 LOAD_KEY = "sk-load-test"
 LOCKED = "database is locked"
+OWN_PREFIXES = ("BATCH_", "DAGSTER_")
 # How often each client picks each operation after its first create.
 MIX = {"create": 1, "list_batches": 3, "retrieve_batch": 3, "list_files": 1, "retrieve_file": 2}
 
@@ -162,7 +163,8 @@ def serve(database_url: str | None, workdir: Path):
     config = (REPO / "dagster.yaml").read_text().replace(
         "concurrency:\n", "concurrency:\n  runs:\n    max_concurrent_runs: 1\n", 1)
     (home / "dagster.yaml").write_text(config)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATCH_", "DAGSTER_"))}
+    # serve gets only the settings below: none of the caller's own (it reads them itself, through settings.py).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
     settings = {"DAGSTER_HOME": str(home), "BATCH_DATA_DIR": str(data), "BATCH_API_KEYS": LOAD_KEY}
     if database_url:
         settings["BATCH_DATABASE_URL"] = database_url
