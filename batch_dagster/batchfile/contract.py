@@ -11,7 +11,8 @@ import orjson
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
-ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+RESPONSES = "/v1/responses"
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 
 
 def endpoint_of_head(head: bytes, default: str = CHAT) -> str:
