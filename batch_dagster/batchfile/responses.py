@@ -140,7 +140,7 @@ def response_object(
 ) -> dict[str, Any]:
     """A `response` object as vLLM's server writes it for a plain text answer (no tools, no reasoning parser)."""
     status = "incomplete" if finish_reason == "length" else "completed"
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": None}
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": [], "logprobs": None}
     content = [part] if text else []
     return {
         "id": f"resp_{uuid.uuid4().hex}",
