@@ -50,6 +50,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_MAX_REQUESTS", str(_L.max_requests), "Requests per input file.", "Limits"),
     Variable("BATCH_MAX_BYTES", str(_L.max_bytes), "Bytes per input file.", "Limits"),
     Variable("BATCH_MAX_LINE_BYTES", str(_L.max_line_bytes), "Bytes per input line.", "Limits"),
+    Variable("BATCH_MAX_ENQUEUED_TOKENS", "", "Prompt tokens one owner may have enqueued per model (this batch "
+             "plus the owner's unfinished ones); past it a batch fails with `token_limit_exceeded`. Unset: no "
+             "limit.", "Limits"),
     Variable("BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "Largest upload the API accepts (413 past it).", "API"),
     Variable("BATCH_COMPLETION_WINDOW_S", str(DAY_S), "Seconds after creation at which a batch expires "
              "(API and drop-folder batches).", "API"),
@@ -106,6 +109,7 @@ class Settings:
     vllm_max_concurrency: int
     shard_size: int
     limits: Limits
+    max_enqueued_tokens: int | None
     max_upload_bytes: int
     completion_window_s: int
     api_keys: tuple[str, ...]
@@ -145,6 +149,7 @@ class Settings:
             vllm_max_concurrency=_int("BATCH_VLLM_MAX_CONCURRENCY", 64),
             shard_size=_int("BATCH_SHARD_SIZE", 1000),
             limits=limits,
+            max_enqueued_tokens=_int("BATCH_MAX_ENQUEUED_TOKENS", 0) or None,
             max_upload_bytes=_int("BATCH_MAX_UPLOAD_BYTES", limits.max_bytes),
             completion_window_s=_int("BATCH_COMPLETION_WINDOW_S", DAY_S),
             api_keys=keys,

@@ -40,6 +40,7 @@ INVALID_URL = "invalid_url"
 DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
 MIXED_MODELS = "mixed_models"
 MODEL_NOT_FOUND = "model_not_found"
+TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"  # the owner's enqueued prompt tokens for the model
 
 # Request-level error codes written to the error file.
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
