@@ -59,6 +59,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_API_KEYS", "", "Comma-separated API keys; unset: no authentication, loopback only.", "API"),
     Variable("BATCH_API_HOST", "127.0.0.1", "The address `make serve` binds the API to.", "API"),
     Variable("BATCH_API_PORT", "8000", "The API's port under `make serve`.", "API"),
+    Variable("BATCH_WEBHOOK_URLS", "", "Comma-separated endpoints that get a signed POST when a batch ends "
+             "(batch.completed, batch.failed, batch.expired, batch.cancelled); unset: no webhooks.", "API"),
+    Variable("BATCH_WEBHOOK_SECRET", "", "The Standard Webhooks secret (`whsec_` and base64) webhooks are signed "
+             "with; needed with BATCH_WEBHOOK_URLS.", "API"),
     Variable("BATCH_S3_BUCKET", "", "The bucket the S3 drop sensor watches; unset: the sensor is off.",
              "Drop folders"),
     Variable("BATCH_S3_PREFIX", "incoming/", "Where in the bucket new .jsonl files are picked up.", "Drop folders"),
@@ -115,6 +119,8 @@ class Settings:
     api_keys: tuple[str, ...]
     api_host: str
     api_port: int
+    webhook_urls: tuple[str, ...]
+    webhook_secret: str
     s3_bucket: str
     s3_prefix: str
     s3_output_prefix: str
@@ -155,6 +161,8 @@ class Settings:
             api_keys=keys,
             api_host=_raw("BATCH_API_HOST") or "127.0.0.1",
             api_port=_int("BATCH_API_PORT", 8000),
+            webhook_urls=_list("BATCH_WEBHOOK_URLS"),
+            webhook_secret=_raw("BATCH_WEBHOOK_SECRET"),
             s3_bucket=_raw("BATCH_S3_BUCKET"),
             s3_prefix=_raw("BATCH_S3_PREFIX") or "incoming/",
             s3_output_prefix=_raw("BATCH_S3_OUTPUT_PREFIX") or "results/",
