@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dagster as dg
 import pytest
 
 from batch_dagster.batchfile import contract as c
@@ -35,6 +36,9 @@ def test_responses_batch_writes_response_objects_and_counts_their_usage(tmp_path
     assert all(b["output"][0]["content"][0]["type"] == "output_text" for b in bodies)
     assert summary["usage"]["input_tokens"] == sum(b["usage"]["input_tokens"] for b in bodies) > 0
     assert summary["usage"]["output_tokens"] == sum(b["usage"]["output_tokens"] for b in bodies) > 0
+    check = instance.event_log_storage.get_asset_check_execution_history(
+        dg.AssetCheckKey(dg.AssetKey("batch_usage"), "usage_equals_output_lines"), limit=1)
+    assert check and check[0].status.value == "SUCCEEDED"
 
 
 class Tokenizer:
