@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import dagster as dg
 import pytest
+from openai import OpenAI
 from sqlalchemy import func, select
 
 from batch_dagster.resources import ApiStore
@@ -114,6 +115,11 @@ def test_terminal_batches_are_posted_signed_retried_and_never_held_up(start_serv
         assert event["id"] == headers["webhook-id"] and event["id"].startswith("evt_")
         assert event["data"] == {"id": event["data"]["id"]}
     assert not verify("whsec_" + base64.b64encode(b"another secret of 32 bytes......").decode(), *good.posts[0][:2])
+    # The openai SDK's own webhook verification accepts them, as it does OpenAI's batch events.
+    sdk = OpenAI(api_key="unused", webhook_secret=SECRET)
+    for headers, body, _ in good.posts:
+        event = sdk.webhooks.unwrap(body.decode(), headers)
+        assert event.type == expected[event.data.id]
 
     # The flaky receiver failed twice per event, then got each: retried, with the same webhook-id each time.
     assert {e["data"]["id"]: e["type"] for e in flaky.events()} == expected
