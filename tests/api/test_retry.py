@@ -118,3 +118,22 @@ def test_cli_retry_creates_the_child_the_daemon_runs(start_service, tmp_path, mo
     with pytest.raises(SystemExit) as exit_:
         main(["retry", child.id])
     assert exit_.value.code == 1 and "no request to retry" in capsys.readouterr().err
+
+
+def test_retry_after_the_engine_crashed_on_a_shard_past_its_retries(start_service, tmp_path):
+    engine = FakeEngine(crash_times=3)  # the first shard crashes on every attempt: engine_error lines
+    service = start_service(shard_size=2, engine=engine)
+    client = service.client()
+    requests = rows(4)
+    parent = wait_for(client, client.batches.create(
+        input_file_id=upload(client, tmp_path / "in.jsonl", requests), endpoint=CHAT, completion_window="24h").id,
+        "completed", timeout_s=120)
+    err = lines(client, parent.error_file_id)
+    assert len(err) == 2 and {e["response"]["body"]["error"]["code"] for e in err} == {"engine_error"}
+
+    child = wait_for(client, retry(client, parent.id).id, "completed")
+    assert child.request_counts.model_dump() == {"total": 2, "completed": 2, "failed": 0}
+    assert sorted(x["custom_id"] for x in lines(client, child.output_file_id)) == sorted(e["custom_id"] for e in err)
+    merged = lines(client, child.output_file_id, merged=True)
+    assert sorted(x["custom_id"] for x in merged) == sorted(r["custom_id"] for r in requests)
+    assert lines(client, child.error_file_id, merged=True) == []
