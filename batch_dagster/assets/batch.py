@@ -23,6 +23,7 @@ from batch_dagster.batchfile.results import commit_shard, committed_shards, merg
 from batch_dagster.batchfile.usage import Usage, cost_of
 from batch_dagster.dagster_internals import dies_with_its_run
 from batch_dagster.engine.base import EngineCrash
+from batch_dagster.k8s import GPU_STEP_TAGS
 from batch_dagster.partitions import batches
 from batch_dagster.resources import BatchStorage, PipelineConfig, VLLMResource
 from batch_dagster.resources.transfer import fetch
@@ -191,6 +192,7 @@ def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) 
     kinds={"vllm"},
     deps=[batch_shards],
     pool="gpu",
+    op_tags=GPU_STEP_TAGS,
     retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=2, backoff=dg.Backoff.EXPONENTIAL),
     description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
 )

@@ -171,6 +171,9 @@ class Summary(Document):
 class BatchFolder:
     """The files of one batch in `storage`, under `batches/<batch_id>/`."""
 
+    # Documents whose time of writing the API reports (status timestamps).
+    VALIDATION, MANIFEST, MERGED = "validation.json", "shards/manifest.json", "merged.json"
+
     def __init__(self, storage: Storage, batch_id: str):
         self.storage, self.batch_id = storage, batch_id
         self.prefix = f"{BATCHES}/{batch_id}"
@@ -235,8 +238,6 @@ class BatchFolder:
         """When a document of the folder was written (e.g. `validation.json`), in whole epoch seconds."""
         at = self.storage.modified_at(self.key(name))
         return None if at is None else int(at)
-
-    VALIDATION, MANIFEST, MERGED = "validation.json", "shards/manifest.json", "merged.json"
 
     def put_input(self, source: Path) -> Path:
         """Copy an input file into the folder (the pipeline never reads outside it)."""

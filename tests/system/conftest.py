@@ -1,10 +1,14 @@
-"""Fixtures of the system tier: a real vLLM server, shared by the whole session."""
+"""Fixtures of the system tier: a real vLLM server and a real PostgreSQL 15, each shared by the whole session."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +43,48 @@ def vllm_server(tmp_path_factory):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL 15 on a loopback port, for the session: yields its URL without a database name.
+
+    postgres refuses to run as root, so as root the server runs as the `postgres` user (runuser). Skips only where
+    the PostgreSQL 15 server binaries are absent.
+    """
+    if not PG_BIN.is_dir():
+        pytest.skip(f"PostgreSQL 15 server binaries are absent ({PG_BIN})")
+    # Not under pytest's tmp dirs: those are private to root, and the postgres user must reach its data dir.
+    root = Path(tempfile.mkdtemp(prefix="batch-pg-"))
+    data, log, port = root / "data", root / "server.log", free_port()
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_postgres:
+        shutil.chown(root, "postgres")
+    subprocess.run([*as_postgres, str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
+                   check=True, capture_output=True)
+    pg_ctl = [*as_postgres, str(PG_BIN / "pg_ctl"), "-D", str(data)]
+    subprocess.run([*pg_ctl, "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "-l", str(log), "-w",
+                    "start"], check=True, capture_output=True)
+    try:
+        # The driver named: SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3, dagster-postgres needs psycopg2.
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}"
+    finally:
+        subprocess.run([*pg_ctl, "-m", "immediate", "-w", "stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """A URL of a new, empty database on the session's PostgreSQL server."""
+    import psycopg2
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    conn = psycopg2.connect(f"{postgres_server}/postgres".replace("+psycopg2", ""))
+    conn.autocommit = True  # CREATE DATABASE cannot run in a transaction
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    conn.close()
+    return f"{postgres_server}/{name}"

@@ -1,0 +1,50 @@
+"""`batch-dagster instance`: DAGSTER_HOME's dagster.yaml follows DAGSTER_PG_URL (Postgres storage or the repo's link)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from batch_dagster.instance import REPO_INSTANCE_CONFIG
+
+CLI = Path(sys.executable).with_name("batch-dagster")
+
+
+def instance(home: Path, pg_url: str | None, check: bool = True) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_PG_URL"} | {"DAGSTER_HOME": str(home)}
+    if pg_url:
+        env["DAGSTER_PG_URL"] = pg_url
+    return subprocess.run([str(CLI), "instance"], env=env, capture_output=True, text=True, check=check)
+
+
+def test_instance_follows_dagster_pg_url(tmp_path):
+    home, url = tmp_path / "home", "postgresql+psycopg2://u:secret@db.example:5432/dagster"
+    assert "storage=sqlite" in instance(home, None).stdout
+    assert (home / "dagster.yaml").resolve() == REPO_INSTANCE_CONFIG.resolve()
+
+    assert "storage=postgres" in instance(home, url).stdout
+    config = home / "dagster.yaml"
+    text = config.read_text()
+    assert not config.is_symlink() and REPO_INSTANCE_CONFIG.read_text().strip() in text
+    assert "postgres:\n    postgres_url:\n      env: DAGSTER_PG_URL" in text
+    assert "secret" not in text  # Dagster reads the URL from the environment at start-up
+
+    assert "storage=sqlite" in instance(home, None).stdout
+    assert (home / "dagster.yaml").resolve() == REPO_INSTANCE_CONFIG.resolve()
+
+
+def test_instance_leaves_a_users_own_config_alone(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    instance(home, "postgresql+psycopg2://u@db.example/dagster")
+    assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
+
+
+def test_instance_refuses_a_url_without_the_psycopg2_driver(tmp_path):
+    done = instance(tmp_path / "home", "postgresql://u@db.example/dagster", check=False)
+    assert done.returncode == 2
+    assert "DAGSTER_PG_URL must start with postgresql+psycopg2://" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "home" / "dagster.yaml").exists()
