@@ -78,6 +78,45 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(Path(args.out))
 
 
+def cmd_retry(args: argparse.Namespace) -> int:
+    """Create a child batch of a batch's retryable failed requests; the daemon's API sensor launches it."""
+    from sqlalchemy import select
+
+    from batch_dagster.batchfile.storage import LocalStorage
+    from batch_dagster.store import BatchRecord, Store
+    from batch_dagster.store.lifecycle import sync_batch
+    from batch_dagster.store.retry import CannotRetry, create_retry
+
+    settings = Settings.from_env()
+    store = Store(settings.database_url)
+    store.upgrade()
+    storage = LocalStorage(settings.data_dir)
+    try:
+        with store.session() as session:
+            parent = session.scalar(select(BatchRecord).where(BatchRecord.id == args.batch_id))
+            if parent is None:
+                print(f"batch-dagster: error: no batch {args.batch_id} in {settings.database_url}", file=sys.stderr)
+                return 1
+            parent = sync_batch(session, storage, parent)
+            try:
+                child = create_retry(session, storage, parent, files_dir=settings.files_dir,
+                                     completion_window_s=settings.completion_window_s)
+            except CannotRetry as exc:
+                print(f"batch-dagster: error: {exc}", file=sys.stderr)
+                return 1
+            summary = {"id": child.id, "parent_batch_id": parent.id, "status": child.status,
+                       "endpoint": child.endpoint, "input_file_id": child.input_file_id}
+            total = sum(1 for _ in open(settings.files_dir / f"{child.input_file_id}.jsonl", "rb"))
+    finally:
+        store.dispose()
+    if args.json:
+        _print_json(summary | {"requests": total})
+    else:
+        print(f"batch {summary['id']}: {total} request(s) of {parent.id} to retry; the Dagster daemon "
+              "(make serve / make dev) runs it")
+    return 0
+
+
 def cmd_vllm_server(args: argparse.Namespace) -> int:
     """Start (exec) a vLLM server for a registry model, for `BATCH_ENGINE_MODE=server`."""
     from batch_dagster.engine.server import server_command
@@ -126,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the built-in sample batch on the default model")
     p.add_argument("--out", default="data/demo-output")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("retry", help="create a batch of a batch's failed requests that can be retried (5xx, "
+                       "expired, cancelled)")
+    p.add_argument("batch_id")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_retry)
 
     p = sub.add_parser("vllm-server", help="start a vLLM OpenAI-compatible server for a registry model")
     p.add_argument("model")

@@ -50,6 +50,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_MAX_REQUESTS", str(_L.max_requests), "Requests per input file.", "Limits"),
     Variable("BATCH_MAX_BYTES", str(_L.max_bytes), "Bytes per input file.", "Limits"),
     Variable("BATCH_MAX_LINE_BYTES", str(_L.max_line_bytes), "Bytes per input line.", "Limits"),
+    Variable("BATCH_MAX_ENQUEUED_TOKENS", "", "Prompt tokens one owner may have enqueued per model (this batch "
+             "plus the owner's unfinished ones); past it a batch fails with `token_limit_exceeded`. Unset: no "
+             "limit.", "Limits"),
     Variable("BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "Largest upload the API accepts (413 past it).", "API"),
     Variable("BATCH_MAX_JSON_BODY_BYTES", str(1 << 20), "Largest JSON request body the API reads (413 past it).",
              "API"),
@@ -58,6 +61,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_API_KEYS", "", "Comma-separated API keys; unset: no authentication, loopback only.", "API"),
     Variable("BATCH_API_HOST", "127.0.0.1", "The address `make serve` binds the API to.", "API"),
     Variable("BATCH_API_PORT", "8000", "The API's port under `make serve`.", "API"),
+    Variable("BATCH_WEBHOOK_URLS", "", "Comma-separated endpoints that get a signed POST when a batch ends "
+             "(batch.completed, batch.failed, batch.expired, batch.cancelled); unset: no webhooks.", "API"),
+    Variable("BATCH_WEBHOOK_SECRET", "", "The Standard Webhooks secret (`whsec_` and base64) webhooks are signed "
+             "with; needed with BATCH_WEBHOOK_URLS.", "API"),
     Variable("BATCH_S3_BUCKET", "", "The bucket the S3 drop sensor watches; unset: the sensor is off.",
              "Drop folders"),
     Variable("BATCH_S3_PREFIX", "incoming/", "Where in the bucket new .jsonl files are picked up.", "Drop folders"),
@@ -108,12 +115,15 @@ class Settings:
     vllm_max_concurrency: int
     shard_size: int
     limits: Limits
+    max_enqueued_tokens: int | None
     max_upload_bytes: int
     max_json_body_bytes: int
     completion_window_s: int
     api_keys: tuple[str, ...]
     api_host: str
     api_port: int
+    webhook_urls: tuple[str, ...]
+    webhook_secret: str
     s3_bucket: str
     s3_prefix: str
     s3_output_prefix: str
@@ -148,12 +158,15 @@ class Settings:
             vllm_max_concurrency=_int("BATCH_VLLM_MAX_CONCURRENCY", 64),
             shard_size=_int("BATCH_SHARD_SIZE", 1000),
             limits=limits,
+            max_enqueued_tokens=_int("BATCH_MAX_ENQUEUED_TOKENS", 0) or None,
             max_upload_bytes=_int("BATCH_MAX_UPLOAD_BYTES", limits.max_bytes),
             max_json_body_bytes=_int("BATCH_MAX_JSON_BODY_BYTES", 1 << 20),
             completion_window_s=_int("BATCH_COMPLETION_WINDOW_S", DAY_S),
             api_keys=keys,
             api_host=_raw("BATCH_API_HOST") or "127.0.0.1",
             api_port=_int("BATCH_API_PORT", 8000),
+            webhook_urls=_list("BATCH_WEBHOOK_URLS"),
+            webhook_secret=_raw("BATCH_WEBHOOK_SECRET"),
             s3_bucket=_raw("BATCH_S3_BUCKET"),
             s3_prefix=_raw("BATCH_S3_PREFIX") or "incoming/",
             s3_output_prefix=_raw("BATCH_S3_OUTPUT_PREFIX") or "results/",

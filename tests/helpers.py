@@ -28,6 +28,7 @@ from dagster_aws.s3 import S3Resource
 from batch_dagster.assets.batch import lifecycle_assets
 from batch_dagster.assets.checks import lifecycle_checks
 from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile import responses
 from batch_dagster.engine import translate as t
 from batch_dagster.engine.base import EngineCrash, Line, Request
 from batch_dagster.jobs import batch_job
@@ -138,6 +139,7 @@ class FakeEngine:
     crash_times: int = 0
     calls: list[list[str]] = field(default_factory=list)
     on_call: Callable[[int], None] | None = None  # called with the call number, e.g. to cancel mid-batch
+    fail_once: set[str] = field(default_factory=set)  # custom_ids answered once with a 500 out_of_memory line
 
     def run(self, endpoint: str, requests: Sequence[Request],
             on_progress: Callable[[int], None] | None = None) -> list[Line]:
@@ -148,15 +150,25 @@ class FakeEngine:
             self.crash_times -= 1
             raise EngineCrash("fake engine died")
         lines = []
-        for cid, body in requests:
+        for cid, original in requests:
+            body = responses.chat_body(original) if endpoint == c.RESPONSES else original
             if body.get("temperature", 1) < 0:
                 lines.append(t.RequestError("temperature must be non-negative", param="temperature").line(cid))
                 continue
-            text = str(body["messages"][-1]["content"]) if endpoint == c.CHAT else str(body.get("prompt"))
+            if cid in self.fail_once:
+                self.fail_once.discard(cid)
+                lines.append(c.request_error_line(cid, "out_of_memory", "fake out of memory", status_code=500))
+                continue
+            text = str(body["messages"][-1]["content"]) if "messages" in body else str(body.get("prompt"))
             words = text.split()
             out = " ".join(words[: body.get("max_tokens", 16)])
             choice = t.Choice(f"echo: {out}", "stop", len(words[: body.get("max_tokens", 16)]) + 1)
-            lines.append(c.success_line(cid, t.chat_completion(body["model"], [choice], len(words))))
+            if endpoint == c.RESPONSES:
+                lines.append(c.success_line(cid, responses.response_object(
+                    original, model=body["model"], text=choice.text, finish_reason="stop",
+                    input_tokens=len(words), output_tokens=choice.tokens)))
+            else:
+                lines.append(c.success_line(cid, t.chat_completion(body["model"], [choice], len(words))))
             if on_progress is not None:
                 on_progress(1)
         return lines

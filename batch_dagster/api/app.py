@@ -8,7 +8,7 @@ from fastapi import FastAPI
 
 from batch_dagster.store import repo
 
-from . import batches, errors, files
+from . import batches, errors, files, retry
 from .context import ApiConfig, AppContext
 from .guard import RequestGuard
 
@@ -36,6 +36,7 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     errors.install(app)
     app.include_router(files.router, prefix="/v1")
     app.include_router(batches.router, prefix="/v1")
+    app.include_router(retry.router, prefix="/v1")
 
     @app.get("/health", include_in_schema=False)
     def health() -> dict[str, str]:

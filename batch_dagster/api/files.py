@@ -6,9 +6,10 @@ import os
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, Query, UploadFile
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, StreamingResponse
 
 from batch_dagster.store import FileRecord, repo
+from batch_dagster.store.retry import CannotRetry, merged_content
 
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
@@ -120,10 +121,14 @@ def retrieve_file(file_id: Text, session: DbSession, owner: Owner) -> FileObject
 
 
 @router.get("/files/{file_id}/content", response_class=FileResponse, responses=FILE_BYTES)
-def file_content(file_id: Text, session: DbSession, owner: Owner) -> FileResponse:
+def file_content(file_id: Text, session: DbSession, owner: Owner,
+                 merged: bool = False) -> FileResponse | StreamingResponse:
+    """The file's bytes; `merged=true` (an extension) on a retry batch's result file adds its parents' lines."""
     row = _owned_file(session, owner, file_id)
     if not os.path.exists(row.path):
         raise ApiError(404, f"The content of file {clip(file_id)} is gone.", param="file_id", code="not_found")
+    if merged:
+        return _merged_content(session, row)
     return FileResponse(row.path, media_type="application/octet-stream", filename=row.filename)
 
 
@@ -131,3 +136,24 @@ def file_content(file_id: Text, session: DbSession, owner: Owner) -> FileRespons
 def delete_file(file_id: Text, session: DbSession, owner: Owner) -> FileDeleted:
     repo.delete_file(session, _owned_file(session, owner, file_id))
     return FileDeleted(id=file_id, deleted=True)
+
+
+def _merged_content(session, row: FileRecord) -> FileResponse | StreamingResponse:
+    if row.purpose != "batch_output":
+        raise invalid(f"File {row.id} is not a batch's output or error file; only those can be merged.",
+                      param="merged", code="invalid_merge")
+    try:
+        lines = merged_content(session, row)
+        if lines is None:  # not a retry batch's file: it is its own merged result
+            return FileResponse(row.path, media_type="application/octet-stream", filename=row.filename)
+        first = next(lines, b"")  # a parent's file that is gone shows here, before the response starts
+    except (CannotRetry, FileNotFoundError) as exc:
+        raise ApiError(404, f"The merged content of file {row.id} cannot be read: {exc}", param="file_id",
+                       code="not_found") from exc
+
+    def body():
+        yield first
+        yield from lines
+
+    return StreamingResponse(body(), media_type="application/octet-stream",
+                             headers={"Content-Disposition": f'attachment; filename="merged_{row.filename}"'})

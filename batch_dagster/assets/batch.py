@@ -28,6 +28,8 @@ from batch_dagster.partitions import batches
 from batch_dagster.resources import BatchStorage, PipelineConfig, VLLMResource
 from batch_dagster.resources.transfer import fetch
 
+from .queue_limit import apply_token_limit
+
 GROUP = "batch_lifecycle"
 INFERENCE_RETRIES = 2
 
@@ -105,7 +107,8 @@ def validated_requests(
     )
     elapsed = time.perf_counter() - started
     size = folder.input_path.stat().st_size
-    folder.write_validation(Validation(**report.to_dict(), validated_at=_now()))
+    prompt_tokens = apply_token_limit(folder, report, pipeline, vllm)
+    folder.write_validation(Validation(**report.to_dict(), validated_at=_now(), prompt_tokens=prompt_tokens))
     if not report.valid:
         first = report.errors[0]
         raise dg.Failure(

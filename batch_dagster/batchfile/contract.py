@@ -11,7 +11,8 @@ import orjson
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
-ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+RESPONSES = "/v1/responses"
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 
 
 def endpoint_of_head(head: bytes, default: str = CHAT) -> str:
@@ -39,6 +40,7 @@ INVALID_URL = "invalid_url"
 DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
 MIXED_MODELS = "mixed_models"
 MODEL_NOT_FOUND = "model_not_found"
+TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"  # the owner's enqueued prompt tokens for the model
 
 # Request-level error codes written to the error file.
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"

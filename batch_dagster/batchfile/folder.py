@@ -114,6 +114,7 @@ class Validation(Document):
     error_count: int
     errors: list[dict[str, Any]]
     validated_at: str = ""
+    prompt_tokens: int | None = None  # counted with the model's tokenizer when an enqueued-token limit is set
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 Task = Literal["generate", "embed"]
 _ENDPOINTS_BY_TASK = {
-    "generate": ("/v1/chat/completions", "/v1/completions"),
+    "generate": ("/v1/chat/completions", "/v1/completions", "/v1/responses"),
     "embed": ("/v1/embeddings",),
 }
 

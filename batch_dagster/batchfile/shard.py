@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import contract as c
+from .responses import chat_body
 
 # Opening text that counts as a shared prefix when there is no system prompt.
 PREFIX_CHARS = 256
@@ -36,6 +37,8 @@ def _text_of(content: Any) -> str:
 
 def features(endpoint: str, body: dict[str, Any]) -> Features:
     """Prompt size and prefix of one request body (already validated)."""
+    if endpoint == c.RESPONSES:  # runs as its chat body, so it groups as one
+        endpoint, body = c.CHAT, chat_body(body)
     if endpoint == c.CHAT:
         messages = body.get("messages") or []
         texts = [_text_of(m.get("content")) for m in messages if isinstance(m, dict)]

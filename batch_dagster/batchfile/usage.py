@@ -22,8 +22,14 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
     def add_body(self, body: dict[str, Any]) -> None:
-        """Add the `usage` of one response body (chat, completion or embedding)."""
+        """Add the `usage` of one response body (chat, completion, embedding or a `response` object)."""
         u = body.get("usage") or {}
+        if body.get("object") == "response":  # the Responses API names its counts like the Batch object
+            self.input_tokens += int(u.get("input_tokens") or 0)
+            self.output_tokens += int(u.get("output_tokens") or 0)
+            self.cached_tokens += int((u.get("input_tokens_details") or {}).get("cached_tokens") or 0)
+            self.reasoning_tokens += int((u.get("output_tokens_details") or {}).get("reasoning_tokens") or 0)
+            return
         self.input_tokens += int(u.get("prompt_tokens") or 0)
         self.output_tokens += int(u.get("completion_tokens") or 0)
         self.cached_tokens += int((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)

@@ -14,6 +14,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from . import contract as c
+from . import responses
 
 BOM = b"\xef\xbb\xbf"
 _READ_CHUNK = 1 << 20
@@ -23,6 +24,7 @@ _REQUIRED_BODY_FIELD = {
     c.CHAT: ("messages", True),
     c.COMPLETIONS: ("prompt", False),
     c.EMBEDDINGS: ("input", False),
+    c.RESPONSES: ("input", False),
 }
 
 OnRequest = Callable[[int, dict[str, Any]], None]
@@ -233,4 +235,6 @@ def _check_request(request: dict[str, Any], line_no: int, endpoint: str | None, 
         kind = "a non-empty list" if must_be_list else "present"
         error(c.INVALID_REQUEST, f"Field 'body.{name}' must be {kind} for {url}.", line_no, f"body.{name}")
         return False
+    if url == c.RESPONSES:
+        return responses.check_body(body, line_no, error)
     return True

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.registry import ModelSpec
 
 from . import translate as t
@@ -34,6 +35,7 @@ class _Prepared:
     params: Any = None  # SamplingParams for generation; None for embeddings
     encoding_format: str = "float"
     prompt_tokens: int = 0
+    body: dict[str, Any] | None = None  # a /v1/responses body, echoed in its `response` object
 
 
 @dataclass
@@ -110,7 +112,10 @@ class OfflineEngine:
             for p in prompts:
                 t.check_prompt_length(endpoint, len(p), self.max_model_len)
             return _Prepared(custom_id, prompts, None, fmt, sum(map(len, prompts)))
-        if endpoint == c.CHAT:
+        source = None
+        if endpoint == c.RESPONSES:  # runs as the chat request it amounts to
+            source, body = body, responses.chat_body(body)
+        if endpoint in (c.CHAT, c.RESPONSES):
             text = self._tokenizer.apply_chat_template(
                 t.chat_messages(body), tokenize=False, add_generation_prompt=True, **t.chat_template_kwargs(body)
             )
@@ -123,7 +128,7 @@ class OfflineEngine:
             params = SamplingParams(**t.sampling_kwargs(body, max_tokens))
         except _REJECTED as exc:
             raise t.RequestError(str(exc), param=getattr(exc, "parameter", None)) from exc
-        return _Prepared(custom_id, prompts, params, prompt_tokens=sum(map(len, prompts)))
+        return _Prepared(custom_id, prompts, params, prompt_tokens=sum(map(len, prompts)), body=source)
 
     # -- running -----------------------------------------------------------------------
 
@@ -197,8 +202,20 @@ class OfflineEngine:
                 out = next(outputs)
                 cached += out.num_cached_tokens or 0
                 choices += [t.Choice(o.text, o.finish_reason, len(o.token_ids), o.stop_reason) for o in out.outputs]
+            if endpoint == c.RESPONSES:
+                lines.append(c.success_line(it.custom_id, _response_body(model, it, choices[0], cached)))
+                continue
             lines.append(c.success_line(it.custom_id, make_body(model, choices, it.prompt_tokens, cached)))
         return lines
+
+
+def _response_body(model: str, it: _Prepared, choice: t.Choice, cached: int) -> dict[str, Any]:
+    assert it.body is not None
+    return responses.response_object(
+        it.body, model=model, text=choice.text, finish_reason=choice.finish_reason, input_tokens=it.prompt_tokens,
+        output_tokens=choice.tokens, cached_tokens=cached, temperature=it.params.temperature,
+        top_p=it.params.top_p, max_output_tokens=it.params.max_tokens,
+    )
 
 
 _ENGINES: dict[str, OfflineEngine] = {}

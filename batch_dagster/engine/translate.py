@@ -18,7 +18,7 @@ SAMPLING_FIELDS = (
     "n", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
     "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
 )
-PROMPT_PARAM = {c.CHAT: "messages", c.COMPLETIONS: "prompt", c.EMBEDDINGS: "input"}
+PROMPT_PARAM = {c.CHAT: "messages", c.COMPLETIONS: "prompt", c.EMBEDDINGS: "input", c.RESPONSES: "input"}
 
 
 class RequestError(Exception):
@@ -78,7 +78,7 @@ def max_tokens_of(endpoint: str, body: dict[str, Any], prompt_tokens: int, max_m
         raise RequestError("'max_tokens' must be a positive integer.", param="max_tokens")
     if requested is None:
         # As vLLM's server: chat may use the rest of the context; legacy completions default to 16.
-        requested = max(max_model_len - prompt_tokens, 1) if endpoint == c.CHAT else 16
+        requested = max(max_model_len - prompt_tokens, 1) if endpoint in (c.CHAT, c.RESPONSES) else 16
     if prompt_tokens + requested > max_model_len:
         raise RequestError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "

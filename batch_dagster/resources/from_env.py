@@ -13,6 +13,7 @@ from .drops import intake_from_env
 from .pipeline import pipeline_config_from_env
 from .storage import BatchStorage
 from .vllm import VLLMResource
+from .webhooks import webhooks_from_env
 
 
 def resources_from_env() -> dict[str, Any]:
@@ -33,4 +34,5 @@ def resources_from_env() -> dict[str, Any]:
         ),
         "api_store": ApiStore(url=settings.database_url),
         "intake": intake_from_env(settings),
+        "webhooks": webhooks_from_env(settings),
     }

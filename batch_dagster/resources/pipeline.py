@@ -24,6 +24,8 @@ class PipelineConfig(dg.ConfigurableResource):
     max_bytes: int = Limits.max_bytes
     max_line_bytes: int = Limits.max_line_bytes
     prices_file: str = str(s.CONFIG_DIR / "prices.toml")
+    max_enqueued_tokens: int = 0  # per owner and model; 0: no limit
+    store_url: str = ""  # the metadata store whose unfinished batches count toward that limit
 
     @property
     def limits(self) -> Limits:
@@ -46,4 +48,6 @@ def pipeline_config_from_env(settings: s.Settings) -> PipelineConfig:
         max_bytes=_env_or("BATCH_MAX_BYTES", settings.limits.max_bytes, number=True),
         max_line_bytes=_env_or("BATCH_MAX_LINE_BYTES", settings.limits.max_line_bytes, number=True),
         prices_file=_env_or("BATCH_PRICES_FILE", str(settings.prices_file)),
+        max_enqueued_tokens=_env_or("BATCH_MAX_ENQUEUED_TOKENS", settings.max_enqueued_tokens or 0, number=True),
+        store_url=_env_or("BATCH_DATABASE_URL", settings.database_url),
     )

@@ -22,6 +22,13 @@ def _registry(models_file: str) -> dict[str, ModelSpec]:
 
 
 @functools.cache
+def _tokenizer(model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+@functools.cache
 def _folder_hash(path: str) -> str:
     """A short fingerprint of a model folder: its config and the names, sizes and heads of its weights."""
     h = hashlib.sha256()
@@ -79,6 +86,10 @@ class VLLMResource(dg.ConfigurableResource):
 
             return str(resolve_embedded(spec.source[len(_EMBEDDED) :], Path(self.model_cache_dir)))
         return spec.source
+
+    def tokenizer(self, model: str) -> Any:
+        """The model's tokenizer (transformers), for counting prompt tokens before anything runs."""
+        return _tokenizer(self.model_path(self.spec(model)))
 
     def engine(self, model: str) -> Engine:
         spec = self.spec(model)

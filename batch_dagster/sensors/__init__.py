@@ -1,10 +1,12 @@
-"""Sensors: API batches (launch, follow), drop folders (S3, inbox) and file expiry."""
+"""Sensors: API batches (launch, follow), drop folders (S3, inbox), file expiry and webhooks."""
 
 from .api_batches import api_batch_sensor, api_batch_status_sensor
 from .drops import inbox_sensor, s3_upload_sensor
 from .expiry import file_expiry_sensor
+from .webhooks import webhook_sensor
 
-all_sensors = [api_batch_sensor, api_batch_status_sensor, s3_upload_sensor, inbox_sensor, file_expiry_sensor]
+all_sensors = [api_batch_sensor, api_batch_status_sensor, s3_upload_sensor, inbox_sensor, file_expiry_sensor,
+               webhook_sensor]
 
 __all__ = ["all_sensors", "api_batch_sensor", "api_batch_status_sensor", "file_expiry_sensor", "inbox_sensor",
-           "s3_upload_sensor"]
+           "s3_upload_sensor", "webhook_sensor"]

@@ -21,6 +21,7 @@ from batch_dagster.batchfile.usage import Usage
 
 from .models import TERMINAL, BatchRecord, FileRecord
 from .repo import new_file_id, now
+from .webhooks import add_event
 
 WITH_FILES = ("completed", "cancelled", "expired")
 PIPELINE_ERROR = "pipeline_error"
@@ -146,6 +147,9 @@ def apply(session: Session, folder: BatchFolder, batch: BatchRecord, obs: Observ
     result = cast(CursorResult, session.execute(
         update(BatchRecord).where(BatchRecord.id == batch.id, BatchRecord.status.not_in(TERMINAL)).values(**values)
     ))
+    if result.rowcount == 1 and values.get("status") in TERMINAL:
+        # In the status's own transaction: exactly one event per batch that ends, whoever stored the end.
+        add_event(session, batch.id, batch.owner, values["status"])
     if result.rowcount == 1 and values.get("status") in WITH_FILES:
         output, error = _result_files(folder, batch, now())
         session.add_all([output, error])

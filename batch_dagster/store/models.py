@@ -103,3 +103,38 @@ class IntakeRecord(Base):
     created_at: Mapped[int]
     delivery_requested_at: Mapped[int | None]
     delivered_at: Mapped[int | None]
+
+
+class WebhookEvent(Base):
+    """An event to send (OpenAI's shape): a batch reached a terminal status. Filled once, when the status is stored.
+
+    `planned_at` is when the webhook sensor turned it into one delivery per endpoint configured then.
+    """
+
+    __tablename__ = "webhook_events"
+    __table_args__ = (Index("ix_webhook_events_planned_at", "planned_at"),)
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)  # evt_...; the webhook-id of every attempt
+    type: Mapped[str] = mapped_column(String(32))  # batch.completed, batch.failed, batch.expired, batch.cancelled
+    batch_id: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[int]
+    planned_at: Mapped[int | None]
+
+
+class WebhookDelivery(Base):
+    """One event to one endpoint: attempts so far and when the next is due; delivered or given up once."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (UniqueConstraint("event_id", "url", name="uq_webhook_delivery_event_url"),
+                      Index("ix_webhook_deliveries_due", "delivered_at", "failed_at", "next_attempt_at"))
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(String(64), ForeignKey("webhook_events.id"))
+    url: Mapped[str] = mapped_column(String(1024))
+    attempts: Mapped[int] = mapped_column(default=0)
+    next_attempt_at: Mapped[int]
+    delivered_at: Mapped[int | None]
+    failed_at: Mapped[int | None]  # given up after the last attempt
+    last_error: Mapped[str | None] = mapped_column(Text)

@@ -81,7 +81,7 @@ def test_empty_registry():
 def test_endpoints_by_task():
     gen = ModelSpec(name="g", source="x")
     emb = ModelSpec(name="e", source="y", task="embed")
-    assert set(gen.endpoints) == {"/v1/chat/completions", "/v1/completions"}
+    assert set(gen.endpoints) == {"/v1/chat/completions", "/v1/completions", "/v1/responses"}
     assert emb.endpoints == ("/v1/embeddings",)
 
 

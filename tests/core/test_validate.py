@@ -383,7 +383,7 @@ def test_invalid_method(tmp_path, method):
     assert (err.code, err.line, err.param) == ("invalid_method", 2, "method")
 
 
-@pytest.mark.parametrize("url", ["/v1/responses", "/v1/chat/completions/", "v1/embeddings", "/chat/completions"])
+@pytest.mark.parametrize("url", ["/v1/moderations", "/v1/chat/completions/", "v1/embeddings", "/chat/completions"])
 def test_unknown_url(tmp_path, url):
     bad = chat("b")
     bad["url"] = url
@@ -420,7 +420,7 @@ def test_explicit_endpoint_argument(tmp_path):
 
 def test_explicit_unknown_endpoint_is_a_file_level_error(tmp_path):
     path = write(tmp_path, [chat("a")])
-    report = validate_file(path, endpoint="/v1/responses")
+    report = validate_file(path, endpoint="/v1/moderations")
     assert not report.valid
     assert report.errors[0].code == "invalid_url"
     assert report.errors[0].line is None

@@ -1,0 +1,31 @@
+"""POST /v1/batches/{batch_id}/retry (an extension): a child batch of the batch's retryable failed requests."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from batch_dagster.store import repo
+from batch_dagster.store.lifecycle import sync_batch
+from batch_dagster.store.retry import CannotRetry, create_retry
+
+from .batches import batch_object
+from .deps import Context, DbSession, Owner
+from .errors import invalid, not_found
+from .schemas import Batch
+
+router = APIRouter(tags=["batches"])
+
+
+@router.post("/batches/{batch_id}/retry", response_model=Batch)
+def retry_batch(batch_id: str, ctx: Context, session: DbSession, owner: Owner) -> Batch:
+    """Create a batch of the failures that were not the requests' own; its metadata names the parent."""
+    parent = repo.get_batch(session, owner, batch_id)
+    if parent is None:
+        raise not_found("Batch", batch_id, param="batch_id")
+    parent = sync_batch(session, ctx.storage, parent)
+    try:
+        child = create_retry(session, ctx.storage, parent, files_dir=ctx.config.files_dir,
+                             completion_window_s=ctx.config.completion_window_s)
+    except CannotRetry as exc:
+        raise invalid(str(exc), param="batch_id", code="nothing_to_retry") from exc
+    return batch_object(child)

@@ -1,0 +1,39 @@
+"""Webhooks: each batch that ended is POSTed to every configured endpoint, signed, retried with backoff."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from batch_dagster.resources import ApiStore
+from batch_dagster.resources.webhooks import WebhookConfig, check_secret, event_body
+from batch_dagster.store import webhooks as outbox
+
+
+@dg.sensor(
+    minimum_interval_seconds=5,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Delivers batch.completed/failed/expired/cancelled events to BATCH_WEBHOOK_URLS, signed per "
+    "Standard Webhooks; failed attempts are retried with exponential backoff, then given up.",
+)
+def webhook_sensor(context: dg.SensorEvaluationContext, api_store: ApiStore, webhooks: WebhookConfig) -> dg.SkipReason:
+    if webhooks.urls and (problem := check_secret(webhooks.secret)):
+        return dg.SkipReason(f"Webhooks are not sent: {problem}")
+    with api_store.session() as session:
+        # With no endpoint configured, events are planned with no delivery: turning webhooks on later
+        # does not flood the endpoints with old events.
+        outbox.plan(session, webhooks.urls)
+        work = outbox.due(session)
+        if not work:
+            return dg.SkipReason("No webhook to deliver.")
+        posts = [(d.url, e.id, event_body(e.id, e.type, e.created_at, e.batch_id)) for d, e in work]
+        errors = webhooks.send_all(posts)
+        for (delivery, event), error in zip(work, errors, strict=True):
+            outbox.record(session, delivery, error, max_attempts=webhooks.max_attempts,
+                          first_backoff_s=webhooks.first_backoff_s)
+            if error is not None:
+                gave_up = delivery.failed_at is not None
+                context.log.warning(f"{event.type} {event.batch_id} -> {delivery.url}: attempt {delivery.attempts} "
+                                    f"failed ({error}){'; giving up' if gave_up else ''}")
+        session.commit()
+    sent = sum(error is None for error in errors)
+    return dg.SkipReason(f"{sent} webhook(s) delivered, {len(errors) - sent} attempt(s) failed.")

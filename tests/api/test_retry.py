@@ -1,0 +1,139 @@
+"""Retrying a batch's failed requests (POST /v1/batches/{id}/retry, an extension) and reading merged results."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from tests.helpers import FakeEngine, chat_request, rows, upload, wait_for
+
+CHAT = "/v1/chat/completions"
+
+
+def lines(client, file_id, merged: bool = False) -> list[dict]:
+    if merged:
+        text = client.get(f"/files/{file_id}/content", cast_to=str, options={"params": {"merged": "true"}})
+        text = text if isinstance(text, str) else text.text
+    else:
+        text = client.files.content(file_id).text
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def retry(client, batch_id: str):
+    return client.post(f"/batches/{batch_id}/retry", cast_to=openai.types.Batch)
+
+
+def test_retry_reruns_only_server_failures_and_merges_with_the_parent(start_service, tmp_path):
+    engine = FakeEngine(fail_once={"r1", "r4"})
+    service = start_service(shard_size=2, engine=engine)
+    client = service.client()
+    requests = rows(6, max_tokens=8) + [chat_request("bad-temp", "hi", temperature=-1)]
+    parent = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", requests), endpoint=CHAT,
+                                   completion_window="24h", metadata={"job": "nightly"})
+    parent = wait_for(client, parent.id, "completed")
+    assert parent.request_counts.failed == 3
+    codes = {e["custom_id"]: e["response"]["status_code"] for e in lines(client, parent.error_file_id)}
+    assert codes == {"r1": 500, "r4": 500, "bad-temp": 400}
+
+    engine.fail_once = {"r4"}  # r4 fails again in the child
+    child = retry(client, parent.id)
+    assert child.id != parent.id and child.status == "validating"
+    assert child.metadata == {"job": "nightly", "parent_batch_id": parent.id} and child.endpoint == CHAT
+    child = wait_for(client, child.id, "completed")
+    assert child.request_counts.model_dump() == {"total": 2, "completed": 1, "failed": 1}
+    assert child.model == parent.model
+    # The child ran the parent's original bodies, and only the 5xx ones (never the 400).
+    assert engine.calls[-1] == ["r1", "r4"]
+    alone = lines(client, child.output_file_id)
+    assert [x["custom_id"] for x in alone] == ["r1"]
+    assert alone[0]["response"]["body"]["choices"][0]["message"]["content"] == "echo: question 1 word"
+
+    merged_out = lines(client, child.output_file_id, merged=True)
+    merged_err = lines(client, child.error_file_id, merged=True)
+    assert sorted(x["custom_id"] for x in merged_out + merged_err) == sorted(r["custom_id"] for r in requests)
+    assert sorted(x["custom_id"] for x in merged_out) == ["r0", "r1", "r2", "r3", "r5"]
+    assert sorted(x["custom_id"] for x in merged_err) == ["bad-temp", "r4"]
+
+    # A retry of the retry: merged reads go through both ancestors, still every custom_id once.
+    grandchild = wait_for(client, retry(client, child.id).id, "completed")
+    assert grandchild.metadata["parent_batch_id"] == child.id and grandchild.request_counts.total == 1
+    merged_out = lines(client, grandchild.output_file_id, merged=True)
+    merged_err = lines(client, grandchild.error_file_id, merged=True)
+    assert sorted(x["custom_id"] for x in merged_out + merged_err) == sorted(r["custom_id"] for r in requests)
+    assert sorted(x["custom_id"] for x in merged_out) == [f"r{i}" for i in range(6)]
+    assert [x["custom_id"] for x in merged_err] == ["bad-temp"]
+    # The parent's own file with merged=true is just itself.
+    assert len(lines(client, parent.output_file_id, merged=True)) == 4
+    with pytest.raises(openai.BadRequestError, match="not a batch's output"):
+        lines(client, parent.input_file_id, merged=True)
+
+    # Nothing retryable left: a clear 400.
+    with pytest.raises(openai.BadRequestError, match="no request to retry"):
+        retry(client, grandchild.id)
+    with pytest.raises(openai.NotFoundError):
+        retry(service.client("sk-test-b"), parent.id)  # another owner's batch
+
+
+def test_retry_of_a_cancelled_batch_runs_what_never_ran(start_service, tmp_path):
+    service = start_service(worker=False)
+    client = service.client()
+    requests = rows(3)
+    batch = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", requests), endpoint=CHAT,
+                                  completion_window="24h")
+    with pytest.raises(openai.BadRequestError, match="only a batch that has ended"):
+        retry(client, batch.id)
+    client.batches.cancel(batch.id)
+    service.start_worker()
+    cancelled = wait_for(client, batch.id, {"cancelled", "completed", "failed"})
+    assert cancelled.status == "cancelled"
+
+    child = wait_for(client, retry(client, batch.id).id, "completed")
+    assert child.request_counts.model_dump() == {"total": 3, "completed": 3, "failed": 0}
+    merged_out = lines(client, child.output_file_id, merged=True)
+    merged_err = lines(client, child.error_file_id, merged=True)
+    assert sorted(x["custom_id"] for x in merged_out) == sorted(r["custom_id"] for r in requests)
+    assert merged_err == []
+
+
+def test_cli_retry_creates_the_child_the_daemon_runs(start_service, tmp_path, monkeypatch, capsys):
+    from batch_dagster.cli import main
+
+    service = start_service(shard_size=10, engine=FakeEngine(fail_once={"r0", "r2"}))
+    client = service.client()
+    parent = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", rows(3)), endpoint=CHAT,
+                                   completion_window="24h")
+    parent = wait_for(client, parent.id, "completed")
+    monkeypatch.setenv("BATCH_DATABASE_URL", service.config.database_url)
+    with pytest.raises(SystemExit) as exit_:
+        main(["retry", parent.id, "--json"])
+    assert exit_.value.code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["parent_batch_id"] == parent.id and printed["requests"] == 2
+    child = wait_for(client, printed["id"], "completed")  # the worker (the daemon's sensor) launched it
+    assert child.metadata == {"parent_batch_id": parent.id}
+    assert sorted(x["custom_id"] for x in lines(client, child.output_file_id)) == ["r0", "r2"]
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["retry", child.id])
+    assert exit_.value.code == 1 and "no request to retry" in capsys.readouterr().err
+
+
+def test_retry_after_the_engine_crashed_on_a_shard_past_its_retries(start_service, tmp_path):
+    engine = FakeEngine(crash_times=3)  # the first shard crashes on every attempt: engine_error lines
+    service = start_service(shard_size=2, engine=engine)
+    client = service.client()
+    requests = rows(4)
+    parent = wait_for(client, client.batches.create(
+        input_file_id=upload(client, tmp_path / "in.jsonl", requests), endpoint=CHAT, completion_window="24h").id,
+        "completed", timeout_s=120)
+    err = lines(client, parent.error_file_id)
+    assert len(err) == 2 and {e["response"]["body"]["error"]["code"] for e in err} == {"engine_error"}
+
+    child = wait_for(client, retry(client, parent.id).id, "completed")
+    assert child.request_counts.model_dump() == {"total": 2, "completed": 2, "failed": 0}
+    assert sorted(x["custom_id"] for x in lines(client, child.output_file_id)) == sorted(e["custom_id"] for e in err)
+    merged = lines(client, child.output_file_id, merged=True)
+    assert sorted(x["custom_id"] for x in merged) == sorted(r["custom_id"] for r in requests)
+    assert lines(client, child.error_file_id, merged=True) == []

@@ -1,0 +1,171 @@
+"""Webhooks to real HTTP receivers on loopback: OpenAI's event shape, Standard Webhooks signatures (checked here
+with hmac, independently of the sender), retries with backoff, and endpoints that are down or hang."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dagster as dg
+import pytest
+from openai import OpenAI
+from sqlalchemy import func, select
+
+from batch_dagster.resources import ApiStore
+from batch_dagster.resources.webhooks import WebhookConfig, check_secret
+from batch_dagster.sensors import webhook_sensor
+from batch_dagster.store import Store
+from batch_dagster.store.models import WebhookDelivery, WebhookEvent
+from batch_dagster.store.webhooks import backoff_s
+from tests.helpers import chat_request, free_port, rows, upload, wait_for
+
+SECRET = "whsec_" + base64.b64encode(b"a test secret of 32 bytes.......").decode()
+CHAT = "/v1/chat/completions"
+
+
+def verify(secret: str, headers, body: bytes) -> bool:
+    """The Standard Webhooks check, written from the spec: v1,base64(HMAC-SHA256(key, id.timestamp.body))."""
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
+    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    return any(sig == f"v1,{expected}" for sig in headers["webhook-signature"].split(" "))
+
+
+class Receiver:
+    """An HTTP endpoint on loopback that records each POST; it answers `statuses` in turn, then 200."""
+
+    def __init__(self, *statuses: int):
+        self.statuses = list(statuses)
+        self.posts: list[tuple[dict[str, str], bytes, int]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["content-length"]))
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                receiver.posts.append(({k.lower(): v for k, v in self.headers.items()}, body, status))
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def events(self) -> list[dict]:
+        return [json.loads(body) for _, body, status in self.posts if status == 200]
+
+
+@pytest.fixture
+def hanging_url():
+    """An endpoint that accepts connections and never answers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
+    sock.close()
+
+
+def test_terminal_batches_are_posted_signed_retried_and_never_held_up(start_service, tmp_path, hanging_url):
+    service = start_service(worker=False, shard_size=10)
+    client = service.client()
+    cancelled = client.batches.create(input_file_id=upload(client, tmp_path / "c.jsonl", rows(2)), endpoint=CHAT,
+                                      completion_window="24h")
+    client.batches.cancel(cancelled.id)
+    completed = client.batches.create(input_file_id=upload(client, tmp_path / "a.jsonl", rows(3)), endpoint=CHAT,
+                                      completion_window="24h")
+    failed = client.batches.create(input_file_id=upload(client, tmp_path / "f.jsonl", [chat_request("x", "hi", model="nope")]),
+                                   endpoint=CHAT, completion_window="24h")
+    service.start_worker()
+    for batch, status in ((completed, "completed"), (cancelled, "cancelled"), (failed, "failed")):
+        assert wait_for(client, batch.id, {"completed", "cancelled", "failed", "expired"}).status == status
+        client.batches.retrieve(batch.id)  # observed again: still one event
+
+    good, flaky = Receiver(), Receiver(500, 503)
+    down = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens there
+    webhooks = WebhookConfig(urls=[good.url, flaky.url, down, hanging_url], secret=SECRET, timeout_s=1.0,
+                             max_attempts=3, first_backoff_s=0)
+    context = dg.build_sensor_context(instance=service.instance, resources={
+        "api_store": ApiStore(url=service.config.database_url), "webhooks": webhooks})
+
+    started = time.monotonic()
+    webhook_sensor(context)
+    # The hanging and the dead endpoint cost one timeout, not one per delivery, and held nothing else up.
+    assert time.monotonic() - started < 4
+    expected = {completed.id: "batch.completed", cancelled.id: "batch.cancelled", failed.id: "batch.failed"}
+    assert {e["data"]["id"]: e["type"] for e in good.events()} == expected
+    for _ in range(3):
+        webhook_sensor(context)
+
+    # Every event reached the good receiver exactly once, in OpenAI's shape, signed.
+    assert len(good.posts) == 3
+    for headers, body, _ in good.posts + flaky.posts:
+        assert verify(SECRET, headers, body), headers
+        assert abs(int(headers["webhook-timestamp"]) - time.time()) < 60
+        event = json.loads(body)
+        assert set(event) == {"id", "object", "type", "created_at", "data"} and event["object"] == "event"
+        assert event["id"] == headers["webhook-id"] and event["id"].startswith("evt_")
+        assert event["data"] == {"id": event["data"]["id"]}
+    assert not verify("whsec_" + base64.b64encode(b"another secret of 32 bytes......").decode(), *good.posts[0][:2])
+    # The openai SDK's own webhook verification accepts them, as it does OpenAI's batch events.
+    sdk = OpenAI(api_key="unused", webhook_secret=SECRET)
+    for headers, body, _ in good.posts:
+        event = sdk.webhooks.unwrap(body.decode(), headers)
+        assert event.type == expected[event.data.id]
+
+    # The flaky receiver failed twice per event, then got each: retried, with the same webhook-id each time.
+    assert {e["data"]["id"]: e["type"] for e in flaky.events()} == expected
+    attempts: dict[str, list[int]] = {}
+    for headers, _, status in flaky.posts:
+        attempts.setdefault(headers["webhook-id"], []).append(status)
+    assert sorted(attempts.values()) == [[200], [500, 200], [503, 200]]
+    assert len(flaky.posts) == 5  # 3 events: the first two posts failed, then each event once more
+
+    store = Store(service.config.database_url)
+    with store.session() as session:
+        per_batch = {batch_id: n for batch_id, n in session.execute(
+            select(WebhookEvent.batch_id, func.count()).group_by(WebhookEvent.batch_id))}
+        assert per_batch == {batch_id: 1 for batch_id in expected}
+        deliveries = list(session.scalars(select(WebhookDelivery)))
+        by_url: dict[str, list[WebhookDelivery]] = {}
+        for d in deliveries:
+            by_url.setdefault(d.url, []).append(d)
+        assert all(d.delivered_at is not None for d in by_url[good.url] + by_url[flaky.url])
+        for url in (down, hanging_url):  # given up after max_attempts, each attempt recorded
+            assert all(d.attempts == 3 and d.failed_at is not None and d.last_error for d in by_url[url]), url
+    store.dispose()
+    assert "No webhook to deliver" in webhook_sensor(context).skip_message
+
+
+def test_no_endpoint_means_no_delivery_and_no_flood_later(start_service, tmp_path):
+    service = start_service(shard_size=10)
+    client = service.client()
+    batch = client.batches.create(input_file_id=upload(client, tmp_path / "a.jsonl", rows(1)), endpoint=CHAT,
+                                  completion_window="24h")
+    wait_for(client, batch.id, "completed")
+    resources = {"api_store": ApiStore(url=service.config.database_url)}
+    webhook_sensor(dg.build_sensor_context(instance=service.instance, resources={**resources,
+                                           "webhooks": WebhookConfig()}))
+    late = Receiver()
+    webhook_sensor(dg.build_sensor_context(instance=service.instance, resources={
+        **resources, "webhooks": WebhookConfig(urls=[late.url], secret=SECRET)}))
+    assert late.posts == []  # the event was planned while no endpoint was configured
+
+
+def test_secret_and_backoff_rules():
+    assert check_secret(SECRET) is None
+    assert "whsec_" in check_secret("not-a-secret")
+    assert "base64" in check_secret("whsec_!!!")
+    assert [backoff_s(n, 10) for n in (1, 2, 3, 4)] == [10, 20, 40, 80]
+    assert backoff_s(30, 10) == 3600
+    skipped = webhook_sensor(dg.build_sensor_context(resources={
+        "api_store": ApiStore(url="sqlite://"), "webhooks": WebhookConfig(urls=["http://x"], secret="bad")}))
+    assert "BATCH_WEBHOOK_SECRET must start with 'whsec_'" in skipped.skip_message

@@ -1,0 +1,108 @@
+"""/v1/responses lines: validation with line and param, the chat body they run as, usage from `response` objects."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.contract import endpoint_of_head
+from batch_dagster.batchfile.responses import chat_body, response_object
+from batch_dagster.batchfile.shard import features
+from batch_dagster.batchfile.usage import Usage
+from batch_dagster.batchfile.validate import validate_file
+
+MODEL = "smollm2-135m-instruct"
+
+
+def line(cid: str, **body) -> dict:
+    return {"custom_id": cid, "method": "POST", "url": c.RESPONSES, "body": {"model": MODEL, "input": "hi", **body}}
+
+
+def validate(tmp_path, rows):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return validate_file(path, models={MODEL: ("/v1/chat/completions", c.RESPONSES)})
+
+
+def test_valid_responses_file(tmp_path):
+    items = [{"role": "user", "content": "a"}, {"type": "message", "role": "assistant", "content": [
+        {"type": "output_text", "text": "b"}]}, {"role": "user", "content": [{"type": "input_text", "text": "c"}]}]
+    report = validate(tmp_path, [line("a", instructions="Be brief.", max_output_tokens=5, temperature=0, top_p=1),
+                                 line("b", input=items)])
+    assert report.valid, report.errors
+    assert report.endpoint == c.RESPONSES and report.total_requests == 2
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"input": 3}, "body.input"),
+    ({"input": ""}, "body.input"),
+    ({"input": []}, "body.input"),
+    ({"input": ["text"]}, "body.input[0]"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "body.input[0].role"),
+    ({"input": [{"type": "function_call", "name": "f"}]}, "body.input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "body.input[0].content"),
+    ({"instructions": ["not", "a", "string"]}, "body.instructions"),
+    ({"max_output_tokens": 0}, "body.max_output_tokens"),
+    ({"max_output_tokens": "5"}, "body.max_output_tokens"),
+    ({"max_output_tokens": True}, "body.max_output_tokens"),
+    ({"temperature": 3}, "body.temperature"),
+    ({"temperature": "hot"}, "body.temperature"),
+    ({"top_p": 1.5}, "body.top_p"),
+    ({"stream": True}, "body.stream"),
+    ({"previous_response_id": "resp_1"}, "body.previous_response_id"),
+])
+def test_each_bad_field_is_reported_with_its_line_and_param(tmp_path, body, param):
+    report = validate(tmp_path, [line("ok"), line("bad", **body)])
+    assert [(e.code, e.line, e.param) for e in report.errors] == [(c.INVALID_REQUEST, 2, param)]
+
+
+def test_missing_input_is_reported(tmp_path):
+    row = line("a")
+    del row["body"]["input"]
+    report = validate(tmp_path, [row])
+    assert [(e.line, e.param) for e in report.errors] == [(1, "body.input")]
+
+
+def test_a_chat_only_model_list_rejects_responses(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps(line("a")) + "\n")
+    report = validate_file(path, models={MODEL: ("/v1/chat/completions",)})
+    assert [(e.code, e.param) for e in report.errors] == [(c.INVALID_URL, "url")]
+
+
+def test_endpoint_of_head_knows_responses():
+    assert endpoint_of_head((json.dumps(line("a")) + "\n").encode()) == c.RESPONSES
+
+
+def test_instructions_become_the_system_message_and_input_the_messages():
+    body = line("a", instructions="Be brief.", max_output_tokens=7, temperature=0.5,
+                input=[{"role": "user", "content": [{"type": "input_text", "text": "x"}, {"type": "input_text",
+                                                                                      "text": "y"}]}])["body"]
+    assert chat_body(body) == {"model": MODEL, "temperature": 0.5, "max_tokens": 7, "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "xy"}]}
+    assert chat_body(line("b", input="plain")["body"])["messages"] == [{"role": "user", "content": "plain"}]
+
+
+def test_responses_shard_like_their_chat_body():
+    body = line("a", instructions="Shared system prompt")["body"]
+    assert features(c.RESPONSES, body) == features(c.CHAT, chat_body(body))
+
+
+def test_response_object_shape_and_its_usage_counts():
+    body = line("a", instructions="Be brief.")["body"]
+    obj = response_object(body, model=MODEL, text="Hello", finish_reason="stop", input_tokens=11, output_tokens=3,
+                          cached_tokens=2, temperature=1.0, top_p=1.0, max_output_tokens=16)
+    assert obj["object"] == "response" and obj["id"].startswith("resp_") and obj["status"] == "completed"
+    [message] = obj["output"]
+    assert message["type"] == "message" and message["role"] == "assistant"
+    assert message["content"] == [{"type": "output_text", "text": "Hello", "annotations": [], "logprobs": None}]
+    assert obj["usage"]["total_tokens"] == 14 and obj["instructions"] == "Be brief."
+    cut = response_object(body, model=MODEL, text="He", finish_reason="length", input_tokens=1, output_tokens=1)
+    assert cut["status"] == "incomplete" and cut["incomplete_details"] == {"reason": "max_output_tokens"}
+
+    usage = Usage()
+    usage.add_body(obj)
+    usage.add_body({"usage": {"prompt_tokens": 5, "completion_tokens": 4}})  # a chat body beside it
+    assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens) == (16, 7, 2)

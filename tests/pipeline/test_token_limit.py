@@ -1,0 +1,124 @@
+"""The per-model enqueued-token limit: counted at validation, summed over the owner's unfinished batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster_aws.s3 import S3Resource
+
+from batch_dagster.assets.batch import lifecycle_assets
+from batch_dagster.assets.checks import lifecycle_checks
+from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.folder import BatchFolder, Validation
+from batch_dagster.batchfile.registry import ModelSpec
+from batch_dagster.engine.offline import OfflineEngine
+from batch_dagster.engine.tokens import prompt_tokens
+from batch_dagster.jobs import batch_job
+from batch_dagster.resources import ApiStore, BatchStorage, PipelineConfig
+from batch_dagster.runner import run_batch
+from batch_dagster.store import Store, repo
+from batch_dagster.store.batches import add_input_file, create_batch
+from tests.helpers import CHAT_MODEL, MODEL_CACHE, FakeEngine, FakeVLLM, chat_request, fake_vllm, write_jsonl
+
+
+class WordTokenizer:
+    """One token per word of the prompt text: enough to count with, and loads instantly."""
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt, **kwargs):
+        return " ".join(m["content"] for m in messages)
+
+    def encode(self, text, add_special_tokens=True):
+        return text.split()
+
+
+class WordTokenizerVLLM(FakeVLLM):
+    def tokenizer(self, model: str):
+        return WordTokenizer()
+
+
+def defs_with_limit(data_dir: Path, limit: int, url: str) -> dg.Definitions:
+    vllm = fake_vllm("token-limit", FakeEngine(), cls=WordTokenizerVLLM)
+    return dg.Definitions(
+        assets=lifecycle_assets, asset_checks=lifecycle_checks, jobs=[batch_job],
+        resources={"storage": BatchStorage(data_dir=str(data_dir)), "vllm": vllm, "s3": S3Resource(),
+                   "api_store": ApiStore(url=url),
+                   "pipeline": PipelineConfig(max_enqueued_tokens=limit, store_url=url)},
+    )
+
+
+def enqueue_other(store: Store, data_dir: Path, owner: str, tokens: int, status: str = "in_progress") -> str:
+    """An unfinished batch of `owner` whose validation recorded `tokens` prompt tokens for the chat model."""
+    storage = BatchStorage(data_dir=str(data_dir)).storage()
+    with store.session() as session:
+        path = data_dir / "files" / "other.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+        row = create_batch(session, storage, owner=owner, endpoint=c.CHAT, input_file=add_input_file(
+            session, owner=owner, path=path, filename="other.jsonl", size=0), input_from=None,
+            completion_window_s=None, launched=True)
+        row.status = status
+        session.commit()
+        BatchFolder(storage, row.id).write_validation(Validation(
+            valid=True, total_requests=1, model=CHAT_MODEL, endpoint=c.CHAT, error_count=0, errors=[],
+            prompt_tokens=tokens))
+        return row.id
+
+
+@pytest.mark.parametrize(("other_owner", "other_status", "fails"), [
+    (repo.ANONYMOUS, "in_progress", True),  # the same owner's unfinished batch counts
+    ("someone-else", "in_progress", False),  # another owner's does not
+    (repo.ANONYMOUS, "completed", False),  # nor a finished one
+])
+def test_a_batch_past_the_owners_enqueued_tokens_fails_with_token_limit_exceeded(
+        tmp_path, data_dir, instance, other_owner, other_status, fails):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = Store(url)
+    store.upgrade()
+    with store.session() as session:
+        repo.ensure_owners(session, [repo.ANONYMOUS, "someone-else"])
+    enqueue_other(store, data_dir, other_owner, 30, other_status)
+    # 4 requests of 5 words: 20 prompt tokens; with the other batch's 30, 50 > 40.
+    rows = [chat_request(f"r{i}", "one two three four five") for i in range(4)]
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs_with_limit(data_dir, 40, url), instance=instance)
+    validation = BatchFolder(BatchStorage(data_dir=str(data_dir)).storage(), summary["batch_id"]).validation()
+    assert validation.prompt_tokens == 20
+    if fails:
+        assert summary["status"] == "failed"
+        [error] = summary["errors"]
+        assert error["code"] == "token_limit_exceeded" and "Limit: 40 enqueued tokens" in error["message"]
+        with store.session() as session:  # as the API shows it: errors.data carries the code
+            batch = repo.get_batch(session, repo.ANONYMOUS, summary["batch_id"])
+            assert batch.status == "failed" and batch.errors[0]["code"] == "token_limit_exceeded"
+    else:
+        assert summary["status"] == "completed"
+    store.dispose()
+
+
+def test_alone_a_batch_is_held_to_the_limit_too(tmp_path, data_dir, instance):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    rows = [chat_request(f"r{i}", "one two three four five") for i in range(4)]
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs_with_limit(data_dir, 19, url), instance=instance)
+    assert summary["status"] == "failed" and summary["errors"][0]["code"] == "token_limit_exceeded"
+
+
+def test_prompt_tokens_match_what_the_offline_engine_feeds_smollm2():
+    from batch_dagster.resources.vllm import _tokenizer
+
+    path = MODEL_CACHE / CHAT_MODEL
+    if not (path / "tokenizer.json").exists():
+        pytest.skip(f"the SmolLM2 model is not prepared in {MODEL_CACHE} (make setup)")
+    tokenizer = _tokenizer(str(path))
+    engine = OfflineEngine(ModelSpec(name=CHAT_MODEL, source=str(path)), str(path))
+    engine._tokenizer, engine.max_model_len = tokenizer, 8192
+    bodies = [
+        (c.CHAT, chat_request("a", "What is the capital of France?")["body"]),
+        (c.RESPONSES, {"model": CHAT_MODEL, "input": "Name three colors.", "instructions": "Be brief."}),
+        (c.COMPLETIONS, {"model": CHAT_MODEL, "prompt": ["Once upon a time", "In a land"]}),
+    ]
+    for endpoint, body in bodies:
+        counted = prompt_tokens(tokenizer, endpoint, body)
+        assert counted == engine._prepare(endpoint, "x", body).prompt_tokens > 3, endpoint
