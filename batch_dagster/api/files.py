@@ -120,7 +120,7 @@ def retrieve_file(file_id: Text, session: DbSession, owner: Owner) -> FileObject
     return file_object(_owned_file(session, owner, file_id))
 
 
-@router.get("/files/{file_id}/content", response_class=FileResponse, responses=FILE_BYTES)
+@router.get("/files/{file_id}/content", response_class=FileResponse, response_model=None, responses=FILE_BYTES)
 def file_content(file_id: Text, session: DbSession, owner: Owner,
                  merged: bool = False) -> FileResponse | StreamingResponse:
     """The file's bytes; `merged=true` (an extension) on a retry batch's result file adds its parents' lines."""

@@ -10,14 +10,14 @@ from batch_dagster.store.retry import CannotRetry, create_retry
 
 from .batches import batch_object
 from .deps import Context, DbSession, Owner
-from .errors import invalid, not_found
-from .schemas import Batch
+from .errors import ERROR_RESPONSES, invalid, not_found
+from .schemas import Batch, Text
 
-router = APIRouter(tags=["batches"])
+router = APIRouter(tags=["batches"], responses=ERROR_RESPONSES)
 
 
 @router.post("/batches/{batch_id}/retry", response_model=Batch)
-def retry_batch(batch_id: str, ctx: Context, session: DbSession, owner: Owner) -> Batch:
+def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) -> Batch:
     """Create a batch of the failures that were not the requests' own; its metadata names the parent."""
     parent = repo.get_batch(session, owner, batch_id)
     if parent is None:
