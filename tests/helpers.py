@@ -138,6 +138,7 @@ class FakeEngine:
     crash_times: int = 0
     calls: list[list[str]] = field(default_factory=list)
     on_call: Callable[[int], None] | None = None  # called with the call number, e.g. to cancel mid-batch
+    on_request: Callable[[int], None] | None = None  # called after each finished request with the count so far
 
     def run(self, endpoint: str, requests: Sequence[Request],
             on_progress: Callable[[int], None] | None = None) -> list[Line]:
@@ -158,7 +159,12 @@ class FakeEngine:
             choice = t.Choice(f"echo: {out}", "stop", len(words[: body.get("max_tokens", 16)]) + 1)
             lines.append(c.success_line(cid, t.chat_completion(body["model"], [choice], len(words))))
             if on_progress is not None:
+                report_load = getattr(on_progress, "report_load", None)
+                if report_load is not None:  # as vLLM's bar does: its load just before each update
+                    report_load(f"{len(requests) - len(lines)} unfinished")
                 on_progress(1)
+            if self.on_request is not None:
+                self.on_request(len(lines))
         return lines
 
 

@@ -162,19 +162,40 @@ def batch_shards(
 
 
 class _ShardProgress:
-    """Counts a shard's finished requests and writes them to storage at most once a second."""
+    """Counts a shard's finished requests: writes them to storage (what the API's live request_counts read)
+    at most once a second or every 5% of the shard, and logs them, with the engine's load, every few seconds and every 10%."""
 
-    def __init__(self, folder: BatchFolder, index: int, size: int):
-        self.folder, self.index, self.size = folder, index, size
+    WRITE_EVERY_S = 1.0
+    LOG_EVERY_S = 5.0
+
+    def __init__(self, folder: BatchFolder, index: int, size: int, log: Any = None):
+        self.folder, self.index, self.size, self.log = folder, index, size, log
         self.done = 0
         self.written_at = 0.0
+        self.written_done = 0
+        self.started = self.logged_at = time.monotonic()
+        self.logged_decile = 0
+        self.load = ""
+
+    def report_load(self, load: str) -> None:
+        """The engine's own view of its load (e.g. vLLM's unfinished requests and token rates)."""
+        self.load = load
 
     def __call__(self, n: int) -> None:
         self.done = min(self.done + n, self.size)
         now = time.monotonic()
-        if now - self.written_at >= 1.0 or self.done == self.size:
-            self.written_at = now
+        step = max(self.size // 20, 1)
+        if (now - self.written_at >= self.WRITE_EVERY_S or self.done - self.written_done >= step
+                or self.done == self.size):
+            self.written_at, self.written_done = now, self.done
             self.folder.write_progress(Progress(self.index, self.done))
+        decile = 10 * self.done // self.size
+        if self.log is not None and (now - self.logged_at >= self.LOG_EVERY_S or decile > self.logged_decile):
+            self.logged_at, self.logged_decile = now, decile
+            rate = self.done / max(now - self.started, 1e-9)
+            load = f"; engine: {self.load}" if self.load else ""
+            self.log.info(f"Shard {self.index}: {self.done}/{self.size} requests "
+                          f"({100 * self.done // self.size}%), {rate:.1f} requests/s{load}")
 
 
 def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) -> list[dict[str, Any]]:
@@ -217,7 +238,7 @@ def shard_results(
             engine = engine or vllm.engine(manifest.model)
             t0 = time.perf_counter()
             try:
-                progress = _ShardProgress(folder, index, len(requests))
+                progress = _ShardProgress(folder, index, len(requests), context.log)
                 lines = engine.run(manifest.endpoint, requests, on_progress=progress)
             except EngineCrash as exc:
                 vllm.reset(manifest.model)
