@@ -109,6 +109,7 @@ def run_batch(
     import dagster as dg
 
     from batch_dagster.partitions import batches
+    from batch_dagster.store.labels import batch_tags
 
     if defs is None:
         from batch_dagster.definitions import defs
@@ -131,7 +132,7 @@ def run_batch(
             instance=instance,
             raise_on_error=False,
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-            tags={"batch_id": batch_id, "source": "cli"},
+            tags=batch_tags(batch_id, source="cli", filename=file.name, owner=record.owner),
         )
     finally:
         progress.stop.set()
