@@ -202,7 +202,8 @@ class _ShardProgress:
         self.done = 0
         self.written_at = 0.0
         self.written_done = 0
-        self.started = self.logged_at = time.monotonic()
+        self.logged_at = time.monotonic()
+        self.first: tuple[float, int] | None = None
         self.logged_decile = 0
         self.load = ""
 
@@ -219,12 +220,15 @@ class _ShardProgress:
             self.written_at, self.written_done = now, self.done
             self.folder.write_progress(Progress(self.index, self.done))
         decile = 10 * self.done // self.size
+        if self.first is None:  # the rate counts from the first finished request: the engine's start is not in it
+            self.first = (now, self.done)
         if self.log is not None and (now - self.logged_at >= self.LOG_EVERY_S or decile > self.logged_decile):
             self.logged_at, self.logged_decile = now, decile
-            rate = self.done / max(now - self.started, 1e-9)
+            since, done_then = self.first
+            rate = f", {(self.done - done_then) / (now - since):.1f} requests/s" if now - since >= 0.5 else ""
             load = f"; engine: {self.load}" if self.load else ""
             self.log.info(f"Shard {self.index}: {self.done}/{self.size} requests "
-                          f"({100 * self.done // self.size}%), {rate:.1f} requests/s{load}")
+                          f"({100 * self.done // self.size}%){rate}{load}")
 
 
 def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) -> list[dict[str, Any]]:
