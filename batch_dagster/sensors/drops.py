@@ -49,8 +49,8 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, api_store: ApiSto
         context.log.info(f"{batch_id} ended: delivering its results")
     runs = [
         dg.RunRequest(job_name=batch_job.name, partition_key=b, run_key=b,
-                      tags={**batch_tags(b, source=scheme.removesuffix("://").replace("file", "inbox"),
-                                         filename=f.filename, owner=intake.owner), "input_uri": f.source[:255]})
+                      tags={**batch_tags(b, source="s3" if scheme == "s3://" else "inbox", filename=f.filename,
+                                         owner=intake.owner), "input_uri": f.source[:255]})
         for f, b in zip(new, launched, strict=True)
     ] + [
         dg.RunRequest(job_name=deliver_results_job.name, partition_key=b, run_key=f"{b}:delivery",
