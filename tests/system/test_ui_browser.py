@@ -104,6 +104,10 @@ def test_the_ui_shows_an_invalid_batch_as_a_result_and_the_report_chart_inline(u
         # The partition filter counts: none failed; the valid batch materialized, the invalid one missing.
         text = re.sub(r"<[^>]+>", "", dom)
         assert "Failed (0)" in text and "Materialized (1)" in text and "Missing (1)" in text, text[-3000:]
+    # Its validation errors stay visible: the `invalid` observation of validated_requests, with the error table.
+    dom = browse(f"{url}/assets/validated_requests?view=events&partition={bad['batch_id']}", tmp_path,
+                 "validated-requests-events")
+    assert "invalid_json" in dom and "broken.jsonl" in dom
     dom = browse(f"{url}/assets/validated_requests?view=checks", tmp_path, "validated-requests-checks")
     assert "unique_custom_ids" in dom and "Execution failed" not in dom
     dom = browse(f"{url}/runs", tmp_path, "runs")
