@@ -48,9 +48,15 @@ def _print_summary(summary: dict[str, Any]) -> None:
     rc = summary["request_counts"]
     print(f"batch {summary['batch_id']}: {summary['status']}")
     if summary["status"] != "completed":
-        for e in summary.get("errors", [])[:20]:
+        errors = summary.get("errors") or []
+        for e in errors[:20]:
             where = f"line {e['line']}" if e.get("line") is not None else "file"
-            print(f"  {where}: [{e['code']}] {e['message']}", file=sys.stderr)
+            field = f" ({e['param']})" if e.get("param") else ""
+            print(f"  {where}{field}: [{e['code']}] {e['message']}", file=sys.stderr)
+        if len(errors) > 20:
+            print(f"  ... and {len(errors) - 20} more", file=sys.stderr)
+        if summary.get("log_file"):
+            print(f"  log:      {summary['log_file']}", file=sys.stderr)
         return
     usage, cost = summary["usage"], summary["cost"]
     print(f"  requests: {rc['total']} total, {rc['completed']} completed, {rc['failed']} failed")
@@ -59,12 +65,15 @@ def _print_summary(summary: dict[str, Any]) -> None:
     print(f"  cost:     {cost['total_cost']:.6f} {cost['currency']} (batch discount {cost['batch_discount']:.0%})")
     print(f"  output:   {summary['output_file']}\n  errors:   {summary['error_file']}")
     print(f"  took:     {summary['duration_s']:.1f}s")
+    if summary.get("log_file"):
+        print(f"  log:      {summary['log_file']}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from batch_dagster.runner import run_batch
 
-    summary = run_batch(Path(args.file), Path(args.out), show_progress=not args.json and not args.quiet)
+    summary = run_batch(Path(args.file), Path(args.out), show_progress=not args.json and not args.quiet,
+                        log_dir=Settings.from_env().data_dir / "logs")
     if args.json:
         _print_json(summary)
     else:

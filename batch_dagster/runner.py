@@ -11,19 +11,21 @@ import shutil
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder
 from batch_dagster.batchfile.results import committed_shards
+from batch_dagster.terminal import output_to_log
 
 
 class Progress(threading.Thread):
     """A progress bar over the batch's finished requests, read from its folder while the run goes on."""
 
-    def __init__(self, folder: BatchFolder, enabled: bool):
+    def __init__(self, folder: BatchFolder, enabled: bool, stream: TextIO | None = None):
         super().__init__(daemon=True)
-        self.folder, self.enabled = folder, enabled
+        self.folder, self.enabled, self.stream = folder, enabled, stream
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -37,7 +39,7 @@ class Progress(threading.Thread):
             if manifest is None:
                 continue
             if bar is None:
-                bar = tqdm(total=manifest.total_requests, unit="req", desc="requests", file=sys.stderr)
+                bar = tqdm(total=manifest.total_requests, unit="req", desc="requests", file=self.stream or sys.stderr)
             shards = committed_shards(self.folder.results_dir)
             done = sum(s.request_counts.total for s in shards.values())
             failed = sum(s.request_counts.failed for s in shards.values())
@@ -97,11 +99,15 @@ SUMMARY_KEYS = ("batch_id", "status", "model", "endpoint", "request_counts", "us
 
 
 def run_batch(
-    file: Path, out_dir: Path, *, show_progress: bool = True, defs: Any = None, instance: Any = None
+    file: Path, out_dir: Path, *, show_progress: bool = True, defs: Any = None, instance: Any = None,
+    log_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Register a batch partition, materialize its lifecycle through Dagster, copy the files to out_dir.
 
-    `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME).
+    `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME). With
+    `log_dir`, everything the run, vLLM and torch print goes to `log_dir/run-<batch id>.log` (named in
+    the summary as `log_file`), the engine is shut down before returning, and only the progress bar
+    reaches the terminal.
     """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     # vLLM logs to stdout by default; stdout belongs to the results (--json).
@@ -109,6 +115,7 @@ def run_batch(
     import dagster as dg
 
     from batch_dagster.partitions import batches
+    from batch_dagster.store.labels import batch_tags
 
     if defs is None:
         from batch_dagster.definitions import defs
@@ -123,19 +130,28 @@ def run_batch(
     batch_id = record.batch_id
     folder = BatchFolder(record.storage, batch_id)
     instance.add_dynamic_partitions(batches.name, [batch_id])
-    progress = Progress(folder, show_progress)
-    progress.start()
-    try:
-        result = defs.resolve_job_def("batch_job").execute_in_process(
-            partition_key=batch_id,
-            instance=instance,
-            raise_on_error=False,
-            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-            tags={"batch_id": batch_id, "source": "cli"},
-        )
-    finally:
-        progress.stop.set()
-        progress.join()
+    log_file = log_dir / f"run-{batch_id}.log" if log_dir is not None else None
+    with ExitStack() as stack:
+        terminal = stack.enter_context(output_to_log(log_file)) if log_file is not None else None
+        progress = Progress(folder, show_progress, terminal)
+        progress.start()
+        try:
+            result = defs.resolve_job_def("batch_job").execute_in_process(
+                partition_key=batch_id,
+                instance=instance,
+                raise_on_error=False,
+                # With a log file, the console logger writes there (its step failures with tracebacks too).
+                run_config={"loggers": {"console": {"config": {"log_level": "DEBUG" if log_file else "WARNING"}}}},
+                tags=batch_tags(batch_id, source="cli", filename=file.name, owner=record.owner),
+            )
+        finally:
+            progress.stop.set()
+            progress.join()
+            if log_file is not None:
+                # The engine's shutdown notices belong in the log too, not on the terminal at exit.
+                from batch_dagster.engine.offline import shutdown_all
+
+                shutdown_all()
     record.sync(None if result.success else _failure_message(result))
     out_dir.mkdir(parents=True, exist_ok=True)
     output_file, error_file = out_dir / OUTPUT, out_dir / ERRORS
@@ -157,6 +173,7 @@ def run_batch(
                    "usage": None, "cost": None, "errors": errors}
     return summary | {
         "run_id": result.run_id,
+        **({"log_file": str(log_file)} if log_file is not None else {}),
         "output_file": str(output_file),
         "error_file": str(error_file),
         "duration_s": round(time.perf_counter() - started, 3),

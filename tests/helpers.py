@@ -140,6 +140,7 @@ class FakeEngine:
     calls: list[list[str]] = field(default_factory=list)
     on_call: Callable[[int], None] | None = None  # called with the call number, e.g. to cancel mid-batch
     fail_once: set[str] = field(default_factory=set)  # custom_ids answered once with a 500 out_of_memory line
+    on_request: Callable[[int], None] | None = None  # called after each finished request with the count so far
 
     def run(self, endpoint: str, requests: Sequence[Request],
             on_progress: Callable[[int], None] | None = None) -> list[Line]:
@@ -170,7 +171,12 @@ class FakeEngine:
             else:
                 lines.append(c.success_line(cid, t.chat_completion(body["model"], [choice], len(words))))
             if on_progress is not None:
+                report_load = getattr(on_progress, "report_load", None)
+                if report_load is not None:  # as vLLM's bar does: its load just before each update
+                    report_load(f"{len(requests) - len(lines)} unfinished")
                 on_progress(1)
+            if self.on_request is not None:
+                self.on_request(len(lines))
         return lines
 
 

@@ -6,6 +6,7 @@ Every asset is partitioned by batch and idempotent: a re-run reuses what is alre
 
 import hashlib
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,20 @@ def _md_table(rows: list[dict[str, Any]]) -> dg.MetadataValue:
     return dg.MetadataValue.md("\n".join(lines))
 
 
+LABEL_TAGS = ("filename", "source", "owner")
+
+
+def _labels(context: dg.AssetExecutionContext) -> dict[str, str]:
+    """The batch's readable labels (input filename, source, owner label), as its run was tagged."""
+    return {k: context.run.tags[k] for k in LABEL_TAGS if k in context.run.tags}
+
+
+def _tag_run(context: dg.AssetExecutionContext, model: str | None, requests: int, status: str) -> None:
+    """Put what validation found on the run, so the runs list tells batches apart."""
+    tags = {"model": model or "unknown", "requests": str(requests), "validation": status}
+    context.instance.add_run_tags(context.run.run_id, tags)
+
+
 def _fetch_dropped_file(context: dg.AssetExecutionContext, folder: BatchFolder, source: Source,
                         s3: S3Resource) -> None:
     """Bring a file dropped in S3 or the inbox to its File's path, then into the batch's folder."""
@@ -79,8 +94,8 @@ def batch_input(context: dg.AssetExecutionContext, storage: BatchStorage, s3: S3
             h.update(chunk)
             lines += chunk.count(b"\n")
     return dg.MaterializeResult(
-        metadata={"path": dg.MetadataValue.path(str(path)), "bytes": path.stat().st_size, "lines": lines,
-                  "sha256": h.hexdigest()},
+        metadata={**_labels(context), "path": dg.MetadataValue.path(str(path)), "bytes": path.stat().st_size,
+                  "lines": lines, "sha256": h.hexdigest()},
         data_version=dg.DataVersion(h.hexdigest()),
     )
 
@@ -90,11 +105,14 @@ def batch_input(context: dg.AssetExecutionContext, storage: BatchStorage, s3: S3
     group_name=GROUP,
     kinds={"parquet"},
     deps=[batch_input],
-    description="The validated requests, one row per request (Parquet); an invalid file fails the batch.",
+    output_required=False,
+    description="The validated requests, one row per request (Parquet). An invalid file is a result, not a "
+                "failure: it is recorded as an `invalid` observation with its errors, and the steps after this "
+                "one are skipped.",
 )
 def validated_requests(
     context: dg.AssetExecutionContext, storage: BatchStorage, pipeline: PipelineConfig, vllm: VLLMResource
-) -> dg.MaterializeResult:
+) -> Iterator[dg.MaterializeResult]:
     folder = storage.folder(context.partition_key)
     out = folder.requests_path
     started = time.perf_counter()
@@ -110,19 +128,30 @@ def validated_requests(
     prompt_tokens = apply_token_limit(folder, report, pipeline, vllm)
     folder.write_validation(Validation(**report.to_dict(), validated_at=_now(), prompt_tokens=prompt_tokens))
     if not report.valid:
+        # No materialization: Dagster skips the downstream steps and their checks instead of failing them,
+        # and the run succeeds. The batch's status (failed, with errors.data) comes from validation.json.
         first = report.errors[0]
-        raise dg.Failure(
-            description=f"The input file is invalid: {report.error_count} error(s); first at line "
-            f"{first.line}: [{first.code}] {first.message}",
-            metadata={"errors": _md_table([e.to_dict() for e in report.errors[:50]]),
-                      "error_count": report.error_count},
-            allow_retries=False,
-        )
+        where = f"line {first.line}" if first.line is not None else "the file"
+        _tag_run(context, report.model, report.total_requests, "invalid")
+        context.log.warning(f"The input file is invalid: {report.error_count} error(s); first at {where}: "
+                            f"[{first.code}] {first.message}. The later steps are skipped.")
+        context.log_event(dg.AssetObservation(
+            asset_key=context.asset_key,
+            partition=context.partition_key,
+            metadata={"status": "invalid", **_labels(context), "error_count": report.error_count,
+                      "total_requests": report.total_requests,
+                      "errors": _md_table([e.to_dict() for e in report.errors[:50]]),
+                      **({"model": report.model} if report.model else {})},
+        ))
+        return
+    _tag_run(context, report.model, report.total_requests, "valid")
     context.log.info(f"{report.total_requests} valid requests for {report.model} at {report.endpoint}")
     head = pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5).to_pylist()
     preview = [{"custom_id": r["custom_id"], "prompt_chars": r["prompt_chars"], "body": r["body"][:100]} for r in head]
-    return dg.MaterializeResult(
+    yield dg.MaterializeResult(
         metadata={
+            "status": "valid",
+            **_labels(context),
             "preview": _md_table(preview),
             "total_requests": report.total_requests,
             "model": report.model,
@@ -166,19 +195,44 @@ def batch_shards(
 
 
 class _ShardProgress:
-    """Counts a shard's finished requests and writes them to storage at most once a second."""
+    """Counts a shard's finished requests: writes them to storage (the API's live request_counts read them)
+    at most once a second or every 5% of the shard; logs them with the engine's load every 5 s and every 10%."""
 
-    def __init__(self, folder: BatchFolder, index: int, size: int):
-        self.folder, self.index, self.size = folder, index, size
+    WRITE_EVERY_S = 1.0
+    LOG_EVERY_S = 5.0
+
+    def __init__(self, folder: BatchFolder, index: int, size: int, log: Any = None):
+        self.folder, self.index, self.size, self.log = folder, index, size, log
         self.done = 0
         self.written_at = 0.0
+        self.written_done = 0
+        self.logged_at = time.monotonic()
+        self.first: tuple[float, int] | None = None
+        self.logged_decile = 0
+        self.load = ""
+
+    def report_load(self, load: str) -> None:
+        """The engine's own view of its load (e.g. vLLM's unfinished requests and token rates)."""
+        self.load = load
 
     def __call__(self, n: int) -> None:
         self.done = min(self.done + n, self.size)
         now = time.monotonic()
-        if now - self.written_at >= 1.0 or self.done == self.size:
-            self.written_at = now
+        step = max(self.size // 20, 1)
+        if (now - self.written_at >= self.WRITE_EVERY_S or self.done - self.written_done >= step
+                or self.done == self.size):
+            self.written_at, self.written_done = now, self.done
             self.folder.write_progress(Progress(self.index, self.done))
+        decile = 10 * self.done // self.size
+        if self.first is None:  # the rate counts from the first finished request: the engine's start is not in it
+            self.first = (now, self.done)
+        if self.log is not None and (now - self.logged_at >= self.LOG_EVERY_S or decile > self.logged_decile):
+            self.logged_at, self.logged_decile = now, decile
+            since, done_then = self.first
+            rate = f", {(self.done - done_then) / (now - since):.1f} requests/s" if now - since >= 0.5 else ""
+            load = f"; engine: {self.load}" if self.load else ""
+            self.log.info(f"Shard {self.index}: {self.done}/{self.size} requests "
+                          f"({100 * self.done // self.size}%){rate}{load}")
 
 
 def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) -> list[dict[str, Any]]:
@@ -222,7 +276,7 @@ def shard_results(
             engine = engine or vllm.engine(manifest.model)
             t0 = time.perf_counter()
             try:
-                progress = _ShardProgress(folder, index, len(requests))
+                progress = _ShardProgress(folder, index, len(requests), context.log)
                 lines = engine.run(manifest.endpoint, requests, on_progress=progress)
             except EngineCrash as exc:
                 vllm.reset(manifest.model)

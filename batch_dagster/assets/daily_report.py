@@ -15,12 +15,15 @@ import dagster as dg
 from batch_dagster.batchfile.daily_usage import (
     FinishedBatch,
     batch_rows,
+    batch_view,
     chart_png,
     currencies,
     daily_by_model,
     finished_batch,
+    inline_chart_markdown,
     markdown_table,
     model_rows,
+    model_view,
     totals,
 )
 from batch_dagster.partitions import daily
@@ -87,9 +90,11 @@ def daily_usage_report(
     for name, frame in (("usage_by_model", by_model), ("usage_by_batch", by_batch)):
         paths[f"{name}_parquet"] = _write(out / f"{name}.parquet", partial(frame.to_parquet, index=False))
         paths[f"{name}_csv"] = _write(out / f"{name}.csv", partial(frame.to_csv, index=False))
-    png = chart_png(daily_by_model(batches, chart_start.date(), day),
-                    f"Tokens and cost per model, {CHART_DAYS} days to {day} (UTC)",
-                    currency=currencies(b.currency for b in batches))
+    series = daily_by_model(batches, chart_start.date(), day)
+    currency = currencies(b.currency for b in batches)
+    png = chart_png(series, f"Tokens and cost per model, {CHART_DAYS} days to {day} (UTC)", currency=currency)
+    # The UI shows Markdown inline only under 1,000 characters: a small SVG there, the full PNG behind a link.
+    inline_chart = inline_chart_markdown(series, currency)
     paths["usage_chart_png"] = _write(out / "usage_chart.png", lambda p: p.write_bytes(png))
     context.log.info(f"Wrote the report to {out}")
 
@@ -101,9 +106,10 @@ def daily_usage_report(
             **day_totals,
             # Totals add costs across currencies; one price file normally has one.
             "currency": currencies(by_batch["currency"]) or "none",
-            "by_model": dg.MetadataValue.md(markdown_table(by_model)),
-            "by_batch": dg.MetadataValue.md(markdown_table(by_batch)),
-            "chart": dg.MetadataValue.md(chart_md),
+            **({"chart": dg.MetadataValue.md(inline_chart)} if inline_chart else {}),
+            "by_model": dg.MetadataValue.md(markdown_table(model_view(by_model))),
+            "by_batch": dg.MetadataValue.md(markdown_table(batch_view(by_batch))),
+            "chart_by_model": dg.MetadataValue.md(chart_md),
             **{k: dg.MetadataValue.path(str(p)) for k, p in paths.items()},
         }
     )

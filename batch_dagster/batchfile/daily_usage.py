@@ -15,11 +15,13 @@ import pandas as pd
 
 BATCH_COLUMNS = {
     "batch_id": "string", "owner": "string", "model": "string", "status": "string", "finished_at": "string",
-    "requests": "int64", "completed": "int64", "failed": "int64", "input_tokens": "int64", "output_tokens": "int64",
+    "requests": "int64", "completed": "int64", "failed": "int64", "not_run": "int64", "input_tokens": "int64",
+    "output_tokens": "int64",
     "total_tokens": "int64", "cost": "float64", "currency": "string", "inference_s": "float64",
     "output_tokens_per_s": "float64",
 }
-COUNTED = ("requests", "completed", "failed", "input_tokens", "output_tokens", "total_tokens", "cost", "inference_s")
+COUNTED = ("requests", "completed", "failed", "not_run", "input_tokens", "output_tokens", "total_tokens", "cost",
+           "inference_s")
 MODEL_COLUMNS = {"model": "string", "batches": "int64", **{c: BATCH_COLUMNS[c] for c in COUNTED},
                  "currency": "string", "output_tokens_per_s": "float64"}
 
@@ -36,6 +38,7 @@ class FinishedBatch:
     requests: int = 0
     completed: int = 0
     failed: int = 0
+    not_run: int = 0  # requests that never reached the engine: an invalid file's, or a run that failed
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float = 0.0
@@ -143,6 +146,26 @@ def chart_png(daily: pd.DataFrame, title: str, currency: str = "") -> bytes:
         plt.close(fig)
 
 
+# What the UI's tables show (the files have every column): narrow enough to fit the metadata panel.
+BATCH_VIEW = ("batch_id", "finished_at", "status", "model", "requests", "completed", "failed", "not_run",
+              "total_tokens", "cost")
+MODEL_VIEW = ("model", "batches", "requests", "completed", "failed", "not_run", "total_tokens", "cost", "currency",
+              "output_tokens_per_s")
+
+
+def batch_view(by_batch: pd.DataFrame) -> pd.DataFrame:
+    """The per-batch rows as the UI shows them: fewer columns, ids cut to 14 characters, times as HH:MM."""
+    view = by_batch[list(BATCH_VIEW)].copy()
+    view["batch_id"] = [b if len(b) <= 15 else b[:14] + "…" for b in view["batch_id"]]
+    view["finished_at"] = [t[11:16] for t in view["finished_at"]]
+    return view.rename(columns={"finished_at": "at (UTC)", "total_tokens": "tokens"})
+
+
+def model_view(by_model: pd.DataFrame) -> pd.DataFrame:
+    """The per-model rows as the UI shows them."""
+    return by_model[list(MODEL_VIEW)].rename(columns={"total_tokens": "tokens", "output_tokens_per_s": "tokens/s"})
+
+
 def markdown_table(frame: pd.DataFrame, limit: int = 50) -> str:
     """The first `limit` rows as a Markdown table (what the Dagster UI renders in metadata)."""
     if frame.empty:
@@ -167,17 +190,65 @@ def finished_batch(batch_id: str, owner: str, status: str, finished_at: int, mod
                    summary: Mapping[str, Any] | None) -> FinishedBatch:
     """A batch as the store records it, priced by its summary.json.
 
-    A batch that failed validation has no summary: it ran nothing, so it costs 0.
+    A batch that failed validation has no summary: it ran nothing, so it costs 0, and its requests are not_run.
     """
     summary = summary or {}
+    requests = int(request_counts.get("total") or 0)
+    completed, failed = int(request_counts.get("completed") or 0), int(request_counts.get("failed") or 0)
     usage = usage or summary.get("usage") or {}
     cost = summary.get("cost") or {}
     return FinishedBatch(
         batch_id=batch_id, owner=owner, status=status, finished_at=finished_at,
         model=model or summary.get("model") or "unknown",
-        requests=int(request_counts.get("total") or 0), completed=int(request_counts.get("completed") or 0),
-        failed=int(request_counts.get("failed") or 0),
+        requests=requests, completed=completed, failed=failed, not_run=max(requests - completed - failed, 0),
         input_tokens=int(usage.get("input_tokens") or 0), output_tokens=int(usage.get("output_tokens") or 0),
         cost=float(cost.get("total_cost") or 0.0), currency=cost.get("currency") or "",
         inference_s=float(summary.get("inference_s") or 0.0),
     )
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def chart_svg(daily: pd.DataFrame, currency: str = "", *, with_cost: bool = True) -> str:
+    """A small SVG of total tokens (and cost) per day, compact enough to fit inline in the Dagster UI.
+
+    The UI renders a Markdown metadata value inline only when it is under 1,000 characters; a PNG as
+    a data URI never is. Per-model detail stays in the PNG chart and the files.
+    """
+    per_day = daily.groupby("day", sort=True)[["tokens", "cost"]].sum()
+    days = list(per_day.index)
+    n = max(len(days), 1)
+    step = 92 / n
+    width = max(round(step * 0.7, 1), 0.5)
+    panels = [("tokens", 22, "#4c72b0", "tokens/day, max")]
+    if with_cost:
+        panels.append(("cost", 44, "#dd8452", f"cost/day {currency}, max".replace("  ", " ")))
+    parts = []
+    for column, base, colour, label in panels:
+        values = per_day[column].astype(float).tolist()
+        top = max(values, default=0.0)
+        path = "".join(f"M{8 + i * step:.0f} {base}V{base - max(1, round(16 * v / top))}"
+                       for i, v in enumerate(values) if v > 0 and top > 0)
+        shown = f"{top:,.0f}" if column == "tokens" else _fmt(top)
+        parts.append(f"<text x='0' y='{base - 17}'>{label} {shown}</text>")
+        if path:
+            parts.append(f"<path d='{path}' stroke='{colour}' stroke-width='{width}'/>")
+    height = 50 if with_cost else 28
+    if days:
+        parts.append(f"<text x='8' y='{height - 1}'>{days[0]:%m-%d}</text>")
+        parts.append(f"<text x='100' y='{height - 1}' text-anchor='end'>{days[-1]:%m-%d}</text>")
+    return (f"<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 100 {height}' width='400' "
+            f"height='{height * 4}' font-size='3.5' font-family='sans-serif'>{''.join(parts)}</svg>")
+
+
+def inline_chart_markdown(daily: pd.DataFrame, currency: str = "", limit: int = 999) -> str | None:
+    """The SVG chart as a Markdown image of at most `limit` characters (tokens only if cost does not fit)."""
+    from urllib.parse import quote
+
+    for with_cost in (True, False):
+        md = f"![usage per day](data:image/svg+xml,{quote(chart_svg(daily, currency, with_cost=with_cost))})"
+        if len(md) <= limit:
+            return md
+    return None

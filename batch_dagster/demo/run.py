@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from batch_dagster.runner import run_batch
+from batch_dagster.settings import Settings
 
 from . import sample_batch_path
 
@@ -20,9 +21,9 @@ def run_demo(out_dir: Path) -> int:
     sample = sample_batch_path()
     requests = {r["custom_id"]: r for r in map(json.loads, sample.read_text(encoding="utf-8").splitlines())}
     print(f"Running {len(requests)} sample requests through Dagster on the default model (first start ~30 s) ...")
-    summary = run_batch(sample, out_dir)
+    summary = run_batch(sample, out_dir, log_dir=Settings.from_env().data_dir / "logs")
     if summary["status"] != "completed":
-        print(f"The demo batch ended {summary['status']}: {summary.get('errors')}")
+        print(f"The demo batch ended {summary['status']}: {summary.get('errors')} (log: {summary['log_file']})")
         return 1
     rc, usage, cost = summary["request_counts"], summary["usage"], summary["cost"]
     rows = [
@@ -36,6 +37,7 @@ def run_demo(out_dir: Path) -> int:
         ("wall time", f"{summary['duration_s']:.1f} s"),
         ("output file", summary["output_file"]),
         ("error file", summary["error_file"]),
+        ("log", summary["log_file"]),
     ]
     width = max(len(k) for k, _ in rows)
     print()

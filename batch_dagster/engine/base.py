@@ -27,12 +27,16 @@ class ProgressTicker:
     def __init__(self, on_progress: OnProgress):
         self.on_progress = on_progress
         self.n = 0
+        self.total: int | None = None
         self.postfix = ""
         self._started = time.monotonic()
 
     def __call__(self, iterable: Any = None, *args: Any, **kwargs: Any) -> Any:
         # vLLM also wraps the prompts it adds in a bar; those pass through uncounted.
-        return self if iterable is None else iterable
+        if iterable is None:
+            self.total = kwargs.get("total", self.total)
+            return self
+        return iterable
 
     @property
     def format_dict(self) -> dict[str, float]:
@@ -40,6 +44,11 @@ class ProgressTicker:
 
     def update(self, n: int = 1) -> None:
         self.n += n
+        # vLLM sets the postfix (its token rates) just before each update: pass it on as the engine's load.
+        report_load = getattr(self.on_progress, "report_load", None)
+        if report_load is not None:
+            unfinished = f"{self.total - self.n} unfinished, " if self.total is not None else ""
+            report_load(f"{unfinished}{self.postfix}".strip(", "))
         self.on_progress(n)
 
     def refresh(self) -> None:

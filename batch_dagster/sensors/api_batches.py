@@ -9,6 +9,7 @@ from batch_dagster.jobs import batch_job
 from batch_dagster.partitions import batches
 from batch_dagster.resources import ApiStore, BatchStorage
 from batch_dagster.store import TERMINAL, repo
+from batch_dagster.store.labels import stored_batch_tags
 from batch_dagster.store.lifecycle import sync_batch
 
 PARTITION_TAG = "dagster/partition"
@@ -45,11 +46,11 @@ def api_batch_sensor(context: dg.SensorEvaluationContext, api_store: ApiStore) -
         if not waiting:
             return dg.SkipReason("No new batches.")
         repo.mark_launched(session, waiting)
+        tags = {batch_id: stored_batch_tags(session, batch_id, source="api") for batch_id in waiting}
     context.log.info(f"Launching {len(waiting)} batch(es): {', '.join(waiting)}")
     return dg.SensorResult(
         run_requests=[
-            dg.RunRequest(partition_key=batch_id, run_key=run_key(context.instance, batch_id),
-                          tags={"batch_id": batch_id, "source": "api"})
+            dg.RunRequest(partition_key=batch_id, run_key=run_key(context.instance, batch_id), tags=tags[batch_id])
             for batch_id in waiting
         ],
         dynamic_partitions_requests=[batches.build_add_request(waiting)],

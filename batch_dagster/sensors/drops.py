@@ -26,6 +26,7 @@ from batch_dagster.resources.transfer import s3_uri
 from batch_dagster.settings import Settings
 from batch_dagster.store import repo
 from batch_dagster.store.batches import HEAD_BYTES, DroppedFile, register_dropped
+from batch_dagster.store.labels import batch_tags
 
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload")
 T = TypeVar("T")
@@ -48,7 +49,8 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, api_store: ApiSto
         context.log.info(f"{batch_id} ended: delivering its results")
     runs = [
         dg.RunRequest(job_name=batch_job.name, partition_key=b, run_key=b,
-                      tags={"batch_id": b, "source": f.source[:255]})
+                      tags={**batch_tags(b, source="s3" if scheme == "s3://" else "inbox", filename=f.filename,
+                                         owner=intake.owner), "input_uri": f.source[:255]})
         for f, b in zip(new, launched, strict=True)
     ] + [
         dg.RunRequest(job_name=deliver_results_job.name, partition_key=b, run_key=f"{b}:delivery",

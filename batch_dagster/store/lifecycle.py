@@ -74,6 +74,10 @@ def observe(folder: BatchFolder) -> Observation:
         counts.completed += shard.request_counts.completed
         counts.failed += shard.request_counts.failed
         usage += shard.usage
+    # The shard being inferred counts too (approximately: its finished requests, as completed) until it commits.
+    live = folder.progress()
+    if live is not None and live.shard not in shards:
+        counts.completed = min(counts.completed + live.done, counts.total - counts.failed)
     obs.request_counts, obs.usage = counts.to_dict(), usage.to_dict()
     manifest = folder.manifest()
     if obs.status == "in_progress" and manifest is not None and len(shards) >= manifest.shard_count:

@@ -115,6 +115,9 @@ def test_inbox_waits_for_a_file_to_be_completely_written(tmp_path):
     assert json.loads((results / "summary.json").read_text())["source"] == path.resolve().as_uri()
     assert daemon.tick(inbox_sensor) == []
     assert len(engine.calls) == 1
+    [run] = daemon.instance.get_runs(dg.RunsFilter(job_name="batch_job", tags={"dagster/partition": batch_id}))
+    assert {k: run.tags.get(k) for k in ("source", "filename", "input_uri", "requests")} == {
+        "source": "inbox", "filename": "todo.jsonl", "input_uri": path.resolve().as_uri(), "requests": "6"}
 
 
 def test_an_invalid_dropped_file_gets_its_errors_beside_it(tmp_path):

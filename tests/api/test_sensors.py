@@ -56,7 +56,8 @@ def test_a_waiting_batch_is_launched_once_and_followed(sensor_env):
     launch = tick(api_batch_sensor, instance, resources)
     assert isinstance(launch, dg.SensorResult)
     [run] = launch.run_requests
-    assert (run.partition_key, run.run_key, run.tags) == (batch_id, batch_id, {"batch_id": batch_id, "source": "api"})
+    assert (run.partition_key, run.run_key, run.tags) == (batch_id, batch_id,
+                                                          {"batch_id": batch_id, "source": "api", "owner": "a"})
     [partitions] = launch.dynamic_partitions_requests
     assert (partitions.partitions_def_name, list(partitions.partition_keys)) == ("batches", [batch_id])
     # Launched: the next tick does not request it again.

@@ -47,7 +47,7 @@ def test_core_rows_totals_and_series():
     models = model_rows(rows).set_index("model")
     assert models.loc["m1", "batches"] == 2 and models.loc["m1", "output_tokens_per_s"] == 7.5  # 30 / 4 s
     assert models.loc["m1", "cost"] == 0.75 and models.loc["m2", "currency"] == ""
-    assert totals(rows) == {"batches": 3, "requests": 7, "completed": 6, "failed": 1, "input_tokens": 15,
+    assert totals(rows) == {"batches": 3, "requests": 7, "completed": 6, "failed": 1, "not_run": 0, "input_tokens": 15,
                             "output_tokens": 38, "total_tokens": 53, "cost": 0.75, "inference_s": 4.0}
 
     series = daily_by_model(batches + [fb("late", "m2", at(DAY_B, "00:00:00"), output_tokens=99)],
@@ -81,3 +81,4 @@ def test_core_finished_batch_prices_from_the_summary():
     assert (b.requests, b.completed, b.failed) == (3, 2, 1)
     invalid = finished_batch("y", OWNER, "failed", 5, None, {"total": 3}, None, None)
     assert (invalid.model, invalid.cost, invalid.input_tokens, invalid.requests) == ("unknown", 0.0, 0, 3)
+    assert (invalid.completed, invalid.failed, invalid.not_run) == (0, 0, 3) and b.not_run == 0

@@ -8,6 +8,7 @@ import base64
 import io
 import os
 from datetime import UTC, date, datetime
+from urllib.parse import unquote
 
 import dagster as dg
 import pandas as pd
@@ -126,6 +127,15 @@ def test_batches_land_on_the_day_they_finished_with_correct_totals(env, instance
     assert b1["finished_at"] == "2026-03-03T10:00:00+00:00"
 
     assert meta_a["batches"].value == 3 and meta_a["requests"].value == 17 and meta_a["total_tokens"].value == 210
+    # Every request is counted once: the invalid batch's 3 requests are not_run; b5 was cancelled with 4 not run.
+    assert (meta_a["completed"].value, meta_a["failed"].value, meta_a["not_run"].value) == (13, 1, 3)
+    assert (meta_b["requests"].value, meta_b["completed"].value, meta_b["not_run"].value) == (11, 7, 4)
+    for meta in (meta_a, meta_b):
+        assert meta["requests"].value == meta["completed"].value + meta["failed"].value + meta["not_run"].value
+    assert batches_a.set_index("batch_id").loc["b3", "not_run"] == 3
+    # The UI's per-batch table is the narrow view; the files keep every column.
+    header = meta_a["by_batch"].value.splitlines()[0]
+    assert header.count("|") - 1 <= 10 and "inference_s" not in header and "not_run" in header
     assert meta_a["cost"].value == pytest.approx(0.0014) and meta_a["dagster/row_count"].value == 3
     assert meta_b["batches"].value == 2 and meta_b["input_tokens"].value == 520
     assert "| m-small | 2 | 14 |" in meta_a["by_model"].value
@@ -157,8 +167,13 @@ def test_the_chart_is_a_png_in_the_file_and_the_metadata(env, instance):
     image.load()
     assert image.format == "PNG" and image.width > 200 and image.height > 200
     prefix = "![tokens and cost per model](data:image/png;base64,"
-    chart_md = meta["chart"].value
+    chart_md = meta["chart_by_model"].value
     assert chart_md.startswith(prefix) and base64.b64decode(chart_md[len(prefix):-1]) == png
+    # Inline in the UI: an SVG image under the 1,000 characters the UI renders without a "[Show Markdown]" link.
+    inline = meta["chart"].value
+    assert len(inline) < 1000 and inline.startswith("![usage per day](data:image/svg+xml,")
+    svg = unquote(inline[len("![usage per day](data:image/svg+xml,"):-1])
+    assert svg.startswith("<svg") and svg.count("<path") == 2 and "max 750" in svg  # the old batch, 21 days before
     # The batch 21 days before is in the chart's window but not in the day's tables.
     assert meta["batches"].value == 1 and "m-big" not in by_model(DAY_A)
 
