@@ -34,23 +34,26 @@ class Progress(threading.Thread):
         from tqdm import tqdm
 
         bar, shown = None, None
-        while not self.stop.wait(0.5):
+        while True:
+            stopping = self.stop.wait(0.5)  # once more after the stop, so the bar ends on the final counts
             manifest = self.folder.manifest()
-            if manifest is None:
-                continue
-            if bar is None:
-                bar = tqdm(total=manifest.total_requests, unit="req", desc="requests", file=self.stream or sys.stderr)
-            shards = committed_shards(self.folder.results_dir)
-            done = sum(s.request_counts.total for s in shards.values())
-            failed = sum(s.request_counts.failed for s in shards.values())
-            live = self.folder.progress()
-            if live is not None and live.shard not in shards:
-                done += live.done
-            state = (done, failed, len(shards))
-            if state != shown:  # redraw only on change: a log file gets one line per step, not per tick
-                shown = state
-                bar.set_postfix(failed=failed, shards=f"{len(shards)}/{manifest.shard_count}", refresh=False)
-                bar.update(done - bar.n)
+            if manifest is not None:
+                if bar is None:
+                    bar = tqdm(total=manifest.total_requests, unit="req", desc="requests",
+                               file=self.stream or sys.stderr)
+                shards = committed_shards(self.folder.results_dir)
+                done = sum(s.request_counts.total for s in shards.values())
+                failed = sum(s.request_counts.failed for s in shards.values())
+                live = self.folder.progress()
+                if live is not None and live.shard not in shards:
+                    done += live.done
+                state = (done, failed, len(shards))
+                if state != shown:  # redraw only on change: a log file gets one line per step, not per tick
+                    shown = state
+                    bar.set_postfix(failed=failed, shards=f"{len(shards)}/{manifest.shard_count}", refresh=False)
+                    bar.update(done - bar.n)
+            if stopping:
+                break
         if bar is not None:
             bar.close()
 
