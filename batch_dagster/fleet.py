@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from batch_dagster.processes import Children
+from batch_dagster.processes import Children, signal_group
 
 log = logging.getLogger("batch_dagster.fleet")
 POLICIES = ("cache_aware", "power_of_two", "round_robin", "random", "consistent_hash")
@@ -100,6 +101,21 @@ class Fleet:
                 pass
             time.sleep(1)
         raise TimeoutError(f"{name} did not answer {url} in time; see {self.log_dir}")
+
+    def heal(self) -> list[str]:
+        """Restart replicas that died (the router sends their requests elsewhere meanwhile and takes each back
+        once it answers its health checks); the names of the fleet's processes that cannot be restarted."""
+        fatal = []
+        for name in self.children.exited():
+            if not name.startswith("vllm-"):
+                fatal.append(name)  # the router: without it nothing reaches the replicas
+                continue
+            index = int(name.removeprefix("vllm-"))
+            signal_group(self.children.procs[name].pid, signal.SIGKILL)  # what the dead server left behind
+            command, env = self.server_commands()[index]
+            log.warning("%s exited (code %s); restarting it", name, self.children.procs[name].returncode)
+            self.children.start(name, command, env, open(self.log_dir / f"{name}.log", "ab"))
+        return fatal
 
     def stop(self) -> None:
         self.children.stop()

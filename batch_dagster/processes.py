@@ -23,7 +23,7 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
@@ -50,7 +50,7 @@ class Children:
         """SIGINT every group, wait for every member to go, then SIGKILL the groups still there."""
         for name, proc in self.procs.items():
             log.info("stopping %s (process group %d)", name, proc.pid)
-            _signal_group(proc.pid, signal.SIGINT)
+            signal_group(proc.pid, signal.SIGINT)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             for proc in self.procs.values():
@@ -61,7 +61,7 @@ class Children:
         for name, proc in self.procs.items():
             if _group_alive(proc.pid):
                 log.warning("%s did not stop within %.0fs; killing its process group", name, grace_s)
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
         for proc in self.procs.values():
             try:
                 proc.wait(10)

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("API on http://%s:%d/v1%s; DAGSTER_HOME=%s; Ctrl-C stops everything",
                  args.host, args.port, ui, home)
         while not stopping:
-            if dead := children.exited() + (fleet.children.exited() if fleet else []):
+            if dead := children.exited() + (fleet.heal() if fleet else []):
                 log.error("%s exited unexpectedly; stopping the rest", ", ".join(dead))
                 rc = 1
                 break

@@ -101,14 +101,16 @@ class ServerEngine:
                 gone = f"{url} unreachable: {exc!r}"
             else:
                 try:
-                    payload = response.json()
+                    payload, from_vllm = response.json(), True
                 except ValueError:
-                    payload = {"message": response.text[:500]}
+                    payload, from_vllm = {"message": response.text[:500]}, False
                 if response.status_code == 200:
                     return c.success_line(custom_id, payload)
                 if response.status_code < 500:
                     return _error_line(custom_id, response.status_code, payload)
-                if response.status_code in _SERVER_AWAY:
+                # vLLM answers errors in JSON; a plain-text 5xx is the router's "error sending request" to a
+                # replica that just died, before its health checks take it out of rotation.
+                if response.status_code in _SERVER_AWAY or not from_vllm:
                     gone = f"{url} answered {response.status_code}"
                 else:
                     server_errors += 1

@@ -8,7 +8,7 @@ from contextlib import ExitStack
 
 import pytest
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.engine.base import EngineCrash
@@ -16,14 +16,17 @@ from batch_dagster.engine.server import ServerEngine
 from tests.helpers import ApiServer, free_port
 
 
-def chat_server(fail_first: int = 0, status: int = 503) -> tuple[FastAPI, list[str]]:
-    """A stand-in OpenAI server: answers `status` to its first `fail_first` requests, then a chat completion."""
+def chat_server(fail_first: int = 0, status: int = 503, text: bool = False) -> tuple[FastAPI, list[str]]:
+    """A stand-in OpenAI server: answers `status` to its first `fail_first` requests (in plain text, as a router
+    does, when `text`), then a chat completion."""
     app, seen, count = FastAPI(), [], itertools.count()
 
     @app.post("/v1/chat/completions")
     def complete(body: dict):
         seen.append(body["messages"][0]["content"])
         if next(count) < fail_first:
+            if text:
+                return PlainTextResponse("Request failed: error sending request for url", status_code=status)
             return JSONResponse({"error": {"message": "no healthy worker"}}, status_code=status)
         if body.get("temperature") == -1:
             return JSONResponse({"error": {"message": "temperature must be >= 0", "param": "temperature"}},
@@ -55,6 +58,13 @@ def test_a_router_with_no_healthy_replica_is_waited_out():
         lines = ServerEngine([router.url], failover_s=30).run(c.CHAT, requests(3))
     assert all(c.is_success(line) for line in lines) and len(lines) == 3
     assert len(seen) == 3 + 4
+
+
+def test_a_routers_plain_text_500_for_a_dead_replica_is_resent():
+    app, seen = chat_server(fail_first=5, status=500, text=True)
+    with ApiServer(app) as router:
+        lines = ServerEngine([router.url], failover_s=30).run(c.CHAT, requests(2))
+    assert all(c.is_success(line) for line in lines) and len(seen) == 2 + 5
 
 
 def test_no_server_for_the_whole_window_fails_the_shard():
