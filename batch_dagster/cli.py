@@ -139,6 +139,43 @@ def cmd_vllm_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fleet(args: argparse.Namespace) -> int:
+    """Run N vLLM servers for a registry model behind vllm-router until Ctrl-C or SIGTERM."""
+    import logging
+    import signal
+    import time
+
+    from batch_dagster.engine.server import server_command
+    from batch_dagster.fleet import Fleet
+    from batch_dagster.resources.from_env import resources_from_env
+    from batch_dagster.settings import Settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    vllm = resources_from_env()["vllm"]
+    spec = vllm.spec(args.model)
+    path = vllm.model_path(spec)
+    fleet = Fleet(args.model, args.replicas, args.port, lambda port: server_command(spec, path, args.host, port),
+                  args.host, args.policy, log_dir=Settings.from_env().data_dir / "logs" / f"fleet-{args.model}")
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        fleet.start()
+        print(f"{fleet.url}/v1", flush=True)  # the router: point BATCH_VLLM_SERVER_URLS at it (without /v1)
+        while not (dead := fleet.heal()):
+            time.sleep(1)
+        print(f"batch-dagster fleet: {', '.join(dead)} exited; stopping the fleet", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        fleet.stop()
+
+
 def cmd_instance(args: argparse.Namespace) -> int:
     from batch_dagster.instance import PG_URL_VARIABLE, ensure_dagster_home, pg_url_problem
 
@@ -186,6 +223,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
     p.set_defaults(func=cmd_vllm_server)
+
+    p = sub.add_parser("fleet", help="N vLLM servers for a registry model behind vllm-router (Ctrl-C stops all)")
+    p.add_argument("model")
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8200, help="the router's port; replicas take the next ports")
+    p.add_argument("--policy", default="cache_aware", choices=["cache_aware", "power_of_two", "round_robin",
+                                                               "random", "consistent_hash"])
+    p.set_defaults(func=cmd_fleet)
 
     p = sub.add_parser("instance", help="prepare DAGSTER_HOME with this project's dagster.yaml "
                                           "(storage on Postgres when DAGSTER_PG_URL is set)")

@@ -10,69 +10,14 @@ import argparse
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from batch_dagster.processes import Children
 from batch_dagster.settings import Settings
 
 log = logging.getLogger("batch_dagster.serve")
-GRACE_S = 20.0
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-class Children:
-    """Child processes, each the leader of its own process group."""
-
-    def __init__(self) -> None:
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, command: list[str], env: dict[str, str]) -> None:
-        log.info("starting %s: %s", name, " ".join(command))
-        self.procs[name] = subprocess.Popen(command, env=env, start_new_session=True)
-        log.info("%s has pid %d", name, self.procs[name].pid)
-
-    def exited(self) -> list[str]:
-        return [name for name, p in self.procs.items() if p.poll() is not None]
-
-    def stop(self, grace_s: float = GRACE_S) -> None:
-        """SIGINT every group, wait for every member to go, then SIGKILL the groups still there."""
-        for name, proc in self.procs.items():
-            log.info("stopping %s (process group %d)", name, proc.pid)
-            _signal_group(proc.pid, signal.SIGINT)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            for proc in self.procs.values():
-                proc.poll()
-            if not any(_group_alive(p.pid) for p in self.procs.values()):
-                break
-            time.sleep(0.2)
-        for name, proc in self.procs.items():
-            if _group_alive(proc.pid):
-                log.warning("%s did not stop within %.0fs; killing its process group", name, grace_s)
-                _signal_group(proc.pid, signal.SIGKILL)
-        for proc in self.procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                log.error("pid %d did not exit after SIGKILL", proc.pid)
 
 
 def _workspace_args() -> list[str]:
@@ -88,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dagster-host", default="127.0.0.1", help="the Dagster UI's address")
     parser.add_argument("--dagster-port", type=int, default=3000)
     parser.add_argument("--no-ui", action="store_true", help="run the API and the daemon only")
+    parser.add_argument("--no-fleet", action="store_true", help="no warm fleet: every batch runs offline in its run "
+                        "(as BATCH_FLEET_REPLICAS=0)")
     return parser
 
 
@@ -129,10 +76,17 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    fleet = None if args.no_fleet else _fleet()
     rc = 0
     try:
         children.start("api", [sys.executable, "-m", "batch_dagster.api", "--host", args.host, "--port",
                                str(args.port)], env)
+        if fleet is not None:
+            # Warm before the daemon starts: no run waits on an engine start, none meets a fleet half up.
+            fleet.start(should_stop=lambda: bool(stopping))
+            env |= {"BATCH_FLEET_URL": fleet.url, "BATCH_FLEET_MODEL": fleet.model}
+            log.info("warm fleet: %d replica(s) of %s behind vllm-router at %s/v1", fleet.replicas, fleet.model,
+                     fleet.url)
         children.start("dagster-daemon", [str(scripts / "dagster-daemon"), "run", *target], env)
         if not args.no_ui:
             children.start("dagster-webserver", [str(scripts / "dagster-webserver"), "-h", args.dagster_host,
@@ -141,17 +95,40 @@ def main(argv: list[str] | None = None) -> int:
         log.info("API on http://%s:%d/v1%s; DAGSTER_HOME=%s; Ctrl-C stops everything",
                  args.host, args.port, ui, home)
         while not stopping:
-            if dead := children.exited():
+            if dead := children.exited() + (fleet.heal() if fleet else []):
                 log.error("%s exited unexpectedly; stopping the rest", ", ".join(dead))
                 rc = 1
                 break
             time.sleep(0.5)
+    except KeyboardInterrupt:  # stopped while the fleet was starting
+        pass
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         children.stop()
+        if fleet is not None:
+            fleet.stop()
         log.info("stopped")
     return rc
+
+
+def _fleet():
+    """The warm fleet `make serve` runs (BATCH_FLEET_*), or None when it runs none."""
+    from batch_dagster.batchfile.registry import default_chat_model
+    from batch_dagster.engine.server import server_command
+    from batch_dagster.fleet import Fleet
+    from batch_dagster.resources.from_env import resources_from_env
+
+    settings = Settings.from_env()
+    vllm = resources_from_env()["vllm"]
+    model = settings.fleet_model or default_chat_model(vllm.registry())
+    if settings.fleet_replicas <= 0 or model is None:
+        return None
+    spec = vllm.spec(model)
+    path = vllm.model_path(spec)
+    return Fleet(model, settings.fleet_replicas, settings.fleet_port,
+                 lambda port: server_command(spec, path, "127.0.0.1", port), policy=settings.fleet_policy,
+                 log_dir=settings.data_dir / "logs" / f"fleet-{model}")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,16 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_VLLM_API_KEY", "", "The key the vLLM servers expect, if any.", "Engine"),
     Variable("BATCH_VLLM_MAX_CONCURRENCY", "64", "Requests in flight to the servers at once (server mode).",
              "Engine"),
+    Variable("BATCH_FLEET_REPLICAS", "1", "`make serve`: vLLM servers of the warm fleet (pinned one per core) behind "
+             "vllm-router; 0: no fleet, every batch runs offline in its run.", "Engine"),
+    Variable("BATCH_FLEET_MODEL", "the registry's first chat model", "`make serve`: the model the fleet serves; "
+             "batches of other models run offline.", "Engine"),
+    Variable("BATCH_FLEET_PORT", "8200", "`make serve`: the fleet router's port; replicas take the next ports.",
+             "Engine"),
+    Variable("BATCH_FLEET_POLICY", "cache_aware", "The router's load-balancing policy (vllm-router --policy).",
+             "Engine"),
+    Variable("BATCH_FLEET_URL", "", "The router (or server) of a running fleet for BATCH_FLEET_MODEL: its batches "
+             "run in server mode there. `make serve` sets it for its daemon when it starts a fleet.", "Engine"),
     Variable("BATCH_SHARD_SIZE", "1000", "Requests per shard: the unit of commit, resume and progress.",
              "Limits"),
     Variable("BATCH_MAX_REQUESTS", str(_L.max_requests), "Requests per input file.", "Limits"),
@@ -113,6 +123,11 @@ class Settings:
     vllm_server_urls: tuple[str, ...]
     vllm_api_key: str | None
     vllm_max_concurrency: int
+    fleet_replicas: int
+    fleet_model: str
+    fleet_port: int
+    fleet_policy: str
+    fleet_url: str
     shard_size: int
     limits: Limits
     max_enqueued_tokens: int | None
@@ -156,6 +171,11 @@ class Settings:
             vllm_server_urls=_list("BATCH_VLLM_SERVER_URLS"),
             vllm_api_key=_raw("BATCH_VLLM_API_KEY") or None,
             vllm_max_concurrency=_int("BATCH_VLLM_MAX_CONCURRENCY", 64),
+            fleet_replicas=_int("BATCH_FLEET_REPLICAS", 1),
+            fleet_model=_raw("BATCH_FLEET_MODEL"),  # empty: the registry's first chat model
+            fleet_port=_int("BATCH_FLEET_PORT", 8200),
+            fleet_policy=_raw("BATCH_FLEET_POLICY") or "cache_aware",
+            fleet_url=_raw("BATCH_FLEET_URL"),
             shard_size=_int("BATCH_SHARD_SIZE", 1000),
             limits=limits,
             max_enqueued_tokens=_int("BATCH_MAX_ENQUEUED_TOKENS", 0) or None,

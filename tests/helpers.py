@@ -434,8 +434,9 @@ SERVE_API_KEY = "sk-harness"
 def serve_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The environment for serve in `tmp_path`: none of the caller's BATCH_/DAGSTER_ settings, the shared models."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BATCH_", "DAGSTER_"))}
+    # No warm fleet unless a test asks for one: most serve tests are about the run process's own engine.
     return env | {"DAGSTER_HOME": str(tmp_path / "dagster_home"), "BATCH_DATA_DIR": str(tmp_path / "data"),
-                  "BATCH_MODEL_CACHE": str(MODEL_CACHE)} | extra
+                  "BATCH_MODEL_CACHE": str(MODEL_CACHE), "BATCH_FLEET_REPLICAS": "0"} | extra
 
 
 class Serve:

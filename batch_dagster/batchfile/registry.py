@@ -66,6 +66,11 @@ def served_endpoints(registry: dict[str, ModelSpec]) -> dict[str, tuple[str, ...
     return {name: spec.endpoints for name, spec in registry.items()}
 
 
+def default_chat_model(specs: dict[str, ModelSpec]) -> str | None:
+    """The registry's first model that serves chat (the one `make serve` keeps warm)."""
+    return next((name for name, spec in specs.items() if spec.task == "generate"), None)
+
+
 def load_registry(path: Path) -> dict[str, ModelSpec]:
     with open(path, "rb") as f:
         return parse_registry(tomllib.load(f))

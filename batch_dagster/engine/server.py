@@ -18,7 +18,9 @@ from .base import EngineCrash, Line, OnProgress, Request
 
 log = logging.getLogger(__name__)
 
-_ATTEMPTS = 3
+_ATTEMPTS = 3  # answers of 500 before a request's error line
+# What a router (or a proxy) answers when no healthy server can take the request: the request is resent.
+_SERVER_AWAY = {502, 503, 504}
 
 
 def _error_line(custom_id: str, status: int, payload: Any) -> Line:
@@ -50,6 +52,7 @@ class ServerEngine:
     max_concurrency: int = 64
     timeout_s: float = 600.0
     api_key: str | None = None
+    failover_s: float = 120.0  # how long requests are resent while no server answers
 
     def run(self, endpoint: str, requests: Sequence[Request], on_progress: OnProgress | None = None) -> list[Line]:
         return asyncio.run(self._run(endpoint, requests, on_progress))
@@ -58,19 +61,19 @@ class ServerEngine:
         if not self.base_urls:
             raise EngineCrash("Server mode needs at least one server URL.")
         limit = asyncio.Semaphore(self.max_concurrency)
-        urls = itertools.cycle([u.rstrip("/") + endpoint for u in self.base_urls])
+        urls = [u.rstrip("/") + endpoint for u in self.base_urls]
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         limits = httpx.Limits(max_connections=self.max_concurrency)
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers, limits=limits) as client:
 
-            async def one(custom_id: str, body: dict[str, Any], url: str) -> Line:
+            async def one(custom_id: str, body: dict[str, Any], first: int) -> Line:
                 async with limit:
-                    line = await self._send(client, url, custom_id, server_body(endpoint, body))
+                    line = await self._send(client, urls, first, custom_id, server_body(endpoint, body))
                 if on_progress is not None:
                     on_progress(1)
                 return line
 
-            tasks = [asyncio.create_task(one(cid, body, next(urls))) for cid, body in requests]
+            tasks = [asyncio.create_task(one(cid, body, i % len(urls))) for i, (cid, body) in enumerate(requests)]
             try:
                 return list(await asyncio.gather(*tasks))
             except BaseException:
@@ -78,23 +81,45 @@ class ServerEngine:
                     task.cancel()
                 raise
 
-    async def _send(self, client: httpx.AsyncClient, url: str, custom_id: str, body: dict[str, Any]) -> Line:
-        for attempt in range(_ATTEMPTS):
+    async def _send(self, client: httpx.AsyncClient, urls: Sequence[str], first: int, custom_id: str,
+                    body: dict[str, Any]) -> Line:
+        """One request, resent while its servers are away (the next URL each time, with backoff).
+
+        A server that went away (connection refused or reset, or a router's 502/503/504 when it has no
+        healthy replica) costs the request nothing until `failover_s` has passed with no server
+        answering: then the shard fails (EngineCrash) and the step retries it. A 4xx is the request's
+        own error; other 5xx answers become its error line after a few attempts.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.failover_s
+        server_errors = 0
+        for attempt in itertools.count():
+            url = urls[(first + attempt) % len(urls)]
             try:
                 response = await client.post(url, json=body)
             except httpx.TransportError as exc:
-                if attempt == _ATTEMPTS - 1:
-                    raise EngineCrash(f"Server {url} unreachable: {exc!r}") from exc
+                gone = f"{url} unreachable: {exc!r}"
             else:
                 try:
-                    payload = response.json()
+                    payload, from_vllm = response.json(), True
                 except ValueError:
-                    payload = {"message": response.text[:500]}
+                    payload, from_vllm = {"message": response.text[:500]}, False
                 if response.status_code == 200:
                     return c.success_line(custom_id, payload)
-                if response.status_code < 500 or attempt == _ATTEMPTS - 1:
+                if response.status_code < 500:
                     return _error_line(custom_id, response.status_code, payload)
-            await asyncio.sleep(0.5 * 2**attempt)
+                # vLLM answers errors in JSON; a plain-text 5xx is the router's "error sending request" to a
+                # replica that just died, before its health checks take it out of rotation.
+                if response.status_code in _SERVER_AWAY or not from_vllm:
+                    gone = f"{url} answered {response.status_code}"
+                else:
+                    server_errors += 1
+                    if server_errors >= _ATTEMPTS:
+                        return _error_line(custom_id, response.status_code, payload)
+                    gone = ""
+            if gone and loop.time() >= deadline:
+                raise EngineCrash(f"No server answered for {self.failover_s:.0f}s; last: {gone}")
+            await asyncio.sleep(min(0.5 * 2 ** min(attempt, 5), 10.0))
         raise AssertionError("unreachable")
 
 

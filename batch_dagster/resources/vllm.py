@@ -52,6 +52,20 @@ def _vllm_version() -> str:
     return "not installed"
 
 
+def _servers_vllm_version(urls: list[str]) -> str:
+    """The vLLM version the servers report (GET /version; a router passes it on), else 'unknown'."""
+    import httpx
+
+    for url in urls:
+        try:
+            version = httpx.get(url.rstrip("/") + "/version", timeout=3).json().get("version")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            continue
+        if version:
+            return f"vllm=={version}"
+    return "unknown"
+
+
 class VLLMResource(dg.ConfigurableResource):
     """The engine for a batch's model.
 
@@ -67,6 +81,9 @@ class VLLMResource(dg.ConfigurableResource):
     server_api_key: str | None = None
     max_concurrency: int = 64
     request_timeout_s: float = 600.0
+    failover_s: float = 120.0  # server mode: how long requests are resent while no server answers
+    fleet_model: str = ""  # a model with a warm fleet: its batches go to `fleet_url` whatever the mode
+    fleet_url: str = ""
 
     def registry(self) -> dict[str, ModelSpec]:
         return _registry(self.models_file)
@@ -91,19 +108,27 @@ class VLLMResource(dg.ConfigurableResource):
         """The model's tokenizer (transformers), for counting prompt tokens before anything runs."""
         return _tokenizer(self.model_path(self.spec(model)))
 
+    def server_urls_for(self, model: str) -> list[str] | None:
+        """Where a model's requests go in server mode (its fleet first), or None when it runs offline."""
+        if self.fleet_url and model == self.fleet_model:
+            return [self.fleet_url]
+        return self.server_urls if self.mode == "server" else None
+
     def engine(self, model: str) -> Engine:
         spec = self.spec(model)
-        if self.mode == "server":
+        urls = self.server_urls_for(model)
+        if urls is not None:
             from batch_dagster.engine.server import ServerEngine
 
-            return ServerEngine(self.server_urls, self.max_concurrency, self.request_timeout_s, self.server_api_key)
+            return ServerEngine(urls, self.max_concurrency, self.request_timeout_s, self.server_api_key,
+                                self.failover_s)
         from batch_dagster.engine.offline import engine_for
 
         return engine_for(spec, self.model_path(spec))
 
     def reset(self, model: str) -> None:
         """Forget a crashed offline engine so the next attempt starts a new one."""
-        if self.mode == "offline":
+        if self.server_urls_for(model) is None:
             from batch_dagster.engine.offline import drop_engine
 
             drop_engine(model)
@@ -111,18 +136,20 @@ class VLLMResource(dg.ConfigurableResource):
     def model_record(self, model: str) -> dict[str, Any]:
         """What a batch records about how it ran: model, revision, engine settings, vLLM version."""
         spec = self.spec(model)
-        source = spec.source if self.mode == "offline" else ",".join(self.server_urls)
+        urls = self.server_urls_for(model)
         revision = spec.engine_args.get("revision", "main")
-        if self.mode == "offline":
-            path = self.model_path(spec)
-            if Path(path).is_dir():
-                revision = f"sha256:{_folder_hash(path)}"
-        return {
+        path = self.model_path(spec) if spec.source.startswith(_EMBEDDED) or urls is None else spec.source
+        if Path(path).is_dir():  # servers started from the registry load the same folder
+            revision = f"sha256:{_folder_hash(path)}"
+        record = {
             "model": model,
-            "source": source,
+            "source": spec.source if urls is None else ",".join(urls),
             "revision": revision,
-            "engine_mode": self.mode,
+            "engine_mode": "offline" if urls is None else "server",
             "engine_settings": spec.engine_settings(),
-            "vllm_version": _vllm_version(),
+            "vllm_version": _vllm_version() if urls is None else _servers_vllm_version(urls),
             "seed": spec.seed,
         }
+        if urls is not None:
+            record["servers"] = urls
+        return record
