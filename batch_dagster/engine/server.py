@@ -30,7 +30,10 @@ def _error_line(custom_id: str, status: int, payload: Any) -> Line:
     if status >= 500:
         return c.request_error_line(custom_id, c.ENGINE_ERROR, message, status_code=status)
     code = c.CONTEXT_LENGTH_EXCEEDED if "maximum context length" in message else c.INVALID_REQUEST
-    return c.request_error_line(custom_id, code, message, param=err.get("param"), status_code=status)
+    param = err.get("param")
+    # A body the server's schema refuses (422 from FastAPI's validation) is a bad request all the same.
+    return c.request_error_line(custom_id, code, message, param=param if isinstance(param, str) else None,
+                                status_code=400 if status == 422 else status)
 
 
 def server_body(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:

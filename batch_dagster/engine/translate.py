@@ -38,7 +38,14 @@ def text_of(content: Any) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+        texts: list[str] = []
+        for p in content:
+            if isinstance(p, dict) and p.get("type", "text") == "text":
+                text = p.get("text", "")
+                if not isinstance(text, str):
+                    raise RequestError("The text of a content part must be a string.", param="messages")
+                texts.append(text)
+        return "".join(texts)
     raise RequestError("Message content must be a string or a list of content parts.", param="messages")
 
 
@@ -53,7 +60,10 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def chat_template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     """Template switches such as Qwen3's `enable_thinking`, from the body or its kwargs."""
-    kwargs = dict(body.get("chat_template_kwargs") or {})
+    given = body.get("chat_template_kwargs") or {}
+    if not isinstance(given, dict):
+        raise RequestError("'chat_template_kwargs' must be an object.", param="chat_template_kwargs")
+    kwargs = dict(given)
     if "enable_thinking" in body:
         kwargs["enable_thinking"] = body["enable_thinking"]
     return kwargs
