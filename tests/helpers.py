@@ -149,8 +149,8 @@ class FakeEngine:
             raise EngineCrash("fake engine died")
         lines = []
         for cid, body in requests:
-            if body.get("top_p", 1) <= 0:  # as vLLM: valid in OpenAI's schema, refused by the engine
-                lines.append(t.RequestError("top_p must be in (0, 1], got 0.", param="top_p").line(cid))
+            if body.get("temperature", 1) < 0:
+                lines.append(t.RequestError("temperature must be non-negative", param="temperature").line(cid))
                 continue
             text = str(body["messages"][-1]["content"]) if endpoint == c.CHAT else str(body.get("prompt"))
             words = text.split()

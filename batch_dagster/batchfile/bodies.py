@@ -26,11 +26,16 @@ MAX_TOKEN_ID = 2**31 - 1
 
 
 class BodyError(Exception):
-    """A body field of the wrong type or out of range: `param` names it (`body.temperature`)."""
+    """A body field of the wrong type or out of range: `param` names it (`body.temperature`).
 
-    def __init__(self, param: str, message: str):
+    Such a request is still stored and ends as its own 400 line; only a body too deep to store
+    (`storable` False) fails the file.
+    """
+
+    def __init__(self, param: str, message: str, *, storable: bool = True):
         super().__init__(message)
         self.param = param
+        self.storable = storable
 
 
 def _range(low: float | None = None, high: float | None = None) -> Any:
@@ -83,7 +88,7 @@ class Message(msgspec.Struct):
 class _Sampling(msgspec.Struct):
     """OpenAI's sampling fields and vLLM's extras, shared by chat and completions."""
 
-    model: str
+    model: str | None = None  # present and non-empty: validate checks it first
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
@@ -126,7 +131,7 @@ class CompletionBody(_Sampling):
 
 
 class EmbeddingBody(msgspec.Struct):
-    model: str
+    model: str | None = None  # present and non-empty: validate checks it first
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: PositiveInt | None = None
     user: str | None = None
@@ -146,26 +151,36 @@ _MISSING = re.compile(r"missing required field `([^`]+)`")
 
 
 def check_body(url: str, body: dict[str, Any]) -> None:
-    """Raise BodyError for the first field of `body` of the wrong type, out of range, or nested too deep."""
+    """Raise BodyError for the first field of `body` of the wrong type, out of range, or nested too deep.
+
+    `body.model` and the presence of the prompt field are the caller's to check (validate does).
+    """
     if _plain(url, body):
         return
     try:
         msgspec.convert(body, SCHEMAS[url])
+        prompt = _PROMPT.get(url)
+        if prompt is not None:
+            _prompts(body[prompt], f"body.{prompt}")
     except msgspec.ValidationError as exc:
-        raise _body_error(str(exc)) from None
-    prompt = _PROMPT.get(url)
-    if prompt is not None:
-        _prompts(body[prompt], f"body.{prompt}")
+        wrong: BodyError | None = _body_error(str(exc))
+    except BodyError as exc:
+        wrong = exc
+    else:
+        wrong = None
     fields = FIELDS[url]
-    if not fields.issuperset(body) or not _FREE_FORM.isdisjoint(body):
+    # Depth first: a body too deep to store must fail the file even when a field is also mistyped.
+    if wrong is not None or not fields.issuperset(body) or not _FREE_FORM.isdisjoint(body):
         for key, value in body.items():
-            if (key not in fields or key in _FREE_FORM) and (type(value) is dict or type(value) is list):
+            if (wrong is not None or key not in fields or key in _FREE_FORM) and type(value) in (dict, list):
                 _bounded(value, f"body.{key}", 2)
-    if url == c.CHAT:
+    if url == c.CHAT and wrong is None:
         for i, m in enumerate(body["messages"]):
             # Content parts and fields outside the schema may nest: bound the message (level 3).
             if len(m) > 2 or type(m.get("content")) is list:
                 _bounded(m, f"body.messages[{i}]", 3)
+    if wrong is not None:
+        raise wrong
 
 
 # The fast path: most bodies hold text messages or prompts and a few numbers in range. Those are
@@ -225,7 +240,7 @@ def _body_error(text: str) -> BodyError:
 def _bounded(v: Any, param: str, level: int) -> None:
     """Reject a value nested deeper than MAX_DEPTH (`level` is the value's own level in the body)."""
     if level > MAX_DEPTH:
-        raise BodyError(param, f"Field {param!r} is nested deeper than {MAX_DEPTH} levels.")
+        raise BodyError(param, f"Field {param!r} is nested deeper than {MAX_DEPTH} levels.", storable=False)
     for x in v.values() if type(v) is dict else v:
         if type(x) is dict or type(x) is list:
             _bounded(x, param, level + 1)

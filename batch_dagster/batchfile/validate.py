@@ -38,6 +38,10 @@ class ValidationReport:
     endpoint: str | None = None
     errors: list[c.BatchError] = field(default_factory=list)
     error_count: int = 0  # may exceed len(errors) when the list is capped
+    # Requests whose body breaks the schema (a mistyped field): the file stays valid, each of these
+    # ends as its own 400 line in the error file. Capped like `errors`.
+    rejected: list[c.BatchError] = field(default_factory=list)
+    rejected_count: int = 0
 
     @property
     def valid(self) -> bool:
@@ -63,6 +67,11 @@ class _Collector:
         self.report.error_count += 1
         if len(self.report.errors) < self.max_errors:
             self.report.errors.append(c.BatchError(code, message, line, param))
+
+    def reject(self, message: str, line: int, param: str) -> None:
+        self.report.rejected_count += 1
+        if len(self.report.rejected) < self.max_errors:
+            self.report.rejected.append(c.BatchError(c.INVALID_REQUEST, message, line, param))
 
 
 def _lines(f: BinaryIO, max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
@@ -256,6 +265,8 @@ def _check_request(request: dict[str, Any], line_no: int, endpoint: str | None, 
     try:
         check_body(url, body)
     except BodyError as exc:
-        error(c.INVALID_REQUEST, str(exc), line_no, exc.param)
-        return False
+        if not exc.storable:
+            error(c.INVALID_REQUEST, str(exc), line_no, exc.param)
+            return False
+        error.reject(str(exc), line_no, exc.param)
     return True

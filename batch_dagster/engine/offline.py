@@ -128,6 +128,7 @@ class OfflineEngine:
 
         _REJECTED = _preparation_rejections()
 
+        t.check(endpoint, body)
         if endpoint == c.EMBEDDINGS:
             fmt = t.encoding_format_of(body)
             prompts = [self._encode(p, True) for p in t.prompt_list(body, "input")]

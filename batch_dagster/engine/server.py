@@ -67,8 +67,13 @@ class ServerEngine:
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers, limits=limits) as client:
 
             async def one(custom_id: str, body: dict[str, Any], url: str) -> Line:
-                async with limit:
-                    line = await self._send(client, url, custom_id, server_body(endpoint, body))
+                try:
+                    t.check(endpoint, body)
+                except t.RequestError as exc:  # mistyped: the same 400 line as offline, never sent
+                    line = exc.line(custom_id)
+                else:
+                    async with limit:
+                        line = await self._send(client, url, custom_id, server_body(endpoint, body))
                 if on_progress is not None:
                     on_progress(1)
                 return line

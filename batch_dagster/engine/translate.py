@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.bodies import BodyError, check_body
 
 # OpenAI sampling fields, plus vLLM's extras that its server also accepts in a body.
 SAMPLING_FIELDS = (
@@ -31,6 +32,15 @@ class RequestError(Exception):
 
     def line(self, custom_id: str) -> dict[str, Any]:
         return c.request_error_line(custom_id, self.code, str(self), param=self.param)
+
+
+def check(endpoint: str, body: dict[str, Any]) -> None:
+    """Validation's type and range checks of the body, again: a request validation reported as mistyped
+    is stored like any other and ends here, as its own 400 line, before it reaches an engine."""
+    try:
+        check_body(endpoint, body)
+    except BodyError as exc:
+        raise RequestError(str(exc), param=exc.param.removeprefix("body.")) from None
 
 
 def text_of(content: Any) -> str:

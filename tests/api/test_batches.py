@@ -32,7 +32,7 @@ def lines(client, file_id) -> list[dict]:
 def test_whole_cycle(start_service, tmp_path):
     service = start_service(shard_size=2)
     client = service.client()
-    requests = rows(7, max_tokens=8) + [chat_request("bad-top-p", "hi", top_p=0)]
+    requests = rows(7, max_tokens=8) + [chat_request("bad-temp", "hi", temperature=-1)]
     file_id = upload(client, tmp_path / "in.jsonl", requests)
 
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
@@ -53,7 +53,7 @@ def test_whole_cycle(start_service, tmp_path):
     out, err = lines(client, done.output_file_id), lines(client, done.error_file_id)
     ids = [line["custom_id"] for line in out + err]
     assert sorted(ids) == sorted(r["custom_id"] for r in requests)  # every custom_id exactly once
-    assert [e["custom_id"] for e in err] == ["bad-top-p"] and err[0]["response"]["status_code"] == 400
+    assert [e["custom_id"] for e in err] == ["bad-temp"] and err[0]["response"]["status_code"] == 400
     usages = [line["response"]["body"]["usage"] for line in out]
     assert done.usage.input_tokens == sum(u["prompt_tokens"] for u in usages)
     assert done.usage.output_tokens == sum(u["completion_tokens"] for u in usages)

@@ -139,7 +139,7 @@ def test_random_bytes_never_raise(tmp_path_factory, data):
     check_agreement(data, tmp_path_factory.mktemp("fuzz"))
 
 
-# Regression tests: each of these lines passed validation on main and then failed the batch.
+# Regression tests: each of these lines passed validation on main and then failed the whole batch.
 
 def line(body: dict, custom_id: str = "a") -> dict:
     return {"custom_id": custom_id, "method": "POST", "url": c.CHAT, "body": body}
@@ -157,10 +157,24 @@ def chat_body(**fields) -> dict:
     (chat_body(chat_template_kwargs="xy"), "body.chat_template_kwargs"),
     ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
      "body.messages[0].content[0].text"),
-    (chat_body(extra=nested(300)), "body.extra"),
 ])
-def test_lines_the_pipeline_cannot_run_are_rejected_at_their_line(tmp_path, body, param):
+def test_a_mistyped_field_is_reported_at_its_line_and_the_request_is_still_stored(tmp_path, body, param):
     path = tmp_path / "in.jsonl"
     path.write_bytes(line_bytes(line(chat_body(), "ok")) + b"\n" + line_bytes(line(body)) + b"\n")
     report = validate_to_parquet(path, tmp_path / "requests.parquet")
-    assert [(e.code, e.line, e.param) for e in report.errors] == [("invalid_request", 2, param)]
+    assert report.valid and report.errors == []
+    assert [(e.code, e.line, e.param) for e in report.rejected] == [("invalid_request", 2, param)]
+    write_shards(tmp_path / "requests.parquet", tmp_path / "shards", shard_size=1)
+    stored = dict(cid_body for shard in (tmp_path / "shards").iterdir() for cid_body in read_shard(shard))
+    assert stored["a"] == body  # it runs into its own 400 line (tests/pipeline/test_request_isolation.py)
+
+
+@pytest.mark.parametrize("body", [chat_body(extra=nested(300)), chat_body(temperature="hot", extra=nested(300)),
+                                  chat_body(chat_template_kwargs=nested(200))])
+def test_a_body_too_deep_to_store_fails_the_file_at_its_line(tmp_path, body):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(line_bytes(line(chat_body(), "ok")) + b"\n" + line_bytes(line(body)) + b"\n")
+    report = validate_to_parquet(path, tmp_path / "requests.parquet")
+    assert [(e.code, e.line) for e in report.errors] == [("invalid_request", 2)]
+    assert f"deeper than {MAX_DEPTH} levels" in report.errors[0].message
+    assert not (tmp_path / "requests.parquet").exists()

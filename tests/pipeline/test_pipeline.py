@@ -33,7 +33,7 @@ def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, 
     engine = FakeEngine()
     defs = make_defs(data_dir, fake_vllm("lineage", engine), shard_size=4)
     rows = [chat_request(f"r{i}", f"question number {i} " + "pad " * i, max_tokens=8) for i in range(10)]
-    rows.append(chat_request("bad-top-p", "hi", top_p=0))
+    rows.append(chat_request("bad-temp", "hi", temperature=-1))
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
                         defs=defs, instance=instance)
 
@@ -41,7 +41,7 @@ def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, 
     assert summary["request_counts"] == {"total": 11, "completed": 10, "failed": 1}
     out, err = read_jsonl(tmp_path / "out" / "output.jsonl"), read_jsonl(tmp_path / "out" / "errors.jsonl")
     assert sorted(line["custom_id"] for line in out + err) == sorted(r["custom_id"] for r in rows)
-    assert err[0]["response"]["status_code"] == 400 and err[0]["response"]["body"]["error"]["param"] == "top_p"
+    assert err[0]["response"]["status_code"] == 400 and err[0]["response"]["body"]["error"]["param"] == "temperature"
     assert summary["usage"]["output_tokens"] == sum(l["response"]["body"]["usage"]["completion_tokens"] for l in out)
     assert summary["cost"]["total_cost"] > 0
     assert len(engine.calls) == 3  # 11 requests in shards of 4

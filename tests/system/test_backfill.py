@@ -74,7 +74,7 @@ def test_backfills_of_finished_batches_redo_no_shard_and_rewrite_files_whole(tmp
     calls = tmp_path / "calls.jsonl"
     inputs = {
         "a": [chat_request(f"a{i}", f"question {i} " + "word " * i, max_tokens=4) for i in range(5)]
-        + [chat_request("a-bad", "hi", top_p=0)],
+        + [chat_request("a-bad", "hi", temperature=-1)],
         "b": [chat_request(f"b{i}", f"another question {i}", max_tokens=4) for i in range(4)],
     }
     with Serve(tmp_path, module="tests.daemon_defs", ui=True, BATCH_SHARD_SIZE="2",

@@ -46,7 +46,7 @@ def chat_rows_40():
     rows.append(chat_request("stop", "Count from one to ten, one number per line.", max_tokens=40,
                              temperature=0, stop=["\n"]))
     rows.append(chat_request("too-long", "word " * 2500, max_tokens=16))
-    rows.append(chat_request("bad-top-p", "Hello", top_p=0))
+    rows.append(chat_request("bad-temperature", "Hello", temperature=-1))
     rows.append(chat_request("greedy-n", "Hello", n=2, temperature=0))
     topics = ["the sea", "a mountain", "coffee", "a library", "winter", "a city at night", "a cat", "music"]
     for i in range(33):
@@ -78,7 +78,7 @@ def test_chat_batch_of_40_through_the_cli(tmp_path):
     assert set(out).isdisjoint(err)
     assert sorted([*out, *err]) == sorted(r["custom_id"] for r in rows)
     assert summary["request_counts"] == {"total": 40, "completed": len(out), "failed": len(err)}
-    assert set(err) == {"too-long", "bad-top-p", "greedy-n"}
+    assert set(err) == {"too-long", "bad-temperature", "greedy-n"}
 
     assert "Paris" in content(out["capital"])
     body = out["capital"]["response"]["body"]
@@ -97,8 +97,8 @@ def test_chat_batch_of_40_through_the_cli(tmp_path):
     assert too_long["status_code"] == 400
     assert too_long["body"]["error"]["code"] == "context_length_exceeded"
     assert too_long["body"]["error"]["type"] == "invalid_request_error"
-    bad = err["bad-top-p"]["response"]["body"]["error"]
-    assert bad["code"] == "invalid_request" and "top_p" in bad["message"]
+    bad = err["bad-temperature"]["response"]["body"]["error"]
+    assert bad["code"] == "invalid_request" and "temperature" in bad["message"]
 
     # The run is recorded in the metadata store, the one record of batches (the API and the daily report read it).
     with open_store(f"sqlite:///{tmp_path / 'data' / 'batch-api.db'}").session() as session:

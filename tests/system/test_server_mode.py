@@ -30,7 +30,7 @@ def test_server_mode_writes_the_same_lines_as_offline(tmp_path, data_dir, instan
         chat_request("sys", "Name three colors.", max_tokens=24, temperature=0),
         chat_request("stop", "Count from one to five, one number per line.", max_tokens=30, temperature=0, stop=["\n"]),
         chat_request("too-long", "word " * 2500, max_tokens=16),
-        chat_request("bad-top-p", "Hello", top_p=0),
+        chat_request("bad-temperature", "Hello", temperature=-1),
     ]
     rows[1]["body"]["messages"].insert(0, {"role": "system", "content": "You answer in one short line."})
     offline_dir, server_dir = tmp_path / "offline", tmp_path / "server"
