@@ -148,6 +148,9 @@ _FREE_FORM = frozenset({"logit_bias", "chat_template_kwargs", "response_format",
 # msgspec's messages end in " - at `$.path`"; a missing field is named in the message.
 _AT = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _MISSING = re.compile(r"missing required field `([^`]+)`")
+# msgspec names Python types; the API's users know JSON's.
+_JSON_TYPES = {"float": "number", "int": "integer", "str": "string", "bool": "boolean"}
+_JSON_TYPE = re.compile(r"(?<=[`| ])(float|int|str|bool)(?=[`| ])")
 
 
 def check_body(url: str, body: dict[str, Any]) -> None:
@@ -234,6 +237,7 @@ def _body_error(text: str) -> BodyError:
         path += f".{missing[1]}"
     param = "body" + path
     message = message.replace(" | null", "")  # every field may be null; saying so on each error is noise
+    message = _JSON_TYPE.sub(lambda m: _JSON_TYPES[m[0]], message)
     return BodyError(param, f"Field {param!r}: {message[0].lower()}{message[1:]}.")
 
 

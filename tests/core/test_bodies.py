@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -115,3 +120,20 @@ def test_the_fast_path_never_accepts_what_the_schema_refuses(url, fields, text, 
         body["prompt" if url == c.COMPLETIONS else "input"] = text
     if b._plain(url, body):
         msgspec.convert(body, b.SCHEMAS[url])  # raises if the schema refuses
+
+
+def test_validate_lists_mistyped_requests_that_will_end_as_400_lines(tmp_path):
+    rows = [{"custom_id": cid, "method": "POST", "url": c.CHAT, "body": {"model": MODEL, "messages": MESSAGES, **f}}
+            for cid, f in (("ok", {}), ("hot", {"temperature": "hot"}), ("stop", {"stop": [1]}))]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cli = str(Path(sys.executable).with_name("batch-dagster"))
+    proc = subprocess.run([cli, "validate", str(path), "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["valid"] and report["rejected_count"] == 2
+    assert [(e["line"], e["param"], e["code"]) for e in report["rejected"]] == [
+        (2, "body.temperature", "invalid_request"), (3, "body.stop[0]", "invalid_request")]
+    assert "expected `number`, got `string`" in report["rejected"][0]["message"]
+    text = subprocess.run([cli, "validate", str(path)], capture_output=True, text=True, timeout=120)
+    assert text.returncode == 0 and "line 2 (body.temperature)" in text.stderr
