@@ -203,6 +203,8 @@ _PLAIN_SCALARS: dict[str, tuple[tuple[type, ...], float, float]] = {
     "min_p": (_NUM, 0, 1),
     "min_tokens": ((int,), 0, 2**63),
 }
+# Booleans on every endpoint that knows them (`logprobs` is not: an integer for completions).
+_PLAIN_SWITCHES = frozenset({"ignore_eos", "stream", "enable_thinking", "echo"})
 _PLAIN_TEXT = {c.CHAT: "messages", c.COMPLETIONS: "prompt", c.EMBEDDINGS: "input"}
 _ROLES = frozenset(Role.__args__)  # type: ignore[attr-defined]
 
@@ -214,7 +216,13 @@ def _plain(url: str, body: dict[str, Any]) -> bool:
         if key == "model" or key == text:
             continue
         spec = _PLAIN_SCALARS.get(key)
-        if spec is None or type(value) not in spec[0] or not spec[1] <= value <= spec[2]:
+        if spec is None:
+            if type(value) is bool and key in _PLAIN_SWITCHES:
+                continue
+            if key == "stop" and (type(value) is str or type(value) is list and all(type(s) is str for s in value)):
+                continue
+            return False
+        if type(value) not in spec[0] or not spec[1] <= value <= spec[2]:
             return False
     value = body[text]
     if url != c.CHAT:

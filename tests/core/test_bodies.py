@@ -104,22 +104,55 @@ def test_max_depth_counts_levels_of_the_body():
     assert err is not None and err[0] == "body.messages[0]" and "nested deeper" in err[1]
 
 
-values = (st.none() | st.booleans() | st.integers(-(2**65), 2**65) | st.floats(allow_nan=False, allow_infinity=False)
-          | st.text(max_size=3) | st.lists(st.integers(-1, 3), max_size=2))
+def plain_body(url: str, **fields) -> dict:
+    text = {"messages": [{"role": "user", "content": "x"}]} if url == c.CHAT else {
+        "prompt" if url == c.COMPLETIONS else "input": "x"}
+    return {"model": MODEL, **text, **fields}
+
+
+def accepts(url: str, body: dict) -> bool:
+    try:
+        msgspec.convert(body, b.SCHEMAS[url])
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+PROBES = [None, True, False, "1", [], ["a"], [1], {}, 2**64, -(2**64), 1e300, -1e300]
+
+
+def test_the_fast_path_never_accepts_what_the_schema_refuses():
+    # Every field the fast path knows, at and around each bound it uses, as int and float, and odd values.
+    checked = 0
+    for key, (_, low, high) in b._PLAIN_SCALARS.items():
+        around = [x + d for x in (low, high) for d in (-1, -0.5, 0, 0.5, 1)]
+        for value in [*around, *(int(x) for x in around), *(float(x) for x in around), *PROBES]:
+            for url in c.ENDPOINTS:
+                body = plain_body(url, **{key: value})
+                if b._plain(url, body):
+                    checked += 1
+                    assert accepts(url, body), (url, key, value)
+    for key in [*b._PLAIN_SWITCHES, "stop"]:
+        for value in [*PROBES, "", ["a", 1], 0, 1]:
+            for url in c.ENDPOINTS:
+                body = plain_body(url, **{key: value})
+                if b._plain(url, body):
+                    checked += 1
+                    assert accepts(url, body), (url, key, value)
+    assert checked > 300
 
 
 @settings(max_examples=300, deadline=None)
-@given(url=st.sampled_from(c.ENDPOINTS), fields=st.dictionaries(st.sampled_from(sorted(b._PLAIN_SCALARS)), values),
-       text=st.sampled_from(["x", ["x"], [1]]), roles=st.lists(st.sampled_from(["user", "system", "robot", 5]),
-                                                             min_size=1, max_size=2))
-def test_the_fast_path_never_accepts_what_the_schema_refuses(url, fields, text, roles):
-    body = {"model": MODEL, **fields}
-    if url == c.CHAT:
-        body["messages"] = [{"role": r, "content": text if isinstance(text, str) else "x"} for r in roles]
-    else:
-        body["prompt" if url == c.COMPLETIONS else "input"] = text
+@given(url=st.sampled_from(c.ENDPOINTS),
+       fields=st.dictionaries(st.sampled_from(sorted([*b._PLAIN_SCALARS, *b._PLAIN_SWITCHES, "stop", "logprobs"])),
+                              st.none() | st.booleans() | st.integers(-3, 130) | st.floats(-3, 3) | st.text(max_size=2)
+                              | st.lists(st.text(max_size=2) | st.integers(), max_size=2), max_size=4),
+       messages=st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "robot", 5]),
+                                                "content": st.sampled_from(["x", 5, None])}), min_size=1, max_size=2))
+def test_fast_path_combinations_agree_with_the_schema(url, fields, messages):
+    body = {**plain_body(url, **fields), **({"messages": messages} if url == c.CHAT else {})}
     if b._plain(url, body):
-        msgspec.convert(body, b.SCHEMAS[url])  # raises if the schema refuses
+        assert accepts(url, body)
 
 
 def test_validate_lists_mistyped_requests_that_will_end_as_400_lines(tmp_path):
