@@ -31,10 +31,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     models = served_endpoints(load_registry(settings.models_file))
     report = validate_file(args.file, limits=limits, endpoint=args.endpoint, models=models)
     if args.json:
-        _print_json(report.to_dict())
+        rejected = {"rejected_count": report.rejected_count, "rejected": [e.to_dict() for e in report.rejected]}
+        _print_json(report.to_dict() | (rejected if report.rejected_count else {}))
     else:
         if report.valid:
             print(f"valid: {report.total_requests} requests, model {report.model}, endpoint {report.endpoint}")
+            if report.rejected_count:
+                print(f"{report.rejected_count} request(s) will end as 400 lines in the error file:", file=sys.stderr)
+            for e in report.rejected:
+                print(f"  line {e.line} ({e.param}): [{e.code}] {e.message}", file=sys.stderr)
         else:
             print(f"invalid: {report.error_count} error(s) in {report.total_requests} requests", file=sys.stderr)
             for e in report.errors:

@@ -30,8 +30,8 @@ class Features:
 def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, list):  # content parts: keep the text ones
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    if isinstance(content, list):  # content parts: keep the text ones (a mistyped one ends as a 400 line)
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return ""
 
 

@@ -23,7 +23,31 @@ def _rejection_types() -> tuple[type[Exception], ...]:
     """Exceptions by which vLLM rejects one request (bad parameters), as opposed to failing itself."""
     from vllm.exceptions import VLLMClientError
 
-    return (VLLMClientError, ValueError)
+    return (VLLMClientError, ValueError, TypeError, OverflowError)
+
+
+def _preparation_rejections() -> tuple[type[Exception], ...]:
+    """What the tokenizer, the chat template or SamplingParams raise for one bad body.
+
+    Preparing runs no model: whatever goes wrong there is that request's fault, and becomes its
+    400 line while the rest of the shard runs.
+    """
+    from jinja2 import TemplateError
+
+    return (*_rejection_types(), LookupError, AttributeError, TemplateError)
+
+
+def _culprit(build: Any, kwargs: dict[str, Any]) -> str | None:
+    """The sampling field that makes `build(**kwargs)` fail, tried one at a time (only on the error path)."""
+    base = {"max_tokens": kwargs["max_tokens"]}
+    for name, value in kwargs.items():
+        if name == "max_tokens":
+            continue
+        try:
+            build(**base, **{name: value})
+        except Exception:
+            return name
+    return None
 
 
 @dataclass
@@ -104,8 +128,9 @@ class OfflineEngine:
     def _prepare(self, endpoint: str, custom_id: str, body: dict[str, Any]) -> _Prepared:
         from vllm import SamplingParams
 
-        _REJECTED = _rejection_types()
+        _REJECTED = _preparation_rejections()
 
+        t.check(endpoint, body)
         if endpoint == c.EMBEDDINGS:
             fmt = t.encoding_format_of(body)
             prompts = [self._encode(p, True) for p in t.prompt_list(body, "input")]
@@ -116,18 +141,25 @@ class OfflineEngine:
         if endpoint == c.RESPONSES:  # runs as the chat request it amounts to
             source, body = body, responses.chat_body(body)
         if endpoint in (c.CHAT, c.RESPONSES):
-            text = self._tokenizer.apply_chat_template(
-                t.chat_messages(body), tokenize=False, add_generation_prompt=True, **t.chat_template_kwargs(body)
-            )
+            messages, template_kwargs = t.chat_messages(body), t.chat_template_kwargs(body)
+            try:
+                text = self._tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True, **template_kwargs
+                )
+            except _REJECTED as exc:
+                param = "chat_template_kwargs" if template_kwargs else "messages"
+                raise t.RequestError(f"The chat template refused the request: {exc}", param=param) from exc
             prompts = [self._tokenizer.encode(text, add_special_tokens=False)]
         else:
             prompts = [self._encode(p, True) for p in t.prompt_list(body, "prompt")]
         longest = max(len(p) for p in prompts)
         max_tokens = t.max_tokens_of(endpoint, body, longest, self.max_model_len)
+        kwargs = t.sampling_kwargs(body, max_tokens)
         try:
-            params = SamplingParams(**t.sampling_kwargs(body, max_tokens))
+            params = SamplingParams(**kwargs)
         except _REJECTED as exc:
-            raise t.RequestError(str(exc), param=getattr(exc, "parameter", None)) from exc
+            culprit = getattr(exc, "parameter", None) or _culprit(SamplingParams, kwargs)
+            raise t.RequestError(str(exc), param=culprit) from exc
         return _Prepared(custom_id, prompts, params, prompt_tokens=sum(map(len, prompts)), body=source)
 
     # -- running -----------------------------------------------------------------------
@@ -141,11 +173,17 @@ class OfflineEngine:
             raise EngineCrash(f"The engine failed to start: {exc}") from exc
         lines: list[Line] = []
         ready: list[_Prepared] = []
+        rejected = _preparation_rejections()
+        # Every request is prepared (prompt and SamplingParams) before the shard runs, so a bad one
+        # is an error line of its own and never reaches, or fails, the engine call.
         for custom_id, body in requests:
             try:
                 ready.append(self._prepare(endpoint, custom_id, body))
             except t.RequestError as exc:
                 lines.append(exc.line(custom_id))
+            except rejected as exc:
+                param = getattr(exc, "parameter", None)
+                lines.append(t.RequestError(f"{type(exc).__name__}: {exc}", param=param).line(custom_id))
         if ready:
             ran = self._run_isolating(endpoint, ready)
             if len(ready) > 1 and all(line["response"]["status_code"] != 200 for line in ran):

@@ -32,7 +32,10 @@ def _error_line(custom_id: str, status: int, payload: Any) -> Line:
     if status >= 500:
         return c.request_error_line(custom_id, c.ENGINE_ERROR, message, status_code=status)
     code = c.CONTEXT_LENGTH_EXCEEDED if "maximum context length" in message else c.INVALID_REQUEST
-    return c.request_error_line(custom_id, code, message, param=err.get("param"), status_code=status)
+    param = err.get("param")
+    # A body the server's schema refuses (422 from FastAPI's validation) is a bad request all the same.
+    return c.request_error_line(custom_id, code, message, param=param if isinstance(param, str) else None,
+                                status_code=400 if status == 422 else status)
 
 
 def server_body(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -67,8 +70,13 @@ class ServerEngine:
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers, limits=limits) as client:
 
             async def one(custom_id: str, body: dict[str, Any], first: int) -> Line:
-                async with limit:
-                    line = await self._send(client, urls, first, custom_id, server_body(endpoint, body))
+                try:
+                    t.check(endpoint, body)
+                except t.RequestError as exc:  # mistyped: the same 400 line as offline, never sent
+                    line = exc.line(custom_id)
+                else:
+                    async with limit:
+                        line = await self._send(client, urls, first, custom_id, server_body(endpoint, body))
                 if on_progress is not None:
                     on_progress(1)
                 return line

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.bodies import BodyError, check_body
 
 # OpenAI sampling fields, plus vLLM's extras that its server also accepts in a body.
 SAMPLING_FIELDS = (
@@ -33,12 +34,30 @@ class RequestError(Exception):
         return c.request_error_line(custom_id, self.code, str(self), param=self.param)
 
 
+def check(endpoint: str, body: dict[str, Any]) -> None:
+    """Validation's type and range checks of the body, again: a request validation reported as mistyped
+    is stored like any other and ends here, as its own 400 line, before it reaches an engine."""
+    if endpoint == c.RESPONSES:  # validation checks these bodies field by field (batchfile/responses.py)
+        return
+    try:
+        check_body(endpoint, body)
+    except BodyError as exc:
+        raise RequestError(str(exc), param=exc.param.removeprefix("body.")) from None
+
+
 def text_of(content: Any) -> str:
     """A message's content as text (content parts joined), as chat templates expect."""
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+        texts: list[str] = []
+        for p in content:
+            if isinstance(p, dict) and p.get("type", "text") == "text":
+                text = p.get("text", "")
+                if not isinstance(text, str):
+                    raise RequestError("The text of a content part must be a string.", param="messages")
+                texts.append(text)
+        return "".join(texts)
     raise RequestError("Message content must be a string or a list of content parts.", param="messages")
 
 
@@ -53,7 +72,10 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def chat_template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     """Template switches such as Qwen3's `enable_thinking`, from the body or its kwargs."""
-    kwargs = dict(body.get("chat_template_kwargs") or {})
+    given = body.get("chat_template_kwargs") or {}
+    if not isinstance(given, dict):
+        raise RequestError("'chat_template_kwargs' must be an object.", param="chat_template_kwargs")
+    kwargs = dict(given)
     if "enable_thinking" in body:
         kwargs["enable_thinking"] = body["enable_thinking"]
     return kwargs
