@@ -222,11 +222,11 @@ def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
         "BATCH_MODEL_CACHE": str(Settings.from_env().model_cache_dir),
     }
     cli = Path(sys.executable).with_name("batch-dagster")
-    # Dagster captures each step's output into compute-log files (mirrored to stdout only in part):
-    # the engine's log lines are read from those files as they grow. The CLI's JSON summary ends
-    # with a "}" line: the batch is done and its files are in place.
+    # The CLI sends the engine's and Dagster's output to its run log (the summary names it): the engine's
+    # log lines are read from that file as it grows. The CLI's JSON summary ends with a "}" line: the
+    # batch is done and its files are in place.
     m = _run([str(cli), "run", str(ctx["input"]), "--out", str(out), "--json"], "pipeline", ctx, env,
-             follow_glob=str(home / "storage" / "*" / "compute_logs" / "*"),
+             follow_glob=str(data / "logs" / "run-*.log"),
              done_when=lambda printed: any(line == "}" and src == "out" for _, line, src in printed[-50:]),
              exit_grace_s=float(os.environ.get("BENCH_EXIT_GRACE_S") or 60))
     storage = LocalStorage(data)

@@ -6,6 +6,7 @@ from typing import Any, Literal, cast
 
 from dagster_aws.s3 import S3Resource
 
+from batch_dagster.batchfile.registry import default_chat_model, load_registry
 from batch_dagster.settings import Settings
 
 from .api_store import ApiStore
@@ -31,6 +32,8 @@ def resources_from_env() -> dict[str, Any]:
             server_urls=list(settings.vllm_server_urls),
             server_api_key=settings.vllm_api_key,
             max_concurrency=settings.vllm_max_concurrency,
+            fleet_url=settings.fleet_url,
+            fleet_model=settings.fleet_model or default_chat_model(load_registry(settings.models_file)) or "",
         ),
         "api_store": ApiStore(url=settings.database_url),
         "intake": intake_from_env(settings),
