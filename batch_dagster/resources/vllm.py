@@ -138,7 +138,7 @@ class VLLMResource(dg.ConfigurableResource):
         spec = self.spec(model)
         urls = self.server_urls_for(model)
         revision = spec.engine_args.get("revision", "main")
-        path = self.model_path(spec) if spec.source.startswith(_EMBEDDED) or urls is None else spec.source
+        path = self.model_path(spec)
         if Path(path).is_dir():  # servers started from the registry load the same folder
             revision = f"sha256:{_folder_hash(path)}"
         record = {
