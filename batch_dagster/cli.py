@@ -96,7 +96,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     """Create a child batch of a batch's retryable failed requests; the daemon's API sensor launches it."""
     from sqlalchemy import select
 
-    from batch_dagster.batchfile.storage import LocalStorage
+    from batch_dagster.batchfile.folder import file_key
     from batch_dagster.store import BatchRecord, Store
     from batch_dagster.store.lifecycle import sync_batch
     from batch_dagster.store.retry import CannotRetry, create_retry
@@ -104,7 +104,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     store = Store(settings.database_url)
     store.upgrade()
-    storage = LocalStorage(settings.data_dir)
+    storage = settings.storage()
     try:
         with store.session() as session:
             parent = session.scalar(select(BatchRecord).where(BatchRecord.id == args.batch_id))
@@ -113,14 +113,14 @@ def cmd_retry(args: argparse.Namespace) -> int:
                 return 1
             parent = sync_batch(session, storage, parent)
             try:
-                child = create_retry(session, storage, parent, files_dir=settings.files_dir,
-                                     completion_window_s=settings.completion_window_s)
+                child = create_retry(session, storage, parent, completion_window_s=settings.completion_window_s)
             except CannotRetry as exc:
                 print(f"batch-dagster: error: {exc}", file=sys.stderr)
                 return 1
             summary = {"id": child.id, "parent_batch_id": parent.id, "status": child.status,
                        "endpoint": child.endpoint, "input_file_id": child.input_file_id}
-            total = sum(1 for _ in open(settings.files_dir / f"{child.input_file_id}.jsonl", "rb"))
+            with storage.open(file_key(child.input_file_id)) as f:
+                total = sum(1 for _ in f)
     finally:
         store.dispose()
     if args.json:

@@ -41,7 +41,7 @@ class Progress(threading.Thread):
                 if bar is None:
                     bar = tqdm(total=manifest.total_requests, unit="req", desc="requests",
                                file=self.stream or sys.stderr)
-                shards = committed_shards(self.folder.results_dir)
+                shards = committed_shards(self.folder.storage, self.folder.results_prefix)
                 done = sum(s.request_counts.total for s in shards.values())
                 failed = sum(s.request_counts.failed for s in shards.values())
                 live = self.folder.progress()
@@ -75,8 +75,7 @@ class BatchRecord:
             BatchFolder(self.storage, self.batch_id).put_input(file)
             return
         with self.api_store.session() as session:
-            self.batch_id = register_local(session, self.storage, file, owner=self.owner,
-                                           files_dir=storage.files_dir).id
+            self.batch_id = register_local(session, self.storage, file, owner=self.owner).id
 
     def sync(self, run_failure: str | None) -> None:
         from batch_dagster.store import repo
@@ -160,8 +159,9 @@ def run_batch(
     output_file, error_file = out_dir / OUTPUT, out_dir / ERRORS
     done = folder.summary() if result.success else None
     if done is not None:
-        shutil.copyfile(folder.output_path, output_file)
-        shutil.copyfile(folder.error_path, error_file)
+        for key, dest in ((folder.output_key, output_file), (folder.error_key, error_file)):
+            with folder.storage.open(key) as src, open(dest, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
         summary = {k: v for k, v in done.to_dict().items() if k in SUMMARY_KEYS}
     else:
         output_file.write_bytes(b"")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batch_dagster.batchfile.contract import Limits
+from batch_dagster.batchfile.storage import Storage
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR / "config"
@@ -31,8 +32,13 @@ class Variable:
 
 _L = Limits()
 VARIABLES: tuple[Variable, ...] = (
-    Variable("BATCH_DATA_DIR", "./data", "Where batch folders, uploaded files, reports and (by default) the "
-             "SQLite store and the models live.", "Storage"),
+    Variable("BATCH_DATA_DIR", "./data", "This process's local folder: batch folders, uploaded files and reports "
+             "(unless BATCH_STORAGE_URL points elsewhere), scratch, logs and (by default) the SQLite store and the "
+             "models.", "Storage"),
+    Variable("BATCH_STORAGE_URL", "$BATCH_DATA_DIR", "Where batch folders, uploaded files and reports live: a local "
+             "path, or "
+             "s3://bucket/prefix on any S3-compatible store (boto3's own AWS_ENDPOINT_URL, AWS_* configure it). "
+             "Every process of a deployment must name the same place.", "Storage"),
     Variable("BATCH_MODEL_CACHE", "$BATCH_DATA_DIR/models", "Where embedded models are prepared.", "Storage"),
     Variable("BATCH_DATABASE_URL", "sqlite:///$BATCH_DATA_DIR/batch-api.db",
              "The API's metadata store: any SQLAlchemy URL (e.g. postgresql+psycopg://...).", "Storage"),
@@ -115,6 +121,7 @@ class Settings:
     """Every setting, typed, as the environment gives it now."""
 
     data_dir: Path
+    storage_url: str
     model_cache_dir: Path
     database_url: str
     models_file: Path
@@ -147,9 +154,15 @@ class Settings:
     intake_api_key: str
 
     @property
-    def files_dir(self) -> Path:
-        """Where uploaded and dropped files' bytes are kept."""
-        return self.data_dir / "files"
+    def scratch_dir(self) -> Path:
+        """This process's local scratch: files lent by, or staged for, a remote store."""
+        return self.data_dir / "scratch"
+
+    def storage(self) -> Storage:
+        """Where batch folders and files live (BATCH_STORAGE_URL)."""
+        from batch_dagster.objectstore import open_storage
+
+        return open_storage(self.storage_url, self.scratch_dir)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -163,6 +176,7 @@ class Settings:
         keys = _list("BATCH_API_KEYS")
         return cls(
             data_dir=data_dir,
+            storage_url=_raw("BATCH_STORAGE_URL") or str(data_dir),
             model_cache_dir=Path(_raw("BATCH_MODEL_CACHE") or data_dir / "models"),
             database_url=_raw("BATCH_DATABASE_URL") or f"sqlite:///{data_dir / 'batch-api.db'}",
             models_file=Path(_raw("BATCH_MODELS_FILE") or CONFIG_DIR / "models.toml"),

@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from batch_dagster.batchfile.storage import LocalStorage
 from bench.workload import SEED, TASKS, prose, system_prompts
 
 REPO = Path(__file__).resolve().parent.parent
@@ -156,7 +157,7 @@ def stage_commit(file: Path, work: Path) -> dict[str, Any]:
         t0 = time.perf_counter()
         lines = _synthetic_lines(pq.read_table(path, columns=["custom_id"])["custom_id"].to_pylist(), rng, corpus)
         t1 = time.perf_counter()
-        commit_shard(results, index, lines, 1.0)
+        commit_shard(LocalStorage(work), "results", index, lines, 1.0)
         commit_s += time.perf_counter() - t1
         build_s += t1 - t0
     written = sum(p.stat().st_size for p in results.iterdir())
@@ -170,7 +171,7 @@ def stage_merge(file: Path, work: Path) -> dict[str, Any]:
     shard_count = len(list((work / "shards").glob("shard-*.parquet")))
     out, err = work / "output.jsonl", work / "errors.jsonl"
     t0 = time.perf_counter()
-    result = merge(work / "results", shard_count, out, err)
+    result = merge(LocalStorage(work), "results", shard_count, out, err)
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "mb": (out.stat().st_size + err.stat().st_size) / 1e6,
             "rows": result.request_counts.total}

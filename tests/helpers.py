@@ -29,6 +29,8 @@ from batch_dagster.assets.batch import lifecycle_assets
 from batch_dagster.assets.checks import lifecycle_checks
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import responses
+from batch_dagster.batchfile.results import committed_shards, shard_keys
+from batch_dagster.batchfile.storage import LocalStorage
 from batch_dagster.engine import translate as t
 from batch_dagster.engine.base import EngineCrash, Line, Request
 from batch_dagster.jobs import batch_job
@@ -103,13 +105,13 @@ def wait_http(url: str, timeout_s: float, proc=None) -> None:
 
 # Definitions.
 
-def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000) -> dg.Definitions:
-    """batch_job over `data_dir` on `vllm`, cutting shards of `shard_size` requests."""
+def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storage_url: str = "") -> dg.Definitions:
+    """batch_job over `data_dir` (or batch folders at `storage_url`) on `vllm`, cutting shards of `shard_size`."""
     return dg.Definitions(
         assets=lifecycle_assets,
         asset_checks=lifecycle_checks,
         jobs=[batch_job],
-        resources={"storage": BatchStorage(data_dir=str(data_dir)), "vllm": vllm, "s3": S3Resource(),
+        resources={"storage": BatchStorage(data_dir=str(data_dir), url=storage_url), "vllm": vllm, "s3": S3Resource(),
                    "pipeline": PipelineConfig(shard_size=shard_size)},
     )
 
@@ -356,17 +358,18 @@ BUCKET = "drops"
 class Daemon:
     """Plays the Dagster daemon for the drop sensors: evaluates them with their cursor, runs what they request."""
 
-    def __init__(self, tmp_path: Path, vllm: VLLMResource, **intake):
+    def __init__(self, tmp_path: Path, vllm: VLLMResource, storage_url: str = "", **intake):
         from batch_dagster.assets.delivery import delivered_results
         from batch_dagster.jobs import deliver_results_job
         from batch_dagster.resources import ApiStore, Intake
 
         self.data_dir = tmp_path / "data"
-        self.storage = BatchStorage(data_dir=str(self.data_dir))
+        self.storage_url = storage_url
+        self.storage = BatchStorage(data_dir=str(self.data_dir), url=storage_url)
         self.db_url = f"sqlite:///{self.data_dir / 'api.db'}"
         self.intake = Intake(inbox_dir=str(tmp_path / "inbox"), outbox_dir=str(tmp_path / "outbox"),
-                             files_dir=str(self.data_dir / "files"), **{"s3_bucket": BUCKET, "settle_s": 0, **intake})
-        base = make_defs(self.data_dir, vllm)
+                             **{"s3_bucket": BUCKET, "settle_s": 0, **intake})
+        base = make_defs(self.data_dir, vllm, storage_url=storage_url)
         self.resources = {**base.resources, "api_store": ApiStore(url=self.db_url), "intake": self.intake}
         self.defs = dg.Definitions(assets=[*base.assets, delivered_results], asset_checks=base.asset_checks,
                                    jobs=[*base.jobs, deliver_results_job], resources=self.resources)
@@ -411,7 +414,7 @@ class Daemon:
         from batch_dagster.api.context import ApiConfig
 
         config = ApiConfig(api_keys=(), database_url=self.db_url, data_dir=self.data_dir,
-                           max_upload_bytes=1 << 20, completion_window_s=86_400)
+                           max_upload_bytes=1 << 20, completion_window_s=86_400, storage_url=self.storage_url)
         server = stack.enter_context(ApiServer(create_app(config)))
         return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
@@ -568,3 +571,18 @@ def materialization_metadata(instance: dg.DagsterInstance, run_id: str, asset: s
 def file_stats(paths) -> dict[str, tuple[int, int]]:
     """(inode, mtime_ns) of each file: a rewrite (even atomic, by rename) changes one of them."""
     return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in paths}
+
+
+def committed_in(results: Path) -> dict:
+    """The committed shards of a local batch folder's results directory."""
+    return committed_shards(LocalStorage(results.parent), results.name)
+
+
+def committed_files(results: Path) -> list[Path]:
+    """Every file of the committed shards of a local results directory (output, errors, commit marker)."""
+    return [results.parent / key for i in sorted(committed_in(results)) for key in shard_keys(results.name, i)]
+
+
+def local_file(folder, key: str) -> Path:
+    """The local file of a key of a batch folder on local disk."""
+    return folder.storage.local_path(key)

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import logging
-import shutil
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 from pydantic import ValidationError
 
 from batch_dagster.batchfile.contract import ENDPOINTS
-from batch_dagster.batchfile.folder import BatchFolder
-from batch_dagster.batchfile.storage import LocalStorage
+from batch_dagster.batchfile.folder import BatchFolder, file_location
+from batch_dagster.batchfile.storage import Storage
 from batch_dagster.store import TERMINAL, BatchRecord, repo
 from batch_dagster.store.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.store.batches import create_batch as store_create_batch
@@ -115,14 +113,14 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
     if source.purpose != "batch":
         raise invalid(f"File {source.id} has purpose {source.purpose!r}; a batch needs a file uploaded with "
                       "purpose 'batch'.", param="input_file_id", code="invalid_input_file")
-    if not Path(source.path).exists():
+    if not storage_has(ctx.storage, source.path):
         raise ApiError(404, f"The content of file {source.id} is gone.", param="input_file_id", code="not_found")
 
     batch_id = repo.new_batch_id()
     try:
         row = store_create_batch(
             session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source,
-            input_from=Path(source.path), completion_window_s=ctx.config.completion_window_s,
+            input_from=source, completion_window_s=ctx.config.completion_window_s,
             metadata=body.metadata, batch_id=batch_id,
             output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
                                   else OUTPUT_EXPIRES_AFTER_S),
@@ -134,9 +132,14 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
     return batch_object(row)
 
 
-def _remove_folder(storage: LocalStorage, batch_id: str) -> None:
+def storage_has(storage: Storage, path: str) -> bool:
+    files, key = file_location(storage, path)
+    return files.exists(key)
+
+
+def _remove_folder(storage: Storage, batch_id: str) -> None:
     """Take away what a failed create wrote, so that no sensor ever sees a folder without its row."""
-    shutil.rmtree(storage.local_path(BatchFolder(storage, batch_id).prefix), ignore_errors=True)
+    storage.delete_folder(BatchFolder(storage, batch_id).prefix)
 
 
 def _owned_batch(session, ctx, owner: str, batch_id: str) -> BatchRecord:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from batch_dagster.batchfile.storage import LocalStorage
+from batch_dagster.batchfile.storage import Storage
 from batch_dagster.settings import Settings
 from batch_dagster.store import Store
 from batch_dagster.store.repo import owner_of_key
@@ -21,27 +21,30 @@ class ApiConfig:
     max_upload_bytes: int
     completion_window_s: int
     max_json_body_bytes: int = 1 << 20
+    storage_url: str = ""  # where batch folders and files live; empty: data_dir
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> ApiConfig:
         settings = settings or Settings.from_env()
         return cls(api_keys=settings.api_keys, database_url=settings.database_url, data_dir=settings.data_dir,
+                   storage_url=settings.storage_url,
                    max_upload_bytes=settings.max_upload_bytes, completion_window_s=settings.completion_window_s,
                    max_json_body_bytes=settings.max_json_body_bytes)
 
-    @property
-    def files_dir(self) -> Path:
-        return self.data_dir / "files"
+    def storage(self) -> Storage:
+        from batch_dagster.objectstore import open_storage
+
+        return open_storage(self.storage_url or str(self.data_dir), self.data_dir / "scratch")
 
 
 @dataclass
 class AppContext:
     config: ApiConfig
     store: Store
-    storage: LocalStorage  # where batch folders live
+    storage: Storage  # where batch folders and files live
     owners: dict[str, str]  # api key -> owner
 
     @classmethod
     def build(cls, config: ApiConfig) -> AppContext:
-        return cls(config, Store(config.database_url), LocalStorage(config.data_dir),
+        return cls(config, Store(config.database_url), config.storage(),
                    {key: owner_of_key(key) for key in config.api_keys})

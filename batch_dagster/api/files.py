@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import FileResponse, StreamingResponse
 
+from batch_dagster.batchfile.folder import file_key, file_location
+from batch_dagster.batchfile.storage import LocalStorage, Storage
 from batch_dagster.store import FileRecord, repo
 from batch_dagster.store.retry import CannotRetry, merged_content
 
@@ -21,6 +25,12 @@ FILE_BYTES: dict[int | str, dict[str, Any]] = {200: {"description": "The file's 
                     "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
 _CHUNK = 1 << 20
 _SNIFF = 64 * 1024
+
+
+def content_disposition(filename: str) -> str:
+    """An attachment header for `filename`, as Starlette's FileResponse writes it (RFC 5987 when not ASCII)."""
+    quoted = quote(filename)
+    return f"attachment; filename*=utf-8''{quoted}" if quoted != filename else f'attachment; filename="{filename}"'
 
 
 def file_object(row: FileRecord) -> FileObject:
@@ -57,36 +67,31 @@ def create_file(
     created_at = repo.now()
     if expires_seconds is not None:
         expires_at = created_at + expires_seconds
-    dest = ctx.config.files_dir / f"{file_id}.jsonl"
-    size = _store_upload(file, dest, ctx.config.max_upload_bytes)
+    key = file_key(file_id)
+    with ctx.storage.writing(key) as dest:
+        size = _store_upload(file, dest, ctx.config.max_upload_bytes)
     row = repo.add_file(session, FileRecord(
         id=file_id, owner=owner, bytes=size, created_at=created_at, expires_at=expires_at, filename=filename,
-        purpose=purpose, path=str(dest),
+        purpose=purpose, path=key,
     ))
     return file_object(row)
 
 
-def _store_upload(upload: UploadFile, dest, limit: int) -> int:
+def _store_upload(upload: UploadFile, dest: Path, limit: int) -> int:
     """Copy the upload to `dest` in chunks, checking its size and that it starts like JSONL."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".part")
     size = 0
-    try:
-        with open(tmp, "wb") as out:
-            head = upload.file.read(_SNIFF)
-            if problem := jsonl_problem(head):
-                raise invalid(problem, param="file", code="invalid_file_format")
-            chunk = head
-            while chunk:
-                size += len(chunk)
-                if size > limit:
-                    raise ApiError(413, f"The file is larger than the upload limit of {limit} bytes.",
-                                   param="file", code="file_too_large")
-                out.write(chunk)
-                chunk = upload.file.read(_CHUNK)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with open(dest, "wb") as out:
+        head = upload.file.read(_SNIFF)
+        if problem := jsonl_problem(head):
+            raise invalid(problem, param="file", code="invalid_file_format")
+        chunk = head
+        while chunk:
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"The file is larger than the upload limit of {limit} bytes.",
+                               param="file", code="file_too_large")
+            out.write(chunk)
+            chunk = upload.file.read(_CHUNK)
     return size
 
 
@@ -121,31 +126,47 @@ def retrieve_file(file_id: Text, session: DbSession, owner: Owner) -> FileObject
 
 
 @router.get("/files/{file_id}/content", response_class=FileResponse, response_model=None, responses=FILE_BYTES)
-def file_content(file_id: Text, session: DbSession, owner: Owner,
+def file_content(ctx: Context, file_id: Text, session: DbSession, owner: Owner,
                  merged: bool = False) -> FileResponse | StreamingResponse:
     """The file's bytes; `merged=true` (an extension) on a retry batch's result file adds its parents' lines."""
     row = _owned_file(session, owner, file_id)
-    if not os.path.exists(row.path):
+    files, key = file_location(ctx.storage, row.path)
+    if not files.exists(key):
         raise ApiError(404, f"The content of file {clip(file_id)} is gone.", param="file_id", code="not_found")
     if merged:
-        return _merged_content(session, row)
-    return FileResponse(row.path, media_type="application/octet-stream", filename=row.filename)
+        return _merged_content(session, ctx.storage, row)
+    return _content(files, key, row.filename)
+
+
+def _content(files: Storage, key: str, filename: str) -> FileResponse | StreamingResponse:
+    if isinstance(files, LocalStorage):
+        return FileResponse(files.local_path(key), media_type="application/octet-stream", filename=filename)
+    # From an object store: streamed through in chunks (a remote object is never read whole).
+    stream = files.open(key)
+
+    def body() -> Iterator[bytes]:
+        with stream as f:
+            while chunk := f.read(_CHUNK):
+                yield chunk
+
+    return StreamingResponse(body(), media_type="application/octet-stream",
+                             headers={"Content-Disposition": content_disposition(filename)})
 
 
 @router.delete("/files/{file_id}", response_model=FileDeleted)
-def delete_file(file_id: Text, session: DbSession, owner: Owner) -> FileDeleted:
-    repo.delete_file(session, _owned_file(session, owner, file_id))
+def delete_file(ctx: Context, file_id: Text, session: DbSession, owner: Owner) -> FileDeleted:
+    repo.delete_file(session, ctx.storage, _owned_file(session, owner, file_id))
     return FileDeleted(id=file_id, deleted=True)
 
 
-def _merged_content(session, row: FileRecord) -> FileResponse | StreamingResponse:
+def _merged_content(session, storage: Storage, row: FileRecord) -> FileResponse | StreamingResponse:
     if row.purpose != "batch_output":
         raise invalid(f"File {row.id} is not a batch's output or error file; only those can be merged.",
                       param="merged", code="invalid_merge")
     try:
-        lines = merged_content(session, row)
+        lines = merged_content(session, storage, row)
         if lines is None:  # not a retry batch's file: it is its own merged result
-            return FileResponse(row.path, media_type="application/octet-stream", filename=row.filename)
+            return _content(*file_location(storage, row.path), row.filename)
         first = next(lines, b"")  # a parent's file that is gone shows here, before the response starts
     except (CannotRetry, FileNotFoundError) as exc:
         raise ApiError(404, f"The merged content of file {row.id} cannot be read: {exc}", param="file_id",
@@ -156,4 +177,4 @@ def _merged_content(session, row: FileRecord) -> FileResponse | StreamingRespons
         yield from lines
 
     return StreamingResponse(body(), media_type="application/octet-stream",
-                             headers={"Content-Disposition": f'attachment; filename="merged_{row.filename}"'})
+                             headers={"Content-Disposition": content_disposition(f"merged_{row.filename}")})

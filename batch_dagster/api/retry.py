@@ -24,8 +24,7 @@ def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) 
         raise not_found("Batch", batch_id, param="batch_id")
     parent = sync_batch(session, ctx.storage, parent)
     try:
-        child = create_retry(session, ctx.storage, parent, files_dir=ctx.config.files_dir,
-                             completion_window_s=ctx.config.completion_window_s)
+        child = create_retry(session, ctx.storage, parent, completion_window_s=ctx.config.completion_window_s)
     except CannotRetry as exc:
         raise invalid(str(exc), param="batch_id", code="nothing_to_retry") from exc
     return batch_object(child)

@@ -18,7 +18,16 @@ from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.columnar import custom_ids, read_shard, validate_to_parquet, write_shards
-from batch_dagster.batchfile.folder import BatchFolder, Manifest, Merged, Progress, Source, Summary, Validation
+from batch_dagster.batchfile.folder import (
+    BatchFolder,
+    Manifest,
+    Merged,
+    Progress,
+    Source,
+    Summary,
+    Validation,
+    file_location,
+)
 from batch_dagster.batchfile.registry import served_endpoints
 from batch_dagster.batchfile.results import commit_shard, committed_shards, merge
 from batch_dagster.batchfile.usage import Usage, cost_of
@@ -65,12 +74,13 @@ def _tag_run(context: dg.AssetExecutionContext, model: str | None, requests: int
 
 def _fetch_dropped_file(context: dg.AssetExecutionContext, folder: BatchFolder, source: Source,
                         s3: S3Resource) -> None:
-    """Bring a file dropped in S3 or the inbox to its File's path, then into the batch's folder."""
-    file_path = Path(source.file_path)
+    """Bring a file dropped in S3 or the inbox into its File, then into the batch's folder."""
     started = time.perf_counter()
-    size = fetch(source.uri, file_path, s3.get_client)
+    files, key = file_location(folder.storage, source.file_path)
+    with files.writing(key) as local:
+        size = fetch(source.uri, local, s3.get_client)
+        folder.put_input(local)
     context.log.info(f"Fetched {source.uri} ({size} bytes) in {time.perf_counter() - started:.1f}s")
-    folder.put_input(file_path)
 
 
 @dg.asset(
@@ -81,20 +91,21 @@ def _fetch_dropped_file(context: dg.AssetExecutionContext, folder: BatchFolder, 
 )
 def batch_input(context: dg.AssetExecutionContext, storage: BatchStorage, s3: S3Resource) -> dg.MaterializeResult:
     folder = storage.folder(context.partition_key)
-    path = folder.input_path
+    where = folder.storage.uri(folder.input_key)
     source = folder.source()
     if not folder.has_input() and source is not None:
         _fetch_dropped_file(context, folder, source, s3)
     if not folder.has_input():
-        raise dg.Failure(f"No input file at {path}.", allow_retries=False)
+        raise dg.Failure(f"No input file at {where}.", allow_retries=False)
     h = hashlib.sha256()
-    lines = 0
-    with open(path, "rb") as f:
+    lines = size = 0
+    with folder.storage.open(folder.input_key) as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
             lines += chunk.count(b"\n")
+            size += len(chunk)
     return dg.MaterializeResult(
-        metadata={**_labels(context), "path": dg.MetadataValue.path(str(path)), "bytes": path.stat().st_size,
+        metadata={**_labels(context), "path": dg.MetadataValue.path(where), "bytes": size,
                   "lines": lines, "sha256": h.hexdigest()},
         data_version=dg.DataVersion(h.hexdigest()),
     )
@@ -114,18 +125,24 @@ def validated_requests(
     context: dg.AssetExecutionContext, storage: BatchStorage, pipeline: PipelineConfig, vllm: VLLMResource
 ) -> Iterator[dg.MaterializeResult]:
     folder = storage.folder(context.partition_key)
-    out = folder.requests_path
     started = time.perf_counter()
-    report = validate_to_parquet(
-        folder.input_path,
-        out,
-        limits=pipeline.limits,
-        endpoint=folder.endpoint(),
-        models=served_endpoints(vllm.registry()),
-    )
-    elapsed = time.perf_counter() - started
-    size = folder.input_path.stat().st_size
-    prompt_tokens = apply_token_limit(folder, report, pipeline, vllm)
+    size = folder.storage.size(folder.input_key) or 0
+    # The input is validated as it streams in; the requests file is published only when the file is valid.
+    with folder.storage.open(folder.input_key) as source, folder.storage.writing(folder.requests_key) as out:
+        report = validate_to_parquet(
+            source,
+            out,
+            size=size,
+            limits=pipeline.limits,
+            endpoint=folder.endpoint(),
+            models=served_endpoints(vllm.registry()),
+        )
+        elapsed = time.perf_counter() - started
+        prompt_tokens = apply_token_limit(folder, out, report, pipeline, vllm)
+        head = (pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5)
+                .to_pylist() if report.valid else [])
+        if not report.valid:
+            out.unlink(missing_ok=True)  # over the token limit: valid rows, but the batch is refused
     folder.write_validation(Validation(**report.to_dict(), validated_at=_now(), prompt_tokens=prompt_tokens))
     if not report.valid:
         # No materialization: Dagster skips the downstream steps and their checks instead of failing them,
@@ -146,7 +163,6 @@ def validated_requests(
         return
     _tag_run(context, report.model, report.total_requests, "valid")
     context.log.info(f"{report.total_requests} valid requests for {report.model} at {report.endpoint}")
-    head = pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5).to_pylist()
     preview = [{"custom_id": r["custom_id"], "prompt_chars": r["prompt_chars"], "body": r["body"][:100]} for r in head]
     yield dg.MaterializeResult(
         metadata={
@@ -158,7 +174,7 @@ def validated_requests(
             "endpoint": report.endpoint,
             "validation_s": round(elapsed, 3),
             "validation_mb_s": round(size / 1e6 / max(elapsed, 1e-9), 1),
-            "path": dg.MetadataValue.path(str(out)),
+            "path": dg.MetadataValue.path(folder.storage.uri(folder.requests_key)),
         }
     )
 
@@ -182,7 +198,9 @@ def batch_shards(
     validation = folder.validation()
     assert validation is not None and validation.model and validation.endpoint  # validated_requests ran
     shard_size = pipeline.shard_size
-    sizes = write_shards(folder.requests_path, folder.shards_dir, shard_size)
+    with folder.storage.local_copy(folder.requests_key) as requests, \
+            folder.storage.writing_folder(folder.shards_prefix) as shards:
+        sizes = write_shards(requests, shards, shard_size)
     # The manifest is written last: it is what marks the shards as planned and complete.
     folder.write_manifest(Manifest(
         batch_id=folder.batch_id, endpoint=validation.endpoint, model=validation.model, total_requests=sum(sizes),
@@ -255,7 +273,7 @@ def shard_results(
 ) -> dg.MaterializeResult:
     folder = storage.folder(context.partition_key)
     manifest = _manifest(folder)
-    done = committed_shards(folder.results_dir)
+    done = committed_shards(folder.storage, folder.results_prefix)
     todo = [i for i in range(manifest.shard_count) if i not in done]
     context.log.info(
         f"{len(done)} of {manifest.shard_count} shards already committed; running {len(todo)} "
@@ -272,7 +290,8 @@ def shard_results(
             if stopped:
                 context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
                 break
-            requests = read_shard(folder.shard_path(index))
+            with folder.storage.local_copy(folder.shard_key(index)) as shard:
+                requests = read_shard(shard)
             engine = engine or vllm.engine(manifest.model)
             t0 = time.perf_counter()
             try:
@@ -286,7 +305,7 @@ def shard_results(
                 context.log.error(f"Shard {index}: engine crashed on the last attempt; its requests become errors")
                 lines = engine_error_lines(requests, str(exc))
                 engine = vllm.engine(manifest.model)
-            summary = commit_shard(folder.results_dir, index, lines, time.perf_counter() - t0)
+            summary = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0)
             ran_requests += summary.request_counts.total
             ran_tokens += summary.usage.output_tokens
             context.log.info(
@@ -294,7 +313,7 @@ def shard_results(
                 f"{summary.usage.output_tokens} output tokens in {summary.duration_s:.1f}s"
             )
     elapsed = time.perf_counter() - started
-    all_done = committed_shards(folder.results_dir)
+    all_done = committed_shards(folder.storage, folder.results_prefix)
     completed = sum(s.request_counts.completed for s in all_done.values())
     failed = sum(s.request_counts.failed for s in all_done.values())
     return dg.MaterializeResult(
@@ -309,6 +328,24 @@ def shard_results(
             "status": stopped or ("ran" if todo else "cached"),
         }
     )
+
+
+def _shard_ids(folder: BatchFolder, index: int) -> list[str]:
+    with folder.storage.local_copy(folder.shard_key(index)) as shard:
+        return custom_ids(shard)
+
+
+def _preview(output: Path) -> list[dict[str, str]]:
+    """The first answers of an output file, for the asset's metadata."""
+    preview = []
+    with open(output, "rb") as f:
+        for raw, _ in zip(f, range(3), strict=False):
+            line = orjson.loads(raw)
+            body = line["response"]["body"]
+            choice = (body.get("choices") or [{}])[0]
+            text = (choice.get("message") or {}).get("content", choice.get("text", "")) if choice else ""
+            preview.append({"custom_id": line["custom_id"], "answer": text or f"[{body.get('object')}]"})
+    return preview
 
 
 def _manifest(folder: BatchFolder) -> Manifest:
@@ -328,32 +365,25 @@ def _manifest(folder: BatchFolder) -> Manifest:
 def batch_output_files(context: dg.AssetExecutionContext, storage: BatchStorage) -> dg.MaterializeResult:
     folder = storage.folder(context.partition_key)
     manifest = _manifest(folder)
-    missing = [i for i in range(manifest.shard_count) if i not in committed_shards(folder.results_dir)]
+    done = committed_shards(folder.storage, folder.results_prefix)
+    missing = [i for i in range(manifest.shard_count) if i not in done]
     stopped = folder.stop_reason() if missing else None
     not_run: Any = []
     if stopped:
         # The requests of shards that never ran still get a line each: nothing is dropped.
         code = c.BATCH_CANCELLED if stopped == "cancelled" else c.BATCH_EXPIRED
         message = f"The batch was {stopped} before this request ran."
-        not_run = (c.not_run_line(cid, code, message) for i in missing for cid in custom_ids(folder.shard_path(i)))
-    result = merge(
-        folder.results_dir, manifest.shard_count, folder.output_path, folder.error_path,
-        not_run=not_run, missing_ok=bool(stopped),
-    )
+        not_run = (c.not_run_line(cid, code, message) for i in missing for cid in _shard_ids(folder, i))
+    with folder.storage.writing(folder.output_key) as out, folder.storage.writing(folder.error_key) as err:
+        result = merge(folder.storage, folder.results_prefix, manifest.shard_count, out, err,
+                       not_run=not_run, missing_ok=bool(stopped))
+        preview = _preview(out)
     folder.write_merged(Merged(status=stopped or "completed", request_counts=result.request_counts.to_dict(),
                                usage=result.usage.to_dict(), error_codes=result.error_codes))
-    preview = []
-    with open(folder.output_path, "rb") as f:
-        for raw, _ in zip(f, range(3), strict=False):
-            line = orjson.loads(raw)
-            body = line["response"]["body"]
-            choice = (body.get("choices") or [{}])[0]
-            text = (choice.get("message") or {}).get("content", choice.get("text", "")) if choice else ""
-            preview.append({"custom_id": line["custom_id"], "answer": text or f"[{body.get('object')}]"})
     return dg.MaterializeResult(
         metadata={
-            "output_file": dg.MetadataValue.path(str(folder.output_path)),
-            "error_file": dg.MetadataValue.path(str(folder.error_path)),
+            "output_file": dg.MetadataValue.path(folder.storage.uri(folder.output_key)),
+            "error_file": dg.MetadataValue.path(folder.storage.uri(folder.error_key)),
             "completed": result.request_counts.completed,
             "failed": result.request_counts.failed,
             "error_codes": dg.MetadataValue.json(result.error_codes),
@@ -380,7 +410,7 @@ def batch_usage(
                          allow_retries=False)
     usage = Usage.from_dict(merged.usage)
     cost = cost_of(usage, manifest.model, pipeline.prices())
-    inference_s = sum(s.duration_s for s in committed_shards(folder.results_dir).values())
+    inference_s = sum(s.duration_s for s in committed_shards(folder.storage, folder.results_prefix).values())
     summary = Summary(
         batch_id=folder.batch_id,
         status=merged.status,
@@ -393,8 +423,8 @@ def batch_usage(
         inference_s=round(inference_s, 3),
         output_tokens_per_s=round(usage.output_tokens / inference_s, 1) if inference_s else 0.0,
         record=vllm.model_record(manifest.model),
-        output_file=str(folder.output_path),
-        error_file=str(folder.error_path),
+        output_file=folder.storage.uri(folder.output_key),
+        error_file=folder.storage.uri(folder.error_key),
         completed_at=_now(),
     )
     folder.write_summary(summary)

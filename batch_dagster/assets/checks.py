@@ -21,7 +21,9 @@ warnings.filterwarnings("ignore", category=dg.PreviewWarning, message=".*partiti
 @dg.asset_check(asset=validated_requests, partitions_def=batches, blocking=True)
 def unique_custom_ids(context: dg.AssetCheckExecutionContext, storage: BatchStorage) -> dg.AssetCheckResult:
     """No custom_id appears twice among the validated requests."""
-    ids = pq.read_table(storage.folder(context.partition_key).requests_path, columns=["custom_id"])["custom_id"]
+    folder = storage.folder(context.partition_key)
+    with folder.storage.local_copy(folder.requests_key) as requests:
+        ids = pq.read_table(requests, columns=["custom_id"])["custom_id"]
     distinct = pc.count_distinct(ids).as_py()
     return dg.AssetCheckResult(passed=distinct == len(ids), metadata={"requests": len(ids), "distinct": distinct})
 
@@ -30,8 +32,10 @@ def unique_custom_ids(context: dg.AssetCheckExecutionContext, storage: BatchStor
 def every_custom_id_exactly_once(context: dg.AssetCheckExecutionContext, storage: BatchStorage) -> dg.AssetCheckResult:
     """Every input custom_id is in the output file or the error file, exactly once, and nothing else is."""
     folder = storage.folder(context.partition_key)
-    expected = pq.read_table(folder.requests_path, columns=["custom_id"])["custom_id"].to_pylist()
-    seen = Counter(line["custom_id"] for path in (folder.output_path, folder.error_path) for line in iter_lines(path))
+    with folder.storage.local_copy(folder.requests_key) as requests:
+        expected = pq.read_table(requests, columns=["custom_id"])["custom_id"].to_pylist()
+    seen = Counter(line["custom_id"] for key in (folder.output_key, folder.error_key)
+                   for line in iter_lines(folder.storage, key))
     missing = [cid for cid in expected if cid not in seen]
     duplicated = [cid for cid, n in seen.items() if n > 1]
     unexpected = len(set(seen) - set(expected))
@@ -53,7 +57,7 @@ def usage_equals_output_lines(context: dg.AssetCheckExecutionContext, storage: B
     """The batch's usage totals equal the sums over the output file's lines."""
     folder = storage.folder(context.partition_key)
     summed = Usage()
-    for line in iter_lines(folder.output_path):
+    for line in iter_lines(folder.storage, folder.output_key):
         summed.add_body(line["response"]["body"])
     summary = folder.summary()
     recorded = summary.usage if summary else {}

@@ -26,6 +26,7 @@ from batch_dagster.batchfile.daily_usage import (
     model_view,
     totals,
 )
+from batch_dagster.batchfile.storage import Storage
 from batch_dagster.partitions import daily
 from batch_dagster.resources import ApiStore, BatchStorage
 from batch_dagster.store import BatchRecord, repo
@@ -35,8 +36,9 @@ CHART_DAYS = 30
 
 
 
-def report_dir(storage: BatchStorage, day: str) -> Path:
-    return Path(storage.data_dir) / "reports" / "daily" / day
+def report_prefix(day: str) -> str:
+    """Where a day's report lives in the storage (beside the batch folders: local disk or S3)."""
+    return f"reports/daily/{day}"
 
 
 def _finished(record: BatchRecord, storage: BatchStorage) -> FinishedBatch:
@@ -50,12 +52,11 @@ def _finished(record: BatchRecord, storage: BatchStorage) -> FinishedBatch:
     )
 
 
-def _write(path: Path, write: Callable[[Path], object]) -> Path:
-    """Write through a temporary file, so a reader never sees half a report."""
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    tmp.replace(path)
-    return path
+def _write(storage: Storage, key: str, write: Callable[[Path], object]) -> str:
+    """Write one report file atomically (a reader never sees half of it); where it is."""
+    with storage.writing(key) as path:
+        write(path)
+    return storage.uri(key)
 
 
 @dg.asset(
@@ -84,19 +85,18 @@ def daily_usage_report(
         f"{day_totals['total_tokens']} tokens, cost {day_totals['cost']}"
     )
 
-    out = report_dir(storage, context.partition_key)
-    out.mkdir(parents=True, exist_ok=True)
+    out, files = report_prefix(context.partition_key), storage.storage()
     paths = {}
     for name, frame in (("usage_by_model", by_model), ("usage_by_batch", by_batch)):
-        paths[f"{name}_parquet"] = _write(out / f"{name}.parquet", partial(frame.to_parquet, index=False))
-        paths[f"{name}_csv"] = _write(out / f"{name}.csv", partial(frame.to_csv, index=False))
+        paths[f"{name}_parquet"] = _write(files, f"{out}/{name}.parquet", partial(frame.to_parquet, index=False))
+        paths[f"{name}_csv"] = _write(files, f"{out}/{name}.csv", partial(frame.to_csv, index=False))
     series = daily_by_model(batches, chart_start.date(), day)
     currency = currencies(b.currency for b in batches)
     png = chart_png(series, f"Tokens and cost per model, {CHART_DAYS} days to {day} (UTC)", currency=currency)
     # The UI shows Markdown inline only under 1,000 characters: a small SVG there, the full PNG behind a link.
     inline_chart = inline_chart_markdown(series, currency)
-    paths["usage_chart_png"] = _write(out / "usage_chart.png", lambda p: p.write_bytes(png))
-    context.log.info(f"Wrote the report to {out}")
+    paths["usage_chart_png"] = _write(files, f"{out}/usage_chart.png", lambda p: p.write_bytes(png))
+    context.log.info(f"Wrote the report to {files.uri(out)}")
 
     chart_md = f"![tokens and cost per model](data:image/png;base64,{base64.b64encode(png).decode()})"
     return dg.MaterializeResult(
@@ -110,7 +110,7 @@ def daily_usage_report(
             "by_model": dg.MetadataValue.md(markdown_table(model_view(by_model))),
             "by_batch": dg.MetadataValue.md(markdown_table(batch_view(by_batch))),
             "chart_by_model": dg.MetadataValue.md(chart_md),
-            **{k: dg.MetadataValue.path(str(p)) for k, p in paths.items()},
+            **{k: dg.MetadataValue.path(p) for k, p in paths.items()},
         }
     )
 

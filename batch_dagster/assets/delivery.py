@@ -1,5 +1,7 @@
 """Results of a dropped file written back beside it: the last step of a batch that arrived by S3 or the inbox."""
 
+from contextlib import ExitStack
+
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
@@ -30,11 +32,14 @@ def delivered_results(
                              allow_retries=False)
         intake, batch = found
         folder = storage.folder(batch_id)
-        files = {path.name: path for path in (folder.output_path, folder.error_path) if path.exists()}
+        keys = [key for key in (folder.output_key, folder.error_key) if folder.storage.exists(key)]
         pipeline_summary = folder.summary()
         cost = pipeline_summary.cost if pipeline_summary else None
-        summary_path = folder.write_delivery_summary(result_summary(batch, intake, cost, [*files]))
-        written = deliver({**files, summary_path.name: summary_path}, intake.deliver_to, s3.get_client)
+        names = [key.rsplit("/", 1)[-1] for key in keys]
+        keys.append(folder.write_delivery_summary(result_summary(batch, intake, cost, names)))
+        with ExitStack() as stack:
+            files = {key.rsplit("/", 1)[-1]: stack.enter_context(folder.storage.local_copy(key)) for key in keys}
+            written = deliver(files, intake.deliver_to, s3.get_client)
         repo.mark_delivered(session, batch_id)
     context.log.info(f"{batch.status}: wrote {', '.join(written)}")
     return dg.MaterializeResult(metadata={

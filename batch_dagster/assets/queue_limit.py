@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from batch_dagster.batchfile.columnar import read_shard
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.validate import ValidationReport
@@ -11,9 +13,10 @@ from batch_dagster.store.queue import enqueued_tokens, limit_error
 from batch_dagster.store.session import open_store
 
 
-def apply_token_limit(folder: BatchFolder, report: ValidationReport, pipeline: PipelineConfig,
+def apply_token_limit(folder: BatchFolder, requests: Path, report: ValidationReport, pipeline: PipelineConfig,
                       vllm: VLLMResource) -> int | None:
-    """The valid batch's prompt tokens when a limit is set (else None); over the limit, an error in `report`.
+    """The valid batch's prompt tokens (its validated `requests` file) when a limit is set (else None); over the
+    limit, an error in `report`.
 
     The limit is per owner and model: this batch plus the owner's unfinished batches for the same
     model, as their validation documents recorded them.
@@ -22,7 +25,7 @@ def apply_token_limit(folder: BatchFolder, report: ValidationReport, pipeline: P
     if not limit or not report.valid or report.model is None or report.endpoint is None:
         return None
     tokenizer = vllm.tokenizer(report.model)
-    tokens = sum(prompt_tokens(tokenizer, report.endpoint, body) for _, body in read_shard(folder.requests_path))
+    tokens = sum(prompt_tokens(tokenizer, report.endpoint, body) for _, body in read_shard(requests))
     enqueued = 0
     if pipeline.store_url:
         with open_store(pipeline.store_url).session() as session:

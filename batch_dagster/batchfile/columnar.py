@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import orjson
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from .contract import Limits
 from .folder import shard_file
 from .shard import Features, features, plan_shards
-from .validate import ValidationReport, validate_file
+from .validate import ValidationReport, validate_file, validate_stream
 
 REQUESTS_SCHEMA = pa.schema(
     [("line", pa.int64()), ("custom_id", pa.string()), ("body", pa.string()),
@@ -31,14 +31,18 @@ ROWS_PER_GROUP = 2_000
 
 
 def validate_to_parquet(
-    input_path: Path,
+    source: Path | BinaryIO,
     requests_path: Path,
     *,
+    size: int | None = None,
     limits: Limits = Limits(),
     endpoint: str | None = None,
     models: Collection[str] | Mapping[str, Collection[str]] | None = None,
 ) -> ValidationReport:
-    """Validate the input and write its requests to `requests_path`, which exists only if the file is valid."""
+    """Validate the input and write its requests to `requests_path`, which exists only if the file is valid.
+
+    `source` is the input file, or a stream of it (e.g. an S3 object) and its `size`.
+    """
     tmp = requests_path.with_name(requests_path.name + ".tmp")
     tmp.parent.mkdir(parents=True, exist_ok=True)
     buffer: dict[str, list[Any]] = {name: [] for name in REQUESTS_SCHEMA.names}
@@ -59,7 +63,11 @@ def validate_to_parquet(
             if len(buffer["line"]) >= ROWS_PER_GROUP:
                 flush()
 
-        report = validate_file(input_path, limits=limits, endpoint=endpoint, models=models, on_request=keep)
+        if isinstance(source, Path):
+            report = validate_file(source, limits=limits, endpoint=endpoint, models=models, on_request=keep)
+        else:
+            report = validate_stream(source, size=size, limits=limits, endpoint=endpoint, models=models,
+                                     on_request=keep)
         if buffer["line"]:
             flush()
     if report.valid:

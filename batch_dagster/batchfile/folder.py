@@ -5,7 +5,7 @@ way through it, in the order of the listing below; each internal JSON document i
 
     batches/<batch_id>/
       batch.json          Declared: the endpoint the batch was created for (API batches)
-      source.json         Source: where a dropped file is fetched from, and its File's path
+      source.json         Source: where a dropped file is fetched from, and its File's key
       deadline.json       Deadline: when the batch expires (no shard starts after it)
       stop.json           Stop: a request to stop before the next shard (cancel)
       input.jsonl         the input file as uploaded
@@ -17,6 +17,7 @@ way through it, in the order of the listing below; each internal JSON document i
       output.jsonl, errors.jsonl
       summary.json        Summary: usage, cost and how the batch ran (written last)
       delivery/summary.json   what a dropped file's results carry beside them
+    files/<file_id>.jsonl  uploaded, dropped and retry input files (beside the batch folders)
 """
 
 from __future__ import annotations
@@ -29,13 +30,16 @@ from typing import Any, TypeVar
 
 import orjson
 
-from .storage import Storage
+from .storage import LocalStorage, Storage
 
 BATCHES = "batches"
+FILES = "files"
 INPUT = "input.jsonl"
 OUTPUT = "output.jsonl"
 ERRORS = "errors.jsonl"
 SUMMARY = "summary.json"
+REQUESTS = "requests.parquet"
+RESULTS = "results"
 _SHARD_SUMMARY = re.compile(r"^shard-(\d{5,})\.json$")
 
 
@@ -54,6 +58,19 @@ def committed_index(name: str) -> int | None:
     """The shard index of a results-folder file that is a shard's commit marker, else None."""
     m = _SHARD_SUMMARY.match(name)
     return int(m.group(1)) if m else None
+
+
+def file_key(file_id: str) -> str:
+    """Where a File's bytes live in the storage (uploaded, dropped and retry input files)."""
+    return f"{FILES}/{file_id}.jsonl"
+
+
+def file_location(storage: Storage, path: str) -> tuple[Storage, str]:
+    """Where a File row's bytes are: a key in `storage`, or, for rows made before BATCH_STORAGE_URL existed,
+    an absolute local path (read from local disk, as then)."""
+    if path.startswith("/"):
+        return LocalStorage("/"), path.lstrip("/")
+    return storage, path
 
 
 def batch_ids(storage: Storage) -> list[str]:
@@ -86,7 +103,8 @@ class Declared(Document):
 
 @dataclass
 class Source(Document):
-    """A dropped file's batch: batch_input fetches `uri` to `file_path` (its File) and copies it in."""
+    """A dropped file's batch: batch_input fetches `uri` into its File (`file_path`: the File row's path) and
+    copies it in."""
 
     uri: str
     file_path: str
@@ -184,47 +202,37 @@ class BatchFolder:
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}"
 
-    def _path(self, name: str) -> Path:
-        return self.storage.local_path(self.key(name))
-
-    # Files the pipeline streams (local paths for its readers and writers).
+    # Objects the pipeline streams, by key (storage.open / local_copy / writing take these).
     @property
-    def input_path(self) -> Path:
-        return self._path(INPUT)
+    def input_key(self) -> str:
+        return self.key(INPUT)
 
     @property
-    def requests_path(self) -> Path:
-        return self._path("requests.parquet")
+    def requests_key(self) -> str:
+        return self.key(REQUESTS)
 
     @property
-    def shards_dir(self) -> Path:
-        return self._path("shards")
+    def shards_prefix(self) -> str:
+        return self.key("shards")
 
-    def shard_path(self, index: int) -> Path:
-        return self.shards_dir / shard_file(index)
-
-    @property
-    def results_dir(self) -> Path:
-        return self._path("results")
-
-    def shard_summary_path(self, index: int) -> Path:
-        return self.results_dir / shard_result_files(index)[2]
+    def shard_key(self, index: int) -> str:
+        return f"{self.shards_prefix}/{shard_file(index)}"
 
     @property
-    def output_path(self) -> Path:
-        return self._path(OUTPUT)
+    def results_prefix(self) -> str:
+        return self.key(RESULTS)
 
     @property
-    def error_path(self) -> Path:
-        return self._path(ERRORS)
+    def output_key(self) -> str:
+        return self.key(OUTPUT)
 
     @property
-    def summary_path(self) -> Path:
-        return self._path(SUMMARY)
+    def error_key(self) -> str:
+        return self.key(ERRORS)
 
     @property
-    def delivery_summary_path(self) -> Path:
-        return self._path(f"delivery/{SUMMARY}")
+    def summary_key(self) -> str:
+        return self.key(SUMMARY)
 
     # Documents.
     def _read(self, name: str, kind: type[D]) -> D | None:
@@ -239,10 +247,17 @@ class BatchFolder:
         at = self.storage.modified_at(self.key(name))
         return None if at is None else int(at)
 
-    def put_input(self, source: Path) -> Path:
+    def put_input(self, source: Path) -> None:
         """Copy an input file into the folder (the pipeline never reads outside it)."""
-        self.storage.put_file(self.key(INPUT), source)
-        return self.input_path
+        self.storage.put_file(self.input_key, source)
+
+    def copy_input(self, files: Storage, key: str) -> None:
+        """Copy a stored File in as the input (within one store without passing through this process)."""
+        if files is self.storage:
+            self.storage.copy(key, self.input_key)
+        else:
+            with files.local_copy(key) as path:
+                self.put_input(path)
 
     def has_input(self) -> bool:
         return self.storage.exists(self.key(INPUT))
@@ -261,8 +276,8 @@ class BatchFolder:
     def source(self) -> Source | None:
         return self._read("source.json", Source)
 
-    def set_source(self, uri: str, file_path: Path) -> None:
-        self._write("source.json", Source(uri, str(file_path)))
+    def set_source(self, uri: str, file_key: str) -> None:
+        self._write("source.json", Source(uri, file_key))
 
     def set_deadline(self, expires_at: float) -> None:
         """The time (epoch seconds) after which no new shard starts: the batch expires."""
@@ -315,13 +330,14 @@ class BatchFolder:
     def write_summary(self, summary: Summary) -> None:
         self._write(SUMMARY, summary)
 
-    def write_delivery_summary(self, data: dict[str, Any]) -> Path:
-        """The summary.json that goes beside a dropped file's results (the batch as the API shows it)."""
-        self.storage.write_bytes(self.key(f"delivery/{SUMMARY}"), orjson.dumps(data, option=orjson.OPT_INDENT_2))
-        return self.delivery_summary_path
+    def write_delivery_summary(self, data: dict[str, Any]) -> str:
+        """The summary.json that goes beside a dropped file's results (the batch as the API shows it); its key."""
+        key = self.key(f"delivery/{SUMMARY}")
+        self.storage.write_bytes(key, orjson.dumps(data, option=orjson.OPT_INDENT_2))
+        return key
 
     def summary_modified_at(self) -> int | None:
         return self.modified_at(SUMMARY)
 
     def shard_committed_at(self, index: int) -> int | None:
-        return self.modified_at(f"results/{shard_result_files(index)[2]}")
+        return self.modified_at(f"{RESULTS}/{shard_result_files(index)[2]}")

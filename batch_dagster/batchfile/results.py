@@ -1,13 +1,13 @@
 """Shard results and the merged output: atomic per-shard commits, then one output and one error file.
 
-A shard commits three files under the results folder: its output lines, its error lines and a
-summary. The summary is renamed into place last, so its presence is the commit: a re-run skips
-every shard that has one and redoes the rest.
+A shard commits three objects under the results folder: its output lines, its error lines and a
+summary. Each is written atomically and the summary last, so its presence is the commit (on S3
+too: a summary never exists without its lines): a re-run skips every shard that has one and redoes
+the rest.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +17,7 @@ import orjson
 
 from . import contract as c
 from .folder import committed_index, shard_result_files
+from .storage import Storage
 from .usage import Usage
 
 
@@ -75,26 +76,16 @@ def error_code(line: dict[str, Any]) -> str:
     return (((line.get("response") or {}).get("body") or {}).get("error") or {}).get("code") or "unknown"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def shard_paths(results_dir: Path, index: int) -> tuple[Path, Path, Path]:
+def shard_keys(results_prefix: str, index: int) -> tuple[str, str, str]:
     """(output lines, error lines, summary) of shard `index`."""
     output, errors, summary = shard_result_files(index)
-    return results_dir / output, results_dir / errors, results_dir / summary
+    return f"{results_prefix}/{output}", f"{results_prefix}/{errors}", f"{results_prefix}/{summary}"
 
 
 def commit_shard(
-    results_dir: Path, index: int, lines: Iterable[dict[str, Any]], duration_s: float = 0.0
+    storage: Storage, results_prefix: str, index: int, lines: Iterable[dict[str, Any]], duration_s: float = 0.0
 ) -> ShardSummary:
     """Split a shard's lines into output and error lines and commit them atomically."""
-    results_dir.mkdir(parents=True, exist_ok=True)
     summary = ShardSummary(index=index, duration_s=round(duration_s, 3))
     ok, failed = bytearray(), bytearray()
     for line in lines:
@@ -108,22 +99,21 @@ def commit_shard(
             code = error_code(line)
             summary.error_codes[code] = summary.error_codes.get(code, 0) + 1
             failed += orjson.dumps(line) + b"\n"
-    out_path, err_path, summary_path = shard_paths(results_dir, index)
-    _write_atomic(out_path, bytes(ok))
-    _write_atomic(err_path, bytes(failed))
-    _write_atomic(summary_path, orjson.dumps(summary.to_dict()))
+    out_key, err_key, summary_key = shard_keys(results_prefix, index)
+    storage.write_bytes(out_key, bytes(ok))
+    storage.write_bytes(err_key, bytes(failed))
+    storage.write_bytes(summary_key, orjson.dumps(summary.to_dict()))  # the commit marker, last
     return summary
 
 
-def committed_shards(results_dir: Path) -> dict[int, ShardSummary]:
+def committed_shards(storage: Storage, results_prefix: str) -> dict[int, ShardSummary]:
     """Summaries of the shards already committed, by index."""
-    if not results_dir.is_dir():
-        return {}
     found = {}
-    for entry in os.scandir(results_dir):
-        index = committed_index(entry.name)
-        if index is not None:
-            found[index] = ShardSummary.from_dict(orjson.loads(Path(entry.path).read_bytes()))
+    for key in storage.list(results_prefix):
+        index = committed_index(key.rsplit("/", 1)[-1])
+        data = storage.read_bytes(key) if index is not None else None
+        if index is not None and data is not None:
+            found[index] = ShardSummary.from_dict(orjson.loads(data))
     return found
 
 
@@ -137,7 +127,8 @@ class MergeResult:
 
 
 def merge(
-    results_dir: Path,
+    storage: Storage,
+    results_prefix: str,
     shard_count: int,
     output_path: Path,
     error_path: Path,
@@ -145,13 +136,13 @@ def merge(
     not_run: Iterable[dict[str, Any]] = (),
     missing_ok: bool = False,
 ) -> MergeResult:
-    """Concatenate committed shards into the output and error files, rewriting both whole.
+    """Concatenate committed shards into local output and error files, written whole.
 
     `not_run` adds lines for requests that never ran (batch cancelled or expired); those are the
     requests of the shards left uncommitted, which `missing_ok` allows. Otherwise a missing shard
     is an error, so no request is silently dropped.
     """
-    shards = committed_shards(results_dir)
+    shards = committed_shards(storage, results_prefix)
     missing = [i for i in range(shard_count) if i not in shards]
     if missing and not missing_ok:
         raise ValueError(f"Shards not committed: {missing[:10]}{' ...' if len(missing) > 10 else ''}")
@@ -159,9 +150,7 @@ def merge(
     codes: dict[str, int] = {}
     for path in (output_path, error_path):
         path.parent.mkdir(parents=True, exist_ok=True)
-    out_tmp = output_path.with_name(output_path.name + ".tmp")
-    err_tmp = error_path.with_name(error_path.name + ".tmp")
-    with open(out_tmp, "wb") as out, open(err_tmp, "wb") as err:
+    with open(output_path, "wb") as out, open(error_path, "wb") as err:
         for index in range(shard_count):
             if index not in shards:
                 continue
@@ -170,9 +159,9 @@ def merge(
             usage += summary.usage
             for code, n in summary.error_codes.items():
                 codes[code] = codes.get(code, 0) + n
-            shard_out, shard_err, _ = shard_paths(results_dir, index)
+            shard_out, shard_err, _ = shard_keys(results_prefix, index)
             for src, dst in ((shard_out, out), (shard_err, err)):
-                with open(src, "rb") as f:
+                with storage.open(src) as f:
                     while chunk := f.read(1 << 20):
                         dst.write(chunk)
         for line in not_run:
@@ -181,14 +170,12 @@ def merge(
             code = error_code(line)
             codes[code] = codes.get(code, 0) + 1
             err.write(orjson.dumps(line) + b"\n")
-    os.replace(out_tmp, output_path)
-    os.replace(err_tmp, error_path)
     return MergeResult(counts, usage, codes)
 
 
-def iter_lines(path: Path):
+def iter_lines(storage: Storage, key: str):
     """Parsed lines of an output or error file, streamed."""
-    with open(path, "rb") as f:
+    with storage.open(key) as f:
         for raw in f:
             if raw.strip():
                 yield orjson.loads(raw)

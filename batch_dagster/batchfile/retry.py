@@ -6,7 +6,7 @@ or a request that never ran (batch_expired, batch_cancelled). A 4xx line would f
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,9 @@ def is_retryable(line: dict[str, Any]) -> bool:
     return (line.get("error") or {}).get("code") in NOT_RUN_CODES
 
 
-def retryable_ids(error_path: Path) -> list[str]:
-    """The custom_ids of the retryable lines of an error file, in file order."""
-    if not error_path.exists():
-        return []
-    with open(error_path, "rb") as f:
-        return [line["custom_id"] for raw in f if raw.strip() and is_retryable(line := orjson.loads(raw))]
+def retryable_ids(lines: Iterable[bytes]) -> list[str]:
+    """The custom_ids of the retryable lines of an error file (its raw lines), in file order."""
+    return [line["custom_id"] for raw in lines if raw.strip() and is_retryable(line := orjson.loads(raw))]
 
 
 def write_retry_input(requests_path: Path, ids: Collection[str], endpoint: str, dest: Path) -> int:
@@ -57,17 +54,16 @@ def write_retry_input(requests_path: Path, ids: Collection[str], endpoint: str, 
     return written
 
 
-def custom_ids_of(*paths: Path) -> set[str]:
-    """Every custom_id in these output or error files."""
+def custom_ids_of(*files: Iterable[bytes]) -> set[str]:
+    """Every custom_id in these output or error files (their raw lines)."""
     ids: set[str] = set()
-    for path in paths:
-        if path.exists():
-            with open(path, "rb") as f:
-                ids.update(orjson.loads(raw)["custom_id"] for raw in f if raw.strip())
+    for lines in files:
+        ids.update(orjson.loads(raw)["custom_id"] for raw in lines if raw.strip())
     return ids
 
 
-def merged_lines(parent_lines: Iterator[bytes], child_path: Path, child_ids: Collection[str]) -> Iterator[bytes]:
+def merged_lines(parent_lines: Iterator[bytes], child_lines: Iterable[bytes],
+                 child_ids: Collection[str]) -> Iterator[bytes]:
     """The parent's lines for requests the child did not run, then the child's: each custom_id once.
 
     Given the parent's and the child's output files this is the merged output; given their error
@@ -76,13 +72,6 @@ def merged_lines(parent_lines: Iterator[bytes], child_path: Path, child_ids: Col
     for raw in parent_lines:
         if raw.strip() and orjson.loads(raw)["custom_id"] not in child_ids:
             yield raw if raw.endswith(b"\n") else raw + b"\n"
-    if child_path.exists():
-        with open(child_path, "rb") as f:
-            for raw in f:
-                if raw.strip():
-                    yield raw if raw.endswith(b"\n") else raw + b"\n"
-
-
-def file_lines(path: Path) -> Iterator[bytes]:
-    with open(path, "rb") as f:
-        yield from f
+    for raw in child_lines:
+        if raw.strip():
+            yield raw if raw.endswith(b"\n") else raw + b"\n"

@@ -1,7 +1,9 @@
 """Where batch folders are kept: a small storage interface, and the local filesystem behind it.
 
 Keys are `/`-separated paths relative to the storage's root. Writes are atomic: a reader sees the
-old object or the new one, never half of one. An object store can implement the same interface.
+old object or the new one, never half of one. Large objects are streamed both ways: `open` reads
+one in chunks, `local_copy` lends a local file of it, `writing` publishes a local file written in
+place. An object store implements the same interface (batch_dagster/objectstore.py: S3).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import builtins
 import os
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -18,18 +20,42 @@ from typing import BinaryIO, Protocol
 class Storage(Protocol):
     """What the batch folder contract needs of a store."""
 
-    def local_path(self, key: str) -> Path:
-        """A local file for `key` that the pipeline's streaming readers and writers open directly."""
+    def uri(self, key: str) -> str:
+        """Where the object is, for people: a local path or an s3:// URI."""
         ...
 
     def read_bytes(self, key: str) -> bytes | None:
-        """The object's bytes, or None when there is none."""
+        """A small object's bytes, or None when there is none."""
         ...
 
     def write_bytes(self, key: str, data: bytes) -> None: ...
 
+    def open(self, key: str) -> AbstractContextManager[BinaryIO]:
+        """The object as a stream read in chunks; FileNotFoundError when there is none."""
+        ...
+
+    def local_copy(self, key: str) -> AbstractContextManager[Path]:
+        """A local file holding the object, for readers that need one (Parquet); FileNotFoundError when none.
+
+        On local disk it is the object's own file; an object store downloads it to scratch and removes it after.
+        """
+        ...
+
+    def writing(self, key: str) -> AbstractContextManager[Path]:
+        """A local path to write the object to; published under `key` when the block ends without error (if the
+        writer created the file: a writer that decides not to write leaves the object as it was)."""
+        ...
+
+    def writing_folder(self, prefix: str) -> AbstractContextManager[Path]:
+        """A local folder to write files into; each is published under `prefix/<name>` when the block ends."""
+        ...
+
     def put_file(self, key: str, source: Path) -> None:
         """Copy a local file in under `key`."""
+        ...
+
+    def copy(self, source_key: str, key: str) -> None:
+        """Copy an object within the store (on S3, server-side)."""
         ...
 
     def exists(self, key: str) -> bool: ...
@@ -50,6 +76,10 @@ class Storage(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def delete_folder(self, prefix: str) -> None:
+        """Remove every object under the folder `prefix`."""
+        ...
+
 
 class LocalStorage:
     """Batch folders on local disk under `root`; writes go through a temporary file and a rename."""
@@ -61,7 +91,11 @@ class LocalStorage:
         return f"LocalStorage({str(self.root)!r})"
 
     def local_path(self, key: str) -> Path:
+        """The file of `key` (local disk only)."""
         return self.root / key
+
+    def uri(self, key: str) -> str:
+        return str(self.local_path(key))
 
     def read_bytes(self, key: str) -> bytes | None:
         try:
@@ -70,21 +104,48 @@ class LocalStorage:
             return None
 
     @contextmanager
-    def _atomic(self, key: str) -> Iterator[BinaryIO]:
+    def writing(self, key: str) -> Iterator[Path]:
         path = self.local_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            yield f
-        tmp.replace(path)
+        try:
+            yield tmp
+            if tmp.exists():
+                with open(tmp, "rb+") as f:  # on disk before the rename: a commit marker never names lost bytes
+                    os.fsync(f.fileno())
+                tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @contextmanager
+    def writing_folder(self, prefix: str) -> Iterator[Path]:
+        # Written in place: what marks a folder's files complete is a document written after them.
+        folder = self.local_path(prefix)
+        folder.mkdir(parents=True, exist_ok=True)
+        yield folder
 
     def write_bytes(self, key: str, data: bytes) -> None:
-        with self._atomic(key) as f:
-            f.write(data)
+        with self.writing(key) as tmp:
+            tmp.write_bytes(data)
 
     def put_file(self, key: str, source: Path) -> None:
-        with self._atomic(key) as f, open(source, "rb") as src:
+        with self.writing(key) as tmp, open(tmp, "wb") as f, open(source, "rb") as src:
             shutil.copyfileobj(src, f, 1 << 20)
+
+    def copy(self, source_key: str, key: str) -> None:
+        self.put_file(key, self.local_path(source_key))
+
+    @contextmanager
+    def open(self, key: str) -> Iterator[BinaryIO]:
+        with open(self.local_path(key), "rb") as f:
+            yield f
+
+    @contextmanager
+    def local_copy(self, key: str) -> Iterator[Path]:
+        path = self.local_path(key)
+        if not path.is_file():
+            raise FileNotFoundError(path)
+        yield path
 
     def exists(self, key: str) -> bool:
         return self.local_path(key).exists()
@@ -115,3 +176,6 @@ class LocalStorage:
 
     def delete(self, key: str) -> None:
         self.local_path(key).unlink(missing_ok=True)
+
+    def delete_folder(self, prefix: str) -> None:
+        shutil.rmtree(self.local_path(prefix), ignore_errors=True)

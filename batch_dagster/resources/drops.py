@@ -17,7 +17,6 @@ class Intake(dg.ConfigurableResource):
     s3_output_prefix: str = "results/"
     inbox_dir: str
     outbox_dir: str
-    files_dir: str
     owner: str = repo.ANONYMOUS
     completion_window_s: int = DAY_S
     settle_s: float = 2.0  # an inbox file must be unchanged this long (and across two ticks) to be complete
@@ -38,7 +37,6 @@ def intake_from_env(settings: Settings) -> Intake:
         s3_output_prefix=settings.s3_output_prefix,
         inbox_dir=str(settings.inbox_dir),
         outbox_dir=str(settings.outbox_dir),
-        files_dir=str(settings.files_dir),
         owner=repo.owner_of_key(key) if key else repo.ANONYMOUS,
         completion_window_s=settings.completion_window_s,
     )

@@ -20,7 +20,7 @@ from .webhooks import webhooks_from_env
 def resources_from_env() -> dict[str, Any]:
     settings = Settings.from_env()
     return {
-        "storage": BatchStorage(data_dir=str(settings.data_dir)),
+        "storage": BatchStorage(data_dir=str(settings.data_dir), url=settings.storage_url),
         "pipeline": pipeline_config_from_env(settings),
         # Endpoint, region and credentials come from boto3's own variables (AWS_ENDPOINT_URL, AWS_*).
         "s3": S3Resource(),

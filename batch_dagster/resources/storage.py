@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dagster as dg
 
 from batch_dagster.batchfile.folder import BatchFolder
-from batch_dagster.batchfile.storage import LocalStorage
+from batch_dagster.batchfile.storage import Storage
+from batch_dagster.objectstore import open_storage
 
 
 class BatchStorage(dg.ConfigurableResource):
-    """Where batch folders live: `data_dir/batches/<batch_id>/` on local disk."""
+    """Where batch folders and files live: `url` (a local path or s3://bucket/prefix; empty: `data_dir`).
+
+    `data_dir` is this process's own local folder; with a remote `url` it holds only scratch.
+    """
 
     data_dir: str
+    url: str = ""
 
-    def storage(self) -> LocalStorage:
-        return LocalStorage(self.data_dir)
+    def storage(self) -> Storage:
+        return open_storage(self.url or self.data_dir, f"{self.data_dir}/scratch")
 
     def folder(self, batch_id: str) -> BatchFolder:
         return BatchFolder(self.storage(), batch_id)
-
-    @property
-    def files_dir(self) -> Path:
-        """Where uploaded and dropped files' bytes are kept."""
-        return Path(self.data_dir) / "files"

@@ -38,7 +38,7 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, api_store: ApiSto
     with api_store.session() as session:
         launched = [
             register_dropped(session, storage.storage(), f, owner=intake.owner, deliver_to=deliver_to,
-                             files_dir=Path(intake.files_dir), completion_window_s=intake.completion_window_s).id
+                             completion_window_s=intake.completion_window_s).id
             for f in new
         ]
         ended = [i.batch_id for i in repo.undelivered(session, scheme)]

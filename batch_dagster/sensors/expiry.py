@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from batch_dagster.resources import ApiStore
+from batch_dagster.resources import ApiStore, BatchStorage
 from batch_dagster.store import repo
 
 
@@ -13,11 +13,12 @@ from batch_dagster.store import repo
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Deletes files (uploads and batch outputs) whose expires_at has passed: their rows and their bytes.",
 )
-def file_expiry_sensor(context: dg.SensorEvaluationContext, api_store: ApiStore) -> dg.SkipReason:
+def file_expiry_sensor(context: dg.SensorEvaluationContext, api_store: ApiStore,
+                       storage: BatchStorage) -> dg.SkipReason:
     with api_store.session() as session:
         expired = repo.expired_files(session)
         for file in expired:
-            repo.delete_file(session, file)
+            repo.delete_file(session, storage.storage(), file)
     if expired:
         context.log.info(f"Deleted {len(expired)} expired file(s)")
     return dg.SkipReason(f"{len(expired)} expired file(s) deleted.")

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.contract import endpoint_of_head
-from batch_dagster.batchfile.folder import BatchFolder
+from batch_dagster.batchfile.folder import BatchFolder, file_key, file_location
 from batch_dagster.batchfile.storage import Storage
 
 from . import repo
@@ -35,20 +35,15 @@ class DroppedFile:
     endpoint: str  # from its first line, so the batch lists with the right endpoint before validation
 
 
-def add_input_file(session: Session, *, owner: str, path: Path, filename: str, size: int,
+def add_input_file(session: Session, *, owner: str, file_id: str, filename: str, size: int,
                    expires_at: int | None = None) -> FileRecord:
-    """A File row with purpose `batch` whose bytes are (or will be) at `path`."""
+    """A File row with purpose `batch` whose bytes are (or will be) at its key in the storage."""
     repo.ensure_owners(session, [owner])
-    row = FileRecord(id=path.stem, owner=owner, bytes=size, created_at=repo.now(), expires_at=expires_at,
-                     filename=filename, purpose="batch", path=str(path))
+    row = FileRecord(id=file_id, owner=owner, bytes=size, created_at=repo.now(), expires_at=expires_at,
+                     filename=filename, purpose="batch", path=file_key(file_id))
     session.add(row)
     session.flush()
     return row
-
-
-def new_file_path(files_dir: Path) -> Path:
-    """Where a new File's bytes go; the name is the File's id."""
-    return files_dir / f"{repo.new_file_id()}.jsonl"
 
 
 def create_batch(
@@ -58,7 +53,7 @@ def create_batch(
     owner: str,
     endpoint: str,
     input_file: FileRecord,
-    input_from: Path | str | None,
+    input_from: Path | str | FileRecord | None,
     completion_window_s: int | None,
     metadata: dict[str, Any] | None = None,
     output_expires_after: int | None = OUTPUT_EXPIRES_AFTER_S,
@@ -67,8 +62,9 @@ def create_batch(
 ) -> BatchRecord:
     """Put the batch's input, deadline and endpoint in its folder, then add its row (committed).
 
-    `input_from`: a local file copied in now, a URI the run fetches (dropped files), or None when
-    the input is in the folder already. `completion_window_s` None: the batch never expires.
+    `input_from`: a local file copied in now, a stored File copied in now, a URI the run fetches
+    (dropped files), or None when the input is in the folder already. `completion_window_s` None: the batch
+    never expires.
     `launched`: the caller requests the run itself (else the API sensor launches it).
     """
     batch_id = batch_id or repo.new_batch_id()
@@ -76,8 +72,10 @@ def create_batch(
     created_at = repo.now()
     if isinstance(input_from, Path):
         folder.put_input(input_from)
+    elif isinstance(input_from, FileRecord):
+        folder.copy_input(*file_location(storage, input_from.path))
     elif isinstance(input_from, str):
-        folder.set_source(input_from, Path(input_file.path))
+        folder.set_source(input_from, input_file.path)
     expires_at = created_at + completion_window_s if completion_window_s is not None else None
     if expires_at is not None:
         folder.set_deadline(expires_at)
@@ -93,12 +91,12 @@ def create_batch(
 
 
 def register_dropped(session: Session, storage: Storage, dropped: DroppedFile, *, owner: str, deliver_to: str,
-                     files_dir: Path, completion_window_s: int) -> BatchRecord:
+                     completion_window_s: int) -> BatchRecord:
     """A dropped file's File, Batch and intake rows under `owner`; the sensor requests the run itself.
 
     Its bytes are fetched by the run (batch_input), so a sensor tick stays small whatever the file's size.
     """
-    input_file = add_input_file(session, owner=owner, path=new_file_path(files_dir), filename=dropped.filename,
+    input_file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename=dropped.filename,
                                 size=dropped.bytes)
     batch = create_batch(session, storage, owner=owner, endpoint=dropped.endpoint, input_file=input_file,
                          input_from=dropped.source, completion_window_s=completion_window_s,
@@ -109,21 +107,16 @@ def register_dropped(session: Session, storage: Storage, dropped: DroppedFile, *
     return batch
 
 
-def register_local(session: Session, storage: Storage, source: Path, *, owner: str, files_dir: Path,
+def register_local(session: Session, storage: Storage, source: Path, *, owner: str,
                    batch_id: str | None = None) -> BatchRecord:
     """A batch started from the command line: its File is a copy of `source`; it has no deadline."""
-    path = new_file_path(files_dir)
-    tmp = path.with_name(path.name + ".part")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(source, "rb") as src, open(tmp, "wb") as dst:
-        head = src.read(HEAD_BYTES)
-        dst.write(head)
-        while chunk := src.read(1 << 20):
-            dst.write(chunk)
-    tmp.replace(path)
-    input_file = add_input_file(session, owner=owner, path=path, filename=source.name, size=path.stat().st_size)
+    with open(source, "rb") as f:
+        head = f.read(HEAD_BYTES)
+    input_file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename=source.name,
+                                size=source.stat().st_size)
+    storage.put_file(input_file.path, source)
     return create_batch(session, storage, owner=owner, endpoint=endpoint_of_head(head), input_file=input_file,
-                        input_from=path, completion_window_s=None,
+                        input_from=source, completion_window_s=None,
                         metadata={"source": source.resolve().as_uri()[:512]}, launched=True, batch_id=batch_id)
 
 

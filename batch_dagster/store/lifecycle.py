@@ -68,7 +68,7 @@ def observe(folder: BatchFolder) -> Observation:
         return obs
 
     # Running: the counts move with every committed shard.
-    shards = committed_shards(folder.results_dir)
+    shards = committed_shards(folder.storage, folder.results_prefix)
     counts, usage = RequestCounts(total=validation.total_requests), Usage()
     for shard in shards.values():
         counts.completed += shard.request_counts.completed
@@ -129,10 +129,10 @@ def changes(batch: BatchRecord, obs: Observation) -> dict[str, Any]:
 def _result_files(folder: BatchFolder, batch: BatchRecord, at: int) -> list[FileRecord]:
     expires_at = at + batch.output_expires_after if batch.output_expires_after else None
     files = []
-    for path, suffix in ((folder.output_path, "output"), (folder.error_path, "error")):
+    for key, suffix in ((folder.output_key, "output"), (folder.error_key, "error")):
         files.append(FileRecord(
-            id=new_file_id(), owner=batch.owner, bytes=path.stat().st_size if path.exists() else 0, created_at=at,
-            expires_at=expires_at, filename=f"{batch.id}_{suffix}.jsonl", purpose="batch_output", path=str(path),
+            id=new_file_id(), owner=batch.owner, bytes=folder.storage.size(key) or 0, created_at=at,
+            expires_at=expires_at, filename=f"{batch.id}_{suffix}.jsonl", purpose="batch_output", path=key,
             batch_id=batch.id,
         ))
     return files

@@ -6,11 +6,13 @@ import hashlib
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TypeVar, cast
 
 from sqlalchemy import ColumnElement, CursorResult, or_, select, update
 from sqlalchemy.orm import Session
+
+from batch_dagster.batchfile.folder import file_location
+from batch_dagster.batchfile.storage import Storage
 
 from .models import TERMINAL, ApiKey, BatchRecord, FileRecord, IntakeRecord
 
@@ -134,11 +136,12 @@ def add_file(session: Session, row: FileRecord) -> FileRecord:
     return row
 
 
-def delete_file(session: Session, row: FileRecord) -> None:
+def delete_file(session: Session, storage: Storage, row: FileRecord) -> None:
     """Forget a file and remove its bytes."""
     session.delete(row)
     session.commit()
-    Path(row.path).unlink(missing_ok=True)
+    files, key = file_location(storage, row.path)
+    files.delete(key)
 
 
 def finished_between(session: Session, start: int, end: int) -> list[BatchRecord]:

@@ -27,19 +27,20 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
 
     def start(*, api_keys=(KEY_A, KEY_B), window_s: int = 86_400, shard_size: int = 2,
               max_upload_bytes: int = 10 * 1024 * 1024, max_json_body_bytes: int = 1 << 20,
-              vllm: VLLMResource | None = None, engine: FakeEngine | None = None, worker: bool = True) -> Service:
+              vllm: VLLMResource | None = None, engine: FakeEngine | None = None, worker: bool = True,
+              storage_url: str = "") -> Service:
         data_dir = tmp_path / "data"
         monkeypatch.setenv("BATCH_DATA_DIR", str(data_dir))
         config = ApiConfig(api_keys=tuple(api_keys), database_url=database_url(data_dir),
                            data_dir=data_dir, max_upload_bytes=max_upload_bytes, completion_window_s=window_s,
-                           max_json_body_bytes=max_json_body_bytes)
+                           max_json_body_bytes=max_json_body_bytes, storage_url=storage_url)
         engine = engine or FakeEngine()
         vllm = vllm or fake_vllm(f"api-{tmp_path.name}", engine)
         instance = stack.enter_context(dg.instance_for_test())
-        storage = BatchStorage(data_dir=str(data_dir))
+        storage = BatchStorage(data_dir=str(data_dir), url=storage_url)
         resources = {"api_store": ApiStore(url=config.database_url), "storage": storage}
         server = stack.enter_context(ApiServer(create_app(config)))
-        service = Service(server.url, data_dir, config, engine, Worker(make_defs(data_dir, vllm, shard_size), instance, resources),
+        service = Service(server.url, data_dir, config, engine, Worker(make_defs(data_dir, vllm, shard_size, storage_url), instance, resources),
                           instance, storage)
         services.append(service)
         if worker:

@@ -13,14 +13,16 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from batch_dagster.sensors import inbox_sensor, s3_upload_sensor
 from tests.helpers import BUCKET, Daemon, FakeEngine, chat_request, fake_vllm, jsonl, rows, s3_json, s3_lines
 
 
-def test_s3_drops_become_batches_with_results_beside_them(tmp_path, bucket):
+@pytest.mark.parametrize("storage_url", ["", f"s3://{BUCKET}/batch-data"], ids=["local-folders", "s3-folders"])
+def test_s3_drops_become_batches_with_results_beside_them(tmp_path, bucket, storage_url):
     engine = FakeEngine()
-    daemon = Daemon(tmp_path, fake_vllm("s3", engine))
+    daemon = Daemon(tmp_path, fake_vllm("s3", engine), storage_url=storage_url)
     bucket.put_object(Bucket=BUCKET, Key="incoming/labels.jsonl", Body=jsonl(rows(5)))
     bucket.put_object(Bucket=BUCKET, Key="incoming/notes.txt", Body=b"not a batch")
     bucket.put_object(Bucket=BUCKET, Key="elsewhere/other.jsonl", Body=jsonl(rows(2)))
@@ -49,6 +51,8 @@ def test_s3_drops_become_batches_with_results_beside_them(tmp_path, bucket):
         assert listed[0].status == "completed" and listed[0].metadata == {"source": summary["source"]}
         assert listed[0].request_counts.completed == 5
         assert client.files.content(listed[0].input_file_id).read() == jsonl(rows(5))
+    if storage_url:  # the batch's folder and its File are on S3; locally there is only the SQLite store
+        assert {p.name for p in daemon.data_dir.rglob("*") if p.is_file()} <= {"api.db", "api.db-shm", "api.db-wal"}
 
     # Nothing new: nothing runs. The same bytes uploaded again (same ETag): still nothing.
     assert daemon.tick(s3_upload_sensor) == []

@@ -107,7 +107,7 @@ def test_observe_follows_the_pipeline_files(tmp_path):
     assert (obs.status, obs.request_counts, obs.model) == ("in_progress", {"total": 3, "completed": 0, "failed": 0}, "m")
     folder.write_manifest(Manifest("batch_x", "/v1/chat/completions", "m", 3, 3, 1, [3]))
     assert observe(folder).status == "in_progress"
-    commit_shard(folder.results_dir, 0, [])
+    commit_shard(folder.storage, folder.results_prefix, 0, [])
     assert observe(folder).status == "finalizing"
     invalid = BatchFolder(LocalStorage(tmp_path), "batch_y")
     invalid.write_validation(Validation(False, 2, None, None, 1, [{"code": "invalid_json", "line": 2}]))
@@ -119,9 +119,8 @@ def test_the_end_is_registered_once_when_two_observers_race(store, tmp_path):
         repo.ensure_owners(s, ["a"])
         batch_id = add_batch(s, "a").id
     folder = BatchFolder(LocalStorage(tmp_path), batch_id)
-    for path in (folder.output_path, folder.error_path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"")
+    for key in (folder.output_key, folder.error_key):
+        folder.storage.write_bytes(key, b"")
     end = Observation("completed", {"completed_at": 50}, {"total": 0, "completed": 0, "failed": 0})
     with store.session() as first, store.session() as second:
         # Both loaded the batch while it was still running; both see it end.

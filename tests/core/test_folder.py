@@ -13,10 +13,13 @@ from batch_dagster.batchfile.folder import (
     Manifest,
     Merged,
     Progress,
+    Source,
     Summary,
     Validation,
     batch_ids,
     committed_index,
+    file_key,
+    file_location,
     shard_file,
     shard_result_files,
 )
@@ -28,16 +31,27 @@ def folder(tmp_path) -> BatchFolder:
     return BatchFolder(LocalStorage(tmp_path), "batch_1")
 
 
-def test_paths_follow_the_data_flow_under_the_batch_folder(folder, tmp_path):
-    root = tmp_path / "batches" / "batch_1"
-    assert folder.input_path == root / "input.jsonl"
-    assert folder.requests_path == root / "requests.parquet"
-    assert folder.shard_path(3) == root / "shards" / "shard-00003.parquet"
-    assert folder.shard_summary_path(3) == root / "results" / "shard-00003.json"
-    assert (folder.output_path, folder.error_path, folder.summary_path) == (
-        root / "output.jsonl", root / "errors.jsonl", root / "summary.json")
+def test_keys_follow_the_data_flow_under_the_batch_folder(folder, tmp_path):
+    root = "batches/batch_1"
+    assert (folder.input_key, folder.requests_key) == (f"{root}/input.jsonl", f"{root}/requests.parquet")
+    assert folder.shard_key(3) == f"{root}/shards/shard-00003.parquet"
+    assert folder.results_prefix == f"{root}/results"
+    assert (folder.output_key, folder.error_key, folder.summary_key) == (
+        f"{root}/output.jsonl", f"{root}/errors.jsonl", f"{root}/summary.json")
     assert shard_file(12) == "shard-00012.parquet"
     assert shard_result_files(1) == ("shard-00001.output.jsonl", "shard-00001.errors.jsonl", "shard-00001.json")
+    assert file_key("file-abc") == "files/file-abc.jsonl"
+    assert folder.storage.uri(folder.output_key) == str(tmp_path / root / "output.jsonl")
+
+
+def test_a_file_rows_path_is_a_storage_key_or_an_older_absolute_path(folder, tmp_path):
+    storage = folder.storage
+    assert file_location(storage, "files/f.jsonl") == (storage, "files/f.jsonl")
+    old = tmp_path / "elsewhere" / "f.jsonl"
+    old.parent.mkdir()
+    old.write_bytes(b"x\n")
+    files, key = file_location(storage, str(old))
+    assert files is not storage and files.read_bytes(key) == b"x\n"
 
 
 def test_only_a_shard_summary_is_a_commit_marker():
@@ -67,7 +81,7 @@ def test_documents_round_trip_as_typed_objects(folder):
     folder.write_summary(summary)
     assert folder.summary() == summary
     # Written as plain JSON, so other tools (and older readers) can read them; unknown keys are ignored.
-    raw = orjson.loads(folder.summary_path.read_bytes())
+    raw = orjson.loads(folder.storage.read_bytes(folder.summary_key))
     assert raw["status"] == "completed"
     folder.storage.write_bytes(folder.key("summary.json"), orjson.dumps({**raw, "added_later": 1}))
     assert folder.summary() == summary
@@ -77,8 +91,8 @@ def test_endpoint_source_deadline_and_stop(folder, tmp_path):
     assert folder.endpoint() is None and folder.source() is None and folder.stop_reason() is None
     folder.set_endpoint("/v1/embeddings")
     assert folder.endpoint() == "/v1/embeddings"
-    folder.set_source("s3://b/k.jsonl", tmp_path / "files" / "f.jsonl")
-    assert folder.source().uri == "s3://b/k.jsonl"
+    folder.set_source("s3://b/k.jsonl", "files/f.jsonl")
+    assert folder.source() == Source("s3://b/k.jsonl", "files/f.jsonl")
     folder.set_deadline(time.time() + 60)
     assert folder.stop_reason() is None
     folder.set_deadline(time.time() - 1)
@@ -91,10 +105,11 @@ def test_input_is_copied_in_and_writes_are_atomic(folder, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_bytes(b'{"a": 1}\n')
     assert not folder.has_input()
-    assert folder.put_input(src) == folder.input_path
-    assert folder.has_input() and folder.input_path.read_bytes() == b'{"a": 1}\n'
+    folder.put_input(src)
+    input_path = tmp_path / folder.input_key
+    assert folder.has_input() and input_path.read_bytes() == b'{"a": 1}\n'
     src.write_bytes(b"changed\n")
-    assert folder.input_path.read_bytes() == b'{"a": 1}\n'  # a copy, not a link
+    assert input_path.read_bytes() == b'{"a": 1}\n'  # a copy, not a link
     leftovers = [p for p in tmp_path.rglob("*.tmp")]
     assert leftovers == []
 

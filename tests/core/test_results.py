@@ -8,17 +8,36 @@ from pathlib import Path
 import pytest
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.results import (
-    RequestCounts,
-    ShardSummary,
-    commit_shard,
-    committed_shards,
-    error_code,
-    iter_lines,
-    merge,
-    shard_paths,
-)
+from batch_dagster.batchfile import results
+from batch_dagster.batchfile.results import RequestCounts, ShardSummary, error_code
+from batch_dagster.batchfile.storage import LocalStorage
 from batch_dagster.batchfile.usage import Usage
+
+# The results functions take a storage and a folder in it; here a results folder is a local directory.
+
+
+def _at(folder: Path) -> tuple[LocalStorage, str]:
+    return LocalStorage(folder.parent), folder.name
+
+
+def commit_shard(folder: Path, *args, **kwargs):
+    return results.commit_shard(*_at(folder), *args, **kwargs)
+
+
+def committed_shards(folder: Path):
+    return results.committed_shards(*_at(folder))
+
+
+def merge(folder: Path, *args, **kwargs):
+    return results.merge(*_at(folder), *args, **kwargs)
+
+
+def shard_paths(folder: Path, index: int) -> tuple[Path, ...]:
+    return tuple(folder.parent / key for key in results.shard_keys(folder.name, index))
+
+
+def iter_lines(path: Path):
+    return results.iter_lines(LocalStorage(path.parent), path.name)
 
 
 def chat_ok(cid: str, prompt: int, completion: int, cached: int = 0) -> dict:

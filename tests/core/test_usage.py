@@ -10,6 +10,7 @@ import pytest
 import batch_dagster.batchfile as batchfile
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.results import commit_shard
+from batch_dagster.batchfile.storage import LocalStorage
 from batch_dagster.batchfile.usage import Cost, Price, PriceTable, Usage, cost_of
 
 PRICES_TOML = Path(batchfile.__file__).resolve().parent.parent / "config" / "prices.toml"
@@ -202,7 +203,7 @@ def test_only_successful_requests_are_billed(tmp_path):
         "error": None,
     }
     never = c.not_run_line("c", c.BATCH_EXPIRED, "expired")
-    summary = commit_shard(tmp_path, 0, [ok, failed, never])
+    summary = commit_shard(LocalStorage(tmp_path), "results", 0, [ok, failed, never])
     cost = cost_of(summary.usage, "m", TABLE)
     assert cost.input_cost == pytest.approx(0.4)  # 0.4M * 2.0 * 0.5
     assert cost.output_cost == pytest.approx(0.4)  # 0.1M * 8.0 * 0.5

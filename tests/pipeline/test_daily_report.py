@@ -8,6 +8,7 @@ import base64
 import io
 import os
 from datetime import UTC, date, datetime
+from pathlib import Path
 from urllib.parse import unquote
 
 import dagster as dg
@@ -15,8 +16,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from batch_dagster.assets.daily_report import report_assets
-from batch_dagster.assets.daily_report import report_dir as _report_dir
+from batch_dagster.assets.daily_report import report_assets, report_prefix
 from batch_dagster.batchfile.daily_usage import day_bounds
 from batch_dagster.batchfile.folder import Summary
 from batch_dagster.definitions import defs as project_defs
@@ -72,7 +72,7 @@ def materialize(env, instance, day: str) -> dict:
 
 
 def report_dir(day: str):
-    return _report_dir(BatchStorage(data_dir=os.environ["BATCH_DATA_DIR"]), day)  # the data_dir fixture's
+    return Path(os.environ["BATCH_DATA_DIR"]) / report_prefix(day)  # the data_dir fixture's storage
 
 
 def read(day: str, name: str) -> pd.DataFrame:

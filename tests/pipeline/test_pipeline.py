@@ -6,11 +6,11 @@ import dagster as dg
 import pytest
 
 from batch_dagster.batchfile.folder import Progress
-from batch_dagster.batchfile.results import committed_shards
+from batch_dagster.batchfile.results import committed_shards, shard_keys
 from batch_dagster.definitions import defs as project_defs
 from batch_dagster.resources import BatchStorage
 from batch_dagster.runner import run_batch
-from tests.helpers import FakeEngine, chat_request, fake_vllm, make_defs, read_jsonl, write_jsonl
+from tests.helpers import FakeEngine, chat_request, fake_vllm, local_file, make_defs, read_jsonl, write_jsonl
 
 
 def test_project_definitions_load():
@@ -68,13 +68,13 @@ def test_rerun_skips_committed_shards(tmp_path, data_dir, instance):
     assert len(engine.calls) == 3
     folder = BatchStorage(data_dir=str(data_dir)).folder(batch_id)
     # Lose one committed shard, as if the run had died before committing it.
-    folder.shard_summary_path(1).unlink()
+    folder.storage.delete(shard_keys(folder.results_prefix, 1)[2])
 
     result = defs.resolve_job_def("batch_job").execute_in_process(partition_key=batch_id, instance=instance)
     assert result.success
     assert len(engine.calls) == 4  # only the lost shard ran again
-    assert sorted(committed_shards(folder.results_dir)) == [0, 1, 2]
-    ids = [l["custom_id"] for l in read_jsonl(folder.output_path)]
+    assert sorted(committed_shards(folder.storage, folder.results_prefix)) == [0, 1, 2]
+    ids = [l["custom_id"] for l in read_jsonl(local_file(folder, folder.output_key))]
     assert sorted(ids) == sorted(r["custom_id"] for r in rows)  # rewritten whole, not doubled
 
 

@@ -52,11 +52,9 @@ def enqueue_other(store: Store, data_dir: Path, owner: str, tokens: int, status:
     """An unfinished batch of `owner` whose validation recorded `tokens` prompt tokens for the chat model."""
     storage = BatchStorage(data_dir=str(data_dir)).storage()
     with store.session() as session:
-        path = data_dir / "files" / "other.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("")
-        row = create_batch(session, storage, owner=owner, endpoint=c.CHAT, input_file=add_input_file(
-            session, owner=owner, path=path, filename="other.jsonl", size=0), input_from=None,
+        file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename="other.jsonl", size=0)
+        storage.write_bytes(file.path, b"")
+        row = create_batch(session, storage, owner=owner, endpoint=c.CHAT, input_file=file, input_from=None,
             completion_window_s=None, launched=True)
         row.status = status
         session.commit()

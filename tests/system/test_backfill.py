@@ -13,10 +13,18 @@ import dagster as dg
 import httpx
 
 from batch_dagster.assets.batch import lifecycle_assets
-from batch_dagster.batchfile.results import committed_shards, shard_paths
 from batch_dagster.resources import BatchStorage
 from tests.daemon_defs import engine_calls
-from tests.helpers import Serve, batch_runs, chat_request, file_stats, materialization_metadata, read_jsonl
+from tests.helpers import (
+    Serve,
+    batch_runs,
+    chat_request,
+    committed_files,
+    file_stats,
+    local_file,
+    materialization_metadata,
+    read_jsonl,
+)
 
 LAUNCH_BACKFILL = """
 mutation Launch($params: LaunchBackfillParams!) {
@@ -54,20 +62,19 @@ def wait_for_backfill(instance: dg.DagsterInstance, backfill_id: str, partitions
 def snapshot(storage: BatchStorage, batch_id: str) -> dict:
     """What a re-run must keep: shard files untouched, merged files' content, the summary's counts."""
     folder = storage.folder(batch_id)
-    results = folder.results_dir
     summary = folder.summary()
     assert summary is not None
     return {
-        "shards": file_stats(p for i in sorted(committed_shards(results)) for p in shard_paths(results, i)),
-        "output": folder.output_path.read_bytes(),
-        "errors": folder.error_path.read_bytes(),
+        "shards": file_stats(committed_files(local_file(folder, folder.results_prefix))),
+        "output": local_file(folder, folder.output_key).read_bytes(),
+        "errors": local_file(folder, folder.error_key).read_bytes(),
         "counts": (summary.request_counts, summary.usage, summary.cost),
     }
 
 
 def merged_inodes(storage: BatchStorage, batch_id: str) -> tuple[int, int]:
     folder = storage.folder(batch_id)
-    return folder.output_path.stat().st_ino, folder.error_path.stat().st_ino
+    return local_file(folder, folder.output_key).stat().st_ino, local_file(folder, folder.error_key).stat().st_ino
 
 
 def test_backfills_of_finished_batches_redo_no_shard_and_rewrite_files_whole(tmp_path):
@@ -120,10 +127,10 @@ def test_backfills_of_finished_batches_redo_no_shard_and_rewrite_files_whole(tmp
 
     for name, batch in batches.items():
         folder = storage.folder(batch.id)
-        out, err = read_jsonl(folder.output_path), read_jsonl(folder.error_path)
+        out, err = read_jsonl(local_file(folder, folder.output_key)), read_jsonl(local_file(folder, folder.error_key))
         assert sorted(x["custom_id"] for x in out + err) == sorted(r["custom_id"] for r in inputs[name])
         # The API's batch is the same finished batch: same counts (not doubled), same files.
         assert after[batch.id].model_dump() == first[batch.id].model_dump()
-        assert sizes[batch.id] == folder.output_path.stat().st_size
+        assert sizes[batch.id] == local_file(folder, folder.output_key).stat().st_size
     assert first[batches["a"].id].request_counts.model_dump() == {"total": 6, "completed": 5, "failed": 1}
     assert len(engine_calls(calls)) == 3 + 2  # a: 6 requests in shards of 2; b: 4

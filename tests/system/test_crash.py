@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from batch_dagster.batchfile.results import committed_shards, shard_paths
 from tests.daemon_defs import engine_calls
-from tests.helpers import Serve, batch_runs, chat_request, file_stats, materialization_metadata, read_jsonl, step_events
+from tests.helpers import (
+    Serve,
+    batch_runs,
+    chat_request,
+    committed_files,
+    committed_in,
+    file_stats,
+    materialization_metadata,
+    read_jsonl,
+    step_events,
+)
 
 SHARDS = 8
 
@@ -28,10 +36,6 @@ def wait_until(predicate, timeout_s: float, serve: Serve, what: str):
             raise TimeoutError(f"{what}\n{serve.logs()}")
         time.sleep(0.05)
     return value
-
-
-def committed_files(results: Path) -> list[Path]:
-    return [p for i in sorted(committed_shards(results)) for p in shard_paths(results, i)]
 
 
 def lines(client, file_id) -> list[dict]:
@@ -48,7 +52,7 @@ def test_killed_step_and_killed_run_worker_resume_without_redoing_shards(tmp_pat
         results = serve.data_dir / "batches" / batch.id / "results"
 
         # 1. kill -9 the step process running inference, once its first shard is committed.
-        step = wait_until(lambda: committed_shards(results) and serve.engine_step(), 240, serve, "no shard committed")
+        step = wait_until(lambda: committed_in(results) and serve.engine_step(), 240, serve, "no shard committed")
         worker = step.parent()
         step.kill()
         step.wait(10)
@@ -107,7 +111,7 @@ def test_serve_stopped_mid_run_then_every_retry_dying_fails_the_batch_with_the_r
     with Serve(tmp_path, **env, BATCH_TEST_CALL_S="8") as serve:
         batch = serve.create_batch(rows)
         results = serve.data_dir / "batches" / batch.id / "results"
-        wait_until(lambda: committed_shards(results), 120, serve, "no shard committed")
+        wait_until(lambda: committed_in(results), 120, serve, "no shard committed")
     stopped = file_stats(committed_files(results))
     kept = {x["custom_id"] for p in committed_files(results) if p.name.endswith(".output.jsonl") for x in read_jsonl(p)}
     calls_before = len(engine_calls(calls))
