@@ -146,12 +146,12 @@ def _owned_batch(session, ctx, owner: str, batch_id: str) -> BatchRecord:
     row = repo.get_batch(session, owner, batch_id)
     if row is None:
         raise not_found("Batch", batch_id, param="batch_id")
-    return sync_batch(session, ctx.storage, row)
+    return _synced(session, ctx, row)
 
 
 def _synced(session, ctx, row: BatchRecord) -> BatchRecord:
-    """The row brought up to date; as stored when its folder cannot be read, so that one batch never breaks
-    the listing of the others."""
+    """The row brought up to date; as stored when its folder cannot be read (a damaged document, the store
+    unreachable), so that a batch still answers and never breaks the listing of the others."""
     try:
         return sync_batch(session, ctx.storage, row)
     except Exception:
@@ -193,4 +193,4 @@ def cancel_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner)
         # The stop file first: once the status says cancelling, the pipeline must already see it.
         BatchFolder(ctx.storage, batch_id).request_stop("cancelled")
         repo.request_cancel(session, row)
-    return batch_object(sync_batch(session, ctx.storage, row))
+    return batch_object(_synced(session, ctx, row))

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
-
-from . import contract as c
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -26,7 +23,6 @@ _UNSUPPORTED = {
     "background": "batch requests already run in the background",
 }
 
-ErrorSink = Callable[[str, str, int | None, str | None], None]
 
 
 def _is_number(value: Any) -> bool:
@@ -91,14 +87,6 @@ def body_problems(body: dict[str, Any]) -> list[tuple[str, str]]:
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         problems.append(("'body.metadata' must be an object.", "body.metadata"))
     return problems
-
-
-def check_body(body: dict[str, Any], line: int, error: ErrorSink) -> bool:
-    """Report each problem of a responses body at `line`; True when there is none."""
-    problems = body_problems(body)
-    for message, param in problems:
-        error(c.INVALID_REQUEST, message, line, param)
-    return not problems
 
 
 def _text(content: Any) -> str:

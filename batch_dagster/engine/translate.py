@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.bodies import BodyError, check_body
 
 # OpenAI sampling fields, plus vLLM's extras that its server also accepts in a body.
@@ -37,7 +38,11 @@ class RequestError(Exception):
 def check(endpoint: str, body: dict[str, Any]) -> None:
     """Validation's type and range checks of the body, again: a request validation reported as mistyped
     is stored like any other and ends here, as its own 400 line, before it reaches an engine."""
-    if endpoint == c.RESPONSES:  # validation checks these bodies field by field (batchfile/responses.py)
+    if endpoint == c.RESPONSES:
+        problems = responses.body_problems(body)
+        if problems:
+            message, param = problems[0]
+            raise RequestError(message, param=param.removeprefix("body."))
         return
     try:
         check_body(endpoint, body)

@@ -153,6 +153,11 @@ def test_one_odd_stored_value_never_breaks_a_listing(start_service, tmp_path):
         assert batch["id"] == ok.id and batch["metadata"]["n"] == "5" and batch["metadata"]["nested"] == '{"a": [1]}'
         assert http.get(f"/v1/batches/{ok.id}").status_code == 200
         assert http.post(f"/v1/batches/{ok.id}/cancel").status_code == 200
+        # The batch with the damaged folder answers as stored, on its own and when cancelled.
+        alone = http.get(f"/v1/batches/{broken.id}")
+        assert alone.status_code == 200 and alone.json()["status"] == "validating", alone.text[:300]
+        cancelled = http.post(f"/v1/batches/{broken.id}/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelling", cancelled.text[:300]
 
 
 def test_unsupported_methods_are_405_with_allow(start_service):

@@ -12,6 +12,7 @@ from batch_dagster.batchfile.responses import chat_body, response_object
 from batch_dagster.batchfile.shard import features
 from batch_dagster.batchfile.usage import Usage
 from batch_dagster.batchfile.validate import validate_file
+from batch_dagster.engine.translate import RequestError, check
 
 MODEL = "smollm2-135m-instruct"
 
@@ -54,8 +55,13 @@ def test_valid_responses_file(tmp_path):
     ({"previous_response_id": "resp_1"}, "body.previous_response_id"),
 ])
 def test_each_bad_field_is_reported_with_its_line_and_param(tmp_path, body, param):
+    # As for the other endpoints: the file stays valid, the request is kept and ends as its own 400 line.
     report = validate(tmp_path, [line("ok"), line("bad", **body)])
-    assert [(e.code, e.line, e.param) for e in report.errors] == [(c.INVALID_REQUEST, 2, param)]
+    assert report.valid and report.total_requests == 2
+    assert [(e.code, e.line, e.param) for e in report.rejected] == [(c.INVALID_REQUEST, 2, param)]
+    with pytest.raises(RequestError) as refused:
+        check(c.RESPONSES, line("bad", **body)["body"])
+    assert refused.value.param == param.removeprefix("body.")
 
 
 def test_missing_input_is_reported(tmp_path):

@@ -21,15 +21,14 @@ def test_responses_batch_writes_response_objects_and_counts_their_usage(tmp_path
     defs = make_defs(data_dir, fake_vllm("responses", FakeEngine()), shard_size=2)
     rows = [responses_request(f"r{i}", f"say {i} " + "x " * i, instructions="Be brief.", max_output_tokens=4)
             for i in range(5)] + [responses_request("cold", "hi", temperature=-1)]
-    # temperature -1 is caught by validation: the file is refused as a whole, with the line and param.
-    bad = run_batch(write_jsonl(tmp_path / "bad.jsonl", rows), tmp_path / "bad", show_progress=False, defs=defs,
-                    instance=instance)
-    assert bad["status"] == "failed"
-    assert [(e["line"], e["param"]) for e in bad["errors"]] == [(6, "body.temperature")]
-
-    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows[:5]), tmp_path / "out", show_progress=False,
+    # temperature -1 is reported by validation at its line and param; the request ends as its own 400 line.
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
                         defs=defs, instance=instance)
-    assert summary["status"] == "completed" and summary["request_counts"]["completed"] == 5
+    assert summary["status"] == "completed"
+    assert summary["request_counts"] == {"total": 6, "completed": 5, "failed": 1}
+    [refused] = read_jsonl(tmp_path / "out" / "errors.jsonl")
+    assert refused["custom_id"] == "cold" and refused["response"]["status_code"] == 400
+    assert refused["response"]["body"]["error"]["param"] == "temperature"
     out = read_jsonl(tmp_path / "out" / "output.jsonl")
     bodies = [line["response"]["body"] for line in out]
     assert {b["object"] for b in bodies} == {"response"} and {b["status"] for b in bodies} == {"completed"}
