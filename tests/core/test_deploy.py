@@ -1,5 +1,6 @@
 """deploy/ checked without a cluster: every manifest against the Kubernetes schemas, the Helm values against the
-keys the Dagster chart defines."""
+keys the Dagster chart defines, and the storage layout: every pod of this project's code names the same batch storage
+and keeps only scratch of its own; no pod shares a volume with another."""
 
 from __future__ import annotations
 
@@ -100,8 +101,128 @@ CHART_1_13_27_ENUMS = {
 }
 
 
+ENV_CONFIG_MAP = "batch-dagster-env"  # the environment every pod of this project's code reads
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
+
+
 def manifests() -> list[Path]:
     return sorted((DEPLOY / "k8s").glob("*.yaml"))
+
+
+def documents() -> list[dict]:
+    return [doc for path in manifests() for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def helm_values() -> dict:
+    return yaml.safe_load((DEPLOY / "helm" / "dagster-values.yaml").read_text())
+
+
+def env_config(docs: list[dict]) -> dict[str, str]:
+    (config,) = [doc for doc in docs if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == ENV_CONFIG_MAP]
+    return config["data"]
+
+
+def pod_specs(docs: list[dict]) -> dict[str, dict]:
+    """Every pod the manifests define, by kind/name: its spec (CronJobs included)."""
+    pods = {}
+    for doc in docs:
+        name = f"{doc['kind']}/{doc['metadata']['name']}"
+        if doc["kind"] in WORKLOADS:
+            pods[name] = doc["spec"]["template"]["spec"]
+        elif doc["kind"] == "CronJob":
+            pods[name] = doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return pods
+
+
+def runs_this_projects_code(container: dict) -> bool:
+    """A container of this project's image that is not a vLLM server: it reads batch folders."""
+    return (container["image"].split(":")[0].endswith("/batch-dagster")
+            and container.get("command", [])[:2] != ["batch-dagster", "vllm-server"])
+
+
+def helm_pods(values: dict) -> dict[str, dict]:
+    """The pods the Helm values shape for this project's code, in the chart's words: the code server (the user
+    deployment; it evaluates the daemon's sensors and schedule) and every run pod (the K8s run launcher)."""
+    (code,) = values["dagster-user-deployments"]["deployments"]
+    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
+    return {"code server": {"config_maps": [m["name"] for m in code.get("envConfigMaps", [])],
+                            "env": [e["name"] for e in code.get("env") or []],
+                            "volumes": code.get("volumes", []), "mounts": code.get("volumeMounts", [])},
+            "run pods": {"config_maps": [m["name"] for m in launcher.get("envConfigMaps", [])],
+                         "env": [e.split("=", 1)[0] for e in launcher.get("envVars") or []],
+                         "volumes": launcher.get("volumes", []), "mounts": launcher.get("volumeMounts", [])}}
+
+
+def is_scratch(volume: dict) -> bool:
+    """A volume that lives and dies with its pod, bounded: an emptyDir with a size limit, or a generic ephemeral
+    volume (a claim made for the pod and deleted with it)."""
+    if "emptyDir" in volume:
+        return bool(volume["emptyDir"].get("sizeLimit"))
+    return "ephemeral" in volume
+
+
+def project_pods(docs: list[dict], values: dict) -> dict[str, dict]:
+    """Every pod that runs this project's code: the manifests' (the API) and the Helm values' (code server, runs)."""
+    pods = {}
+    for name, spec in pod_specs(docs).items():
+        for container in spec["containers"]:
+            if runs_this_projects_code(container):
+                pods[name] = {"config_maps": [s["configMapRef"]["name"] for s in container.get("envFrom", [])
+                                              if "configMapRef" in s and not s["configMapRef"].get("optional")],
+                              "env": [e["name"] for e in container.get("env", [])],
+                              "volumes": spec.get("volumes", []), "mounts": container.get("volumeMounts", [])}
+    return pods | helm_pods(values)
+
+
+def storage_problems(docs: list[dict], values: dict) -> list[str]:
+    """Where a pod of this project's code would not name the one batch storage, or would keep more than scratch."""
+    problems = []
+    defining = {doc["metadata"]["name"] for doc in docs if doc["kind"] in ("ConfigMap", "Secret")
+                and "BATCH_STORAGE_URL" in {**doc.get("data", {}), **doc.get("stringData", {})}}
+    if defining != {ENV_CONFIG_MAP}:
+        problems.append(f"BATCH_STORAGE_URL is set in {sorted(defining)}, not in {ENV_CONFIG_MAP} alone")
+    data_dir = env_config(docs)["BATCH_DATA_DIR"]
+    for name, pod in project_pods(docs, values).items():
+        if ENV_CONFIG_MAP not in pod["config_maps"]:
+            problems.append(f"{name}: no envFrom {ENV_CONFIG_MAP}")
+        if {"BATCH_STORAGE_URL", "BATCH_DATA_DIR"} & set(pod["env"]):
+            problems.append(f"{name}: overrides the storage variables")
+        mounts = [m["name"] for m in pod["mounts"] if m["mountPath"] == data_dir]
+        volumes = [v for v in pod["volumes"] if v["name"] in mounts]
+        if len(volumes) != 1 or not is_scratch(volumes[0]):
+            problems.append(f"{name}: BATCH_DATA_DIR ({data_dir}) is not a scratch volume of its own: {volumes}")
+    return problems
+
+
+def sharing_problems(docs: list[dict], values: dict) -> list[str]:
+    """Claims that more than one node may mount (ReadWriteMany), and volumes that more than one pod mounts."""
+    claims = {}  # every claim the manifests make, by name: its access modes
+    for doc in docs:
+        if doc["kind"] == "PersistentVolumeClaim":
+            claims[doc["metadata"]["name"]] = doc["spec"]["accessModes"]
+        if doc["kind"] == "StatefulSet":  # one claim per replica
+            claims |= {t["metadata"]["name"]: t["spec"]["accessModes"] for t in doc["spec"].get("volumeClaimTemplates", [])}
+    problems = [f"claim {name} is ReadWriteMany" for name, modes in claims.items() if "ReadWriteMany" in modes]
+    replicas = {f"{doc['kind']}/{doc['metadata']['name']}": doc["spec"].get("replicas", 1) for doc in docs
+                if doc["kind"] in WORKLOADS}
+    pods = {name: spec.get("volumes", []) for name, spec in pod_specs(docs).items()}
+    helm = {name: pod["volumes"] for name, pod in helm_pods(values).items()}
+    mounted: dict[str, int] = {}  # pods mounting each claim
+    for name, volumes in (pods | helm).items():
+        for volume in volumes:
+            claim = volume.get("persistentVolumeClaim", {}).get("claimName")
+            if claim:
+                mounted[claim] = mounted.get(claim, 0) + replicas.get(name, 2)  # run pods: any number
+            if claim and (claim not in claims or name in helm):
+                # Run pods and the code server keep nothing: a claim there pins every run to one volume.
+                problems.append(f"{name} mounts the claim {claim}")
+            ephemeral = volume.get("ephemeral", {}).get("volumeClaimTemplate", {}).get("spec", {})
+            if "ReadWriteMany" in ephemeral.get("accessModes", []):
+                problems.append(f"{name}: ephemeral volume {volume['name']} is ReadWriteMany")
+            if {"nfs", "cephfs", "glusterfs", "azureFile"} & set(volume):
+                problems.append(f"{name}: shared filesystem {volume['name']}")
+    problems += [f"claim {claim} is mounted by {count} pods" for claim, count in mounted.items() if count > 1]
+    return problems
 
 
 def key_paths(value, path: str = ""):
@@ -122,7 +243,7 @@ def key_paths(value, path: str = ""):
 def test_there_are_manifests_for_every_part():
     kinds = {(doc["kind"], doc["metadata"]["name"]) for path in manifests()
              for doc in yaml.safe_load_all(path.read_text()) if doc}
-    for part in [("Deployment", "vllm-qwen3-8b"), ("Deployment", "vllm-router"), ("Role", "vllm-router-pod-reader"),
+    for part in [("StatefulSet", "vllm-qwen3-8b"), ("Deployment", "vllm-router"), ("Role", "vllm-router-pod-reader"),
                  ("Deployment", "batch-api"), ("Service", "batch-api"), ("Secret", "batch-dagster-secrets")]:
         assert part in kinds, part
 
@@ -137,20 +258,24 @@ def test_manifest_is_valid_kubernetes(path):
 
 
 def test_the_validation_catches_an_unknown_field():
-    doc = yaml.safe_load((DEPLOY / "k8s" / "api.yaml").read_text().split("\n---\n")[0])
+    doc = next(doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "api.yaml").read_text()) if doc["kind"] == "Deployment")
     doc["spec"]["template"]["spec"]["containers"][0]["resource"] = {}  # a typo of `resources`
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
 
 def test_fleet_pods_ask_for_a_gpu_and_are_ready_on_health():
-    for doc in yaml.safe_load_all((DEPLOY / "k8s" / "vllm-fleet.yaml").read_text()):
-        if doc["kind"] != "Deployment":
-            continue
+    fleets = [doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "vllm-fleet.yaml").read_text())
+              if doc["kind"] in WORKLOADS]
+    assert fleets
+    for doc in fleets:
         (container,) = doc["spec"]["template"]["spec"]["containers"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
         assert container["readinessProbe"]["httpGet"]["path"] == "/health"
-        assert any(m["mountPath"] == "/models" for m in container["volumeMounts"])
+        # The model cache: each replica's own claim, kept across restarts (a StatefulSet's volume claim template).
+        (cache,) = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == "/models"]
+        claims = {t["metadata"]["name"]: t["spec"] for t in doc["spec"].get("volumeClaimTemplates", [])}
+        assert claims[cache]["accessModes"] == ["ReadWriteOnce"]
 
 
 def test_router_discovers_the_fleet_pods():
@@ -160,10 +285,44 @@ def test_router_discovers_the_fleet_pods():
     selector = command[command.index("--selector") + 1:]
     selector = selector[: next(i for i, a in enumerate(selector) if a.startswith("--"))]
     fleet = next(doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "vllm-fleet.yaml").read_text())
-                 if doc["kind"] == "Deployment")
+                 if doc["kind"] in WORKLOADS)
     labels = fleet["spec"]["template"]["metadata"]["labels"]
     assert selector and all(labels.get(k) == v for k, v in (s.split("=", 1) for s in selector))
     assert {"pods"} <= set(docs["Role"]["rules"][0]["resources"]) and "watch" in docs["Role"]["rules"][0]["verbs"]
+
+
+def test_every_pod_of_this_projects_code_names_the_same_batch_storage():
+    docs = documents()
+    url = env_config(docs)["BATCH_STORAGE_URL"]
+    assert url.startswith("s3://") and "/" in url[len("s3://"):], url  # a bucket and a prefix
+    assert {"Deployment/batch-api", "code server", "run pods"} <= set(project_pods(docs, helm_values()))
+    assert storage_problems(docs, helm_values()) == []
+
+
+def test_no_pod_mounts_a_shared_volume():
+    assert sharing_problems(documents(), helm_values()) == []
+
+
+def test_the_storage_checks_catch_a_shared_volume_and_a_pod_without_the_storage():
+    docs, values = documents(), helm_values()
+    # The layout before S3: a ReadWriteMany claim mounted as BATCH_DATA_DIR by the API and the run pods.
+    docs.append({"kind": "PersistentVolumeClaim", "metadata": {"name": "batch-data"},
+                 "spec": {"accessModes": ["ReadWriteMany"]}})
+    api = pod_specs(docs)["Deployment/batch-api"]
+    api["volumes"] = [{"name": "scratch", "persistentVolumeClaim": {"claimName": "batch-data"}}
+                      if v["name"] == "scratch" else v for v in api["volumes"]]
+    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
+    launcher["volumes"] = [{"name": "scratch", "persistentVolumeClaim": {"claimName": "batch-data"}}
+                           if v["name"] == "scratch" else v for v in launcher["volumes"]]
+    # A code server that reads its BATCH_* from elsewhere.
+    values["dagster-user-deployments"]["deployments"][0]["envConfigMaps"] = []
+    sharing = sharing_problems(docs, values)
+    assert {"claim batch-data is ReadWriteMany", "run pods mounts the claim batch-data"} <= set(sharing)
+    assert any(p.startswith("claim batch-data is mounted by") for p in sharing)
+    storage = storage_problems(docs, values)
+    assert "code server: no envFrom batch-dagster-env" in storage
+    assert {p.split(":")[0] for p in storage if "not a scratch volume" in p} == {"Deployment/batch-api", "run pods"}
+
 
 
 def test_helm_values_use_only_keys_the_chart_defines():
