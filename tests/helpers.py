@@ -586,3 +586,13 @@ def committed_files(results: Path) -> list[Path]:
 def local_file(folder, key: str) -> Path:
     """The local file of a key of a batch folder on local disk."""
     return folder.storage.local_path(key)
+
+
+def file_lines(client, file_id: str, merged: bool = False) -> list[dict]:
+    """The lines of a file through the API; `merged` asks for a retry batch's merged results (an extension)."""
+    if merged:
+        text = client.get(f"/files/{file_id}/content", cast_to=str, options={"params": {"merged": "true"}})
+        text = text if isinstance(text, str) else text.text
+    else:
+        text = client.files.content(file_id).text
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -7,18 +7,9 @@ import json
 import openai
 import pytest
 
-from tests.helpers import FakeEngine, chat_request, rows, upload, wait_for
+from tests.helpers import FakeEngine, chat_request, file_lines, rows, upload, wait_for
 
 CHAT = "/v1/chat/completions"
-
-
-def lines(client, file_id, merged: bool = False) -> list[dict]:
-    if merged:
-        text = client.get(f"/files/{file_id}/content", cast_to=str, options={"params": {"merged": "true"}})
-        text = text if isinstance(text, str) else text.text
-    else:
-        text = client.files.content(file_id).text
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def retry(client, batch_id: str):
@@ -34,7 +25,7 @@ def test_retry_reruns_only_server_failures_and_merges_with_the_parent(start_serv
                                    completion_window="24h", metadata={"job": "nightly"})
     parent = wait_for(client, parent.id, "completed")
     assert parent.request_counts.failed == 3
-    codes = {e["custom_id"]: e["response"]["status_code"] for e in lines(client, parent.error_file_id)}
+    codes = {e["custom_id"]: e["response"]["status_code"] for e in file_lines(client, parent.error_file_id)}
     assert codes == {"r1": 500, "r4": 500, "bad-temp": 400}
 
     engine.fail_once = {"r4"}  # r4 fails again in the child
@@ -46,12 +37,12 @@ def test_retry_reruns_only_server_failures_and_merges_with_the_parent(start_serv
     assert child.model == parent.model
     # The child ran the parent's original bodies, and only the 5xx ones (never the 400).
     assert engine.calls[-1] == ["r1", "r4"]
-    alone = lines(client, child.output_file_id)
+    alone = file_lines(client, child.output_file_id)
     assert [x["custom_id"] for x in alone] == ["r1"]
     assert alone[0]["response"]["body"]["choices"][0]["message"]["content"] == "echo: question 1 word"
 
-    merged_out = lines(client, child.output_file_id, merged=True)
-    merged_err = lines(client, child.error_file_id, merged=True)
+    merged_out = file_lines(client, child.output_file_id, merged=True)
+    merged_err = file_lines(client, child.error_file_id, merged=True)
     assert sorted(x["custom_id"] for x in merged_out + merged_err) == sorted(r["custom_id"] for r in requests)
     assert sorted(x["custom_id"] for x in merged_out) == ["r0", "r1", "r2", "r3", "r5"]
     assert sorted(x["custom_id"] for x in merged_err) == ["bad-temp", "r4"]
@@ -59,15 +50,15 @@ def test_retry_reruns_only_server_failures_and_merges_with_the_parent(start_serv
     # A retry of the retry: merged reads go through both ancestors, still every custom_id once.
     grandchild = wait_for(client, retry(client, child.id).id, "completed")
     assert grandchild.metadata["parent_batch_id"] == child.id and grandchild.request_counts.total == 1
-    merged_out = lines(client, grandchild.output_file_id, merged=True)
-    merged_err = lines(client, grandchild.error_file_id, merged=True)
+    merged_out = file_lines(client, grandchild.output_file_id, merged=True)
+    merged_err = file_lines(client, grandchild.error_file_id, merged=True)
     assert sorted(x["custom_id"] for x in merged_out + merged_err) == sorted(r["custom_id"] for r in requests)
     assert sorted(x["custom_id"] for x in merged_out) == [f"r{i}" for i in range(6)]
     assert [x["custom_id"] for x in merged_err] == ["bad-temp"]
     # The parent's own file with merged=true is just itself.
-    assert len(lines(client, parent.output_file_id, merged=True)) == 4
+    assert len(file_lines(client, parent.output_file_id, merged=True)) == 4
     with pytest.raises(openai.BadRequestError, match="not a batch's output"):
-        lines(client, parent.input_file_id, merged=True)
+        file_lines(client, parent.input_file_id, merged=True)
 
     # Nothing retryable left: a clear 400.
     with pytest.raises(openai.BadRequestError, match="no request to retry"):
@@ -91,8 +82,8 @@ def test_retry_of_a_cancelled_batch_runs_what_never_ran(start_service, tmp_path)
 
     child = wait_for(client, retry(client, batch.id).id, "completed")
     assert child.request_counts.model_dump() == {"total": 3, "completed": 3, "failed": 0}
-    merged_out = lines(client, child.output_file_id, merged=True)
-    merged_err = lines(client, child.error_file_id, merged=True)
+    merged_out = file_lines(client, child.output_file_id, merged=True)
+    merged_err = file_lines(client, child.error_file_id, merged=True)
     assert sorted(x["custom_id"] for x in merged_out) == sorted(r["custom_id"] for r in requests)
     assert merged_err == []
 
@@ -113,7 +104,7 @@ def test_cli_retry_creates_the_child_the_daemon_runs(start_service, tmp_path, mo
     assert printed["parent_batch_id"] == parent.id and printed["requests"] == 2
     child = wait_for(client, printed["id"], "completed")  # the worker (the daemon's sensor) launched it
     assert child.metadata == {"parent_batch_id": parent.id}
-    assert sorted(x["custom_id"] for x in lines(client, child.output_file_id)) == ["r0", "r2"]
+    assert sorted(x["custom_id"] for x in file_lines(client, child.output_file_id)) == ["r0", "r2"]
 
     with pytest.raises(SystemExit) as exit_:
         main(["retry", child.id])
@@ -128,12 +119,12 @@ def test_retry_after_the_engine_crashed_on_a_shard_past_its_retries(start_servic
     parent = wait_for(client, client.batches.create(
         input_file_id=upload(client, tmp_path / "in.jsonl", requests), endpoint=CHAT, completion_window="24h").id,
         "completed", timeout_s=120)
-    err = lines(client, parent.error_file_id)
+    err = file_lines(client, parent.error_file_id)
     assert len(err) == 2 and {e["response"]["body"]["error"]["code"] for e in err} == {"engine_error"}
 
     child = wait_for(client, retry(client, parent.id).id, "completed")
     assert child.request_counts.model_dump() == {"total": 2, "completed": 2, "failed": 0}
-    assert sorted(x["custom_id"] for x in lines(client, child.output_file_id)) == sorted(e["custom_id"] for e in err)
-    merged = lines(client, child.output_file_id, merged=True)
+    assert sorted(x["custom_id"] for x in file_lines(client, child.output_file_id)) == sorted(e["custom_id"] for e in err)
+    merged = file_lines(client, child.output_file_id, merged=True)
     assert sorted(x["custom_id"] for x in merged) == sorted(r["custom_id"] for r in requests)
-    assert lines(client, child.error_file_id, merged=True) == []
+    assert file_lines(client, child.error_file_id, merged=True) == []

@@ -3,14 +3,13 @@ S3-compatible server (moto on loopback), and the local data dir holds nothing a 
 
 from __future__ import annotations
 
-import json
 import time
 
 import openai
 import pytest
 
 from batch_dagster.batchfile.results import committed_shards, shard_keys
-from tests.helpers import BUCKET, QUIET, FakeEngine, chat_request, rows, upload, wait_for
+from tests.helpers import BUCKET, QUIET, FakeEngine, chat_request, file_lines, rows, upload, wait_for
 
 CHAT = "/v1/chat/completions"
 PREFIX = "tenant/batch-data"
@@ -25,15 +24,6 @@ def local_files(data_dir) -> list[str]:
     """What a process left under its data dir, apart from the API store's SQLite file."""
     return sorted(str(p.relative_to(data_dir)) for p in data_dir.rglob("*")
                   if p.is_file() and not p.name.startswith("api.db"))
-
-
-def lines(client, file_id, merged: bool = False) -> list[dict]:
-    if merged:
-        text = client.get(f"/files/{file_id}/content", cast_to=str, options={"params": {"merged": "true"}})
-        text = text if isinstance(text, str) else text.text
-    else:
-        text = client.files.content(file_id).text
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def test_a_batch_lives_on_s3_from_upload_to_retry(start_service, bucket, tmp_path):
@@ -55,7 +45,7 @@ def test_a_batch_lives_on_s3_from_upload_to_retry(start_service, bucket, tmp_pat
     assert sorted(committed_shards(folder.storage, folder.results_prefix)) == [0, 1, 2]
     assert folder.summary().output_file == f"s3://{BUCKET}/{PREFIX}/batches/{batch.id}/output.jsonl"
     # Output and error files are served from S3 through the API.
-    out, err = lines(client, batch.output_file_id), lines(client, batch.error_file_id)
+    out, err = file_lines(client, batch.output_file_id), file_lines(client, batch.error_file_id)
     assert sorted(x["custom_id"] for x in out + err) == sorted(r["custom_id"] for r in requests)
     assert client.files.retrieve(batch.output_file_id).bytes == len(client.files.content(batch.output_file_id).content)
     assert client.files.content(file_id).content == (tmp_path / "in.jsonl").read_bytes()
@@ -64,7 +54,7 @@ def test_a_batch_lives_on_s3_from_upload_to_retry(start_service, bucket, tmp_pat
     child = client.post(f"/batches/{batch.id}/retry", cast_to=openai.types.Batch)
     child = wait_for(client, child.id, "completed")
     assert child.request_counts.model_dump() == {"total": 1, "completed": 1, "failed": 0}
-    merged = lines(client, child.output_file_id, merged=True) + lines(client, child.error_file_id, merged=True)
+    merged = file_lines(client, child.output_file_id, merged=True) + file_lines(client, child.error_file_id, merged=True)
     assert sorted(x["custom_id"] for x in merged) == sorted(r["custom_id"] for r in requests)
 
     # Nothing under the local data dir is a batch's: scratch copies are gone once used.
@@ -101,4 +91,4 @@ def test_a_rerun_on_s3_skips_committed_shards(start_service, bucket, tmp_path):
     assert engine.calls[calls:] == [["r2", "r3"]]  # only the shard without its marker ran again
     for key, written in etags.items():  # the committed shards' objects are not written again
         assert bucket.head_object(Bucket=BUCKET, Key=key)["LastModified"] == written, key
-    assert sorted(x["custom_id"] for x in lines(client, batch.output_file_id)) == [r["custom_id"] for r in requests]
+    assert sorted(x["custom_id"] for x in file_lines(client, batch.output_file_id)) == [r["custom_id"] for r in requests]
