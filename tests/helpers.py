@@ -103,6 +103,21 @@ def wait_http(url: str, timeout_s: float, proc=None) -> None:
     raise TimeoutError(url)
 
 
+def new_database(server_url: str) -> str:
+    """A new, empty database on the PostgreSQL server at `server_url` (a URL without a database name): its URL."""
+    import uuid
+
+    import psycopg2
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    conn = psycopg2.connect(f"{server_url}/postgres".replace("+psycopg2", ""))
+    conn.autocommit = True  # CREATE DATABASE cannot run in a transaction
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    conn.close()
+    return f"{server_url}/{name}"
+
+
 # Definitions.
 
 def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storage_url: str = "") -> dg.Definitions:

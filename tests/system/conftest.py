@@ -7,12 +7,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import CHAT_MODEL, free_port, real_vllm, wait_http
+from tests.helpers import CHAT_MODEL, free_port, new_database, real_vllm, wait_http
 
 
 @pytest.fixture(scope="session")
@@ -79,12 +78,4 @@ def postgres_server():
 @pytest.fixture
 def postgres_url(postgres_server) -> str:
     """A URL of a new, empty database on the session's PostgreSQL server."""
-    import psycopg2
-
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    conn = psycopg2.connect(f"{postgres_server}/postgres".replace("+psycopg2", ""))
-    conn.autocommit = True  # CREATE DATABASE cannot run in a transaction
-    with conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    conn.close()
-    return f"{postgres_server}/{name}"
+    return new_database(postgres_server)
