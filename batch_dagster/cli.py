@@ -182,7 +182,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
 
 def cmd_instance(args: argparse.Namespace) -> int:
-    from batch_dagster.instance import PG_URL_VARIABLE, ensure_dagster_home, pg_url_problem
+    from batch_dagster.instance import PG_URL_VARIABLE, compute_logs_place, ensure_dagster_home, pg_url_problem
 
     problem = pg_url_problem(os.environ[PG_URL_VARIABLE]) if os.environ.get(PG_URL_VARIABLE) else None
     if problem:
@@ -190,7 +190,8 @@ def cmd_instance(args: argparse.Namespace) -> int:
         return 2
     home = ensure_dagster_home()
     storage = f"postgres ({PG_URL_VARIABLE})" if os.environ.get(PG_URL_VARIABLE) else "sqlite"
-    print(f"DAGSTER_HOME={home} storage={storage}")
+    logs = compute_logs_place(Settings.from_env().storage_url)
+    print(f"DAGSTER_HOME={home} storage={storage}" + (f" compute_logs=s3://{logs[0]}/{logs[1]}" if logs else ""))
     return 0
 
 

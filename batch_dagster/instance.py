@@ -3,15 +3,16 @@
 Without DAGSTER_PG_URL, DAGSTER_HOME/dagster.yaml links to the repo's dagster.yaml (storage: SQLite files under
 DAGSTER_HOME). With DAGSTER_PG_URL set, it is written as the repo's dagster.yaml plus dagster-postgres' storage block
 (runs, event logs, schedules), which names the variable, not its value: Dagster reads the URL at start-up, so the
-password never lands on disk.
+password never lands on disk. With batch folders on S3 (BATCH_STORAGE_URL), step and sensor logs go to S3 too.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlparse
 
-from batch_dagster.settings import PACKAGE_DIR
+from batch_dagster.settings import PACKAGE_DIR, Settings
 
 REPO_INSTANCE_CONFIG = PACKAGE_DIR.parent / "dagster.yaml"
 # Not a BATCH_* variable: Dagster itself reads it, through the `env:` reference in the storage block.
@@ -24,6 +25,18 @@ storage:
   postgres:
     postgres_url:
       env: {PG_URL_VARIABLE}
+"""
+# Beside the batch folders, under the storage's prefix.
+COMPUTE_LOGS_FOLDER = "dagster-compute-logs"
+S3_COMPUTE_LOGS = """
+# Step and sensor logs on S3 beside the batch folders, because BATCH_STORAGE_URL is on S3: every host
+# writes them to one place, for the UI (endpoint and credentials: boto3's own AWS_* variables).
+compute_logs:
+  module: dagster_aws.s3.compute_log_manager
+  class: S3ComputeLogManager
+  config:
+    bucket: {bucket}
+    prefix: {prefix}
 """
 
 
@@ -40,19 +53,38 @@ def pg_url_problem(url: str) -> str | None:
     return None
 
 
-def instance_config(postgres: bool) -> str:
-    """The text of DAGSTER_HOME/dagster.yaml: the repo's, plus the Postgres storage block when `postgres`."""
+def compute_logs_place(storage_url: str) -> tuple[str, str] | None:
+    """The bucket and prefix of step and sensor logs when batch folders are on S3 (`storage_url`), else None.
+
+    A run worker writes its steps' logs where the instance that launched it says. With Dagster's default (files
+    under DAGSTER_HOME) that is a folder of the daemon's host, which the UI on another host never sees. The staging
+    folder is left to Dagster's default (/tmp of each process): a path written here would be this host's.
+    """
+    url = urlparse(storage_url)
+    if url.scheme != "s3":
+        return None
+    return url.netloc, "/".join(part for part in (url.path.strip("/"), COMPUTE_LOGS_FOLDER) if part)
+
+
+def instance_config(postgres: bool, storage_url: str = "") -> str:
+    """The text of DAGSTER_HOME/dagster.yaml: the repo's, plus the Postgres storage block when `postgres` and the
+    S3 compute log block when `storage_url` is on S3."""
     base = REPO_INSTANCE_CONFIG.read_text()
-    if not postgres:
+    logs = compute_logs_place(storage_url)
+    if not postgres and logs is None:
         return base
-    header = f"{WRITTEN_MARK} from {REPO_INSTANCE_CONFIG.name} because {PG_URL_VARIABLE} is set. Do not edit.\n"
-    return header + base.rstrip("\n") + "\n" + POSTGRES_STORAGE
+    because = " and ".join(name for name, on in ((PG_URL_VARIABLE, postgres), ("BATCH_STORAGE_URL", logs)) if on)
+    header = f"{WRITTEN_MARK} from {REPO_INSTANCE_CONFIG.name} because of {because}. Do not edit.\n"
+    blocks = (POSTGRES_STORAGE if postgres else "") + (S3_COMPUTE_LOGS.format(bucket=logs[0], prefix=logs[1])
+                                                         if logs else "")
+    return header + base.rstrip("\n") + "\n" + blocks
 
 
 def ensure_dagster_home() -> Path:
     """Set DAGSTER_HOME (default ./.dagster_home) and give it this project's dagster.yaml.
 
-    A dagster.yaml the user wrote is left alone; the link or a file written here follows DAGSTER_PG_URL.
+    A dagster.yaml the user wrote is left alone; the link or a file written here follows DAGSTER_PG_URL and
+    BATCH_STORAGE_URL.
     """
     home = Path(os.environ.get("DAGSTER_HOME") or Path.cwd() / ".dagster_home").resolve()
     os.environ["DAGSTER_HOME"] = str(home)
@@ -63,8 +95,8 @@ def ensure_dagster_home() -> Path:
     ours = config.is_symlink() or (config.exists() and config.read_text().startswith(WRITTEN_MARK))
     if config.exists() and not ours:
         return home
-    if os.environ.get(PG_URL_VARIABLE):
-        text = instance_config(postgres=True)
+    text = instance_config(postgres=bool(os.environ.get(PG_URL_VARIABLE)), storage_url=Settings.from_env().storage_url)
+    if text != REPO_INSTANCE_CONFIG.read_text():
         if config.is_symlink() or not config.exists() or config.read_text() != text:
             config.unlink(missing_ok=True)
             tmp = config.with_suffix(".yaml.tmp")

@@ -1,4 +1,5 @@
-"""`batch-dagster instance`: DAGSTER_HOME's dagster.yaml follows DAGSTER_PG_URL (Postgres storage or the repo's link)."""
+"""`batch-dagster instance`: DAGSTER_HOME's dagster.yaml follows DAGSTER_PG_URL (Postgres storage or the repo's link)
+and BATCH_STORAGE_URL (compute logs on S3)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from batch_dagster.instance import REPO_INSTANCE_CONFIG
 CLI = Path(sys.executable).with_name("batch-dagster")
 
 
-def instance(home: Path, pg_url: str | None, check: bool = True) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_PG_URL"} | {"DAGSTER_HOME": str(home)}
+def instance(home: Path, pg_url: str | None, check: bool = True, storage_url: str = "") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_PG_URL", "BATCH_STORAGE_URL")}
+    env |= {"DAGSTER_HOME": str(home), "BATCH_STORAGE_URL": storage_url}
     if pg_url:
         env["DAGSTER_PG_URL"] = pg_url
     return subprocess.run([str(CLI), "instance"], env=env, capture_output=True, text=True, check=check)
@@ -33,6 +35,26 @@ def test_instance_follows_dagster_pg_url(tmp_path):
 
     assert "storage=sqlite" in instance(home, None).stdout
     assert (home / "dagster.yaml").resolve() == REPO_INSTANCE_CONFIG.resolve()
+
+
+def test_instance_puts_compute_logs_beside_batch_folders_on_s3(tmp_path):
+    home = tmp_path / "home"
+    assert "compute_logs=s3://batches/team-a/dagster-compute-logs" in instance(
+        home, None, storage_url="s3://batches/team-a/").stdout
+    config = home / "dagster.yaml"
+    text = config.read_text()
+    assert not config.is_symlink() and "storage:" not in text
+    assert ("class: S3ComputeLogManager\n  config:\n    bucket: batches\n    prefix: team-a/dagster-compute-logs\n"
+            in text)
+
+    both = instance(home, "postgresql+psycopg2://u@db.example/dagster", storage_url="s3://batches").stdout
+    assert "storage=postgres" in both and "compute_logs=s3://batches/dagster-compute-logs" in both
+    text = config.read_text()
+    assert "env: DAGSTER_PG_URL" in text and "    bucket: batches\n    prefix: dagster-compute-logs\n" in text
+
+    # Batch folders on local disk: Dagster's own compute logs, and the link back.
+    assert "compute_logs" not in instance(home, None, storage_url=str(tmp_path / "data")).stdout
+    assert config.resolve() == REPO_INSTANCE_CONFIG.resolve()
 
 
 def test_instance_leaves_a_users_own_config_alone(tmp_path):
