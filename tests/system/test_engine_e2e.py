@@ -106,8 +106,8 @@ def test_chat_batch_of_40_through_the_cli(tmp_path):
         assert batch.status == "completed" and batch.completed_at is not None
         assert (batch.request_total, batch.request_completed, batch.request_failed) == (40, len(out), len(err))
         assert batch.meta == {"source": (tmp_path / "in.jsonl").as_uri()}
-        assert Path(repo.get_file(session, repo.ANONYMOUS, batch.input_file_id).path).read_text() == \
-            (tmp_path / "in.jsonl").read_text()
+        stored = repo.get_file(session, repo.ANONYMOUS, batch.input_file_id).path  # a key in the batch storage
+        assert (tmp_path / "data" / stored).read_text() == (tmp_path / "in.jsonl").read_text()
 
     usage = summary["usage"]
     lines = [l["response"]["body"]["usage"] for l in out.values()]
