@@ -118,6 +118,41 @@ def new_database(server_url: str) -> str:
     return f"{server_url}/{name}"
 
 
+class Receiver:
+    """A webhook endpoint on loopback that records each POST (headers, body, status it answered); it answers
+    `statuses` in turn, then 200."""
+
+    def __init__(self, *statuses: int):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.statuses = list(statuses)
+        self.posts: list[tuple[dict[str, str], bytes, int]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["content-length"]))
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                receiver.posts.append(({k.lower(): v for k, v in self.headers.items()}, body, status))
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def events(self) -> list[dict]:
+        """The events it answered 200 to."""
+        return [json.loads(body) for _, body, status in self.posts if status == 200]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 # Definitions.
 
 def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storage_url: str = "") -> dg.Definitions:

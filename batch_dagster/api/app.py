@@ -8,7 +8,7 @@ from fastapi import FastAPI
 
 from batch_dagster.store import repo
 
-from . import batches, errors, files, retry
+from . import batches, errors, files, retry, webhooks
 from .context import ApiConfig, AppContext
 from .guard import RequestGuard
 
@@ -28,7 +28,7 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
 
     app = FastAPI(
         title="batch-dagster",
-        summary="OpenAI-compatible Files and Batches API; batches run through the Dagster pipeline.",
+        summary="OpenAI-compatible Files, Batches and webhook endpoints; batches run through the Dagster pipeline.",
         version="0.1.0",
         lifespan=lifespan,
     )
@@ -37,6 +37,7 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     app.include_router(files.router, prefix="/v1")
     app.include_router(batches.router, prefix="/v1")
     app.include_router(retry.router, prefix="/v1")
+    app.include_router(webhooks.router, prefix="/v1")
 
     @app.get("/health", include_in_schema=False)
     def health() -> dict[str, str]:

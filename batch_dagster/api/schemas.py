@@ -8,6 +8,7 @@ from typing import Annotated, Generic, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, Field
 
 from batch_dagster.batchfile.contract import ENDPOINTS
+from batch_dagster.store.webhooks import EVENT_TYPES
 
 T = TypeVar("T")
 COMPLETION_WINDOWS = ("24h",)
@@ -144,3 +145,45 @@ class CreateBatchRequest(BaseModel):
     completion_window: Text = Field(json_schema_extra={"enum": list(COMPLETION_WINDOWS)})
     metadata: Metadata | None = None
     output_expires_after: ExpiresAfter | None = None
+
+
+# Webhook endpoints: OpenAI's webhook_endpoint objects (the openai SDK's client.webhooks), for batch events only.
+WEBHOOK_EVENT_TYPES = tuple(EVENT_TYPES.values())
+MAX_WEBHOOK_URL, MAX_WEBHOOK_NAME = 1024, 255
+WebhookEventType = Annotated[Text, Field(json_schema_extra={"enum": list(WEBHOOK_EVENT_TYPES)})]
+
+
+class WebhookEndpoint(BaseModel):
+    id: str
+    object: Literal["webhook_endpoint"] = "webhook_endpoint"
+    created_at: int
+    event_types: list[str]
+    name: str
+    signing_secret_hint: str | None = None
+    url: str
+    updated_at: int | None = None
+
+
+class WebhookEndpointWithSecret(WebhookEndpoint):
+    """The endpoint as created: the only answer that holds its signing secret."""
+
+    signing_secret: str
+
+
+class DeletedWebhookEndpoint(BaseModel):
+    id: str
+    deleted: bool
+    object: Literal["webhook_endpoint.deleted"] = "webhook_endpoint.deleted"
+
+
+class WebhookEventTypeList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[str]
+
+
+class CreateWebhookEndpointRequest(BaseModel):
+    """OpenAI's create parameters; here `name` and `event_types` may be left out (no name, every batch event)."""
+
+    url: Text = Field(max_length=MAX_WEBHOOK_URL)
+    name: Text = Field(default="", max_length=MAX_WEBHOOK_NAME)
+    event_types: list[WebhookEventType] | None = Field(default=None, min_length=1)

@@ -13,7 +13,10 @@ import orjson
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import EmptyWebhookSecretError
 
-SECRET_PREFIX = "whsec_"
+from batch_dagster.store.webhooks import SECRET_PREFIX
+
+Post = tuple[str, str | None, str, bytes]  # url, the endpoint's secret (None: the global one), event id, body
+_ERROR_BYTES = 200  # of an endpoint's error answer, kept with the attempt
 
 
 def check_secret(secret: str) -> str | None:
@@ -34,7 +37,10 @@ def event_body(event_id: str, event_type: str, created_at: int, batch_id: str) -
 
 
 class WebhookConfig(dg.ConfigurableResource):
-    """Where events go (`urls`), the secret they are signed with, and how hard delivery tries."""
+    """The global endpoints (`urls`), the secret they are signed with, and how hard delivery tries.
+
+    Owners' own endpoints are in the store, each with its own secret (store/webhooks.py).
+    """
 
     urls: list[str] = []
     secret: str = ""
@@ -42,32 +48,47 @@ class WebhookConfig(dg.ConfigurableResource):
     max_attempts: int = 8
     first_backoff_s: float = 10.0  # then doubling: about 21 minutes between the first and the last attempt
 
-    def headers(self, event_id: str, body: bytes, at: datetime | None = None) -> dict[str, str]:
-        """The Standard Webhooks headers: webhook-id, webhook-timestamp, webhook-signature."""
+    def headers(self, event_id: str, body: bytes, at: datetime | None = None, *,
+                secret: str | None = None) -> dict[str, str]:
+        """The Standard Webhooks headers (webhook-id, webhook-timestamp, webhook-signature), signed with `secret`
+        (an owner's endpoint's) or else the global one."""
         at = at or datetime.now(UTC)
-        signature = Webhook(self.secret).sign(event_id, at, body.decode())
+        signature = Webhook(secret or self.secret).sign(event_id, at, body.decode())
         return {"webhook-id": event_id, "webhook-timestamp": str(int(at.timestamp())),
                 "webhook-signature": signature, "content-type": "application/json",
                 "user-agent": "batch-dagster-webhooks"}
 
-    def send_all(self, posts: list[tuple[str, str, bytes]]) -> list[str | None]:
-        """POST each (url, event_id, body) concurrently; per post None when a 2xx came back, else why not.
+    def send_all(self, posts: list[Post]) -> list[str | None]:
+        """POST each (url, secret or None for the global one, event_id, body) concurrently; per post None when a
+        2xx came back, else why not.
 
-        Each has `timeout_s` at most, so a slow or dead endpoint delays nothing else.
+        Each has `timeout_s` at most, in all, and reads at most a few hundred bytes of the answer, so a slow,
+        dead or hostile endpoint delays nothing else and costs no memory.
         """
         return asyncio.run(self._send_all(posts))
 
-    async def _send_all(self, posts: list[tuple[str, str, bytes]]) -> list[str | None]:
+    async def _send_all(self, posts: list[Post]) -> list[str | None]:
         async with httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as client:
 
-            async def one(url: str, event_id: str, body: bytes) -> str | None:
+            async def post(url: str, secret: str | None, event_id: str, body: bytes) -> str | None:
+                headers = self.headers(event_id, body, secret=secret)
+                async with client.stream("POST", url, content=body, headers=headers) as response:
+                    if 200 <= response.status_code < 300:
+                        return None
+                    head = b""
+                    async for chunk in response.aiter_bytes():
+                        head += chunk
+                        if len(head) >= _ERROR_BYTES:
+                            break
+                    return f"HTTP {response.status_code}: {head[:_ERROR_BYTES].decode(errors='replace')}"
+
+            async def one(*post_args) -> str | None:
                 try:
-                    response = await client.post(url, content=body, headers=self.headers(event_id, body))
-                except httpx.HTTPError as exc:
+                    return await asyncio.wait_for(post(*post_args), self.timeout_s)
+                except TimeoutError:
+                    return f"no answer within {self.timeout_s} s"
+                except Exception as exc:  # one endpoint's problem (a bad URL, a reset) stays its own
                     return f"{type(exc).__name__}: {exc}"
-                if 200 <= response.status_code < 300:
-                    return None
-                return f"HTTP {response.status_code}: {response.text[:200]}"
 
             return list(await asyncio.gather(*(one(*post) for post in posts)))
 

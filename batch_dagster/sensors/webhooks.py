@@ -1,4 +1,5 @@
-"""Webhooks: each batch that ended is POSTed to every configured endpoint, signed, retried with backoff."""
+"""Webhooks: each batch that ended is POSTed, signed, to every global endpoint and to its owner's subscribed
+endpoints; failed attempts are retried with backoff."""
 
 from __future__ import annotations
 
@@ -12,27 +13,29 @@ from batch_dagster.store import webhooks as outbox
 @dg.sensor(
     minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Delivers batch.completed/failed/expired/cancelled events to BATCH_WEBHOOK_URLS, signed per "
-    "Standard Webhooks; failed attempts are retried with exponential backoff, then given up.",
+    description="Delivers batch.completed/failed/expired/cancelled events to BATCH_WEBHOOK_URLS and to the batch "
+    "owner's webhook endpoints (/v1/webhook_endpoints), signed per Standard Webhooks; failed attempts are retried "
+    "with exponential backoff, then given up.",
 )
 def webhook_sensor(context: dg.SensorEvaluationContext, api_store: ApiStore, webhooks: WebhookConfig) -> dg.SkipReason:
     if webhooks.urls and (problem := check_secret(webhooks.secret)):
         return dg.SkipReason(f"Webhooks are not sent: {problem}")
     with api_store.session() as session:
         # With no endpoint configured, events are planned with no delivery: turning webhooks on later
-        # does not flood the endpoints with old events.
+        # (or adding an endpoint) does not flood the endpoints with old events.
         outbox.plan(session, webhooks.urls)
         work = outbox.due(session)
         if not work:
             return dg.SkipReason("No webhook to deliver.")
-        posts = [(d.url, e.id, event_body(e.id, e.type, e.created_at, e.batch_id)) for d, e in work]
+        posts = [(d.url, secret, e.id, event_body(e.id, e.type, e.created_at, e.batch_id)) for d, e, secret in work]
         errors = webhooks.send_all(posts)
-        for (delivery, event), error in zip(work, errors, strict=True):
+        for (delivery, event, _), error in zip(work, errors, strict=True):
             outbox.record(session, delivery, error, max_attempts=webhooks.max_attempts,
                           first_backoff_s=webhooks.first_backoff_s)
             if error is not None:
                 gave_up = delivery.failed_at is not None
-                context.log.warning(f"{event.type} {event.batch_id} -> {delivery.url}: attempt {delivery.attempts} "
+                target = f"endpoint {delivery.endpoint_id} ({delivery.url})" if delivery.endpoint_id else delivery.url
+                context.log.warning(f"{event.type} {event.batch_id} -> {target}: attempt {delivery.attempts} "
                                     f"failed ({error}){'; giving up' if gave_up else ''}")
         session.commit()
     sent = sum(error is None for error in errors)

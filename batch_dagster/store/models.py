@@ -108,7 +108,8 @@ class IntakeRecord(Base):
 class WebhookEvent(Base):
     """An event to send (OpenAI's shape): a batch reached a terminal status. Filled once, when the status is stored.
 
-    `planned_at` is when the webhook sensor turned it into one delivery per endpoint configured then.
+    `planned_at` is when the webhook sensor turned it into its deliveries: one per global endpoint configured
+    then, one per endpoint of the batch's owner subscribed to its type then.
     """
 
     __tablename__ = "webhook_events"
@@ -123,15 +124,41 @@ class WebhookEvent(Base):
     planned_at: Mapped[int | None]
 
 
+class WebhookEndpointRecord(Base):
+    """An owner's webhook endpoint (OpenAI's webhook_endpoint object): where that owner's batch events go.
+
+    `secret` is kept in clear because every delivery is signed with it; it is wiped when the endpoint is
+    deleted. A deleted endpoint keeps its row (`deleted_at`) so that its past deliveries still name it.
+    """
+
+    __tablename__ = "webhook_endpoints"
+    __table_args__ = (Index("ix_webhook_endpoints_owner_pk", "owner", "pk"),)
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)  # we_...
+    owner: Mapped[str] = mapped_column(String(64), ForeignKey("api_keys.owner"))
+    name: Mapped[str] = mapped_column(String(255))
+    url: Mapped[str] = mapped_column(String(1024))
+    event_types: Mapped[list[str]] = mapped_column(JSON)
+    secret: Mapped[str | None] = mapped_column(Text)  # whsec_...; None once deleted
+    created_at: Mapped[int]
+    deleted_at: Mapped[int | None]
+
+
 class WebhookDelivery(Base):
-    """One event to one endpoint: attempts so far and when the next is due; delivered or given up once."""
+    """One event to one endpoint: attempts so far and when the next is due; delivered or given up once.
+
+    `endpoint_id` is None for a global endpoint (BATCH_WEBHOOK_URLS, signed with BATCH_WEBHOOK_SECRET), else
+    the owner's endpoint whose secret signs it.
+    """
 
     __tablename__ = "webhook_deliveries"
-    __table_args__ = (UniqueConstraint("event_id", "url", name="uq_webhook_delivery_event_url"),
+    __table_args__ = (UniqueConstraint("event_id", "endpoint_id", "url", name="uq_webhook_delivery_event_endpoint_url"),
                       Index("ix_webhook_deliveries_due", "delivered_at", "failed_at", "next_attempt_at"))
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
     event_id: Mapped[str] = mapped_column(String(64), ForeignKey("webhook_events.id"))
+    endpoint_id: Mapped[str | None] = mapped_column(String(64), ForeignKey("webhook_endpoints.id"))
     url: Mapped[str] = mapped_column(String(1024))
     attempts: Mapped[int] = mapped_column(default=0)
     next_attempt_at: Mapped[int]

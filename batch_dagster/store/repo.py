@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session
 from batch_dagster.batchfile.folder import file_location
 from batch_dagster.batchfile.storage import Storage
 
-from .models import TERMINAL, ApiKey, BatchRecord, FileRecord, IntakeRecord
+from .models import TERMINAL, ApiKey, BatchRecord, FileRecord, IntakeRecord, WebhookEndpointRecord
 
 ANONYMOUS = "anonymous"
-Row = TypeVar("Row", FileRecord, BatchRecord)
+Row = TypeVar("Row", FileRecord, BatchRecord, WebhookEndpointRecord)
 
 
 def now() -> int:
@@ -43,7 +43,7 @@ def ensure_owners(session: Session, owners: Sequence[str]) -> None:
     session.commit()
 
 
-def _page(session: Session, model: type[Row], owner: str, after: str | None, limit: int, *, ascending: bool = False,
+def page(session: Session, model: type[Row], owner: str, after: str | None, limit: int, *, ascending: bool = False,
           extra=()) -> tuple[list[Row], bool] | None:
     """A page of an owner's rows, newest first, after the row with id `after`; None when `after` is unknown."""
     query = select(model).where(model.owner == owner, *extra)
@@ -69,7 +69,7 @@ def list_files(session: Session, owner: str, *, after: str | None, limit: int, a
     extra: list[ColumnElement[bool]] = [(FileRecord.expires_at.is_(None)) | (FileRecord.expires_at > now())]
     if purpose:
         extra.append(FileRecord.purpose == purpose)
-    return _page(session, FileRecord, owner, after, limit, ascending=ascending, extra=extra)
+    return page(session, FileRecord, owner, after, limit, ascending=ascending, extra=extra)
 
 
 def expired_files(session: Session, limit: int = 500) -> list[FileRecord]:
@@ -83,7 +83,7 @@ def get_batch(session: Session, owner: str, batch_id: str) -> BatchRecord | None
 def list_batches(
     session: Session, owner: str, *, after: str | None, limit: int
 ) -> tuple[list[BatchRecord], bool] | None:
-    return _page(session, BatchRecord, owner, after, limit)
+    return page(session, BatchRecord, owner, after, limit)
 
 
 def _unfinished(session: Session, *, launched: bool, limit: int) -> list[BatchRecord]:

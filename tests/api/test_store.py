@@ -9,11 +9,11 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect, select, text
 
 from batch_dagster.batchfile.folder import BatchFolder, Manifest, Validation
 from batch_dagster.batchfile.storage import LocalStorage
-from batch_dagster.store import TERMINAL, BatchRecord, FileRecord, Store, repo
+from batch_dagster.store import TERMINAL, BatchRecord, FileRecord, Store, repo, webhooks
 from batch_dagster.store.lifecycle import Observation, apply, changes, observe, run_failed
 from batch_dagster.store.models import Base
 from batch_dagster.store.session import alembic_config
@@ -32,6 +32,30 @@ def test_migrations_build_exactly_the_models(store):
     with store.engine.connect() as connection:
         assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
         assert set(inspect(connection).get_table_names()) >= {"api_keys", "files", "batches", "alembic_version"}
+
+
+def test_the_webhook_endpoints_migration_keeps_the_outbox(tmp_path):
+    """0004 copies webhook_deliveries on SQLite (batch mode): deliveries planned before it stay, as global ones."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    command.upgrade(alembic_config(url), "0003")
+    old = Store(url)
+    with old.engine.begin() as connection:
+        connection.execute(text("INSERT INTO webhook_events (id, type, batch_id, owner, created_at) "
+                                "VALUES ('evt_1', 'batch.completed', 'batch_1', 'a', 5)"))
+        connection.execute(text("INSERT INTO webhook_deliveries (event_id, url, attempts, next_attempt_at) "
+                                "VALUES ('evt_1', 'http://127.0.0.1:9/hook', 2, 60)"))
+    old.upgrade()
+    with old.session() as session:
+        (delivery, event, secret), = webhooks.due(session, at=60)
+        assert (delivery.url, delivery.attempts, delivery.endpoint_id, event.id, secret) == (
+            "http://127.0.0.1:9/hook", 2, None, "evt_1", None)
+    with old.engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+    command.downgrade(alembic_config(url), "0003")  # and back
+    with old.engine.connect() as connection:
+        assert "webhook_endpoints" not in inspect(connection).get_table_names()
+        assert connection.execute(text("SELECT count(*) FROM webhook_deliveries")).scalar() == 1
+    old.dispose()
 
 
 def test_migrations_render_for_postgres():

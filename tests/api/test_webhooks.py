@@ -8,9 +8,7 @@ import hashlib
 import hmac
 import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import dagster as dg
 import pytest
@@ -23,7 +21,7 @@ from batch_dagster.sensors import webhook_sensor
 from batch_dagster.store import Store
 from batch_dagster.store.models import WebhookDelivery, WebhookEvent
 from batch_dagster.store.webhooks import backoff_s
-from tests.helpers import chat_request, free_port, rows, upload, wait_for
+from tests.helpers import Receiver, chat_request, free_port, rows, upload, wait_for
 
 SECRET = "whsec_" + base64.b64encode(b"a test secret of 32 bytes.......").decode()
 CHAT = "/v1/chat/completions"
@@ -35,33 +33,6 @@ def verify(secret: str, headers, body: bytes) -> bool:
     signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
     expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
     return any(sig == f"v1,{expected}" for sig in headers["webhook-signature"].split(" "))
-
-
-class Receiver:
-    """An HTTP endpoint on loopback that records each POST; it answers `statuses` in turn, then 200."""
-
-    def __init__(self, *statuses: int):
-        self.statuses = list(statuses)
-        self.posts: list[tuple[dict[str, str], bytes, int]] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["content-length"]))
-                status = receiver.statuses.pop(0) if receiver.statuses else 200
-                receiver.posts.append(({k.lower(): v for k, v in self.headers.items()}, body, status))
-                self.send_response(status)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def events(self) -> list[dict]:
-        return [json.loads(body) for _, body, status in self.posts if status == 200]
 
 
 @pytest.fixture
