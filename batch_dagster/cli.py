@@ -188,7 +188,11 @@ def cmd_instance(args: argparse.Namespace) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    home = ensure_dagster_home()
+    try:
+        home = ensure_dagster_home()
+    except ValueError as exc:  # a run limit below 1
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     storage = f"postgres ({PG_URL_VARIABLE})" if os.environ.get(PG_URL_VARIABLE) else "sqlite"
     logs = compute_logs_place(Settings.from_env().storage_url)
     print(f"DAGSTER_HOME={home} storage={storage}" + (f" compute_logs=s3://{logs[0]}/{logs[1]}" if logs else ""))
@@ -239,8 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                                "random", "consistent_hash"])
     p.set_defaults(func=cmd_fleet)
 
-    p = sub.add_parser("instance", help="prepare DAGSTER_HOME with this project's dagster.yaml "
-                                          "(storage on Postgres when DAGSTER_PG_URL is set)")
+    p = sub.add_parser("instance", help="prepare DAGSTER_HOME with this project's dagster.yaml (storage on "
+                                          "Postgres when DAGSTER_PG_URL is set; the run limits of the settings)")
     p.set_defaults(func=cmd_instance)
     return parser
 

@@ -1,9 +1,10 @@
 """The project's Dagster instance: DAGSTER_HOME with the repo's dagster.yaml, shared by CLI and UI.
 
-Without DAGSTER_PG_URL, DAGSTER_HOME/dagster.yaml links to the repo's dagster.yaml (storage: SQLite files under
-DAGSTER_HOME). With DAGSTER_PG_URL set, it is written as the repo's dagster.yaml plus dagster-postgres' storage block
-(runs, event logs, schedules), which names the variable, not its value: Dagster reads the URL at start-up, so the
-password never lands on disk. With batch folders on S3 (BATCH_STORAGE_URL), step and sensor logs go to S3 too.
+DAGSTER_HOME/dagster.yaml links to the repo's dagster.yaml (storage: SQLite files under DAGSTER_HOME), unless the
+settings make it differ; then it is written. BATCH_OFFLINE_RUNS and BATCH_RUNS_PER_MODEL replace the run queue's
+limits (batch_dagster/run_queue.py). With DAGSTER_PG_URL set, dagster-postgres' storage block (runs, event logs,
+schedules) is added, which names the variable, not its value: Dagster reads the URL at start-up, so the password
+never lands on disk. With batch folders on S3 (BATCH_STORAGE_URL), step and sensor logs go to S3 too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+from batch_dagster.run_queue import DEFAULT_OFFLINE_RUNS, DEFAULT_RUNS_PER_MODEL, with_run_limits
 from batch_dagster.settings import PACKAGE_DIR, Settings
 
 REPO_INSTANCE_CONFIG = PACKAGE_DIR.parent / "dagster.yaml"
@@ -66,25 +68,29 @@ def compute_logs_place(storage_url: str) -> tuple[str, str] | None:
     return url.netloc, "/".join(part for part in (url.path.strip("/"), COMPUTE_LOGS_FOLDER) if part)
 
 
-def instance_config(postgres: bool, storage_url: str = "") -> str:
-    """The text of DAGSTER_HOME/dagster.yaml: the repo's, plus the Postgres storage block when `postgres` and the
-    S3 compute log block when `storage_url` is on S3."""
+def instance_config(postgres: bool, storage_url: str = "", offline_runs: int = DEFAULT_OFFLINE_RUNS,
+                    runs_per_model: int = DEFAULT_RUNS_PER_MODEL) -> str:
+    """The text of DAGSTER_HOME/dagster.yaml: the repo's with these run limits, plus the Postgres storage block when
+    `postgres` and the S3 compute log block when `storage_url` is on S3. Exactly the repo's text when that changes
+    nothing (then DAGSTER_HOME links to it)."""
     base = REPO_INSTANCE_CONFIG.read_text()
+    text = with_run_limits(base, offline_runs, runs_per_model)
     logs = compute_logs_place(storage_url)
-    if not postgres and logs is None:
+    if not postgres and logs is None and text == base:
         return base
-    because = " and ".join(name for name, on in ((PG_URL_VARIABLE, postgres), ("BATCH_STORAGE_URL", logs)) if on)
+    because = ", ".join(name for name, on in ((PG_URL_VARIABLE, postgres), ("BATCH_STORAGE_URL", logs),
+                                              ("BATCH_OFFLINE_RUNS / BATCH_RUNS_PER_MODEL", text != base)) if on)
     header = f"{WRITTEN_MARK} from {REPO_INSTANCE_CONFIG.name} because of {because}. Do not edit.\n"
     blocks = (POSTGRES_STORAGE if postgres else "") + (S3_COMPUTE_LOGS.format(bucket=logs[0], prefix=logs[1])
                                                          if logs else "")
-    return header + base.rstrip("\n") + "\n" + blocks
+    return header + text.rstrip("\n") + "\n" + blocks
 
 
 def ensure_dagster_home() -> Path:
     """Set DAGSTER_HOME (default ./.dagster_home) and give it this project's dagster.yaml.
 
-    A dagster.yaml the user wrote is left alone; the link or a file written here follows DAGSTER_PG_URL and
-    BATCH_STORAGE_URL.
+    A dagster.yaml the user wrote is left alone; the link or a file written here follows DAGSTER_PG_URL,
+    BATCH_STORAGE_URL and the run limits' settings.
     """
     home = Path(os.environ.get("DAGSTER_HOME") or Path.cwd() / ".dagster_home").resolve()
     os.environ["DAGSTER_HOME"] = str(home)
@@ -95,7 +101,9 @@ def ensure_dagster_home() -> Path:
     ours = config.is_symlink() or (config.exists() and config.read_text().startswith(WRITTEN_MARK))
     if config.exists() and not ours:
         return home
-    text = instance_config(postgres=bool(os.environ.get(PG_URL_VARIABLE)), storage_url=Settings.from_env().storage_url)
+    settings = Settings.from_env()
+    text = instance_config(bool(os.environ.get(PG_URL_VARIABLE)), settings.storage_url, settings.offline_runs,
+                           settings.runs_per_model)
     if text != REPO_INSTANCE_CONFIG.read_text():
         if config.is_symlink() or not config.exists() or config.read_text() != text:
             config.unlink(missing_ok=True)

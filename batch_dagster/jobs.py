@@ -5,11 +5,16 @@ import dagster as dg
 from batch_dagster.assets.batch import lifecycle_assets
 from batch_dagster.assets.daily_report import daily_usage_report
 from batch_dagster.assets.delivery import delivered_results
+from batch_dagster.run_queue import ENGINE_TAG, OFFLINE
 
 batch_job = dg.define_asset_job(
     "batch_job",
     selection=dg.AssetSelection.assets(*lifecycle_assets),
     description="Validate, shard, infer, merge and price one batch (the partition key is the batch id).",
+    # The run queue's limits count runs by these tags. The sensors tag each run by its model; a run launched
+    # without them (the UI's launchpad, a job backfill) is counted as holding an engine: the safe guess. As
+    # `tags`, not `run_tags`: job backfills copy only a job's definition tags, and these serve as both.
+    tags={ENGINE_TAG: OFFLINE},
 )
 
 deliver_results_job = dg.define_asset_job(

@@ -117,6 +117,7 @@ def run_batch(
     import dagster as dg
 
     from batch_dagster.partitions import batches
+    from batch_dagster.store.batches import HEAD_BYTES, head_model
     from batch_dagster.store.labels import batch_tags
 
     if defs is None:
@@ -132,6 +133,10 @@ def run_batch(
     batch_id = record.batch_id
     folder = BatchFolder(record.storage, batch_id)
     instance.add_dynamic_partitions(batches.name, [batch_id])
+    with open(file, "rb") as f:
+        # This run starts at once, without the run queue. Tagged as the sensors tag theirs, it counts against the
+        # queue's limits while it runs: an offline engine here makes the daemon's offline runs wait.
+        queue_tags = defs.resources["vllm"].queue_tags(head_model(f.read(HEAD_BYTES)))
     log_file = log_dir / f"run-{batch_id}.log" if log_dir is not None else None
     with ExitStack() as stack:
         terminal = stack.enter_context(output_to_log(log_file)) if log_file is not None else None
@@ -144,7 +149,7 @@ def run_batch(
                 raise_on_error=False,
                 # With a log file, the console logger writes there (its step failures with tracebacks too).
                 run_config={"loggers": {"console": {"config": {"log_level": "DEBUG" if log_file else "WARNING"}}}},
-                tags=batch_tags(batch_id, source="cli", filename=file.name, owner=record.owner),
+                tags=batch_tags(batch_id, source="cli", filename=file.name, owner=record.owner) | queue_tags,
             )
         finally:
             progress.stop.set()

@@ -53,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         check_bind(args.host, config)
     except UnsafeBind:
         return 2
-    home = ensure_dagster_home()
+    try:
+        home = ensure_dagster_home()
+    except ValueError as exc:  # a run limit below 1
+        log.error("%s", exc)
+        return 2
     # Create the instance's SQLite storages here, once: the daemon and the webserver creating them at the
     # same moment on a fresh DAGSTER_HOME stamp their Alembic version twice and then refuse to load.
     import dagster as dg

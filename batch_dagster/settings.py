@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from batch_dagster import run_queue
 from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.storage import Storage
 
@@ -61,6 +62,12 @@ VARIABLES: tuple[Variable, ...] = (
              "Engine"),
     Variable("BATCH_FLEET_URL", "", "The router (or server) of a running fleet for BATCH_FLEET_MODEL: its batches "
              "run in server mode there. `make serve` sets it for its daemon when it starts a fleet.", "Engine"),
+    Variable("BATCH_OFFLINE_RUNS", str(run_queue.DEFAULT_OFFLINE_RUNS), "Runs holding an in-process engine (a model "
+             "with no fleet or server) at once; more wait in Dagster's run queue. One per GPU. `batch-dagster "
+             "instance` writes it into $DAGSTER_HOME/dagster.yaml.", "Engine"),
+    Variable("BATCH_RUNS_PER_MODEL", str(run_queue.DEFAULT_RUNS_PER_MODEL), "Runs of one model at once (batches "
+             "sharing its fleet); more wait in the run queue. Written into dagster.yaml, as BATCH_OFFLINE_RUNS.",
+             "Engine"),
     Variable("BATCH_SHARD_SIZE", "1000", "Requests per shard: the unit of commit, resume and progress.",
              "Limits"),
     Variable("BATCH_MAX_REQUESTS", str(_L.max_requests), "Requests per input file.", "Limits"),
@@ -135,6 +142,8 @@ class Settings:
     fleet_port: int
     fleet_policy: str
     fleet_url: str
+    offline_runs: int
+    runs_per_model: int
     shard_size: int
     limits: Limits
     max_enqueued_tokens: int | None
@@ -190,6 +199,8 @@ class Settings:
             fleet_port=_int("BATCH_FLEET_PORT", 8200),
             fleet_policy=_raw("BATCH_FLEET_POLICY") or "cache_aware",
             fleet_url=_raw("BATCH_FLEET_URL"),
+            offline_runs=_int("BATCH_OFFLINE_RUNS", run_queue.DEFAULT_OFFLINE_RUNS),
+            runs_per_model=_int("BATCH_RUNS_PER_MODEL", run_queue.DEFAULT_RUNS_PER_MODEL),
             shard_size=_int("BATCH_SHARD_SIZE", 1000),
             limits=limits,
             max_enqueued_tokens=_int("BATCH_MAX_ENQUEUED_TOKENS", 0) or None,

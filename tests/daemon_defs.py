@@ -4,7 +4,7 @@ The engine runs in the daemon's run processes, so what a test needs to see cross
 files: every engine call is appended to $BATCH_TEST_CALLS, and the $BATCH_TEST_KILL_ON_CALL-th call of a
 process kills that process with SIGKILL, as the OOM killer or a crash would; each call takes
 $BATCH_TEST_CALL_S seconds. Runs use the in-process executor: the process that dies is then the run
-worker itself, and the tests stay quick.
+worker itself, and the tests stay quick. A model with a fleet ($BATCH_FLEET_URL) runs on that fleet for real.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import dagster as dg
 from batch_dagster.assets.batch import lifecycle_assets
 from batch_dagster.assets.checks import lifecycle_checks
 from batch_dagster.jobs import batch_job
+from batch_dagster.resources import VLLMResource
 from batch_dagster.resources.from_env import resources_from_env
 from batch_dagster.sensors import api_batch_sensor, api_batch_status_sensor
 from batch_dagster.settings import Settings
@@ -46,6 +47,8 @@ class LoggedEngine(FakeEngine):
 
 class LoggedVLLM(FakeVLLM):
     def engine(self, model: str) -> Any:
+        if self.server_urls_for(model) is not None:
+            return VLLMResource.engine(self, model)
         self.spec(model)
         return LoggedEngine()
 
@@ -55,6 +58,7 @@ def engine_calls(path) -> list[dict]:
     return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
 
 
+settings = Settings.from_env()
 defs = dg.Definitions(
     assets=lifecycle_assets,
     asset_checks=lifecycle_checks,
@@ -62,7 +66,8 @@ defs = dg.Definitions(
     sensors=[api_batch_sensor, api_batch_status_sensor],
     resources={
         **resources_from_env(),
-        "vllm": LoggedVLLM(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent"),
+        "vllm": LoggedVLLM(models_file=str(settings.models_file), model_cache_dir="/nonexistent",
+                           fleet_model=settings.fleet_model, fleet_url=settings.fleet_url),
     },
     executor=dg.in_process_executor,
 )

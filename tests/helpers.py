@@ -425,6 +425,7 @@ class Daemon:
                                    jobs=[*base.jobs, deliver_results_job], resources=self.resources)
         self.instance = dg.DagsterInstance.ephemeral()
         self.cursors: dict[str, str | None] = {}
+        self.requested: list[dg.RunRequest] = []  # every run request of every tick, with its tags
 
     def tick(self, sensor: dg.SensorDefinition, *, run: bool = True) -> list[tuple[str, str]]:
         """One evaluation of `sensor`; the (job, batch id) of each run it requested, executed unless run=False."""
@@ -434,6 +435,7 @@ class Daemon:
         if not isinstance(result, dg.SensorResult):
             return []
         self.cursors[sensor.name] = result.cursor
+        self.requested += result.run_requests or []
         for request in result.dynamic_partitions_requests or []:
             self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
         requested = [(r.job_name, r.partition_key) for r in result.run_requests or []]

@@ -263,7 +263,6 @@ def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) 
     group_name=GROUP,
     kinds={"vllm"},
     deps=[batch_shards],
-    pool="gpu",
     op_tags=GPU_STEP_TAGS,
     retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=2, backoff=dg.Backoff.EXPONENTIAL),
     description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",

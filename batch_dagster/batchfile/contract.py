@@ -15,17 +15,36 @@ RESPONSES = "/v1/responses"
 ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 
 
+def _first_request(head: bytes, whole: bool) -> dict[str, Any] | None:
+    """A file's first request, from its first bytes; None when that line is cut off or not a JSON object.
+    `whole`: the bytes are the whole file, so a last line without a newline counts."""
+    lines = head.removeprefix(b"\xef\xbb\xbf").split(b"\n")
+    for raw in lines if whole else lines[:-1]:
+        if raw.strip():
+            try:
+                first = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                return None
+            return first if isinstance(first, dict) else None
+    return None
+
+
 def endpoint_of_head(head: bytes, default: str = CHAT) -> str:
     """The endpoint a file's first request names, read from its first bytes; `default` when that line
     is cut off, not a request or names no endpoint we serve (validation then reports it)."""
-    for raw in head.removeprefix(b"\xef\xbb\xbf").split(b"\n")[:-1]:
-        if raw.strip():
-            try:
-                url = orjson.loads(raw).get("url")
-            except (orjson.JSONDecodeError, AttributeError):
-                return default
-            return url if url in ENDPOINTS else default
-    return default
+    first = _first_request(head, whole=False)
+    url = first.get("url") if first else None
+    return url if url in ENDPOINTS else default
+
+
+def model_of_head(head: bytes, whole: bool = False) -> str | None:
+    """The model a file's first request names, read from its first bytes (`whole`: they are the whole file);
+    None when that line is cut off or names no model. Validation later checks every line against it."""
+    first = _first_request(head, whole)
+    body = first.get("body") if first else None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) and model else None
+
 
 # Validation error codes (file-level and line-level).
 EMPTY_FILE = "empty_file"

@@ -12,6 +12,7 @@ import dagster as dg
 
 from batch_dagster.batchfile.registry import ModelSpec, load_registry
 from batch_dagster.engine.base import Engine
+from batch_dagster.run_queue import queue_tags
 
 _EMBEDDED = "embedded:"
 
@@ -113,6 +114,10 @@ class VLLMResource(dg.ConfigurableResource):
         if self.fleet_url and model == self.fleet_model:
             return [self.fleet_url]
         return self.server_urls if self.mode == "server" else None
+
+    def queue_tags(self, model: str | None) -> dict[str, str]:
+        """The run queue's tags for a batch of `model`: served or in-process. An unknown model counts as in-process."""
+        return queue_tags(model, served=model is not None and self.server_urls_for(model) is not None)
 
     def engine(self, model: str) -> Engine:
         spec = self.spec(model)

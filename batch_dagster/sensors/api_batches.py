@@ -7,8 +7,9 @@ import dagster as dg
 from batch_dagster.dagster_internals import run_end_reason, worker_gone
 from batch_dagster.jobs import batch_job
 from batch_dagster.partitions import batches
-from batch_dagster.resources import ApiStore, BatchStorage
+from batch_dagster.resources import ApiStore, BatchStorage, VLLMResource
 from batch_dagster.store import TERMINAL, repo
+from batch_dagster.store.batches import input_model
 from batch_dagster.store.labels import stored_batch_tags
 from batch_dagster.store.lifecycle import sync_batch
 
@@ -22,6 +23,8 @@ RELAUNCH_AFTER_S = 120
 # the sensor waits rather than failing a batch that run retries are about to resume.
 RETRY_DECISION_WAIT_S = 60
 _ENDED_BADLY = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+WORKER_GONE = ("The run's worker is gone with the code server that started it "
+               "(serve was stopped or killed while it ran).")
 
 
 def _runs_filter(batch_id: str) -> dg.RunsFilter:
@@ -40,13 +43,16 @@ def run_key(instance: dg.DagsterInstance, batch_id: str) -> str:
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Adds each batch created through the API as a partition and runs batch_job for it.",
 )
-def api_batch_sensor(context: dg.SensorEvaluationContext, api_store: ApiStore) -> dg.SensorResult | dg.SkipReason:
+def api_batch_sensor(context: dg.SensorEvaluationContext, api_store: ApiStore, storage: BatchStorage,
+                     vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
     with api_store.session() as session:
         waiting = [b.id for b in repo.batches_to_launch(session)]
         if not waiting:
             return dg.SkipReason("No new batches.")
         repo.mark_launched(session, waiting)
-        tags = {batch_id: stored_batch_tags(session, batch_id, source="api") for batch_id in waiting}
+        # The queue tags come from the input's first request: the run waits in the run queue by its model.
+        tags = {batch_id: stored_batch_tags(session, batch_id, source="api")
+                | vllm.queue_tags(input_model(storage.folder(batch_id))) for batch_id in waiting}
     context.log.info(f"Launching {len(waiting)} batch(es): {', '.join(waiting)}")
     return dg.SensorResult(
         run_requests=[
@@ -101,7 +107,7 @@ def api_batch_status_sensor(
     context: dg.SensorEvaluationContext, api_store: ApiStore, storage: BatchStorage
 ) -> dg.SkipReason:
     instance, folders = context.instance, storage.storage()
-    moved = 0
+    moved, followed = 0, set()
     with api_store.session() as session:
         for batch in repo.active_batches(session):
             before = batch.status
@@ -112,14 +118,14 @@ def api_batch_status_sensor(
                     context.log.warning(f"{batch.id}: no run since it was launched; requesting it again")
                     repo.unmark_launched(session, batch.id)
                 continue
+            followed.add(run.run_id)
             if batch.run_id != run.run_id:
                 batch.run_id = run.run_id
                 session.commit()
             sync_batch(session, folders, batch)
             if batch.status not in TERMINAL and worker_gone(run):
                 context.log.warning(f"{batch.id}: the code server of run {run.run_id} is gone; marking it failed")
-                instance.report_run_failed(run, "The run's worker is gone with the code server that started it "
-                                                "(serve was stopped or killed while it ran).")
+                instance.report_run_failed(run, WORKER_GONE)
                 continue  # next tick: Dagster retries it (dagster.yaml run_retries), or the batch fails
             if run.status in _ENDED_BADLY and batch.status not in TERMINAL:
                 # A retried run is a new run of the same partition: the next tick follows that one.
@@ -130,4 +136,10 @@ def api_batch_status_sensor(
             if batch.status != before:
                 moved += 1
                 context.log.info(f"{batch.id}: {before} -> {batch.status}")
+    # A stopped serve leaves the runs of ended batches (backfills) STARTED too. Until marked failed they keep their
+    # place in the run queue's limits (dagster.yaml), and offline runs would wait for them for ever.
+    for run in instance.get_runs(dg.RunsFilter(job_name=batch_job.name, statuses=[dg.DagsterRunStatus.STARTED])):
+        if run.run_id not in followed and worker_gone(run):
+            context.log.warning(f"The code server of run {run.run_id} is gone; marking it failed")
+            instance.report_run_failed(run, WORKER_GONE)
     return dg.SkipReason(f"{moved} batch(es) changed status.")

@@ -21,11 +21,11 @@ from dagster_aws.s3 import S3Resource
 from batch_dagster.batchfile.contract import endpoint_of_head
 from batch_dagster.jobs import batch_job, deliver_results_job
 from batch_dagster.partitions import batches
-from batch_dagster.resources import ApiStore, BatchStorage, Intake
+from batch_dagster.resources import ApiStore, BatchStorage, Intake, VLLMResource
 from batch_dagster.resources.transfer import s3_uri
 from batch_dagster.settings import Settings
 from batch_dagster.store import repo
-from batch_dagster.store.batches import HEAD_BYTES, DroppedFile, register_dropped
+from batch_dagster.store.batches import HEAD_BYTES, DroppedFile, head_model, register_dropped
 from batch_dagster.store.labels import batch_tags
 
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload")
@@ -33,7 +33,8 @@ T = TypeVar("T")
 
 
 def _tick(context: dg.SensorEvaluationContext, intake: Intake, api_store: ApiStore, storage: BatchStorage,
-          new: Sequence[DroppedFile], *, scheme: str, deliver_to: str, cursor: dict[str, Any]) -> dg.SensorResult:
+          vllm: VLLMResource, new: Sequence[DroppedFile], *, scheme: str, deliver_to: str,
+          cursor: dict[str, Any]) -> dg.SensorResult:
     """Register the `new` files as batches, request their runs, and request deliveries for ended batches."""
     with api_store.session() as session:
         launched = [
@@ -50,7 +51,7 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, api_store: ApiSto
     runs = [
         dg.RunRequest(job_name=batch_job.name, partition_key=b, run_key=b,
                       tags={**batch_tags(b, source="s3" if scheme == "s3://" else "inbox", filename=f.filename,
-                                         owner=intake.owner), "input_uri": f.source[:255]})
+                                         owner=intake.owner), "input_uri": f.source[:255], **vllm.queue_tags(f.model)})
         for f, b in zip(new, launched, strict=True)
     ] + [
         dg.RunRequest(job_name=deliver_results_job.name, partition_key=b, run_key=f"{b}:delivery",
@@ -102,7 +103,7 @@ def list_s3(client, intake: Intake, start_after: str) -> tuple[list[dict], str]:
     "its results under $BATCH_S3_OUTPUT_PREFIX<batch_id>/.",
 )
 def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3Resource, api_store: ApiStore,
-                     storage: BatchStorage) -> dg.SensorResult | dg.SkipReason:
+                     storage: BatchStorage, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
     if not intake.s3_bucket:
         return dg.SkipReason("BATCH_S3_BUCKET is not set.")
     client = s3.get_client()
@@ -114,11 +115,12 @@ def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3
         if len(found) == intake.max_batches_per_tick:
             next_start = found[-1].source.removeprefix(f"s3://{intake.s3_bucket}/")  # the rest next tick
             break
-        head = client.get_object(Bucket=intake.s3_bucket, Key=o["Key"], Range=f"bytes=0-{HEAD_BYTES - 1}")["Body"]
+        body = client.get_object(Bucket=intake.s3_bucket, Key=o["Key"], Range=f"bytes=0-{HEAD_BYTES - 1}")["Body"]
+        head = body.read()
         found.append(DroppedFile(source=uri, version=o["ETag"], filename=o["Key"].rsplit("/", 1)[-1],
-                                 bytes=o["Size"], endpoint=endpoint_of_head(head.read())))
-    return _tick(context, intake, api_store, storage, found, scheme="s3://", deliver_to=intake.s3_results_uri(),
-                 cursor={"start_after": next_start})
+                                 bytes=o["Size"], endpoint=endpoint_of_head(head), model=head_model(head)))
+    return _tick(context, intake, api_store, storage, vllm, found, scheme="s3://",
+                 deliver_to=intake.s3_results_uri(), cursor={"start_after": next_start})
 
 
 def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: float, now: float
@@ -147,7 +149,7 @@ def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: 
     "completely written, and writes its results to <outbox>/<batch_id>/.",
 )
 def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, api_store: ApiStore,
-                 storage: BatchStorage) -> dg.SensorResult | dg.SkipReason:
+                 storage: BatchStorage, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
     inbox = Path(intake.inbox_dir)
     inbox.mkdir(parents=True, exist_ok=True)
     cursor = json.loads(context.cursor or "{}")
@@ -162,6 +164,6 @@ def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, api_store:
         with open(entry.path, "rb") as f:
             head = f.read(HEAD_BYTES)
         found.append(DroppedFile(source=source, version=version, filename=entry.name, bytes=st.st_size,
-                                 endpoint=endpoint_of_head(head)))
-    return _tick(context, intake, api_store, storage, found, scheme="file://",
+                                 endpoint=endpoint_of_head(head), model=head_model(head)))
+    return _tick(context, intake, api_store, storage, vllm, found, scheme="file://",
                  deliver_to=Path(intake.outbox_dir).resolve().as_uri(), cursor={"pending": seen})

@@ -12,14 +12,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.contract import endpoint_of_head
+from batch_dagster.batchfile.contract import endpoint_of_head, model_of_head
 from batch_dagster.batchfile.folder import BatchFolder, file_key, file_location
 from batch_dagster.batchfile.storage import Storage
 
 from . import repo
 from .models import BatchRecord, FileRecord, IntakeRecord
 
-HEAD_BYTES = 64 * 1024  # enough for a file's first request, whose url names the endpoint
+HEAD_BYTES = 64 * 1024  # enough for a file's first request, whose url names the endpoint and body the model
 COMPLETION_WINDOW = "24h"  # the only window the Batch API offers
 OUTPUT_EXPIRES_AFTER_S: int | None = None  # output and error files are kept until deleted unless a batch asks
 
@@ -33,6 +33,21 @@ class DroppedFile:
     filename: str
     bytes: int
     endpoint: str  # from its first line, so the batch lists with the right endpoint before validation
+    model: str | None = None  # from its first line, so its run is queued by its model (run_queue.py)
+
+
+def head_model(head: bytes) -> str | None:
+    """The model a file's first request names, from its first HEAD_BYTES (the whole file when shorter)."""
+    return model_of_head(head, whole=len(head) < HEAD_BYTES)
+
+
+def input_model(folder: BatchFolder) -> str | None:
+    """The model the first request of a batch's input names; None when the input cannot be read."""
+    try:
+        with folder.storage.open(folder.input_key) as f:
+            return head_model(f.read(HEAD_BYTES))
+    except OSError:
+        return None
 
 
 def add_input_file(session: Session, *, owner: str, file_id: str, filename: str, size: int,

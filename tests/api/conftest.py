@@ -38,7 +38,7 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
         vllm = vllm or fake_vllm(f"api-{tmp_path.name}", engine)
         instance = stack.enter_context(dg.instance_for_test())
         storage = BatchStorage(data_dir=str(data_dir), url=storage_url)
-        resources = {"api_store": ApiStore(url=config.database_url), "storage": storage}
+        resources = {"api_store": ApiStore(url=config.database_url), "storage": storage, "vllm": vllm}
         server = stack.enter_context(ApiServer(create_app(config)))
         service = Service(server.url, data_dir, config, engine, Worker(make_defs(data_dir, vllm, shard_size, storage_url), instance, resources),
                           instance, storage)

@@ -16,7 +16,22 @@ import dagster as dg
 import pytest
 
 from batch_dagster.sensors import inbox_sensor, s3_upload_sensor
-from tests.helpers import BUCKET, Daemon, FakeEngine, chat_request, fake_vllm, jsonl, rows, s3_json, s3_lines
+from batch_dagster.settings import Settings
+from tests.helpers import (
+    BUCKET,
+    CHAT_MODEL,
+    EMBED_MODEL,
+    FAKES,
+    Daemon,
+    FakeEngine,
+    FakeVLLM,
+    chat_request,
+    fake_vllm,
+    jsonl,
+    rows,
+    s3_json,
+    s3_lines,
+)
 
 
 @pytest.mark.parametrize("storage_url", ["", f"s3://{BUCKET}/batch-data"], ids=["local-folders", "s3-folders"])
@@ -122,6 +137,23 @@ def test_inbox_waits_for_a_file_to_be_completely_written(tmp_path):
     [run] = daemon.instance.get_runs(dg.RunsFilter(job_name="batch_job", tags={"dagster/partition": batch_id}))
     assert {k: run.tags.get(k) for k in ("source", "filename", "input_uri", "requests")} == {
         "source": "inbox", "filename": "todo.jsonl", "input_uri": path.resolve().as_uri(), "requests": "6"}
+
+
+def test_dropped_files_runs_are_tagged_for_the_run_queue_by_their_model(tmp_path):
+    FAKES["inbox-queue"] = FakeEngine()
+    vllm = FakeVLLM(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent",
+                    fake="inbox-queue", fleet_model=CHAT_MODEL, fleet_url="http://127.0.0.1:9")
+    daemon = Daemon(tmp_path, vllm)
+    inbox = Path(daemon.intake.inbox_dir)
+    inbox.mkdir(parents=True)
+    embed = {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"model": EMBED_MODEL, "input": "x"}}
+    (inbox / "chat.jsonl").write_bytes(jsonl(rows(1)).rstrip(b"\n"))  # its only line, with no newline, counts
+    (inbox / "embed.jsonl").write_bytes(jsonl([embed]))
+    daemon.tick(inbox_sensor, run=False)  # first sight
+    assert len(daemon.tick(inbox_sensor, run=False)) == 2
+    tags = {r.tags["filename"]: {k: v for k, v in r.tags.items() if k.startswith("batch/")} for r in daemon.requested}
+    assert tags == {"chat.jsonl": {"batch/engine": "server", "batch/model": CHAT_MODEL},
+                    "embed.jsonl": {"batch/engine": "offline", "batch/model": EMBED_MODEL}}
 
 
 def test_an_invalid_dropped_file_gets_its_errors_beside_it(tmp_path):

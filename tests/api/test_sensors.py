@@ -1,16 +1,20 @@
 """The API's sensors: in the project's definitions, running by default, with the store as a resource; what a tick
-requests when nothing waits, and when a batch waits and then moves."""
+requests when nothing waits, and when a batch waits and then moves; the tags the run queue bounds runs by."""
 
 from __future__ import annotations
 
 import dagster as dg
 import pytest
 
+from batch_dagster.batchfile.contract import CHAT, EMBEDDINGS
 from batch_dagster.batchfile.folder import Validation
+from batch_dagster.dagster_internals import GRPC_INFO_TAG
 from batch_dagster.definitions import defs
 from batch_dagster.resources import ApiStore, BatchStorage
 from batch_dagster.sensors import api_batch_sensor, api_batch_status_sensor
 from batch_dagster.store import BatchRecord, repo
+from batch_dagster.store.batches import add_input_file, create_batch
+from tests.helpers import CHAT_MODEL, EMBED_MODEL, chat_request, free_port, real_vllm, write_jsonl
 
 
 def test_definitions_carry_the_api_sensors():
@@ -26,7 +30,9 @@ def test_definitions_carry_the_api_sensors():
 def sensor_env(tmp_path):
     """The sensors' resources on an empty store, and a test Dagster instance."""
     storage = BatchStorage(data_dir=str(tmp_path))
-    resources = {"api_store": ApiStore(url=f"sqlite:///{tmp_path / 'api.db'}"), "storage": storage}
+    # The chat model has a warm fleet (nothing listens there: no request is sent); other models run offline.
+    resources = {"api_store": ApiStore(url=f"sqlite:///{tmp_path / 'api.db'}"), "storage": storage,
+                 "vllm": real_vllm(fleet_model=CHAT_MODEL, fleet_url=f"http://127.0.0.1:{free_port()}")}
     with dg.instance_for_test() as instance:
         yield instance, resources, storage
 
@@ -56,8 +62,9 @@ def test_a_waiting_batch_is_launched_once_and_followed(sensor_env):
     launch = tick(api_batch_sensor, instance, resources)
     assert isinstance(launch, dg.SensorResult)
     [run] = launch.run_requests
-    assert (run.partition_key, run.run_key, run.tags) == (batch_id, batch_id,
-                                                          {"batch_id": batch_id, "source": "api", "owner": "a"})
+    # Its input file is not there: the model is unknown, and the run is queued as one that holds an engine.
+    assert (run.partition_key, run.run_key, run.tags) == (batch_id, batch_id, {
+        "batch_id": batch_id, "source": "api", "owner": "a", "batch/engine": "offline"})
     [partitions] = launch.dynamic_partitions_requests
     assert (partitions.partitions_def_name, list(partitions.partition_keys)) == ("batches", [batch_id])
     # Launched: the next tick does not request it again.
@@ -75,3 +82,51 @@ def test_a_waiting_batch_is_launched_once_and_followed(sensor_env):
         batch = repo.get_batch(session, "a", batch_id)
         assert (batch.status, batch.request_total) == ("in_progress", 3)
     assert tick(api_batch_status_sensor, instance, resources).skip_message == "0 batch(es) changed status."
+
+
+def test_runs_are_tagged_for_the_run_queue_by_the_model_of_their_file(sensor_env, tmp_path):
+    instance, resources, storage = sensor_env
+    embed = {"custom_id": "e", "method": "POST", "url": EMBEDDINGS, "body": {"model": EMBED_MODEL, "input": "hi"}}
+    files = {"fleet": [chat_request("c", "hi")], "offline": [embed],
+             # A first line cut off past the head the sensor reads: no model known.
+             "cut": [chat_request("long", "word " * 20_000)]}
+    ids = {}
+    with resources["api_store"].session() as session:
+        for name, rows in files.items():
+            path = write_jsonl(tmp_path / f"{name}.jsonl", rows)
+            upload = add_input_file(session, owner="a", path=path, filename=path.name, size=path.stat().st_size)
+            ids[name] = create_batch(session, storage.storage(), owner="a", endpoint=EMBEDDINGS if name == "offline"
+                                     else CHAT, input_file=upload, input_from=None, completion_window_s=None).id
+    tags = {r.partition_key: r.tags for r in tick(api_batch_sensor, instance, resources).run_requests}
+
+    queue = {name: {k: v for k, v in tags[ids[name]].items() if k.startswith("batch/")} for name in files}
+    assert queue == {"fleet": {"batch/engine": "server", "batch/model": CHAT_MODEL},
+                     "offline": {"batch/engine": "offline", "batch/model": EMBED_MODEL},
+                     "cut": {"batch/engine": "offline"}}
+
+
+def test_the_vllm_resource_says_which_models_are_served():
+    fleet = real_vllm(fleet_model=CHAT_MODEL, fleet_url="http://router:8200")
+    assert fleet.queue_tags(CHAT_MODEL) == {"batch/engine": "server", "batch/model": CHAT_MODEL}
+    assert fleet.queue_tags(EMBED_MODEL) == {"batch/engine": "offline", "batch/model": EMBED_MODEL}
+    assert fleet.queue_tags(None) == {"batch/engine": "offline"}
+    servers = real_vllm(mode="server", server_urls=["http://gpu-1:8100"])
+    assert servers.queue_tags(EMBED_MODEL) == {"batch/engine": "server", "batch/model": EMBED_MODEL}
+    assert real_vllm().queue_tags(CHAT_MODEL)["batch/engine"] == "offline"
+    # A run launched without the sensors' tags (from the UI) is counted as holding an engine: a job backfill's
+    # runs get the job's definition tags, a launchpad's run its run tags.
+    job = defs.resolve_job_def("batch_job")
+    assert job.tags == job.run_tags == {"batch/engine": "offline"}
+
+
+def test_a_run_of_an_ended_batch_left_started_by_a_stopped_serve_is_marked_failed(sensor_env):
+    # Nothing else would end it, and until it ends it holds its place in the run queue's limits.
+    instance, resources, _ = sensor_env
+    dead = {GRPC_INFO_TAG: f'{{"host": "127.0.0.1", "port": {free_port()}}}', "batch/engine": "offline"}
+    gone = dg.DagsterRun(job_name="batch_job", status=dg.DagsterRunStatus.STARTED, tags=dead)
+    running = dg.DagsterRun(job_name="batch_job", status=dg.DagsterRunStatus.STARTED)  # run in-process: no server
+    instance.add_run(gone)
+    instance.add_run(running)
+    tick(api_batch_status_sensor, instance, resources)
+    assert instance.get_run_by_id(gone.run_id).status == dg.DagsterRunStatus.FAILURE
+    assert instance.get_run_by_id(running.run_id).status == dg.DagsterRunStatus.STARTED

@@ -39,6 +39,18 @@ CHART_1_13_27_KEYS: dict[str, bool] = {
     "dagsterDaemon.envSecrets[]": OPEN,
     "dagsterDaemon.runMonitoring": OPEN,  # type: object
     "dagsterDaemon.runRetries": OPEN,
+    "dagsterDaemon.runCoordinator": False,
+    "dagsterDaemon.runCoordinator.enabled": False,
+    "dagsterDaemon.runCoordinator.type": False,
+    "dagsterDaemon.runCoordinator.config": False,
+    "dagsterDaemon.runCoordinator.config.queuedRunCoordinator": False,
+    "dagsterDaemon.runCoordinator.config.queuedRunCoordinator.tagConcurrencyLimits": False,
+    "dagsterDaemon.runCoordinator.config.queuedRunCoordinator.tagConcurrencyLimits[]": False,
+    "dagsterDaemon.runCoordinator.config.queuedRunCoordinator.tagConcurrencyLimits[].key": False,
+    "dagsterDaemon.runCoordinator.config.queuedRunCoordinator.tagConcurrencyLimits[].value": False,  # text, or:
+    "dagsterDaemon.runCoordinator.config.queuedRunCoordinator.tagConcurrencyLimits[].value.applyLimitPerUniqueValue":
+        False,
+    "dagsterDaemon.runCoordinator.config.queuedRunCoordinator.tagConcurrencyLimits[].limit": False,
     "dagster-user-deployments": False,
     "dagster-user-deployments.enabled": False,
     "dagster-user-deployments.enableSubchart": False,
@@ -93,6 +105,7 @@ CHART_1_13_27_KEYS: dict[str, bool] = {
 }
 # Values the chart's schema restricts to a set (its enums), for the keys above.
 CHART_1_13_27_ENUMS = {
+    "dagsterDaemon.runCoordinator.type": {"QueuedRunCoordinator", "CustomRunCoordinator"},
     "runLauncher.type": {"CeleryK8sRunLauncher", "K8sRunLauncher", "CustomRunLauncher"},
     "computeLogManager.type": {"NoOpComputeLogManager", "AzureBlobComputeLogManager", "GCSComputeLogManager",
                                "S3ComputeLogManager", "CustomComputeLogManager"},
@@ -351,3 +364,14 @@ def test_helm_values_run_this_projects_code_on_kubernetes():
     defined = {doc["metadata"]["name"] for path in manifests() for doc in yaml.safe_load_all(path.read_text())
                if doc and doc["kind"] in ("ConfigMap", "Secret")}
     assert env <= defined
+
+
+def test_helm_values_bound_runs_as_the_repos_dagster_yaml_does():
+    values = yaml.safe_load((DEPLOY / "helm" / "dagster-values.yaml").read_text())
+    coordinator = values["dagsterDaemon"]["runCoordinator"]
+    assert coordinator["enabled"] and coordinator["type"] == "QueuedRunCoordinator"
+    instance = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    assert coordinator["config"]["queuedRunCoordinator"]["tagConcurrencyLimits"] == \
+        instance["concurrency"]["runs"]["tag_concurrency_limits"]
+    # The chart refuses run limits in both places; and no pool is left to bound the inference step.
+    assert "concurrency" not in values.get("additionalInstanceConfig", {})

@@ -1,5 +1,5 @@
 """`batch-dagster instance`: DAGSTER_HOME's dagster.yaml follows DAGSTER_PG_URL (Postgres storage or the repo's link)
-and BATCH_STORAGE_URL (compute logs on S3)."""
+and BATCH_STORAGE_URL (compute logs on S3), and the run limits' settings (BATCH_OFFLINE_RUNS, BATCH_RUNS_PER_MODEL)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
+from batch_dagster import run_queue
 from batch_dagster.instance import REPO_INSTANCE_CONFIG
 
 CLI = Path(sys.executable).with_name("batch-dagster")
+LIMIT_VARIABLES = ("BATCH_OFFLINE_RUNS", "BATCH_RUNS_PER_MODEL")
 
 
-def instance(home: Path, pg_url: str | None, check: bool = True, storage_url: str = "") -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_PG_URL", "BATCH_STORAGE_URL")}
-    env |= {"DAGSTER_HOME": str(home), "BATCH_STORAGE_URL": storage_url}
+def instance(home: Path, pg_url: str | None, check: bool = True, storage_url: str = "",
+             **settings: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_PG_URL", "BATCH_STORAGE_URL", *LIMIT_VARIABLES)}
+    env |= {"DAGSTER_HOME": str(home), "BATCH_STORAGE_URL": storage_url} | settings
     if pg_url:
         env["DAGSTER_PG_URL"] = pg_url
     return subprocess.run([str(CLI), "instance"], env=env, capture_output=True, text=True, check=check)
+
+
+def run_limits(config: Path) -> dict[str, object]:
+    """The run queue's tag limits of a dagster.yaml, by tag key."""
+    limits = yaml.safe_load(config.read_text())["concurrency"]["runs"]["tag_concurrency_limits"]
+    return {limit["key"]: (limit["value"], limit["limit"]) for limit in limits}
 
 
 def test_instance_follows_dagster_pg_url(tmp_path):
@@ -69,4 +80,38 @@ def test_instance_refuses_a_url_without_the_psycopg2_driver(tmp_path):
     done = instance(tmp_path / "home", "postgresql://u@db.example/dagster", check=False)
     assert done.returncode == 2
     assert "DAGSTER_PG_URL must start with postgresql+psycopg2://" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "home" / "dagster.yaml").exists()
+
+
+def test_the_repos_dagster_yaml_holds_the_default_run_limits():
+    # So the link is right when no setting changes them: offline runs one at a time, 4 runs per model.
+    text = REPO_INSTANCE_CONFIG.read_text()
+    assert run_queue.run_limits_yaml(run_queue.DEFAULT_OFFLINE_RUNS, run_queue.DEFAULT_RUNS_PER_MODEL) in text
+    assert run_limits(REPO_INSTANCE_CONFIG) == {"batch/engine": ("offline", 1),
+                                                "batch/model": ({"applyLimitPerUniqueValue": True}, 4)}
+    assert "pools" not in yaml.safe_load(text)["concurrency"]  # no step waits for a pool slot
+
+
+def test_instance_writes_the_run_limits_of_the_settings(tmp_path):
+    home = tmp_path / "home"
+    config = home / "dagster.yaml"
+    instance(home, None, BATCH_OFFLINE_RUNS="2", BATCH_RUNS_PER_MODEL="8")
+    assert not config.is_symlink()
+    assert run_limits(config) == {"batch/engine": ("offline", 2),
+                                  "batch/model": ({"applyLimitPerUniqueValue": True}, 8)}
+    # The rest is the repo's file, unchanged.
+    other = {k: v for k, v in yaml.safe_load(config.read_text()).items() if k != "concurrency"}
+    assert other == {k: v for k, v in yaml.safe_load(REPO_INSTANCE_CONFIG.read_text()).items() if k != "concurrency"}
+
+    instance(home, "postgresql+psycopg2://u@db.example/dagster", BATCH_RUNS_PER_MODEL="3")
+    assert run_limits(config)["batch/model"][1] == 3 and "postgres" in yaml.safe_load(config.read_text())["storage"]
+
+    instance(home, None, BATCH_OFFLINE_RUNS="1")  # the defaults again: the link
+    assert config.is_symlink() and config.resolve() == REPO_INSTANCE_CONFIG.resolve()
+
+
+def test_instance_refuses_a_limit_below_one(tmp_path):
+    done = instance(tmp_path / "home", None, check=False, BATCH_OFFLINE_RUNS="0")
+    assert done.returncode == 2
+    assert "BATCH_OFFLINE_RUNS must be at least 1" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "home" / "dagster.yaml").exists()

@@ -672,3 +672,12 @@ def test_model_that_does_not_serve_the_endpoint_is_an_invalid_url(tmp_path):
     assert [(e.code, e.line, e.param) for e in report.errors] == [("invalid_url", 1, "url")]
     assert "does not serve /v1/embeddings" in report.errors[0].message
     assert validate_file(path, models=set(served)).valid  # names only: no endpoint check
+
+
+def test_model_of_head_reads_the_first_request_before_validation():
+    line = (json.dumps(chat("a")) + "\n").encode()
+    assert c.model_of_head(b"\xef\xbb\xbf\n" + line + line[:10]) == MODEL
+    assert c.model_of_head(line[:-1]) is None  # cut off: the file may go on
+    assert c.model_of_head(line[:-1], whole=True) == MODEL  # the whole file, with no final newline
+    for head in (b"[1, 2]\n", b"{oops\n", b'{"body": "x"}\n', b'{"body": {"model": 7}}\n', b""):
+        assert c.model_of_head(head, whole=True) is None, head
