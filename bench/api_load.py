@@ -161,7 +161,8 @@ def serve(database_url: str | None, workdir: Path):
     home.mkdir(parents=True, exist_ok=True)
     # The project's instance config, with runs queued one at a time.
     config = (REPO / "dagster.yaml").read_text().replace(
-        "concurrency:\n", "concurrency:\n  runs:\n    max_concurrent_runs: 1\n", 1)
+        "concurrency:\n  runs:\n", "concurrency:\n  runs:\n    max_concurrent_runs: 1\n", 1)
+    assert "max_concurrent_runs: 1" in config, "the repo's dagster.yaml has no concurrency.runs block"
     (home / "dagster.yaml").write_text(config)
     # serve gets only the settings below: none of the caller's own (it reads them itself, through settings.py).
     env = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
