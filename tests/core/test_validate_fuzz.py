@@ -53,6 +53,11 @@ def base_body(endpoint: str, i: int) -> dict:
     return {"model": MODEL, "input": f"text {i}"}
 
 
+def _messages(body: dict) -> bool:
+    """Whether an earlier mutation left `messages` a non-empty list to mutate further."""
+    return isinstance(body.get("messages"), list) and bool(body["messages"])
+
+
 @st.composite
 def bodies(draw, endpoint: str, i: int) -> dict:
     """A valid body with up to three mutations: a field of the schema or an unknown one set to any value,
@@ -67,11 +72,11 @@ def bodies(draw, endpoint: str, i: int) -> dict:
         elif kind == "deep":
             body[draw(st.sampled_from(["extra", "chat_template_kwargs", "metadata"]))] = nested(
                 draw(st.integers(MAX_DEPTH - 3, 300)))
-        elif kind == "parts" and endpoint == c.CHAT:
+        elif kind == "parts" and endpoint == c.CHAT and _messages(body) and isinstance(body["messages"][-1], dict):
             body["messages"][-1]["content"] = draw(st.lists(
                 st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", "other"])},
                                       optional={"text": json_values, "image_url": json_values}), max_size=3))
-        elif kind == "message" and endpoint == c.CHAT:
+        elif kind == "message" and endpoint == c.CHAT and _messages(body):
             body["messages"].append(draw(st.dictionaries(st.sampled_from(["role", "content", "name", "tool_calls"]),
                                                          json_values, max_size=4)))
     return body
