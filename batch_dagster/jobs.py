@@ -6,9 +6,15 @@ from batch_dagster.assets.batch import lifecycle_assets
 from batch_dagster.assets.daily_report import daily_usage_report
 from batch_dagster.assets.delivery import delivered_results
 
+# The lifecycle is a chain with nothing to run in parallel: its steps run one after the other in the run's own
+# process. A process per step (Dagster's default) would load the code location again for each of the nine
+# steps, seconds each, which is most of a small batch's time. Crash safety does not depend on it: a step that
+# raises is retried in place (shard_results' RetryPolicy), and a run whose process dies is retried as a new
+# run that skips the committed shards (dagster.yaml run_retries).
 batch_job = dg.define_asset_job(
     "batch_job",
     selection=dg.AssetSelection.assets(*lifecycle_assets),
+    executor_def=dg.in_process_executor,
     description="Validate, shard, infer, merge and price one batch (the partition key is the batch id).",
 )
 
