@@ -62,25 +62,38 @@ def free_port_block(n: int) -> int:
 
 
 class _Sampler(threading.Thread):
-    """CPU seconds and peak RSS of a process tree, every 0.5 s, while it runs."""
+    """CPU seconds of a process tree's processes, sampled every 0.5 s while it runs, counted from `start`."""
 
     def __init__(self, pid: int):
         super().__init__(daemon=True)
         self.proc = psutil.Process(pid)
         self.cpu: dict[int, float] = {}
         self.peak: dict[int, tuple[str, int]] = {}
+        self.before: dict[int, float] = {}
+        self.lock = threading.Lock()
         self.stop = threading.Event()
+
+    def sample(self) -> None:
+        with self.lock:
+            tree_sample(self.proc, self.cpu, self.peak)
+
+    def start(self) -> None:
+        """From now on (the fleet's own start-up is left out)."""
+        self.sample()
+        self.before = dict(self.cpu)
+        super().start()
 
     def run(self) -> None:
         while not self.stop.wait(0.5):
-            tree_sample(self.proc, self.cpu, self.peak)
+            self.sample()
 
     def cpu_by_name(self) -> dict[str, float]:
+        """CPU seconds since `start`, per kind of process (vLLM's own names, the router, the API server)."""
         names = {pid: name for pid, (name, _) in self.peak.items()}
         out: dict[str, float] = {}
         for pid, cpu in self.cpu.items():
             name = names.get(pid, "?")
-            out[name] = round(out.get(name, 0.0) + cpu, 1)
+            out[name] = round(out.get(name, 0.0) + cpu - self.before.get(pid, 0.0), 1)
         return out
 
 
@@ -163,13 +176,15 @@ def run_one(shards: list[list[tuple[str, dict]]], model: str, replicas: int, pol
         other = _machine_cpu_s() - cpu_before
         sampler.stop.set()
         sampler.join(5)
+        sampler.sample()
         per_replica = _replica_counts([port + 1 + i for i in range(replicas)])
     finally:
         sampler.stop.set()
         _stop(proc)
     ok = [line for line in lines if (line.get("response") or {}).get("status_code") == 200]
     tokens = sum(line["response"]["body"]["usage"]["completion_tokens"] for line in ok)
-    fleet_cpu = sum(sampler.cpu.values())
+    by_name = sampler.cpu_by_name()
+    fleet_cpu = sum(by_name.values())
     return {
         "replicas": replicas,
         "policy": policy,
@@ -180,8 +195,8 @@ def run_one(shards: list[list[tuple[str, dict]]], model: str, replicas: int, pol
         "requests_failed": len(lines) - len(ok),
         "output_tokens": tokens,
         "output_tok_s": round(tokens / inference_s, 1),
-        "fleet_cpu_s": round(fleet_cpu, 1),
-        "cpu_s_by_process": sampler.cpu_by_name(),
+        "fleet_cpu_s": round(fleet_cpu, 1),  # the fleet's processes during inference: at most cores x inference_s
+        "cpu_s_by_process": by_name,
         "per_replica": per_replica,
         # CPU the rest of the machine used meanwhile (this process, the router's client side, other work), % of
         # all cores: on a shared machine it says how far the numbers can be trusted.
