@@ -43,8 +43,9 @@ def serve(work: Path, model_cache: Path) -> Iterator[tuple[str, Path, Path]]:
     port = _free_port()
     log_path = work / "serve.log"
     with open(log_path, "w") as log:
+        # In `work`, which has no workspace.yaml: serve loads the installed package's definitions.
         proc = subprocess.Popen([sys.executable, "-m", "batch_dagster.serve", "--no-ui", "--port", str(port)],
-                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             _wait_http(f"http://127.0.0.1:{port}/health", proc, 120)
             deadline = time.monotonic() + 600
