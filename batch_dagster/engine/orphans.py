@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 POLL_S = 1.0
@@ -20,8 +21,10 @@ POLL_S = 1.0
 def watch(pids: list[int]) -> None:
     """Kill `pids` (and their children) once this process is gone; the watcher leaves when they all have."""
     if pids:
-        subprocess.Popen([sys.executable, os.path.abspath(__file__), str(os.getpid()), *map(str, pids)],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        watcher = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(os.getpid()), *map(str, pids)],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Reaped as soon as it leaves, so no zombie stays behind for the life of this process.
+        threading.Thread(target=watcher.wait, daemon=True, name="engine-watcher").start()
 
 
 def main(holder_pid: int, pids: list[int]) -> None:
