@@ -55,7 +55,7 @@ clean:
 	rm -rf $(VENV) .dagster_home data
 
 # Benchmarks (see docs/performance.md). BENCH_REQUESTS / BENCH_MODEL size and pick the workload.
-.PHONY: bench bench-cpu bench-api
+.PHONY: bench bench-cpu bench-api bench-fleet
 bench: setup
 	$(PY) -m bench.run_bench
 
@@ -65,3 +65,8 @@ bench-cpu: setup
 # The API under load through serve, 32 clients for 60 s, on SQLite and on a throwaway PostgreSQL 15.
 bench-api: setup
 	$(PY) -m bench.api_load --db both --out bench/results/api_load.json
+
+# The warm fleet's three ratios side by side: scaling 1 -> 2 replicas, the pipeline's fixed overhead at 500
+# requests, and a 3-request API batch against run_batch. Writes bench/results/fleet.json, prints the table.
+bench-fleet: setup
+	$(PY) -m bench.fleet_bench

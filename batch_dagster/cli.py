@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -216,11 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="folder for output.jsonl and errors.jsonl")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, exit_at_once=True)
 
     p = sub.add_parser("demo", help="run the built-in sample batch on the default model")
     p.add_argument("--out", default="data/demo-output")
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=cmd_demo, exit_at_once=True)
 
     p = sub.add_parser("retry", help="create a batch of a batch's failed requests that can be retried (5xx, "
                        "expired, cancelled)")
@@ -249,6 +249,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_at_once(code: int) -> NoReturn:
+    """End the process now, without the interpreter's teardown.
+
+    Once a batch has run, its engine is stopped, its files are committed and its run is recorded: what is
+    left is Python unloading torch, vLLM and Dagster object by object, 2 to 4 s on a CPU for nothing.
+    Only the streams need flushing.
+    """
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -256,6 +271,9 @@ def main(argv: list[str] | None = None) -> None:
         code = args.func(args)
     except OSError as exc:  # a missing or unreadable file is a usage error, not a crash
         parser.exit(2, f"batch-dagster: error: {exc.strerror or exc}: {exc.filename or ''}\n")
+    # Only as the command itself (argv from the command line): Python code calling main() keeps its process.
+    if argv is None and getattr(args, "exit_at_once", False):
+        _exit_at_once(code)
     sys.exit(code)
 
 

@@ -28,10 +28,11 @@ _LAUNCHED = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
 def dies_with_its_run(context: dg.AssetExecutionContext) -> Iterator[None]:
     """Within this block, the process is killed if its run is marked finished (failed) meanwhile.
 
-    Dagster 1.13 has no public way for a step to learn that its run worker died. When a run worker
-    is killed, its step process lives on as an orphan, inferring and committing shards, while the run
-    retry starts a new run (and a second engine) on the same shards. The code server marks the dead
-    worker's run failed within a second; this watchdog then kills the orphan too.
+    batch_job runs its steps in the run worker itself, which dies whole. With a process per step (an
+    executor other than batch_job's), Dagster 1.13 has no public way for a step to learn that its run
+    worker died: killed, the worker leaves its step process on as an orphan, inferring and committing
+    shards, while the run retry starts a new run (and a second engine) on the same shards. The code
+    server marks the dead worker's run failed within a second; this watchdog then kills the orphan too.
     """
     stop = threading.Event()
     instance, run_id = context.instance, context.run.run_id

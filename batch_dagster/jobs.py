@@ -7,9 +7,15 @@ from batch_dagster.assets.daily_report import daily_usage_report
 from batch_dagster.assets.delivery import delivered_results
 from batch_dagster.run_queue import ENGINE_TAG, OFFLINE
 
+# The lifecycle is a chain with nothing to run in parallel: its steps run one after the other in the run's own
+# process. A process per step (Dagster's default) would load the code location again for each of the nine
+# steps, seconds each, which is most of a small batch's time. Crash safety does not depend on it: a step that
+# raises is retried in place (shard_results' RetryPolicy), and a run whose process dies is retried as a new
+# run that skips the committed shards (dagster.yaml run_retries).
 batch_job = dg.define_asset_job(
     "batch_job",
     selection=dg.AssetSelection.assets(*lifecycle_assets),
+    executor_def=dg.in_process_executor,
     description="Validate, shard, infer, merge and price one batch (the partition key is the batch id).",
     # The run queue's limits count runs by these tags. The sensors tag each run by its model; a run launched
     # without them (the UI's launchpad, a job backfill) is counted as holding an engine: the safe guess. As

@@ -584,16 +584,18 @@ class Serve:
             else:
                 os.environ["DAGSTER_HOME"] = saved
 
-    def engine_step(self) -> psutil.Process | None:
-        """The step process holding a vLLM engine (its engine-core child is named VLLM::...), if any."""
+    def engine_holder(self) -> tuple[psutil.Process, psutil.Process] | None:
+        """The process holding a vLLM engine (a run worker: batch_job runs its steps in it) and that engine's
+        core process (its child named VLLM::EngineCore), if any."""
         import psutil
 
         for p in psutil.Process(self.proc.pid).children(recursive=True):
             try:
-                if any(c.name().startswith("VLLM") for c in p.children()):
-                    return p
+                core = next((c for c in p.children() if c.name().startswith("VLLM::EngineCor")), None)
             except psutil.NoSuchProcess:
                 continue
+            if core is not None:
+                return p, core
         return None
 
 

@@ -13,6 +13,7 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.registry import ModelSpec
 
+from . import orphans
 from . import translate as t
 from .base import EngineCrash, Line, OnProgress, ProgressTicker, Request, is_out_of_memory
 
@@ -97,7 +98,10 @@ class OfflineEngine:
             from vllm import LLM
 
             log.info("Starting vLLM for %s from %s", self.spec.name, self.model_path)
+            before = _engine_processes()
             self._llm = LLM(**self.llm_kwargs())
+            # Killed, this process would leave its engine core running (vLLM does not watch its parent).
+            orphans.watch(sorted(_engine_processes() - before))
             # multiprocessing's exit hook joins every child process, the engine core included,
             # which waits forever unless the engine was stopped first. A finalizer with an exit
             # priority runs before that join, in the main process and in a multiprocessing
@@ -108,11 +112,13 @@ class OfflineEngine:
         return self._llm
 
     def shutdown(self) -> None:
-        """Drop the engine (after a crash, so the next attempt starts a fresh one)."""
+        """Drop the engine (after a crash, so the next attempt starts a fresh one, or at the end)."""
         llm, self._llm = self._llm, None
         if llm is not None:
             try:
-                llm.llm_engine.engine_core.shutdown()
+                # No grace period, as vLLM's own run_batch stops its engine: nothing is in flight when an
+                # engine is dropped, and a graceful stop waits ~5 s for the worker to tear itself down.
+                llm.llm_engine.engine_core.shutdown(timeout=0)
             except Exception:  # already dead: nothing left to stop
                 pass
 
@@ -258,6 +264,20 @@ def _response_body(model: str, it: _Prepared, choice: t.Choice, cached: int) -> 
 
 _ENGINES: dict[str, OfflineEngine] = {}
 _LOCK = threading.Lock()
+
+
+def _engine_processes() -> set[int]:
+    """This process's children that are vLLM engine processes (vLLM names them VLLM::...)."""
+    import psutil
+
+    out = set()
+    for child in psutil.Process().children():
+        try:
+            if child.name().startswith("VLLM"):
+                out.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 def shutdown_all() -> None:

@@ -16,3 +16,104 @@ def test_workload_is_fixed_and_shaped_like_the_issue(tmp_path):
     assert all(16 <= r["body"]["max_tokens"] <= 128 for r in rows)
     words = sorted(len(r["body"]["messages"][-1]["content"].split()) for r in rows)
     assert words[0] <= 10 and words[-1] > MAX_PROMPT_TOKENS / 4  # a few words up to a long tail
+
+
+# `make bench-fleet`: the workload it sends each fleet, and the arithmetic of its ratios and latency phases.
+
+def test_the_scaling_workload_is_every_request_once_in_the_pipelines_shards(tmp_path):
+    from bench.fleet_scaling import shards_of
+
+    path = write_workload(tmp_path / "w.jsonl", 250, "smollm2-135m-instruct")
+    shards = shards_of(path, tmp_path / "work", "smollm2-135m-instruct", shard_size=100)
+    assert [len(s) for s in shards] == [100, 100, 50]
+    ids = [cid for shard in shards for cid, _ in shard]
+    assert sorted(ids) == sorted(r["custom_id"] for r in requests(250, "smollm2-135m-instruct"))
+    # The same file gives the same shards, in the same order: both fleets get the same work.
+    again = shards_of(path, tmp_path / "again", "smollm2-135m-instruct", shard_size=100)
+    assert [cid for shard in again for cid, _ in shard] == ids
+
+
+def test_prometheus_counters_are_summed_over_their_labels():
+    from bench.fleet_scaling import _metric
+
+    text = ('# HELP vllm:request_success_total x\n'
+            'vllm:request_success_total{finished_reason="stop",model_name="m"} 7.0\n'
+            'vllm:request_success_total{finished_reason="length",model_name="m"} 5.0\n'
+            'vllm:request_success_created{model_name="m"} 1.7e9\n')
+    assert _metric(text, "vllm:request_success_total") == 12.0
+    assert _metric(text, "vllm:generation_tokens_total") == 0.0
+
+
+def _timeline(t0: float, step_gap: float) -> list[tuple[float, str, str | None]]:
+    """A run's events: queued 2 s after t0, a step every second with `step_gap` between steps."""
+    events = [(t0 + 2, "RUN_ENQUEUED", None), (t0 + 2.5, "RUN_DEQUEUED", None), (t0 + 3, "RUN_STARTING", None),
+              (t0 + 6, "RUN_START", None)]
+    at = t0 + 6
+    for step in ("batch_input", "validated_requests", "validated_requests_unique_custom_ids", "batch_shards",
+                 "shard_results", "batch_output_files", "batch_output_files_every_custom_id_exactly_once",
+                 "batch_usage", "batch_usage_usage_equals_output_lines"):
+        at += step_gap
+        events.append((at, "STEP_START", step))
+        at += 4 if step == "shard_results" else 0.5
+        events.append((at, "STEP_SUCCESS", step))
+    events.append((at + 0.2, "RUN_SUCCESS", None))
+    return events
+
+
+def test_latency_phases_add_up_and_name_where_the_time_went():
+    from bench.fleet_report import PHASES, latency_phases
+
+    events = _timeline(100.0, step_gap=3.0)
+    end = max(at for at, _, _ in events)
+    phases = latency_phases(100.0, end + 0.3, events)
+    assert list(phases) == list(PHASES)
+    assert abs(sum(phases.values()) - (end + 0.3 - 100.0)) < 1e-6
+    assert phases["sensor tick"] == 2 and phases["run queue"] == 1 and phases["run launch"] == 3
+    assert phases["between steps"] == 9 * 3.0  # a process per step
+    assert phases["inference"] == 4 and phases["validate + shard"] == 4 * 0.5 and phases["merge + usage"] == 2.0
+    assert phases["run end"] == 0.2 and abs(phases["status poll"] - 0.3) < 1e-9
+
+
+def test_a_batch_reported_completed_before_its_run_ends_stops_the_phases_there():
+    from bench.fleet_report import latency_phases
+
+    events = _timeline(0.0, step_gap=0.01)
+    usage_start = next(at for at, kind, step in events if kind == "STEP_START" and step == "batch_usage")
+    seen = usage_start + 0.2  # the summary is written inside batch_usage: the API says completed then
+    phases = latency_phases(0.0, seen, events)
+    assert abs(sum(phases.values()) - seen) < 1e-6
+    assert phases["run end"] == 0 and phases["status poll"] == 0
+    assert abs(phases["merge + usage"] - (0.5 + 0.5 + 0.2)) < 1e-6  # the two steps before, and batch_usage so far
+
+
+def test_unknown_steps_are_refused_rather_than_miscounted():
+    import pytest
+
+    from bench.fleet_report import step_phase
+
+    assert step_phase("batch_output_files_every_custom_id_exactly_once") == "merge + usage"
+    assert step_phase("shard_results") == "inference"
+    with pytest.raises(ValueError):
+        step_phase("delivered_results")
+
+
+def test_the_summary_checks_each_ratio_against_its_goal():
+    from bench.fleet_report import PHASES, markdown, summarize
+
+    report = {
+        "scaling": {"requests": 1000, "runs": [{"replicas": 1, "output_tok_s": 100.0},
+                                               {"replicas": 2, "output_tok_s": 180.0}]},
+        "overhead": {"requests": 500, "pipeline_vs_run_batch_wall": 1.03, "pipeline_wall_s": 103.0,
+                     "run_batch_wall_s": 100.0},
+        "latency": {"requests": 3, "api": [{}, {}, {}], "api_median_s": 12.0, "run_batch_median_s": 30.0,
+                    "phases_median_s": dict.fromkeys(PHASES, 1.0)},
+    }
+    s = summarize(report)
+    assert s["scaling_tok_s_2_vs_1"] == 1.8 and s["scaling_met"] is True
+    assert s["overhead_met"] is False  # 1.03 > 1.02
+    assert s["latency_vs_run_batch"] == 0.4 and s["latency_met"] is True
+    report["latency"]["api_median_s"] = 21.0  # under 0.5x run_batch's 30 s... but over 20 s
+    assert summarize(report)["latency_met"] is False
+    table = markdown(report)
+    assert "1.8x" in table and "**no**" in table and "| inference | 1.00 |" in table
+    assert summarize({"scaling": {"runs": [{"replicas": 1, "output_tok_s": 100.0}]}})["scaling_met"] is None

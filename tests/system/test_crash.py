@@ -1,8 +1,10 @@
 """Crashes under the real Dagster daemon and the project's dagster.yaml: processes killed with SIGKILL mid-batch.
 
-A killed step process is retried in the same run (the op's RetryPolicy); a killed run worker is retried as
-a new run (`run_retries`); either way committed shards are kept, and every custom_id ends up in the output
-or error file exactly once. A batch whose runs keep dying fails, with the reason, once retries run out.
+batch_job runs its steps in the run worker's own process (the in-process executor). A crashed engine (its
+model worker killed) fails the shard: the step is retried in the same run (the op's RetryPolicy) with a new
+engine. A killed run worker is retried as a new run (`run_retries`), and its engine does not outlive it.
+Either way committed shards are kept, and every custom_id ends up in the output or error file exactly once.
+A batch whose runs keep dying fails, with the reason, once retries run out.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import time
 
 import dagster as dg
+import psutil
 import pytest
 
 from tests.daemon_defs import engine_calls
@@ -43,7 +46,7 @@ def lines(client, file_id) -> list[dict]:
 
 
 @pytest.mark.engine
-def test_killed_step_and_killed_run_worker_resume_without_redoing_shards(tmp_path):
+def test_crashed_engine_and_killed_run_worker_resume_without_redoing_shards(tmp_path):
     # Every request decodes 40 tokens, so a shard of 4 takes about a second: there is always one in flight.
     rows = [chat_request(f"q{i:02d}", f"Say the number {i} and name a color.", max_tokens=40, min_tokens=40,
                          temperature=0) for i in range(4 * SHARDS)]
@@ -51,23 +54,27 @@ def test_killed_step_and_killed_run_worker_resume_without_redoing_shards(tmp_pat
         batch = serve.create_batch(rows)
         results = serve.data_dir / "batches" / batch.id / "results"
 
-        # 1. kill -9 the step process running inference, once its first shard is committed.
-        step = wait_until(lambda: committed_in(results) and serve.engine_step(), 240, serve, "no shard committed")
-        worker = step.parent()
-        step.kill()
-        step.wait(10)
-        after_step_kill = file_stats(committed_files(results))
-        assert 3 <= len(after_step_kill) < 3 * SHARDS
+        # 1. Once the first shard is committed, kill -9 the engine's model worker mid-inference (the process the
+        # OOM killer would pick: it holds the weights and the KV cache). The engine crashed.
+        worker, core = wait_until(lambda: committed_in(results) and serve.engine_holder(), 240, serve,
+                                  "no shard committed")
+        [model_worker] = [p for p in core.children() if p.name().startswith("VLLM::Worker")]
+        model_worker.kill()
+        model_worker.wait(10)
+        after_engine_kill = file_stats(committed_files(results))
+        assert 3 <= len(after_engine_kill) < 3 * SHARDS
 
-        # 2. The op's RetryPolicy runs the step again in the same run worker. Once it has committed a shard
-        # of its own, kill -9 the run worker (only it: its step process is left an orphan).
-        step = wait_until(lambda: len(committed_files(results)) > len(after_step_kill) and serve.engine_step(), 180,
-                          serve, "the retried step committed nothing")
-        assert step.parent().pid == worker.pid
+        # 2. The op's RetryPolicy runs the step again in the same run worker, with a new engine. Once it has
+        # committed a shard of its own, kill -9 the run worker.
+        holder = wait_until(lambda: len(committed_files(results)) > len(after_engine_kill) and serve.engine_holder(),
+                            180, serve, "the retried step committed nothing")
+        assert holder[0].pid == worker.pid and holder[1].pid != core.pid
+        engine = [holder[1], *holder[1].children(recursive=True)]
         worker.kill()
         worker.wait(10)
-        # The orphan sees its run marked failed and dies too, instead of racing the run's retry.
-        step.wait(15)
+        # Its engine goes with it, instead of holding its memory while the run's retry starts another.
+        gone, alive = psutil.wait_procs(engine, timeout=15)
+        assert not alive, alive
         after_worker_kill = file_stats(committed_files(results))
         assert len(after_worker_kill) < 3 * SHARDS
 
@@ -87,12 +94,12 @@ def test_killed_step_and_killed_run_worker_resume_without_redoing_shards(tmp_pat
     assert done.usage.output_tokens == 40 * 4 * SHARDS
     # Shards committed before each kill were never recomputed: not one of their files was rewritten.
     now = file_stats(committed_files(results))
-    assert {name: now[name] for name in after_step_kill} == after_step_kill
+    assert {name: now[name] for name in after_engine_kill} == after_engine_kill
     assert {name: now[name] for name in after_worker_kill} == after_worker_kill
     assert resumed["shards_skipped"] == len(after_worker_kill) // 3
     assert resumed["shards_run"] == SHARDS - len(after_worker_kill) // 3
 
-    # The step kill was retried inside the first run; the worker kill by a new run, Dagster's run retry.
+    # The engine crash was retried inside the first run; the worker kill by a new run, Dagster's run retry.
     first, retry = runs
     assert retries == [1, 0]
     assert first.status == dg.DagsterRunStatus.FAILURE and first.tags["dagster/will_retry"] == "true"

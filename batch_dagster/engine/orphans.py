@@ -1,0 +1,62 @@
+"""An engine's processes die with the process that holds the engine.
+
+vLLM's engine core is a child process that lives on, idle, when its parent is killed (kill -9, the OOM
+killer): it would keep its memory (and on a GPU its device memory) while the run's retry starts a new
+engine. `watch` starts a small watcher process that kills them once the holder is gone. The watcher runs
+this file as a script, so it imports neither the package nor vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+POLL_S = 1.0
+
+
+def watch(pids: list[int]) -> None:
+    """Kill `pids` (and their children) once this process is gone; the watcher leaves when they all have."""
+    if pids:
+        watcher = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(os.getpid()), *map(str, pids)],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Reaped as soon as it leaves, so no zombie stays behind for the life of this process.
+        threading.Thread(target=watcher.wait, daemon=True, name="engine-watcher").start()
+
+
+def main(holder_pid: int, pids: list[int]) -> None:
+    import psutil
+
+    def alive(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    try:
+        holder = psutil.Process(holder_pid)
+    except psutil.NoSuchProcess:
+        holder = None
+    watched = []
+    for pid in pids:
+        try:
+            watched.append(psutil.Process(pid))  # is_running() later also checks it is the same process
+        except psutil.NoSuchProcess:
+            pass
+    while any(alive(p) for p in watched):
+        if holder is None or not alive(holder):
+            for p in watched:
+                try:
+                    for q in [*p.children(recursive=True), p]:
+                        q.send_signal(signal.SIGKILL)
+                except psutil.NoSuchProcess:
+                    pass
+            return
+        time.sleep(POLL_S)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), [int(a) for a in sys.argv[2:]])

@@ -1,0 +1,171 @@
+"""Small-batch latency: a 3-request chat batch through the API on the warm fleet, against vLLM's run_batch.
+
+`python -m batch_dagster.serve --no-ui` runs with its defaults (a warm fleet of the default chat model,
+1 replica here) in a fresh DAGSTER_HOME and data folder. A first batch warms the daemon and its code
+server and is not counted; then each batch is uploaded, and timed with the openai SDK from
+`batches.create` until `batches.retrieve` answers `completed`. Where that time went comes from the
+run's Dagster event log (bench/fleet_report.py names the phases). run_batch runs on the same file with
+the same engine settings, wall time from launch to exit, engine start included: that is what a user
+without a warm engine waits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench.api_load import OWN_PREFIXES, _free_port, _wait_http
+from bench.fleet_report import latency_phases, median, median_phases
+from bench.fleet_scaling import free_port_block
+from bench.measure import run_measured, wait_for_quiet
+
+REPO = Path(__file__).resolve().parent.parent
+KEY = "bench-small-batch-key"
+READY_LINE = "warm fleet:"  # serve logs it once its fleet answers; the daemon starts right after
+POLL_S = 0.1
+
+
+@contextmanager
+def serve(work: Path, model_cache: Path) -> Iterator[tuple[str, Path, Path]]:
+    """serve with its defaults (warm fleet included) in `work`; yields (API base URL, DAGSTER_HOME, log path)."""
+    home, data = work / "dagster_home", work / "data"
+    own = OWN_PREFIXES
+    env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
+    env.update({"DAGSTER_HOME": str(home), "BATCH_DATA_DIR": str(data), "BATCH_MODEL_CACHE": str(model_cache),
+                "BATCH_API_KEYS": KEY, "BATCH_FLEET_PORT": str(free_port_block(4))})
+    port = _free_port()
+    log_path = work / "serve.log"
+    with open(log_path, "w") as log:
+        # In `work`, which has no workspace.yaml: serve loads the installed package's definitions.
+        proc = subprocess.Popen([sys.executable, "-m", "batch_dagster.serve", "--no-ui", "--port", str(port)],
+                                cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _wait_http(f"http://127.0.0.1:{port}/health", proc, 120)
+            deadline = time.monotonic() + 600
+            while READY_LINE not in log_path.read_text(errors="replace"):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"serve's fleet did not start; log:\n{log_path.read_text()[-3000:]}")
+                time.sleep(0.5)
+            yield f"http://127.0.0.1:{port}/v1", home, log_path
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def api_batch(client: Any, path: Path, timeout_s: float = 600) -> tuple[str, float, float, str]:
+    """Upload `path`, create its batch and poll it to an end: (batch id, created at, ended at, status)."""
+    with open(path, "rb") as f:
+        file_id = client.files.create(file=f, purpose="batch").id
+    created = time.time()
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    while batch.status not in ("completed", "failed", "expired", "cancelled"):
+        if time.time() - created > timeout_s:
+            raise TimeoutError(f"{batch.id} still {batch.status} after {timeout_s:.0f} s")
+        time.sleep(POLL_S)
+        batch = client.batches.retrieve(batch.id)
+    return batch.id, created, time.time(), batch.status
+
+
+@contextmanager
+def dagster_instance(home: Path) -> Iterator[Any]:
+    """The Dagster instance in `home`, read from this process (its dagster.yaml reads DAGSTER_HOME)."""
+    import dagster as dg
+
+    saved = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            yield instance
+    finally:
+        if saved is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = saved
+
+
+def run_events(home: Path, batch_id: str, timeout_s: float = 60) -> tuple[str, list[tuple[float, str, str | None]]]:
+    """The batch's (last) run id and its events as (timestamp, event type, step key), once the run has ended."""
+    import dagster as dg
+
+    with dagster_instance(home) as instance:
+        deadline = time.time() + timeout_s
+        while True:
+            runs = instance.get_runs(dg.RunsFilter(job_name="batch_job", tags={"dagster/partition": batch_id}),
+                                     limit=1)
+            if (runs and runs[0].is_finished) or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        if not runs:
+            raise RuntimeError(f"no run of batch_job for {batch_id}")
+        events = [(e.timestamp, e.dagster_event.event_type.name, e.dagster_event.step_key)
+                  for e in instance.all_logs(runs[0].run_id) if e.dagster_event is not None]
+    return runs[0].run_id, events
+
+
+def run_batch_wall(input_path: Path, work: Path, spec: Any, model_path: str, i: int) -> float:
+    from bench.run_bench import run_batch_command
+
+    log = work / f"run_batch-{i}.log"
+    m = run_measured(run_batch_command(spec, model_path, input_path, work / f"run_batch-{i}.output.jsonl"),
+                     env={"VLLM_LOGGING_LEVEL": "INFO"}, cwd=REPO, log_path=log, timeout_s=1800)
+    if m.returncode != 0:
+        raise RuntimeError(f"run_batch exited with {m.returncode}; log {log}:\n{m.tail()}")
+    return round(m.wall_s, 2)
+
+
+def measure(input_path: Path, work: Path, spec: Any, model_path: str, model_cache: Path, *, repeats: int,
+            quiet_wait_s: float) -> dict[str, Any]:
+    """run_batch `repeats` times, then serve with a warm fleet and `repeats` API batches after a warm-up one."""
+    from openai import OpenAI
+
+    work.mkdir(parents=True, exist_ok=True)
+    requests = sum(1 for _ in open(input_path, "rb"))
+    baseline = []
+    for i in range(repeats):
+        wait_for_quiet(quiet_wait_s)
+        print(f"bench-fleet: small batch, run_batch {i + 1}/{repeats} ...", file=sys.stderr, flush=True)
+        baseline.append(run_batch_wall(input_path, work, spec, model_path, i))
+    wait_for_quiet(quiet_wait_s)
+    print("bench-fleet: small batch, starting serve with its warm fleet ...", file=sys.stderr, flush=True)
+    batches: list[dict[str, Any]] = []
+    totals: list[float] = []
+    phases_each: list[dict[str, float]] = []
+    serve_dir = work / "serve"
+    serve_dir.mkdir()
+    with serve(serve_dir, model_cache) as (url, home, log_path):
+        client = OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=60)
+        warm_id, *_ = api_batch(client, input_path)
+        for i in range(repeats):
+            batch_id, created, seen, status = api_batch(client, input_path)
+            run_id, events = run_events(home, batch_id)
+            if status != "completed":
+                raise RuntimeError(f"{batch_id} ended {status}; serve's log {log_path}")
+            total = round(seen - created, 3)
+            phases = latency_phases(created, seen, events)
+            print(f"bench-fleet: small batch {i + 1}/{repeats} through the API: {total} s "
+                  f"({', '.join(f'{k} {v:.1f}' for k, v in phases.items() if v >= 0.05)})", file=sys.stderr, flush=True)
+            batches.append({"batch_id": batch_id, "run_id": run_id, "created_at": created, "seen_at": seen,
+                            "total_s": total, "phases_s": phases})
+            totals.append(total)
+            phases_each.append(phases)
+    return {
+        "requests": requests,
+        "api": batches,
+        "warm_up_batch": warm_id,
+        "api_median_s": median(totals),
+        "phases_median_s": median_phases(phases_each),
+        "run_batch_wall_s": baseline,
+        "run_batch_median_s": median(baseline),
+    }

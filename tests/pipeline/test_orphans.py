@@ -1,0 +1,75 @@
+"""An in-process engine's processes die with the process that holds it (engine/orphans.py), on stand-in processes.
+
+The real engine is checked by tests/system/test_crash.py (a run worker killed mid-inference leaves no engine).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+from tests.helpers import REPO
+
+# A stand-in for a run worker: it starts an "engine" (a process with a child of its own, as vLLM's engine core
+# has its model worker), has it watched, prints the engine's pid and lives on until killed.
+HOLDER = """
+import subprocess, sys, time
+from batch_dagster.engine import orphans
+engine = subprocess.Popen(["sh", "-c", sys.argv[1]])
+orphans.watch([engine.pid])
+print(engine.pid, flush=True)
+engine.wait()  # reaped when it ends, as vLLM's shutdown reaps its engine
+time.sleep(120)
+"""
+
+
+def _holder(engine_command: str) -> tuple[subprocess.Popen, psutil.Process]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, engine_command], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    assert holder.stdout is not None
+    return holder, psutil.Process(int(holder.stdout.readline()))
+
+
+def _watcher(holder: subprocess.Popen) -> psutil.Process:
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        for p in psutil.Process(holder.pid).children():
+            if any(arg.endswith("orphans.py") for arg in p.cmdline()):
+                return p
+        time.sleep(0.05)
+    raise AssertionError("no watcher started")
+
+
+def test_a_killed_holder_takes_its_engine_and_the_engines_children_with_it():
+    holder, engine = _holder("sleep 120 & wait")
+    try:
+        deadline = time.time() + 10
+        while not engine.children() and time.time() < deadline:
+            time.sleep(0.05)
+        family = [engine, *engine.children(recursive=True)]
+        assert len(family) == 2
+        holder.kill()  # kill -9: no exit handler of the holder runs
+        holder.wait()
+        gone, alive = psutil.wait_procs(family, timeout=10)
+        assert not alive, alive
+    finally:
+        holder.kill()
+        for p in psutil.Process().children(recursive=True):
+            p.kill()
+
+
+def test_the_watcher_leaves_once_the_engine_is_stopped_and_spares_the_holder():
+    holder, engine = _holder("sleep 1")
+    try:
+        watcher = _watcher(holder)
+        engine.wait(10)  # the engine ends on its own, as when it is shut down
+        watcher.wait(10)
+        assert holder.poll() is None  # the holder lives on, untouched
+    finally:
+        holder.kill()
+        holder.wait()
