@@ -6,16 +6,35 @@ from batch_dagster.assets.batch import lifecycle_assets
 from batch_dagster.assets.daily_report import daily_usage_report
 from batch_dagster.assets.delivery import delivered_results
 from batch_dagster.run_queue import ENGINE_TAG, OFFLINE
+from batch_dagster.settings import Settings
 
-# The lifecycle is a chain with nothing to run in parallel: its steps run one after the other in the run's own
-# process. A process per step (Dagster's default) would load the code location again for each of the nine
-# steps, seconds each, which is most of a small batch's time. Crash safety does not depend on it: a step that
-# raises is retried in place (shard_results' RetryPolicy), and a run whose process dies is retried as a new
-# run that skips the committed shards (dagster.yaml run_retries).
+
+def batch_executor(name: str | None = None) -> dg.ExecutorDefinition:
+    """How batch_job runs its steps (BATCH_EXECUTOR).
+
+    By default in the run's own process: the lifecycle is a chain with nothing to run in parallel, and a
+    process per step (Dagster's default) would load the code location again for each of the nine steps,
+    seconds each, which is most of a small batch's time. Crash safety does not depend on it: a step that
+    raises is retried in place (shard_results' RetryPolicy), and a run whose process dies is retried as a new
+    run that skips the committed shards (dagster.yaml run_retries). On Kubernetes, `k8s` runs each step in its
+    own pod, so that only the inference step's pod asks for a GPU (batch_dagster/k8s.py).
+    """
+    name = name or Settings.from_env().executor
+    if name == "in_process":
+        return dg.in_process_executor
+    if name == "multiprocess":
+        return dg.multiprocess_executor
+    if name == "k8s":
+        from dagster_k8s import k8s_job_executor  # the `k8s` extra
+
+        return k8s_job_executor
+    raise ValueError(f"BATCH_EXECUTOR {name!r} is not one of in_process, multiprocess, k8s")
+
+
 batch_job = dg.define_asset_job(
     "batch_job",
     selection=dg.AssetSelection.assets(*lifecycle_assets),
-    executor_def=dg.in_process_executor,
+    executor_def=batch_executor(),
     description="Validate, shard, infer, merge and price one batch (the partition key is the batch id).",
     # The run queue's limits count runs by these tags. The sensors tag each run by its model; a run launched
     # without them (the UI's launchpad, a job backfill) is counted as holding an engine: the safe guess. As

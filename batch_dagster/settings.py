@@ -68,6 +68,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_RUNS_PER_MODEL", str(run_queue.DEFAULT_RUNS_PER_MODEL), "Runs of one model at once (batches "
              "sharing its fleet); more wait in the run queue. Written into dagster.yaml, as BATCH_OFFLINE_RUNS.",
              "Engine"),
+    Variable("BATCH_EXECUTOR", "in_process", "How batch_job runs its steps: `in_process` (one after the other in the "
+             "run's process), `multiprocess` (a process per step) or `k8s` (dagster-k8s' k8s_job_executor: a pod per "
+             "step, the inference step's pod asking for a GPU by its tags).", "Engine"),
     Variable("BATCH_SHARD_SIZE", "1000", "Requests per shard: the unit of commit, resume and progress.",
              "Limits"),
     Variable("BATCH_MAX_REQUESTS", str(_L.max_requests), "Requests per input file.", "Limits"),
@@ -143,6 +146,7 @@ class Settings:
     fleet_policy: str
     fleet_url: str
     offline_runs: int
+    executor: str
     runs_per_model: int
     shard_size: int
     limits: Limits
@@ -200,6 +204,7 @@ class Settings:
             fleet_policy=_raw("BATCH_FLEET_POLICY") or "cache_aware",
             fleet_url=_raw("BATCH_FLEET_URL"),
             offline_runs=_int("BATCH_OFFLINE_RUNS", run_queue.DEFAULT_OFFLINE_RUNS),
+            executor=_raw("BATCH_EXECUTOR") or "in_process",
             runs_per_model=_int("BATCH_RUNS_PER_MODEL", run_queue.DEFAULT_RUNS_PER_MODEL),
             shard_size=_int("BATCH_SHARD_SIZE", 1000),
             limits=limits,

@@ -12,8 +12,10 @@ import copy
 from types import SimpleNamespace
 from unittest import mock
 
+import dagster as dg
 import kubernetes
 import kubernetes_validate
+import pytest
 import yaml
 from dagster_k8s import K8sRunLauncher
 from dagster_k8s.container_context import K8sContainerContext
@@ -185,3 +187,15 @@ def test_the_rendering_merges_the_code_servers_pod_when_the_chart_would():
     (container,) = pod["containers"]
     assert container["resources"]["requests"] == code["resources"]["requests"]
     assert [v["name"] for v in pod["volumes"]].count("scratch") == 2
+
+
+def test_the_executor_of_batch_job_is_configuration():
+    from dagster_k8s import k8s_job_executor
+
+    from batch_dagster.jobs import batch_executor, batch_job
+
+    assert batch_job.executor_def is dg.in_process_executor  # the default: one process per run
+    assert batch_executor("multiprocess") is dg.multiprocess_executor
+    assert batch_executor("k8s") is k8s_job_executor  # a pod per step: the GPU tags above take effect
+    with pytest.raises(ValueError, match="BATCH_EXECUTOR"):
+        batch_executor("threads")
