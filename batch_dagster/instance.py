@@ -39,6 +39,8 @@ compute_logs:
   config:
     bucket: {bucket}
     prefix: {prefix}
+    # A run worker killed mid-step never finishes its capture: what it logged up to the last upload is kept.
+    upload_interval: 10
 """
 
 

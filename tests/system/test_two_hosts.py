@@ -250,8 +250,9 @@ def test_api_daemon_and_run_worker_on_three_hosts_share_only_postgres_and_s3(
     # The API (uploads) and the run worker staged files in their own scratch; no host kept anything else.
     assert scratch == {"api": True, "daemon": False, "worker": True}
     assert kept == {"api": [], "daemon": [], "worker": []}
-    # Both runs' step logs went from the worker host to S3 (the instance `batch-dagster instance` wrote).
-    assert {r.run_id for r in runs if any(f"/{r.run_id}/" in key for key in logs)} == {r.run_id for r in runs}, logs
+    # The step logs went from the worker host to S3 (the instance `batch-dagster instance` wrote): the retry's
+    # whole log. The killed run's log is there only up to its last periodic upload, if it lived that long.
+    assert any(f"/{runs[-1].run_id}/" in key for key in logs), logs
 
     # The kill: the first run's worker died by SIGKILL; Dagster retried the run as a new one, which skipped the
     # shards committed before the kill and never wrote their objects again.
