@@ -178,8 +178,7 @@ def list_batches(
         raise not_found("Batch", str(after), param="after")
     rows, has_more = page
     data = [batch_object(_synced(session, ctx, r)) for r in rows]
-    return ListPage[Batch](data=data, first_id=data[0].id if data else None,
-                           last_id=data[-1].id if data else None, has_more=has_more)
+    return ListPage[Batch].of(data, has_more)
 
 
 @router.post("/batches/{batch_id}/cancel", response_model=Batch)

@@ -109,8 +109,7 @@ def list_files(
         raise not_found("File", str(after), param="after")
     rows, has_more = page
     data = [file_object(r) for r in rows]
-    return ListPage[FileObject](data=data, first_id=data[0].id if data else None,
-                                last_id=data[-1].id if data else None, has_more=has_more)
+    return ListPage[FileObject].of(data, has_more)
 
 
 def _owned_file(session, owner: str, file_id: str) -> FileRecord:

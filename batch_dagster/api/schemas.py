@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
 from pydantic import AfterValidator, BaseModel, Field
 
@@ -67,6 +67,12 @@ class ListPage(BaseModel, Generic[T]):
     first_id: str | None
     last_id: str | None
     has_more: bool
+
+    @classmethod
+    def of(cls, data: list[Any], has_more: bool) -> Self:
+        """A page of `data`: first_id and last_id are the ids of its first and last objects."""
+        return cls(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
+                   has_more=has_more)
 
 
 class BatchError(BaseModel):

@@ -85,8 +85,7 @@ def list_webhook_endpoints(
         raise not_found("WebhookEndpoint", str(after), param="after")
     rows, has_more = page
     data = [endpoint_object(r) for r in rows]
-    return ListPage[WebhookEndpoint](data=data, first_id=data[0].id if data else None,
-                                     last_id=data[-1].id if data else None, has_more=has_more)
+    return ListPage[WebhookEndpoint].of(data, has_more)
 
 
 def _owned(session, owner: str, endpoint_id: str) -> WebhookEndpointRecord:
