@@ -75,7 +75,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from batch_dagster.runner import run_batch
+    from batch_dagster.defs.runner import run_batch
 
     summary = run_batch(Path(args.file), Path(args.out), show_progress=not args.json and not args.quiet,
                         log_dir=Settings.from_env().data_dir / "logs")
@@ -97,12 +97,12 @@ def cmd_retry(args: argparse.Namespace) -> int:
     from sqlalchemy import select
 
     from batch_dagster.batchfile.folder import file_key
-    from batch_dagster.store import BatchRecord, Store
-    from batch_dagster.store.lifecycle import sync_batch
-    from batch_dagster.store.retry import CannotRetry, create_retry
+    from batch_dagster.db import BatchRecord, Database
+    from batch_dagster.db.lifecycle import sync_batch
+    from batch_dagster.db.retry import CannotRetry, create_retry
 
     settings = Settings.from_env()
-    store = Store(settings.database_url)
+    store = Database(settings.database_url)
     store.upgrade()
     storage = settings.storage()
     try:
@@ -133,12 +133,12 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def cmd_vllm_server(args: argparse.Namespace) -> int:
     """Start (exec) a vLLM server for a registry model, for `BATCH_ENGINE_MODE=server`."""
+    from batch_dagster.engine.models import Models
     from batch_dagster.engine.server import server_command
-    from batch_dagster.resources.from_env import resources_from_env
 
-    vllm = resources_from_env()["vllm"]
-    spec = vllm.spec(args.model)
-    command = server_command(spec, vllm.model_path(spec), args.host, args.port)
+    models = Models.from_settings(Settings.from_env())
+    spec = models.spec(args.model)
+    command = server_command(spec, models.path(spec), args.host, args.port)
     print(" ".join(command), file=sys.stderr)
     os.execv(command[0], command)
     return 0
@@ -150,15 +150,14 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     import signal
     import time
 
+    from batch_dagster.engine.models import Models
     from batch_dagster.engine.server import server_command
-    from batch_dagster.fleet import Fleet
-    from batch_dagster.resources.from_env import resources_from_env
-    from batch_dagster.settings import Settings
+    from batch_dagster.serve.fleet import Fleet
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    vllm = resources_from_env()["vllm"]
-    spec = vllm.spec(args.model)
-    path = vllm.model_path(spec)
+    models = Models.from_settings(Settings.from_env())
+    spec = models.spec(args.model)
+    path = models.path(spec)
     fleet = Fleet(args.model, args.replicas, args.port, lambda port: server_command(spec, path, args.host, port),
                   args.host, args.policy, log_dir=Settings.from_env().data_dir / "logs" / f"fleet-{args.model}")
 
@@ -182,7 +181,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
 
 def cmd_instance(args: argparse.Namespace) -> int:
-    from batch_dagster.instance import PG_URL_VARIABLE, compute_logs_place, ensure_dagster_home, pg_url_problem
+    from batch_dagster.defs.instance import PG_URL_VARIABLE, compute_logs_place, ensure_dagster_home, pg_url_problem
 
     problem = pg_url_problem(os.environ[PG_URL_VARIABLE]) if os.environ.get(PG_URL_VARIABLE) else None
     if problem:

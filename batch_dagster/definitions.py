@@ -1,20 +1,6 @@
-"""The Dagster definitions of batch-dagster: only merges what the other modules define."""
+"""The code location's entry point (workspace.yaml, `dagster dev -m batch_dagster.definitions`): the Dagster side's
+definitions, built in batch_dagster/defs/."""
 
-import dagster as dg
+from batch_dagster.defs.definitions import defs
 
-from batch_dagster.assets.batch import lifecycle_assets
-from batch_dagster.assets.checks import lifecycle_checks
-from batch_dagster.assets.daily_report import report_assets
-from batch_dagster.assets.delivery import delivered_results
-from batch_dagster.jobs import all_jobs, daily_usage_report_schedule
-from batch_dagster.resources.from_env import resources_from_env
-from batch_dagster.sensors import all_sensors
-
-defs = dg.Definitions(
-    assets=[*lifecycle_assets, delivered_results, *report_assets],
-    asset_checks=lifecycle_checks,
-    jobs=all_jobs,
-    schedules=[daily_usage_report_schedule],
-    sensors=all_sensors,
-    resources=resources_from_env(),
-)
+__all__ = ["defs"]

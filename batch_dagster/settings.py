@@ -12,13 +12,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from batch_dagster import run_queue
 from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.storage import Storage
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR / "config"
 DAY_S = 24 * 3600
+DEFAULT_OFFLINE_RUNS = 1
+DEFAULT_RUNS_PER_MODEL = 4
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,10 @@ VARIABLES: tuple[Variable, ...] = (
              "Engine"),
     Variable("BATCH_FLEET_URL", "", "The router (or server) of a running fleet for BATCH_FLEET_MODEL: its batches "
              "run in server mode there. `make serve` sets it for its daemon when it starts a fleet.", "Engine"),
-    Variable("BATCH_OFFLINE_RUNS", str(run_queue.DEFAULT_OFFLINE_RUNS), "Runs holding an in-process engine (a model "
+    Variable("BATCH_OFFLINE_RUNS", str(DEFAULT_OFFLINE_RUNS), "Runs holding an in-process engine (a model "
              "with no fleet or server) at once; more wait in Dagster's run queue. One per GPU. `batch-dagster "
              "instance` writes it into $DAGSTER_HOME/dagster.yaml.", "Engine"),
-    Variable("BATCH_RUNS_PER_MODEL", str(run_queue.DEFAULT_RUNS_PER_MODEL), "Runs of one model at once (batches "
+    Variable("BATCH_RUNS_PER_MODEL", str(DEFAULT_RUNS_PER_MODEL), "Runs of one model at once (batches "
              "sharing its fleet); more wait in the run queue. Written into dagster.yaml, as BATCH_OFFLINE_RUNS.",
              "Engine"),
     Variable("BATCH_EXECUTOR", "in_process", "How batch_job runs its steps: `in_process` (one after the other in the "
@@ -173,7 +174,7 @@ class Settings:
 
     def storage(self) -> Storage:
         """Where batch folders and files live (BATCH_STORAGE_URL)."""
-        from batch_dagster.objectstore import open_storage
+        from batch_dagster.storage import open_storage
 
         return open_storage(self.storage_url, self.scratch_dir)
 
@@ -203,9 +204,9 @@ class Settings:
             fleet_port=_int("BATCH_FLEET_PORT", 8200),
             fleet_policy=_raw("BATCH_FLEET_POLICY") or "cache_aware",
             fleet_url=_raw("BATCH_FLEET_URL"),
-            offline_runs=_int("BATCH_OFFLINE_RUNS", run_queue.DEFAULT_OFFLINE_RUNS),
+            offline_runs=_int("BATCH_OFFLINE_RUNS", DEFAULT_OFFLINE_RUNS),
             executor=_raw("BATCH_EXECUTOR") or "in_process",
-            runs_per_model=_int("BATCH_RUNS_PER_MODEL", run_queue.DEFAULT_RUNS_PER_MODEL),
+            runs_per_model=_int("BATCH_RUNS_PER_MODEL", DEFAULT_RUNS_PER_MODEL),
             shard_size=_int("BATCH_SHARD_SIZE", 1000),
             limits=limits,
             max_enqueued_tokens=_int("BATCH_MAX_ENQUEUED_TOKENS", 0) or None,

@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from batch_dagster.batchfile.storage import LocalStorage
+from batch_dagster.storage import LocalStorage
 from bench.workload import SEED, TASKS, prose, system_prompts
 
 REPO = Path(__file__).resolve().parent.parent

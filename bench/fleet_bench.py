@@ -63,7 +63,7 @@ def _write(out: Path, report: dict[str, Any]) -> None:
 def main() -> None:
     import psutil
 
-    from batch_dagster.resources.from_env import resources_from_env
+    from batch_dagster.defs.resources.from_env import resources_from_env
     from batch_dagster.settings import Settings
     from bench import fleet_scaling, small_batch
 

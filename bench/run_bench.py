@@ -210,8 +210,8 @@ def _dagster_timeline(home: Path, launched_at: float) -> dict[str, Any]:
 def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
     """`batch-dagster run FILE --out DIR --json`, through Dagster, in a fresh DAGSTER_HOME and data dir."""
     from batch_dagster.batchfile.folder import BatchFolder, batch_ids
-    from batch_dagster.batchfile.storage import LocalStorage
     from batch_dagster.settings import Settings
+    from batch_dagster.storage import LocalStorage
 
     base = ctx["work"] / "pipeline"
     home, data, out = base / "dagster_home", base / "data", base / "out"
@@ -321,7 +321,7 @@ def git_state() -> str | None:
 
 
 def main() -> None:
-    from batch_dagster.resources.from_env import resources_from_env
+    from batch_dagster.defs.resources.from_env import resources_from_env
 
     n = int(os.environ.get("BENCH_REQUESTS") or 5000)
     model = os.environ.get("BENCH_MODEL") or "smollm2-135m-instruct"

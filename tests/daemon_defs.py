@@ -17,12 +17,12 @@ from typing import Any
 
 import dagster as dg
 
-from batch_dagster.assets.batch import lifecycle_assets
-from batch_dagster.assets.checks import lifecycle_checks
-from batch_dagster.jobs import batch_job
-from batch_dagster.resources import VLLMResource
-from batch_dagster.resources.from_env import resources_from_env
-from batch_dagster.sensors import api_batch_sensor, api_batch_status_sensor
+from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.checks import lifecycle_checks
+from batch_dagster.defs.jobs import batch_job
+from batch_dagster.defs.resources import VLLMResource
+from batch_dagster.defs.resources.from_env import resources_from_env
+from batch_dagster.defs.sensors import api_batch_sensor, api_batch_status_sensor
 from batch_dagster.settings import Settings
 from tests.helpers import FakeEngine, FakeVLLM
 

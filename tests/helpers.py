@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
-from batch_dagster.assets.batch import lifecycle_assets
-from batch_dagster.assets.checks import lifecycle_checks
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.results import committed_shards, shard_keys
-from batch_dagster.batchfile.storage import LocalStorage
+from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.checks import lifecycle_checks
+from batch_dagster.defs.jobs import batch_job
+from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.engine import translate as t
 from batch_dagster.engine.base import EngineCrash, Line, Request
-from batch_dagster.jobs import batch_job
-from batch_dagster.resources import BatchStorage, PipelineConfig, VLLMResource
 from batch_dagster.settings import Settings
+from batch_dagster.storage import LocalStorage
 
 if TYPE_CHECKING:
     import httpx
@@ -161,7 +161,7 @@ def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storag
         assets=lifecycle_assets,
         asset_checks=lifecycle_checks,
         jobs=[batch_job],
-        resources={"storage": BatchStorage(data_dir=str(data_dir), url=storage_url), "vllm": vllm, "s3": S3Resource(),
+        resources={"storage": StorageResource(data_dir=str(data_dir), url=storage_url), "vllm": vllm, "s3": S3Resource(),
                    "pipeline": PipelineConfig(shard_size=shard_size)},
     )
 
@@ -172,7 +172,7 @@ def real_vllm(**kwargs) -> VLLMResource:
 
 def run_on_real_engine(tmp_path: Path, data_dir: Path, instance: dg.DagsterInstance, rows: list, **vllm_kwargs):
     """`run_batch` of `rows` on the real engine: the summary, and the output and error lines by custom_id."""
-    from batch_dagster.runner import run_batch
+    from batch_dagster.defs.runner import run_batch
 
     defs = make_defs(data_dir, real_vllm(**vllm_kwargs))
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
@@ -274,7 +274,7 @@ class Worker(threading.Thread):
         self.errors: list[BaseException] = []
 
     def tick(self) -> None:
-        from batch_dagster.sensors import api_batch_sensor, api_batch_status_sensor
+        from batch_dagster.defs.sensors import api_batch_sensor, api_batch_status_sensor
 
         result = api_batch_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))
         if isinstance(result, dg.SensorResult):
@@ -337,7 +337,7 @@ class Service:
     engine: FakeEngine
     worker: Worker
     instance: dg.DagsterInstance
-    storage: BatchStorage
+    storage: StorageResource
     clients: list[OpenAI] = field(default_factory=list)
 
     def client(self, api_key: str = KEY_A) -> OpenAI:
@@ -366,10 +366,10 @@ def database_url(data_dir: Path) -> str:
         return f"sqlite:///{data_dir / 'api.db'}"
     from sqlalchemy import text
 
-    from batch_dagster.store import Store
-    from batch_dagster.store.models import Base
+    from batch_dagster.db import Database
+    from batch_dagster.db.models import Base
 
-    store = Store(url)
+    store = Database(url)
     Base.metadata.drop_all(store.engine)
     with store.engine.begin() as connection:
         connection.execute(text("DROP TABLE IF EXISTS alembic_version"))
@@ -409,18 +409,18 @@ class Daemon:
     """Plays the Dagster daemon for the drop sensors: evaluates them with their cursor, runs what they request."""
 
     def __init__(self, tmp_path: Path, vllm: VLLMResource, storage_url: str = "", **intake):
-        from batch_dagster.assets.delivery import delivered_results
-        from batch_dagster.jobs import deliver_results_job
-        from batch_dagster.resources import ApiStore, Intake
+        from batch_dagster.defs.assets.delivery import delivered_results
+        from batch_dagster.defs.jobs import deliver_results_job
+        from batch_dagster.defs.resources import DatabaseResource, Intake
 
         self.data_dir = tmp_path / "data"
         self.storage_url = storage_url
-        self.storage = BatchStorage(data_dir=str(self.data_dir), url=storage_url)
+        self.storage = StorageResource(data_dir=str(self.data_dir), url=storage_url)
         self.db_url = f"sqlite:///{self.data_dir / 'api.db'}"
         self.intake = Intake(inbox_dir=str(tmp_path / "inbox"), outbox_dir=str(tmp_path / "outbox"),
                              **{"s3_bucket": BUCKET, "settle_s": 0, **intake})
         base = make_defs(self.data_dir, vllm, storage_url=storage_url)
-        self.resources = {**base.resources, "api_store": ApiStore(url=self.db_url), "intake": self.intake}
+        self.resources = {**base.resources, "database": DatabaseResource(url=self.db_url), "intake": self.intake}
         self.defs = dg.Definitions(assets=[*base.assets, delivered_results], asset_checks=base.asset_checks,
                                    jobs=[*base.jobs, deliver_results_job], resources=self.resources)
         self.instance = dg.DagsterInstance.ephemeral()
@@ -448,7 +448,7 @@ class Daemon:
 
     def follow(self) -> None:
         """The API's status sensor: brings the stored batches up to date with their runs."""
-        from batch_dagster.sensors import api_batch_status_sensor
+        from batch_dagster.defs.sensors import api_batch_status_sensor
 
         api_batch_status_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))
 

@@ -6,7 +6,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from batch_dagster.store import repo
+from batch_dagster.db import repo
 
 from . import batches, errors, files, retry, webhooks
 from .context import ApiConfig, AppContext
@@ -17,14 +17,14 @@ def create_app(config: ApiConfig | None = None) -> FastAPI:
     """Build the app; the store's schema is upgraded to head here, before the first request."""
     config = config or ApiConfig.from_settings()
     context = AppContext.build(config)
-    context.store.upgrade()
-    with context.store.session() as session:
+    context.db.upgrade()
+    with context.db.session() as session:
         repo.ensure_owners(session, [*context.owners.values(), repo.ANONYMOUS])
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
-        context.store.dispose()
+        context.db.dispose()
 
     app = FastAPI(
         title="batch-dagster",

@@ -9,12 +9,13 @@ from fastapi import APIRouter, Query
 from pydantic import ValidationError
 
 from batch_dagster.batchfile.contract import ENDPOINTS
-from batch_dagster.batchfile.folder import BatchFolder, file_location
+from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.storage import Storage
-from batch_dagster.store import TERMINAL, BatchRecord, repo
-from batch_dagster.store.batches import OUTPUT_EXPIRES_AFTER_S
-from batch_dagster.store.batches import create_batch as store_create_batch
-from batch_dagster.store.lifecycle import sync_batch
+from batch_dagster.db import TERMINAL, BatchRecord, repo
+from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
+from batch_dagster.db.batches import create_batch as store_create_batch
+from batch_dagster.db.lifecycle import sync_batch
+from batch_dagster.storage import file_location
 
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found

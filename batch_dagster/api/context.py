@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.db import Database
+from batch_dagster.db.repo import owner_of_key
 from batch_dagster.settings import Settings
-from batch_dagster.store import Store
-from batch_dagster.store.repo import owner_of_key
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class ApiConfig:
                    max_json_body_bytes=settings.max_json_body_bytes)
 
     def storage(self) -> Storage:
-        from batch_dagster.objectstore import open_storage
+        from batch_dagster.storage import open_storage
 
         return open_storage(self.storage_url or str(self.data_dir), self.data_dir / "scratch")
 
@@ -40,11 +40,11 @@ class ApiConfig:
 @dataclass
 class AppContext:
     config: ApiConfig
-    store: Store
+    db: Database  # the metadata store
     storage: Storage  # where batch folders and files live
     owners: dict[str, str]  # api key -> owner
 
     @classmethod
     def build(cls, config: ApiConfig) -> AppContext:
-        return cls(config, Store(config.database_url), config.storage(),
+        return cls(config, Database(config.database_url), config.storage(),
                    {key: owner_of_key(key) for key in config.api_keys})

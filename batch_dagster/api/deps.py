@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from batch_dagster.store.repo import ANONYMOUS
+from batch_dagster.db.repo import ANONYMOUS
 
 from .context import AppContext
 from .errors import ApiError
@@ -20,7 +20,7 @@ def get_context(request: Request) -> AppContext:
 
 
 def get_session(ctx: Annotated[AppContext, Depends(get_context)]) -> Iterator[Session]:
-    with ctx.store.session() as session:
+    with ctx.db.session() as session:
         yield session
 
 

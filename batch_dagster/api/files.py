@@ -10,10 +10,11 @@ from urllib.parse import quote
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import FileResponse, StreamingResponse
 
-from batch_dagster.batchfile.folder import file_key, file_location
-from batch_dagster.batchfile.storage import LocalStorage, Storage
-from batch_dagster.store import FileRecord, repo
-from batch_dagster.store.retry import CannotRetry, merged_content
+from batch_dagster.batchfile.folder import file_key
+from batch_dagster.batchfile.storage import Storage
+from batch_dagster.db import FileRecord, repo
+from batch_dagster.db.retry import CannotRetry, merged_content
+from batch_dagster.storage import LocalStorage, file_location
 
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
@@ -50,7 +51,7 @@ def create_file(
     expires_seconds: Annotated[int | None, Form(alias="expires_after[seconds]",
                                                 json_schema_extra={"minimum": 3600, "maximum": 2_592_000})] = None,
 ) -> FileObject:
-    """Store an uploaded batch input file (JSONL) and return its File object."""
+    """Database an uploaded batch input file (JSONL) and return its File object."""
     if purpose != "batch":
         raise invalid(f"Purpose {clip(purpose)!r} is not supported here; upload batch input files with purpose "
                       "'batch'.", param="purpose", code="invalid_purpose")

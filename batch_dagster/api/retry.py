@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from batch_dagster.store import repo
-from batch_dagster.store.lifecycle import sync_batch
-from batch_dagster.store.retry import CannotRetry, create_retry
+from batch_dagster.db import repo
+from batch_dagster.db.lifecycle import sync_batch
+from batch_dagster.db.retry import CannotRetry, create_retry
 
 from .batches import batch_object
 from .deps import Context, DbSession, Owner

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 from pydantic import AfterValidator, BaseModel, Field
 
 from batch_dagster.batchfile.contract import ENDPOINTS
-from batch_dagster.store.webhooks import EVENT_TYPES
+from batch_dagster.db.webhooks import EVENT_TYPES
 
 T = TypeVar("T")
 COMPLETION_WINDOWS = ("24h",)

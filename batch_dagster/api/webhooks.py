@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 import httpx
 from fastapi import APIRouter, Query
 
-from batch_dagster.store import webhooks as store
-from batch_dagster.store.models import WebhookEndpointRecord
+from batch_dagster.db import webhooks as store
+from batch_dagster.db.models import WebhookEndpointRecord
 
 from .deps import DbSession, Owner
 from .errors import ERROR_RESPONSES, clip, invalid, not_found

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from .storage import LocalStorage, Storage
+from .storage import Storage
 
 BATCHES = "batches"
 FILES = "files"
@@ -63,14 +63,6 @@ def committed_index(name: str) -> int | None:
 def file_key(file_id: str) -> str:
     """Where a File's bytes live in the storage (uploaded, dropped and retry input files)."""
     return f"{FILES}/{file_id}.jsonl"
-
-
-def file_location(storage: Storage, path: str) -> tuple[Storage, str]:
-    """Where a File row's bytes are: a key in `storage`, or, for rows made before BATCH_STORAGE_URL existed,
-    an absolute local path (read from local disk, as then)."""
-    if path.startswith("/"):
-        return LocalStorage("/"), path.lstrip("/")
-    return storage, path
 
 
 def batch_ids(storage: Storage) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from batch_dagster.runner import run_batch
+from batch_dagster.defs.runner import run_batch
 from batch_dagster.settings import Settings
 
 from . import sample_batch_path

@@ -15,7 +15,7 @@ import pytest
 
 from batch_dagster.api.app import create_app
 from batch_dagster.api.context import ApiConfig
-from batch_dagster.resources import ApiStore, BatchStorage, VLLMResource
+from batch_dagster.defs.resources import DatabaseResource, StorageResource, VLLMResource
 from tests.helpers import KEY_A, KEY_B, ApiServer, FakeEngine, Service, Worker, database_url, fake_vllm, make_defs
 
 
@@ -37,8 +37,8 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
         engine = engine or FakeEngine()
         vllm = vllm or fake_vllm(f"api-{tmp_path.name}", engine)
         instance = stack.enter_context(dg.instance_for_test())
-        storage = BatchStorage(data_dir=str(data_dir), url=storage_url)
-        resources = {"api_store": ApiStore(url=config.database_url), "storage": storage, "vllm": vllm}
+        storage = StorageResource(data_dir=str(data_dir), url=storage_url)
+        resources = {"database": DatabaseResource(url=config.database_url), "storage": storage, "vllm": vllm}
         server = stack.enter_context(ApiServer(create_app(config)))
         service = Service(server.url, data_dir, config, engine, Worker(make_defs(data_dir, vllm, shard_size, storage_url), instance, resources),
                           instance, storage)

@@ -286,7 +286,7 @@ def test_a_failed_run_fails_the_batch_only_once_dagster_stops_retrying(start_ser
     client = service.client()
     batch = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", rows(4)),
                                   endpoint="/v1/chat/completions", completion_window="24h")
-    from batch_dagster.sensors import api_batch_sensor, api_batch_status_sensor
+    from batch_dagster.defs.sensors import api_batch_sensor, api_batch_status_sensor
 
     def tick(sensor):
         return sensor(dg.build_sensor_context(instance=service.instance, resources=service.worker.resources))

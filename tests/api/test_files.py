@@ -157,10 +157,10 @@ def test_files_expire(start_service, tmp_path):
 
     from sqlalchemy import update
 
-    from batch_dagster.sensors import api_batch_status_sensor, file_expiry_sensor
-    from batch_dagster.store import FileRecord, Store
+    from batch_dagster.db import Database, FileRecord
+    from batch_dagster.defs.sensors import api_batch_status_sensor, file_expiry_sensor
 
-    store = Store(service.config.database_url)
+    store = Database(service.config.database_url)
     with store.session() as session:  # as if an hour had passed
         session.execute(update(FileRecord).where(FileRecord.id == created.id).values(expires_at=created.created_at))
         session.commit()

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from batch_dagster.batchfile.folder import BatchFolder
-from batch_dagster.batchfile.storage import LocalStorage
-from batch_dagster.store import BatchRecord, Store
+from batch_dagster.db import BatchRecord, Database
+from batch_dagster.storage import LocalStorage
 from tests.helpers import KEY_A, rows, upload
 
 CHAT = "/v1/chat/completions"
@@ -131,7 +131,7 @@ def test_one_odd_stored_value_never_breaks_a_listing(start_service, tmp_path):
     client = service.client()
     ok = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", rows(1)), endpoint=CHAT,
                                completion_window="24h")
-    store = Store(service.config.database_url)
+    store = Database(service.config.database_url)
     with store.session() as session:
         row = session.get(BatchRecord, session.query(BatchRecord.pk).filter_by(id=ok.id).scalar())
         row.meta = {"bad\ud800": "\udfffvalue", "n": 5, "nested": {"a": [1]}}

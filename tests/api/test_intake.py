@@ -15,7 +15,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from batch_dagster.sensors import inbox_sensor, s3_upload_sensor
+from batch_dagster.defs.sensors import inbox_sensor, s3_upload_sensor
 from batch_dagster.settings import Settings
 from tests.helpers import (
     BUCKET,
@@ -173,9 +173,9 @@ def test_an_invalid_dropped_file_gets_its_errors_beside_it(tmp_path):
 
 
 def test_configuration_from_the_environment(tmp_path, monkeypatch):
-    from batch_dagster.resources.drops import intake_from_env
+    from batch_dagster.db import repo
+    from batch_dagster.defs.resources.drops import intake_from_env
     from batch_dagster.settings import Settings
-    from batch_dagster.store import repo
 
     monkeypatch.setenv("BATCH_DATA_DIR", str(tmp_path / "data"))
     for name in ("BATCH_S3_BUCKET", "BATCH_INBOX_DIR", "BATCH_OUTBOX_DIR", "BATCH_INTAKE_API_KEY", "BATCH_API_KEYS"):

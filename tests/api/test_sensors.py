@@ -8,12 +8,12 @@ import pytest
 
 from batch_dagster.batchfile.contract import CHAT, EMBEDDINGS
 from batch_dagster.batchfile.folder import Validation
-from batch_dagster.dagster_internals import GRPC_INFO_TAG
+from batch_dagster.db import BatchRecord, repo
+from batch_dagster.db.batches import add_input_file, create_batch
 from batch_dagster.definitions import defs
-from batch_dagster.resources import ApiStore, BatchStorage
-from batch_dagster.sensors import api_batch_sensor, api_batch_status_sensor
-from batch_dagster.store import BatchRecord, repo
-from batch_dagster.store.batches import add_input_file, create_batch
+from batch_dagster.defs.dagster_internals import GRPC_INFO_TAG
+from batch_dagster.defs.resources import DatabaseResource, StorageResource
+from batch_dagster.defs.sensors import api_batch_sensor, api_batch_status_sensor
 from tests.helpers import CHAT_MODEL, EMBED_MODEL, chat_request, free_port, real_vllm, write_jsonl
 
 
@@ -23,15 +23,15 @@ def test_definitions_carry_the_api_sensors():
     assert launch.job_name == "batch_job" and launch.minimum_interval_seconds <= 5
     for sensor in (launch, status):
         assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
-    assert isinstance(defs.resources["api_store"], ApiStore)
+    assert isinstance(defs.resources["database"], DatabaseResource)
 
 
 @pytest.fixture
 def sensor_env(tmp_path):
     """The sensors' resources on an empty store, and a test Dagster instance."""
-    storage = BatchStorage(data_dir=str(tmp_path))
+    storage = StorageResource(data_dir=str(tmp_path))
     # The chat model has a warm fleet (nothing listens there: no request is sent); other models run offline.
-    resources = {"api_store": ApiStore(url=f"sqlite:///{tmp_path / 'api.db'}"), "storage": storage,
+    resources = {"database": DatabaseResource(url=f"sqlite:///{tmp_path / 'api.db'}"), "storage": storage,
                  "vllm": real_vllm(fleet_model=CHAT_MODEL, fleet_url=f"http://127.0.0.1:{free_port()}")}
     with dg.instance_for_test() as instance:
         yield instance, resources, storage
@@ -52,7 +52,7 @@ def test_sensors_skip_when_nothing_waits(sensor_env):
 
 def test_a_waiting_batch_is_launched_once_and_followed(sensor_env):
     instance, resources, storage = sensor_env
-    with resources["api_store"].session() as session:
+    with resources["database"].session() as session:
         repo.ensure_owners(session, ["a"])
         batch_id = repo.new_batch_id()
         session.add(BatchRecord(id=batch_id, owner="a", endpoint="/v1/chat/completions", input_file_id="file-x",
@@ -78,7 +78,7 @@ def test_a_waiting_batch_is_launched_once_and_followed(sensor_env):
     storage.folder(batch_id).write_validation(Validation(valid=True, total_requests=3, model="m",
                                                          endpoint="/v1/chat/completions", error_count=0, errors=[]))
     assert tick(api_batch_status_sensor, instance, resources).skip_message == "1 batch(es) changed status."
-    with resources["api_store"].session() as session:
+    with resources["database"].session() as session:
         batch = repo.get_batch(session, "a", batch_id)
         assert (batch.status, batch.request_total) == ("in_progress", 3)
     assert tick(api_batch_status_sensor, instance, resources).skip_message == "0 batch(es) changed status."
@@ -91,7 +91,7 @@ def test_runs_are_tagged_for_the_run_queue_by_the_model_of_their_file(sensor_env
              # A first line cut off past the head the sensor reads: no model known.
              "cut": [chat_request("long", "word " * 20_000)]}
     ids = {}
-    with resources["api_store"].session() as session:
+    with resources["database"].session() as session:
         for name, rows in files.items():
             path = write_jsonl(tmp_path / f"{name}.jsonl", rows)
             upload = add_input_file(session, owner="a", file_id=repo.new_file_id(), filename=path.name,

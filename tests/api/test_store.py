@@ -12,16 +12,16 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 
 from batch_dagster.batchfile.folder import BatchFolder, Manifest, Validation
-from batch_dagster.batchfile.storage import LocalStorage
-from batch_dagster.store import TERMINAL, BatchRecord, FileRecord, Store, repo, webhooks
-from batch_dagster.store.lifecycle import Observation, apply, changes, observe, run_failed
-from batch_dagster.store.models import Base
-from batch_dagster.store.session import alembic_config
+from batch_dagster.db import TERMINAL, BatchRecord, Database, FileRecord, repo, webhooks
+from batch_dagster.db.lifecycle import Observation, apply, changes, observe, run_failed
+from batch_dagster.db.models import Base
+from batch_dagster.db.session import alembic_config
+from batch_dagster.storage import LocalStorage
 
 
 @pytest.fixture
 def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    s = Database(f"sqlite:///{tmp_path / 'store.db'}")
     s.upgrade()
     yield s
     s.dispose()
@@ -38,7 +38,7 @@ def test_the_webhook_endpoints_migration_keeps_the_outbox(tmp_path):
     """0004 copies webhook_deliveries on SQLite (batch mode): deliveries planned before it stay, as global ones."""
     url = f"sqlite:///{tmp_path / 'old.db'}"
     command.upgrade(alembic_config(url), "0003")
-    old = Store(url)
+    old = Database(url)
     with old.engine.begin() as connection:
         connection.execute(text("INSERT INTO webhook_events (id, type, batch_id, owner, created_at) "
                                 "VALUES ('evt_1', 'batch.completed', 'batch_1', 'a', 5)"))

@@ -12,12 +12,12 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import select
 
-from batch_dagster.resources import ApiStore
-from batch_dagster.resources.webhooks import WebhookConfig
-from batch_dagster.sensors import webhook_sensor
-from batch_dagster.store import Store, repo
-from batch_dagster.store import webhooks as outbox
-from batch_dagster.store.models import WebhookDelivery, WebhookEndpointRecord
+from batch_dagster.db import Database, repo
+from batch_dagster.db import webhooks as outbox
+from batch_dagster.db.models import WebhookDelivery, WebhookEndpointRecord
+from batch_dagster.defs.resources import DatabaseResource
+from batch_dagster.defs.resources.webhooks import WebhookConfig
+from batch_dagster.defs.sensors import webhook_sensor
 from tests.helpers import KEY_A, KEY_B, Receiver, chat_request, rows, upload, wait_for
 
 GLOBAL_SECRET = "whsec_" + base64.b64encode(b"the global secret, 32 bytes long").decode()
@@ -45,7 +45,7 @@ def deliver(service, urls=(), ticks: int = 1) -> None:
     webhooks = WebhookConfig(urls=list(urls), secret=GLOBAL_SECRET if urls else "", timeout_s=2.0, max_attempts=5,
                              first_backoff_s=0)
     context = dg.build_sensor_context(instance=service.instance, resources={
-        "api_store": ApiStore(url=service.config.database_url), "webhooks": webhooks})
+        "database": DatabaseResource(url=service.config.database_url), "webhooks": webhooks})
     for _ in range(ticks):
         webhook_sensor(context)
 
@@ -140,7 +140,7 @@ def test_subscriptions_and_deletion(start_service, tmp_path, receiver):
     for call in (a.webhooks.retrieve, a.webhooks.delete):
         with pytest.raises(openai.NotFoundError):
             call(flaky.id)
-    store = Store(service.config.database_url)
+    store = Database(service.config.database_url)
     with store.session() as session:
         row = session.scalar(select(WebhookEndpointRecord).where(WebhookEndpointRecord.id == flaky.id))
         assert row.deleted_at is not None and row.secret is None  # its secret is not kept
@@ -188,7 +188,7 @@ def test_event_types_and_the_endpoint_limit(start_service):
 
 
 def test_planning_counts_only_endpoints_that_existed_when_the_batch_ended(tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    store = Database(f"sqlite:///{tmp_path / 'store.db'}")
     store.upgrade()
     with store.session() as s:
         repo.ensure_owners(s, ["a", "b"])

@@ -15,12 +15,12 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import func, select
 
-from batch_dagster.resources import ApiStore
-from batch_dagster.resources.webhooks import WebhookConfig, check_secret
-from batch_dagster.sensors import webhook_sensor
-from batch_dagster.store import Store
-from batch_dagster.store.models import WebhookDelivery, WebhookEvent
-from batch_dagster.store.webhooks import backoff_s
+from batch_dagster.db import Database
+from batch_dagster.db.models import WebhookDelivery, WebhookEvent
+from batch_dagster.db.webhooks import backoff_s
+from batch_dagster.defs.resources import DatabaseResource
+from batch_dagster.defs.resources.webhooks import WebhookConfig, check_secret
+from batch_dagster.defs.sensors import webhook_sensor
 from tests.helpers import Receiver, chat_request, free_port, rows, upload, wait_for
 
 SECRET = "whsec_" + base64.b64encode(b"a test secret of 32 bytes.......").decode()
@@ -65,7 +65,7 @@ def test_terminal_batches_are_posted_signed_retried_and_never_held_up(start_serv
     webhooks = WebhookConfig(urls=[good.url, flaky.url, down, hanging_url], secret=SECRET, timeout_s=1.0,
                              max_attempts=3, first_backoff_s=0)
     context = dg.build_sensor_context(instance=service.instance, resources={
-        "api_store": ApiStore(url=service.config.database_url), "webhooks": webhooks})
+        "database": DatabaseResource(url=service.config.database_url), "webhooks": webhooks})
 
     started = time.monotonic()
     webhook_sensor(context)
@@ -100,7 +100,7 @@ def test_terminal_batches_are_posted_signed_retried_and_never_held_up(start_serv
     assert sorted(attempts.values()) == [[200], [500, 200], [503, 200]]
     assert len(flaky.posts) == 5  # 3 events: the first two posts failed, then each event once more
 
-    store = Store(service.config.database_url)
+    store = Database(service.config.database_url)
     with store.session() as session:
         per_batch = {batch_id: n for batch_id, n in session.execute(
             select(WebhookEvent.batch_id, func.count()).group_by(WebhookEvent.batch_id))}
@@ -122,7 +122,7 @@ def test_no_endpoint_means_no_delivery_and_no_flood_later(start_service, tmp_pat
     batch = client.batches.create(input_file_id=upload(client, tmp_path / "a.jsonl", rows(1)), endpoint=CHAT,
                                   completion_window="24h")
     wait_for(client, batch.id, "completed")
-    resources = {"api_store": ApiStore(url=service.config.database_url)}
+    resources = {"database": DatabaseResource(url=service.config.database_url)}
     webhook_sensor(dg.build_sensor_context(instance=service.instance, resources={**resources,
                                            "webhooks": WebhookConfig()}))
     late = Receiver()
@@ -138,5 +138,5 @@ def test_secret_and_backoff_rules():
     assert [backoff_s(n, 10) for n in (1, 2, 3, 4)] == [10, 20, 40, 80]
     assert backoff_s(30, 10) == 3600
     skipped = webhook_sensor(dg.build_sensor_context(resources={
-        "api_store": ApiStore(url="sqlite://"), "webhooks": WebhookConfig(urls=["http://x"], secret="bad")}))
+        "database": DatabaseResource(url="sqlite://"), "webhooks": WebhookConfig(urls=["http://x"], secret="bad")}))
     assert "BATCH_WEBHOOK_SECRET must start with 'whsec_'" in skipped.skip_message

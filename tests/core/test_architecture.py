@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from batch_dagster import settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,15 +92,32 @@ def test_imports_go_one_way_no_cycle_anywhere():
     assert cycles == []
 
 
-def test_store_and_api_do_not_use_the_dagster_resources():
+def test_the_database_and_the_api_do_not_use_the_dagster_side():
     for name, targets in _graph().items():
-        if name.startswith(("batch_dagster.store", "batch_dagster.api")):
-            assert not {t for t in targets if t.startswith(("batch_dagster.resources", "batch_dagster.assets",
-                                                             "batch_dagster.sensors"))}, name
+        if name.startswith(("batch_dagster.db", "batch_dagster.api")):
+            assert not {t for t in targets if t.startswith("batch_dagster.defs")}, name
 
 
-def test_importing_the_api_app_imports_neither_dagster_nor_vllm():
-    code = ("import sys, batch_dagster.api.app; "
+DAGSTER = ("dagster", "dagster_aws", "dagster_k8s", "dagster_postgres", "dagster_graphql", "dagster_webserver")
+# The CLI's run command (and the demo, which is one run) runs a batch through Dagster from Python.
+RUN_COMMANDS = ("batch_dagster.cli", "batch_dagster.demo.run", "batch_dagster.definitions")
+
+
+def test_only_the_dagster_package_imports_dagster():
+    modules, graph = _modules(), _graph()
+    direct = {name for name, path in modules.items() if {m.split(".")[0] for m in _imports(name, path)} & set(DAGSTER)}
+    assert {name for name in direct if not name.startswith("batch_dagster.defs")} == set()
+    reaching, changed = set(direct), True
+    while changed:  # every module that imports Dagster through a chain of imports, inside functions too
+        grown = reaching | {name for name, targets in graph.items() if targets & reaching}
+        changed, reaching = grown != reaching, grown
+    outside = {name for name in reaching if not name.startswith("batch_dagster.defs")}
+    assert outside == set(RUN_COMMANDS)
+
+
+@pytest.mark.parametrize("module", ["batch_dagster.api.app", "batch_dagster.cli", "batch_dagster.serve.__main__"])
+def test_importing_the_api_the_cli_or_serve_imports_neither_dagster_nor_vllm(module):
+    code = (f"import sys, importlib; importlib.import_module({module!r}); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'vllm', 'torch', 'dagster_aws'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"

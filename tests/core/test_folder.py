@@ -19,11 +19,10 @@ from batch_dagster.batchfile.folder import (
     batch_ids,
     committed_index,
     file_key,
-    file_location,
     shard_file,
     shard_result_files,
 )
-from batch_dagster.batchfile.storage import LocalStorage
+from batch_dagster.storage import LocalStorage, file_location
 
 
 @pytest.fixture

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from batch_dagster import run_queue
-from batch_dagster.instance import REPO_INSTANCE_CONFIG
+from batch_dagster import settings
+from batch_dagster.defs.instance import REPO_INSTANCE_CONFIG
+from batch_dagster.defs.run_limits import run_limits_yaml
 
 CLI = Path(sys.executable).with_name("batch-dagster")
 LIMIT_VARIABLES = ("BATCH_OFFLINE_RUNS", "BATCH_RUNS_PER_MODEL")
@@ -86,7 +87,7 @@ def test_instance_refuses_a_url_without_the_psycopg2_driver(tmp_path):
 def test_the_repos_dagster_yaml_holds_the_default_run_limits():
     # So the link is right when no setting changes them: offline runs one at a time, 4 runs per model.
     text = REPO_INSTANCE_CONFIG.read_text()
-    assert run_queue.run_limits_yaml(run_queue.DEFAULT_OFFLINE_RUNS, run_queue.DEFAULT_RUNS_PER_MODEL) in text
+    assert run_limits_yaml(settings.DEFAULT_OFFLINE_RUNS, settings.DEFAULT_RUNS_PER_MODEL) in text
     assert run_limits(REPO_INSTANCE_CONFIG) == {"batch/engine": ("offline", 1),
                                                 "batch/model": ({"applyLimitPerUniqueValue": True}, 4)}
     assert "pools" not in yaml.safe_load(text)["concurrency"]  # no step waits for a pool slot

@@ -10,8 +10,8 @@ import pytest
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import results
 from batch_dagster.batchfile.results import RequestCounts, ShardSummary, error_code
-from batch_dagster.batchfile.storage import LocalStorage
 from batch_dagster.batchfile.usage import Usage
+from batch_dagster.storage import LocalStorage
 
 # The results functions take a storage and a folder in it; here a results folder is a local directory.
 

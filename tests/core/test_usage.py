@@ -10,8 +10,8 @@ import pytest
 import batch_dagster.batchfile as batchfile
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.results import commit_shard
-from batch_dagster.batchfile.storage import LocalStorage
 from batch_dagster.batchfile.usage import Cost, Price, PriceTable, Usage, cost_of
+from batch_dagster.storage import LocalStorage
 
 PRICES_TOML = Path(batchfile.__file__).resolve().parent.parent / "config" / "prices.toml"
 

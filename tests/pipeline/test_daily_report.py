@@ -16,14 +16,14 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from batch_dagster.assets.daily_report import report_assets, report_prefix
 from batch_dagster.batchfile.daily_usage import day_bounds
 from batch_dagster.batchfile.folder import Summary
+from batch_dagster.db import BatchRecord, repo
 from batch_dagster.definitions import defs as project_defs
-from batch_dagster.jobs import daily_usage_report_schedule
-from batch_dagster.partitions import daily
-from batch_dagster.resources import ApiStore, BatchStorage
-from batch_dagster.store import BatchRecord, repo
+from batch_dagster.defs.assets.daily_report import report_assets, report_prefix
+from batch_dagster.defs.jobs import daily_usage_report_schedule
+from batch_dagster.defs.partitions import daily
+from batch_dagster.defs.resources import DatabaseResource, StorageResource
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DAY_A, DAY_B = "2026-03-03", "2026-03-04"
@@ -37,11 +37,11 @@ def at(day: str, clock: str) -> int:
 @pytest.fixture
 def env(data_dir):
     """A temp store and batch storage under the test's data dir, as the report's resources."""
-    api_store = ApiStore(url=f"sqlite:///{data_dir / 'api.db'}")
-    storage = BatchStorage(data_dir=str(data_dir))
-    with api_store.session() as session:
+    database = DatabaseResource(url=f"sqlite:///{data_dir / 'api.db'}")
+    storage = StorageResource(data_dir=str(data_dir))
+    with database.session() as session:
         repo.ensure_owners(session, [OWNER])
-    return {"api_store": api_store, "storage": storage}
+    return {"database": database, "storage": storage}
 
 
 def add(env, batch_id: str, status: str, model: str | None, counts: tuple[int, int, int],
@@ -49,7 +49,7 @@ def add(env, batch_id: str, status: str, model: str | None, counts: tuple[int, i
     """A batch in the store, and its summary.json when it has a cost (a batch that failed validation has none)."""
     total, completed, failed = counts
     usage_dict = {"input_tokens": usage[0], "output_tokens": usage[1], "total_tokens": sum(usage)} if usage else None
-    with env["api_store"].session() as session:
+    with env["database"].session() as session:
         session.add(BatchRecord(
             id=batch_id, owner=OWNER, endpoint="/v1/chat/completions", input_file_id="file-x", completion_window="24h",
             status=status, created_at=at("2026-03-01", "00:00:00"), model=model, request_total=total,
@@ -98,7 +98,7 @@ def test_batches_land_on_the_day_they_finished_with_correct_totals(env, instance
     # Started on day A but not finished: in no report.
     add(env, "b6", "in_progress", "m-small", (7, 3, 0), (30, 15), in_progress_at=at(DAY_A, "09:00:00"))
 
-    with env["api_store"].session() as session:
+    with env["database"].session() as session:
         found = repo.finished_between(session, *day_bounds(date.fromisoformat(DAY_A)))
     assert sorted(b.id for b in found) == ["b1", "b2", "b3"]
 

@@ -3,7 +3,7 @@ out its requests become engine_error lines, with the batch still finishing."""
 
 from __future__ import annotations
 
-from batch_dagster.runner import run_batch
+from batch_dagster.defs.runner import run_batch
 from tests.helpers import chat_request, free_port, make_defs, read_jsonl, real_vllm, write_jsonl
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batch_dagster.resources.from_env import resources_from_env
+from batch_dagster.defs.resources.from_env import resources_from_env
 from tests.helpers import CHAT_MODEL, EMBED_MODEL
 
 

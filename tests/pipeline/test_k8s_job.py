@@ -21,7 +21,7 @@ from dagster_k8s import K8sRunLauncher
 from dagster_k8s.container_context import K8sContainerContext
 from dagster_k8s.job import construct_dagster_k8s_job, get_user_defined_k8s_config
 
-from batch_dagster.assets.batch import batch_output_files, shard_results, validated_requests
+from batch_dagster.defs.assets.batch import batch_output_files, shard_results, validated_requests
 from tests.helpers import REPO
 
 VALUES = REPO / "deploy" / "helm" / "dagster-values.yaml"
@@ -192,7 +192,7 @@ def test_the_rendering_merges_the_code_servers_pod_when_the_chart_would():
 def test_the_executor_of_batch_job_is_configuration():
     from dagster_k8s import k8s_job_executor
 
-    from batch_dagster.jobs import batch_executor, batch_job
+    from batch_dagster.defs.jobs import batch_executor, batch_job
 
     assert batch_job.executor_def is dg.in_process_executor  # the default: one process per run
     assert batch_executor("multiprocess") is dg.multiprocess_executor

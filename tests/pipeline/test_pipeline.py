@@ -8,8 +8,8 @@ import pytest
 from batch_dagster.batchfile.folder import Progress
 from batch_dagster.batchfile.results import committed_shards, shard_keys
 from batch_dagster.definitions import defs as project_defs
-from batch_dagster.resources import BatchStorage
-from batch_dagster.runner import run_batch
+from batch_dagster.defs.resources import StorageResource
+from batch_dagster.defs.runner import run_batch
 from tests.helpers import FakeEngine, chat_request, fake_vllm, local_file, make_defs, read_jsonl, write_jsonl
 
 
@@ -49,7 +49,7 @@ def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, 
 
     batch_id = summary["batch_id"]
     # Live progress inside a shard is written for the progress bar and live request counts.
-    assert BatchStorage(data_dir=str(data_dir)).folder(batch_id).progress() == Progress(shard=2, done=3)
+    assert StorageResource(data_dir=str(data_dir)).folder(batch_id).progress() == Progress(shard=2, done=3)
     assert batch_id in instance.get_dynamic_partitions("batches")
     for key in ("batch_input", "validated_requests", "batch_shards", "shard_results", "batch_output_files", "batch_usage"):
         assert instance.get_latest_materialization_event(dg.AssetKey(key)) is not None, key
@@ -67,7 +67,7 @@ def test_rerun_skips_committed_shards(tmp_path, data_dir, instance):
                         defs=defs, instance=instance)
     batch_id = summary["batch_id"]
     assert len(engine.calls) == 3
-    folder = BatchStorage(data_dir=str(data_dir)).folder(batch_id)
+    folder = StorageResource(data_dir=str(data_dir)).folder(batch_id)
     # Lose one committed shard, as if the run had died before committing it.
     folder.storage.delete(shard_keys(folder.results_prefix, 1)[2])
 
@@ -129,7 +129,7 @@ def test_empty_file_fails(tmp_path, data_dir, instance, bad):
 @pytest.mark.parametrize("reason, code", [("cancelled", "batch_cancelled"), ("expired", "batch_expired")])
 def test_stopped_batch_keeps_finished_shards_and_accounts_for_the_rest(tmp_path, data_dir, instance,
                                                                         reason, code):
-    storage = BatchStorage(data_dir=str(data_dir))
+    storage = StorageResource(data_dir=str(data_dir))
     engine = FakeEngine()
     defs = make_defs(data_dir, fake_vllm(f"stop-{reason}", engine), shard_size=2)
 

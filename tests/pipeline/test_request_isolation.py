@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.batchfile.validate import validate_stream
+from batch_dagster.defs.runner import run_batch
 from batch_dagster.engine import translate as t
 from batch_dagster.engine.offline import OfflineEngine
 from batch_dagster.engine.server import _error_line
-from batch_dagster.runner import run_batch
 from tests.helpers import CHAT_MODEL, MODEL_CACHE, chat_request, fake_vllm, make_defs, read_jsonl, write_jsonl
 
 

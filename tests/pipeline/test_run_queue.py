@@ -7,8 +7,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from batch_dagster.instance import ensure_dagster_home
-from batch_dagster.runner import run_batch
+from batch_dagster.defs.instance import ensure_dagster_home
+from batch_dagster.defs.runner import run_batch
 from batch_dagster.settings import Settings
 from tests.helpers import CHAT_MODEL, FAKES, FakeEngine, FakeVLLM, chat_request, make_defs, write_jsonl
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from batch_dagster.batchfile.storage import LocalStorage
-from batch_dagster.objectstore import S3Storage, open_storage
+from batch_dagster.storage import LocalStorage, open_storage
+from batch_dagster.storage.s3 import S3Storage
 from tests.helpers import BUCKET
 
 

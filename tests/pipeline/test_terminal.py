@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 
 from batch_dagster.cli import _print_summary
-from batch_dagster.runner import run_batch
+from batch_dagster.defs.runner import run_batch
 from tests.helpers import FakeEngine, chat_request, fake_vllm, make_defs, rows, write_jsonl
 
 

@@ -8,18 +8,18 @@ import dagster as dg
 import pytest
 from dagster_aws.s3 import S3Resource
 
-from batch_dagster.assets.batch import lifecycle_assets
-from batch_dagster.assets.checks import lifecycle_checks
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.folder import BatchFolder, Validation
 from batch_dagster.batchfile.registry import ModelSpec
+from batch_dagster.db import Database, repo
+from batch_dagster.db.batches import add_input_file, create_batch
+from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.checks import lifecycle_checks
+from batch_dagster.defs.jobs import batch_job
+from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource
+from batch_dagster.defs.runner import run_batch
 from batch_dagster.engine.offline import OfflineEngine
 from batch_dagster.engine.tokens import prompt_tokens
-from batch_dagster.jobs import batch_job
-from batch_dagster.resources import ApiStore, BatchStorage, PipelineConfig
-from batch_dagster.runner import run_batch
-from batch_dagster.store import Store, repo
-from batch_dagster.store.batches import add_input_file, create_batch
 from tests.helpers import CHAT_MODEL, MODEL_CACHE, FakeEngine, FakeVLLM, chat_request, fake_vllm, write_jsonl
 
 
@@ -42,15 +42,15 @@ def defs_with_limit(data_dir: Path, limit: int, url: str) -> dg.Definitions:
     vllm = fake_vllm("token-limit", FakeEngine(), cls=WordTokenizerVLLM)
     return dg.Definitions(
         assets=lifecycle_assets, asset_checks=lifecycle_checks, jobs=[batch_job],
-        resources={"storage": BatchStorage(data_dir=str(data_dir)), "vllm": vllm, "s3": S3Resource(),
-                   "api_store": ApiStore(url=url),
+        resources={"storage": StorageResource(data_dir=str(data_dir)), "vllm": vllm, "s3": S3Resource(),
+                   "database": DatabaseResource(url=url),
                    "pipeline": PipelineConfig(max_enqueued_tokens=limit, store_url=url)},
     )
 
 
-def enqueue_other(store: Store, data_dir: Path, owner: str, tokens: int, status: str = "in_progress") -> str:
+def enqueue_other(store: Database, data_dir: Path, owner: str, tokens: int, status: str = "in_progress") -> str:
     """An unfinished batch of `owner` whose validation recorded `tokens` prompt tokens for the chat model."""
-    storage = BatchStorage(data_dir=str(data_dir)).storage()
+    storage = StorageResource(data_dir=str(data_dir)).storage()
     with store.session() as session:
         file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename="other.jsonl", size=0)
         storage.write_bytes(file.path, b"")
@@ -72,7 +72,7 @@ def enqueue_other(store: Store, data_dir: Path, owner: str, tokens: int, status:
 def test_a_batch_past_the_owners_enqueued_tokens_fails_with_token_limit_exceeded(
         tmp_path, data_dir, instance, other_owner, other_status, fails):
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    store = Store(url)
+    store = Database(url)
     store.upgrade()
     with store.session() as session:
         repo.ensure_owners(session, [repo.ANONYMOUS, "someone-else"])
@@ -81,7 +81,7 @@ def test_a_batch_past_the_owners_enqueued_tokens_fails_with_token_limit_exceeded
     rows = [chat_request(f"r{i}", "one two three four five") for i in range(4)]
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
                         defs=defs_with_limit(data_dir, 40, url), instance=instance)
-    validation = BatchFolder(BatchStorage(data_dir=str(data_dir)).storage(), summary["batch_id"]).validation()
+    validation = BatchFolder(StorageResource(data_dir=str(data_dir)).storage(), summary["batch_id"]).validation()
     assert validation.prompt_tokens == 20
     if fails:
         assert summary["status"] == "failed"
@@ -104,7 +104,7 @@ def test_alone_a_batch_is_held_to_the_limit_too(tmp_path, data_dir, instance):
 
 
 def test_prompt_tokens_match_what_the_offline_engine_feeds_smollm2():
-    from batch_dagster.resources.vllm import _tokenizer
+    from batch_dagster.defs.resources.vllm import _tokenizer
 
     path = MODEL_CACHE / CHAT_MODEL
     if not (path / "tokenizer.json").exists():

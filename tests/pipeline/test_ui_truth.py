@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from batch_dagster.runner import run_batch
+from batch_dagster.defs.runner import run_batch
 from tests.helpers import FakeEngine, chat_request, fake_vllm, make_defs, rows, write_jsonl
 
 DOWNSTREAM = ("batch_shards", "shard_results", "batch_output_files", "batch_usage")

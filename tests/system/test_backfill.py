@@ -12,8 +12,8 @@ import time
 import dagster as dg
 import httpx
 
-from batch_dagster.assets.batch import lifecycle_assets
-from batch_dagster.resources import BatchStorage
+from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.resources import StorageResource
 from tests.daemon_defs import engine_calls
 from tests.helpers import (
     Serve,
@@ -59,7 +59,7 @@ def wait_for_backfill(instance: dg.DagsterInstance, backfill_id: str, partitions
     raise TimeoutError(f"backfill {backfill_id}: {instance.get_backfill(backfill_id)}")
 
 
-def snapshot(storage: BatchStorage, batch_id: str) -> dict:
+def snapshot(storage: StorageResource, batch_id: str) -> dict:
     """What a re-run must keep: shard files untouched, merged files' content, the summary's counts."""
     folder = storage.folder(batch_id)
     summary = folder.summary()
@@ -72,7 +72,7 @@ def snapshot(storage: BatchStorage, batch_id: str) -> dict:
     }
 
 
-def merged_inodes(storage: BatchStorage, batch_id: str) -> tuple[int, int]:
+def merged_inodes(storage: StorageResource, batch_id: str) -> tuple[int, int]:
     folder = storage.folder(batch_id)
     return local_file(folder, folder.output_key).stat().st_ino, local_file(folder, folder.error_key).stat().st_ino
 
@@ -89,7 +89,7 @@ def test_backfills_of_finished_batches_redo_no_shard_and_rewrite_files_whole(tmp
         batches = {name: serve.create_batch(rows, f"{name}.jsonl") for name, rows in inputs.items()}
         ids = [b.id for b in batches.values()]
         first = {b.id: serve.wait_for(b.id, {"completed", "failed"}, 120) for b in batches.values()}
-        storage = BatchStorage(data_dir=str(serve.data_dir))
+        storage = StorageResource(data_dir=str(serve.data_dir))
         with serve.instance() as instance:
             for batch_id in ids:
                 batch_runs(instance, batch_id)

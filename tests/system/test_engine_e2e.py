@@ -18,8 +18,8 @@ import dagster as dg
 import pytest
 
 from batch_dagster.batchfile.folder import Progress
-from batch_dagster.store import repo
-from batch_dagster.store.session import open_store
+from batch_dagster.db import repo
+from batch_dagster.db.session import open_database
 from tests.helpers import (
     CHAT_MODEL,
     EMBED_MODEL,
@@ -101,7 +101,7 @@ def test_chat_batch_of_40_through_the_cli(tmp_path):
     assert bad["code"] == "invalid_request" and "temperature" in bad["message"]
 
     # The run is recorded in the metadata store, the one record of batches (the API and the daily report read it).
-    with open_store(f"sqlite:///{tmp_path / 'data' / 'batch-api.db'}").session() as session:
+    with open_database(f"sqlite:///{tmp_path / 'data' / 'batch-api.db'}").session() as session:
         batch = repo.get_batch(session, repo.ANONYMOUS, summary["batch_id"])
         assert batch.status == "completed" and batch.completed_at is not None
         assert (batch.request_total, batch.request_completed, batch.request_failed) == (40, len(out), len(err))

@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from batch_dagster.batchfile.folder import BatchFolder
-from batch_dagster.batchfile.storage import LocalStorage
-from batch_dagster.runner import run_batch
+from batch_dagster.defs.runner import run_batch
+from batch_dagster.storage import LocalStorage
 from tests.helpers import (
     CHAT_MODEL,
     REPO,

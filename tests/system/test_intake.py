@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from batch_dagster.sensors import inbox_sensor, s3_upload_sensor
+from batch_dagster.defs.sensors import inbox_sensor, s3_upload_sensor
 from tests.helpers import BUCKET, Daemon, chat_request, jsonl, real_vllm, s3_json, s3_lines
 
 

@@ -11,8 +11,8 @@ import dagster as dg
 import psycopg2
 import pytest
 
-from batch_dagster.instance import REPO_INSTANCE_CONFIG
-from batch_dagster.runner import run_batch
+from batch_dagster.defs.instance import REPO_INSTANCE_CONFIG
+from batch_dagster.defs.runner import run_batch
 from tests.helpers import FakeEngine, fake_vllm, make_defs, read_jsonl, rows, write_jsonl
 
 CLI = Path(sys.executable).with_name("batch-dagster")

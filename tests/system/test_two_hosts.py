@@ -27,7 +27,7 @@ import httpx
 import psutil
 import pytest
 
-from batch_dagster.dagster_internals import run_end_reason
+from batch_dagster.defs.dagster_internals import run_end_reason
 from tests.helpers import (
     MODEL_CACHE,
     batch_runs,

@@ -20,14 +20,14 @@ import dagster as dg
 import pytest
 from sqlalchemy import update
 
-from batch_dagster.assets.batch import lifecycle_assets
-from batch_dagster.assets.checks import lifecycle_checks
-from batch_dagster.assets.daily_report import report_assets
-from batch_dagster.instance import REPO_INSTANCE_CONFIG
-from batch_dagster.jobs import batch_job
-from batch_dagster.resources import ApiStore, BatchStorage, PipelineConfig
-from batch_dagster.runner import run_batch
-from batch_dagster.store import BatchRecord
+from batch_dagster.db import BatchRecord
+from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.checks import lifecycle_checks
+from batch_dagster.defs.assets.daily_report import report_assets
+from batch_dagster.defs.instance import REPO_INSTANCE_CONFIG
+from batch_dagster.defs.jobs import batch_job
+from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource
+from batch_dagster.defs.runner import run_batch
 from tests.helpers import FakeEngine, chat_request, fake_vllm, free_port, rows, wait_http, write_jsonl
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -54,9 +54,9 @@ def ui(tmp_path, monkeypatch):
     (home / "dagster.yaml").symlink_to(REPO_INSTANCE_CONFIG)
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     monkeypatch.setenv("BATCH_DATA_DIR", str(data))
-    resources = {"storage": BatchStorage(data_dir=str(data)), "s3": dg.ResourceDefinition.none_resource(),
+    resources = {"storage": StorageResource(data_dir=str(data)), "s3": dg.ResourceDefinition.none_resource(),
                  "vllm": fake_vllm("ui-browser", FakeEngine()), "pipeline": PipelineConfig(shard_size=1000),
-                 "api_store": ApiStore(url=f"sqlite:///{data / 'batch-api.db'}")}
+                 "database": DatabaseResource(url=f"sqlite:///{data / 'batch-api.db'}")}
     defs = dg.Definitions(assets=lifecycle_assets,
                           asset_checks=lifecycle_checks, jobs=[batch_job], resources=resources)
     with dg.DagsterInstance.from_config(str(home)) as instance:
@@ -67,13 +67,13 @@ def ui(tmp_path, monkeypatch):
         assert (good["status"], bad["status"]) == ("completed", "failed")
         # The day's report covers finished days: move both batches' ends to yesterday.
         day = (datetime.now(UTC) - timedelta(days=1)).date().isoformat()
-        with resources["api_store"].session() as session:
+        with resources["database"].session() as session:
             for column in ("completed_at", "failed_at"):
                 session.execute(update(BatchRecord).where(getattr(BatchRecord, column).is_not(None))
                                 .values({column: getattr(BatchRecord, column) - 86_400}))
             session.commit()
         report = dg.materialize(report_assets, partition_key=day, instance=instance,
-                                resources={k: resources[k] for k in ("api_store", "storage")})
+                                resources={k: resources[k] for k in ("database", "storage")})
         assert report.success
         port = free_port()
         env = {**os.environ, "DAGSTER_HOME": str(home), "BATCH_DATA_DIR": str(data)}

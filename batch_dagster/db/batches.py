@@ -1,0 +1,158 @@
+"""How a batch record is made, whoever makes it: the API, the S3/inbox intake or `batch-dagster run`.
+
+The invariant lives here: the batch's input (or where to fetch it), deadline and endpoint are in its
+folder before its row exists, so nothing that lists rows ever sees half a batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from batch_dagster.batchfile.contract import endpoint_of_head, model_of_head
+from batch_dagster.batchfile.folder import BatchFolder, file_key
+from batch_dagster.batchfile.storage import Storage
+from batch_dagster.storage import file_location
+
+from . import repo
+from .models import BatchRecord, FileRecord, IntakeRecord
+
+HEAD_BYTES = 64 * 1024  # enough for a file's first request, whose url names the endpoint and body the model
+COMPLETION_WINDOW = "24h"  # the only window the Batch API offers
+OUTPUT_EXPIRES_AFTER_S: int | None = None  # output and error files are kept until deleted unless a batch asks
+
+
+@dataclass(frozen=True)
+class DroppedFile:
+    """A complete file found in a bucket or the inbox."""
+
+    source: str  # s3://bucket/key or file:///path
+    version: str  # ETag, or size and mtime
+    filename: str
+    bytes: int
+    endpoint: str  # from its first line, so the batch lists with the right endpoint before validation
+    model: str | None = None  # from its first line, so its run is queued by its model (defs/run_limits.py)
+
+
+def head_model(head: bytes) -> str | None:
+    """The model a file's first request names, from its first HEAD_BYTES (the whole file when shorter)."""
+    return model_of_head(head, whole=len(head) < HEAD_BYTES)
+
+
+def input_model(folder: BatchFolder) -> str | None:
+    """The model the first request of a batch's input names; None when the input cannot be read."""
+    try:
+        with folder.storage.open(folder.input_key) as f:
+            return head_model(f.read(HEAD_BYTES))
+    except OSError:
+        return None
+
+
+def add_input_file(session: Session, *, owner: str, file_id: str, filename: str, size: int,
+                   expires_at: int | None = None) -> FileRecord:
+    """A File row with purpose `batch` whose bytes are (or will be) at its key in the storage."""
+    repo.ensure_owners(session, [owner])
+    row = FileRecord(id=file_id, owner=owner, bytes=size, created_at=repo.now(), expires_at=expires_at,
+                     filename=filename, purpose="batch", path=file_key(file_id))
+    session.add(row)
+    session.flush()
+    return row
+
+
+def create_batch(
+    session: Session,
+    storage: Storage,
+    *,
+    owner: str,
+    endpoint: str,
+    input_file: FileRecord,
+    input_from: Path | str | FileRecord | None,
+    completion_window_s: int | None,
+    metadata: dict[str, Any] | None = None,
+    output_expires_after: int | None = OUTPUT_EXPIRES_AFTER_S,
+    launched: bool = False,
+    batch_id: str | None = None,
+) -> BatchRecord:
+    """Put the batch's input, deadline and endpoint in its folder, then add its row (committed).
+
+    `input_from`: a local file copied in now, a stored File copied in now, a URI the run fetches
+    (dropped files), or None when the input is in the folder already. `completion_window_s` None: the batch
+    never expires.
+    `launched`: the caller requests the run itself (else the API sensor launches it).
+    """
+    batch_id = batch_id or repo.new_batch_id()
+    folder = BatchFolder(storage, batch_id)
+    created_at = repo.now()
+    if isinstance(input_from, Path):
+        folder.put_input(input_from)
+    elif isinstance(input_from, FileRecord):
+        folder.copy_input(*file_location(storage, input_from.path))
+    elif isinstance(input_from, str):
+        folder.set_source(input_from, input_file.path)
+    expires_at = created_at + completion_window_s if completion_window_s is not None else None
+    if expires_at is not None:
+        folder.set_deadline(expires_at)
+    folder.set_endpoint(endpoint)  # validation reports every line with another url
+    row = BatchRecord(
+        id=batch_id, owner=owner, endpoint=endpoint, input_file_id=input_file.id,
+        completion_window=COMPLETION_WINDOW, status="validating", created_at=created_at, expires_at=expires_at,
+        meta=metadata, output_expires_after=output_expires_after, launched_at=created_at if launched else None,
+    )
+    session.add(row)
+    session.commit()
+    return row
+
+
+def register_dropped(session: Session, storage: Storage, dropped: DroppedFile, *, owner: str, deliver_to: str,
+                     completion_window_s: int) -> BatchRecord:
+    """A dropped file's File, Batch and intake rows under `owner`; the sensor requests the run itself.
+
+    Its bytes are fetched by the run (batch_input), so a sensor tick stays small whatever the file's size.
+    """
+    input_file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename=dropped.filename,
+                                size=dropped.bytes)
+    batch = create_batch(session, storage, owner=owner, endpoint=dropped.endpoint, input_file=input_file,
+                         input_from=dropped.source, completion_window_s=completion_window_s,
+                         metadata={"source": dropped.source[:512]}, launched=True)
+    session.add(IntakeRecord(source=dropped.source, version=dropped.version, batch_id=batch.id,
+                             deliver_to=deliver_to.rstrip("/") + f"/{batch.id}/", created_at=batch.created_at))
+    session.commit()
+    return batch
+
+
+def register_local(session: Session, storage: Storage, source: Path, *, owner: str,
+                   batch_id: str | None = None) -> BatchRecord:
+    """A batch started from the command line: its File is a copy of `source`; it has no deadline."""
+    with open(source, "rb") as f:
+        head = f.read(HEAD_BYTES)
+    input_file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename=source.name,
+                                size=source.stat().st_size)
+    storage.put_file(input_file.path, source)
+    return create_batch(session, storage, owner=owner, endpoint=endpoint_of_head(head), input_file=input_file,
+                        input_from=source, completion_window_s=None,
+                        metadata={"source": source.resolve().as_uri()[:512]}, launched=True, batch_id=batch_id)
+
+
+STATUS_TIMES = ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
+                "cancelled_at")
+
+
+def result_summary(batch: BatchRecord, intake: IntakeRecord, cost: dict | None, files: list[str]) -> dict:
+    """The summary.json written beside a dropped file's results: the batch as the API shows it, and its cost."""
+    return {
+        "id": batch.id,
+        "source": intake.source,
+        "status": batch.status,
+        "endpoint": batch.endpoint,
+        "model": batch.model,
+        "request_counts": {"total": batch.request_total, "completed": batch.request_completed,
+                           "failed": batch.request_failed},
+        "usage": batch.usage,
+        "cost": cost,
+        "errors": batch.errors,
+        "files": files,
+        **{name: getattr(batch, name) for name in STATUS_TIMES if getattr(batch, name) is not None},
+    }

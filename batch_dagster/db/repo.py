@@ -1,0 +1,193 @@
+"""Queries and writes on the store, scoped by owner: what the API and the sensors ask of it."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TypeVar, cast
+
+from sqlalchemy import ColumnElement, CursorResult, or_, select, update
+from sqlalchemy.orm import Session
+
+from batch_dagster.batchfile.storage import Storage
+from batch_dagster.storage import file_location
+
+from .models import TERMINAL, ApiKey, BatchRecord, FileRecord, IntakeRecord, WebhookEndpointRecord
+
+ANONYMOUS = "anonymous"
+Row = TypeVar("Row", FileRecord, BatchRecord, WebhookEndpointRecord)
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def new_file_id() -> str:
+    return f"file-{uuid.uuid4().hex}"
+
+
+def new_batch_id() -> str:
+    return f"batch_{uuid.uuid4().hex}"
+
+
+def owner_of_key(api_key: str) -> str:
+    """The owner a key's files and batches are stored under: its SHA-256, never the key."""
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def ensure_owners(session: Session, owners: Sequence[str]) -> None:
+    known = set(session.scalars(select(ApiKey.owner).where(ApiKey.owner.in_(owners))))
+    session.add_all(ApiKey(owner=o, created_at=now()) for o in owners if o not in known)
+    session.commit()
+
+
+def page(session: Session, model: type[Row], owner: str, after: str | None, limit: int, *, ascending: bool = False,
+          extra=()) -> tuple[list[Row], bool] | None:
+    """A page of an owner's rows, newest first, after the row with id `after`; None when `after` is unknown."""
+    query = select(model).where(model.owner == owner, *extra)
+    if after is not None:
+        anchor = session.scalar(select(model.pk).where(model.owner == owner, model.id == after))
+        if anchor is None:
+            return None
+        query = query.where(model.pk > anchor if ascending else model.pk < anchor)
+    query = query.order_by(model.pk.asc() if ascending else model.pk.desc()).limit(limit + 1)
+    rows = list(session.scalars(query))
+    return rows[:limit], len(rows) > limit
+
+
+def get_file(session: Session, owner: str, file_id: str) -> FileRecord | None:
+    row = session.scalar(select(FileRecord).where(FileRecord.owner == owner, FileRecord.id == file_id))
+    if row is not None and row.expires_at is not None and row.expires_at <= now():
+        return None
+    return row
+
+
+def list_files(session: Session, owner: str, *, after: str | None, limit: int, ascending: bool,
+               purpose: str | None) -> tuple[list[FileRecord], bool] | None:
+    extra: list[ColumnElement[bool]] = [(FileRecord.expires_at.is_(None)) | (FileRecord.expires_at > now())]
+    if purpose:
+        extra.append(FileRecord.purpose == purpose)
+    return page(session, FileRecord, owner, after, limit, ascending=ascending, extra=extra)
+
+
+def expired_files(session: Session, limit: int = 500) -> list[FileRecord]:
+    return list(session.scalars(select(FileRecord).where(FileRecord.expires_at <= now()).limit(limit)))
+
+
+def get_batch(session: Session, owner: str, batch_id: str) -> BatchRecord | None:
+    return session.scalar(select(BatchRecord).where(BatchRecord.owner == owner, BatchRecord.id == batch_id))
+
+
+def list_batches(
+    session: Session, owner: str, *, after: str | None, limit: int
+) -> tuple[list[BatchRecord], bool] | None:
+    return page(session, BatchRecord, owner, after, limit)
+
+
+def _unfinished(session: Session, *, launched: bool, limit: int) -> list[BatchRecord]:
+    launch = BatchRecord.launched_at.is_not(None) if launched else BatchRecord.launched_at.is_(None)
+    query = (
+        select(BatchRecord)
+        .where(launch, BatchRecord.status.not_in(TERMINAL))
+        .order_by(BatchRecord.pk)
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def batches_to_launch(session: Session, limit: int = 100) -> list[BatchRecord]:
+    """Batches Dagster has not been asked to run yet, or to run again; a cancelled one runs too."""
+    return _unfinished(session, launched=False, limit=limit)
+
+
+def mark_launched(session: Session, batch_ids: Sequence[str], at: int | None = None) -> None:
+    session.execute(update(BatchRecord).where(BatchRecord.id.in_(batch_ids)).values(launched_at=at or now()))
+    session.commit()
+
+
+def unmark_launched(session: Session, batch_id: str) -> None:
+    session.execute(update(BatchRecord).where(BatchRecord.id == batch_id).values(launched_at=None))
+    session.commit()
+
+
+def active_batches(session: Session, limit: int = 1000) -> list[BatchRecord]:
+    """Launched batches that have not reached a terminal status."""
+    return _unfinished(session, launched=True, limit=limit)
+
+
+def request_cancel(session: Session, batch: BatchRecord, at: int | None = None) -> bool:
+    """Move a batch to `cancelling` unless it already ended or is cancelling; False then."""
+    # An UPDATE without RETURNING gives a CursorResult (typed as a plain Result), which has the rowcount.
+    result = cast(CursorResult, session.execute(
+        update(BatchRecord)
+        .where(BatchRecord.id == batch.id, BatchRecord.status.not_in(TERMINAL), BatchRecord.cancelling_at.is_(None))
+        .values(status="cancelling", cancelling_at=at or now())
+    ))
+    session.commit()
+    session.refresh(batch)
+    return result.rowcount == 1
+
+
+def add_file(session: Session, row: FileRecord) -> FileRecord:
+    session.add(row)
+    session.commit()
+    return row
+
+
+def delete_file(session: Session, storage: Storage, row: FileRecord) -> None:
+    """Forget a file and remove its bytes."""
+    session.delete(row)
+    session.commit()
+    files, key = file_location(storage, row.path)
+    files.delete(key)
+
+
+def finished_between(session: Session, start: int, end: int) -> list[BatchRecord]:
+    """Batches whose end (the timestamp of their terminal status) is in [start, end), in creation order."""
+    matches = []
+    for status in TERMINAL:
+        at = getattr(BatchRecord, f"{status}_at")
+        matches.append((BatchRecord.status == status) & (at >= start) & (at < end))
+    return list(session.scalars(select(BatchRecord).where(or_(*matches)).order_by(BatchRecord.pk)))
+
+
+def known_sources(session: Session, sources: Sequence[str]) -> set[tuple[str, str]]:
+    """The (source, version) pairs among `sources` that already became batches."""
+    if not sources:
+        return set()
+    rows = session.execute(select(IntakeRecord.source, IntakeRecord.version).where(IntakeRecord.source.in_(sources)))
+    return {(source, version) for source, version in rows}
+
+
+def get_intake(session: Session, batch_id: str) -> tuple[IntakeRecord, BatchRecord] | None:
+    """A dropped file's intake row and its batch."""
+    row = session.execute(
+        select(IntakeRecord, BatchRecord).join(BatchRecord, BatchRecord.id == IntakeRecord.batch_id)
+        .where(IntakeRecord.batch_id == batch_id)
+    ).first()
+    return (row[0], row[1]) if row else None
+
+
+def mark_delivered(session: Session, batch_id: str) -> None:
+    session.execute(update(IntakeRecord).where(IntakeRecord.batch_id == batch_id).values(delivered_at=now()))
+    session.commit()
+
+
+def undelivered(session: Session, scheme: str, limit: int = 100) -> list[IntakeRecord]:
+    """Dropped files from `scheme` (e.g. "s3://") whose batch ended and whose results were not yet requested."""
+    query = (
+        select(IntakeRecord)
+        .join(BatchRecord, BatchRecord.id == IntakeRecord.batch_id)
+        .where(IntakeRecord.delivery_requested_at.is_(None), IntakeRecord.source.startswith(scheme),
+               BatchRecord.status.in_(TERMINAL))
+        .order_by(IntakeRecord.pk)
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def mark_delivery_requested(session: Session, batch_ids: Sequence[str]) -> None:
+    session.execute(update(IntakeRecord).where(IntakeRecord.batch_id.in_(batch_ids)).values(delivery_requested_at=now()))
+    session.commit()

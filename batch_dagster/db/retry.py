@@ -1,0 +1,97 @@
+"""A retry batch: a child of an ended batch made of its retryable failures, and the results of both merged."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from batch_dagster.batchfile.folder import BatchFolder
+from batch_dagster.batchfile.retry import custom_ids_of, merged_lines, retryable_ids, write_retry_input
+from batch_dagster.batchfile.storage import Storage
+from batch_dagster.storage import file_location
+
+from . import repo
+from .batches import OUTPUT_EXPIRES_AFTER_S, add_input_file, create_batch
+from .models import TERMINAL, BatchRecord, FileRecord
+
+PARENT = "parent_batch_id"
+MAX_METADATA_PAIRS = 16
+
+
+class CannotRetry(ValueError):
+    """The batch has no request to retry (or has not ended yet); the message says which."""
+
+
+def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, completion_window_s: int | None,
+                 launched: bool = False) -> BatchRecord:
+    """A new batch of `parent`'s retryable failed requests, with their original bodies, same endpoint and model."""
+    if parent.status not in TERMINAL:
+        raise CannotRetry(f"Batch {parent.id} is {parent.status}; only a batch that has ended can be retried.")
+    error_file = _file(session, parent.error_file_id)
+    folder = BatchFolder(storage, parent.id)
+    ids = retryable_ids(_lines(storage, error_file)) if error_file is not None else []
+    if not ids or not storage.exists(folder.requests_key):
+        raise CannotRetry(f"Batch {parent.id} has no request to retry: only requests that failed with a server "
+                          "error (5xx) or never ran (batch_expired, batch_cancelled) are retried, never 4xx.")
+    input_file = add_input_file(session, owner=parent.owner, file_id=repo.new_file_id(),
+                                filename=f"{parent.id}_retry.jsonl", size=0)
+    with storage.local_copy(folder.requests_key) as requests, storage.writing(input_file.path) as path:
+        count = write_retry_input(requests, ids, parent.endpoint, path)
+        input_file.bytes = path.stat().st_size
+        assert count == len(ids), (count, len(ids))
+        inherited = {k: v for k, v in (parent.meta or {}).items() if k != PARENT}
+        metadata = dict(list(inherited.items())[: MAX_METADATA_PAIRS - 1]) | {PARENT: parent.id}
+        return create_batch(
+            session, storage, owner=parent.owner, endpoint=parent.endpoint, input_file=input_file, input_from=path,
+            completion_window_s=completion_window_s, metadata=metadata, launched=launched,
+            output_expires_after=parent.output_expires_after or OUTPUT_EXPIRES_AFTER_S,
+        )
+
+
+def _lines(storage: Storage, file: FileRecord | None) -> Iterator[bytes]:
+    """A File's lines, streamed; none when it has no bytes (any more)."""
+    if file is None:
+        return
+    files, key = file_location(storage, file.path)
+    if not files.exists(key):
+        return
+    with files.open(key) as f:
+        yield from f
+
+
+def _batch(session: Session, batch_id: str) -> BatchRecord | None:
+    return session.scalar(select(BatchRecord).where(BatchRecord.id == batch_id))
+
+
+def _file(session: Session, file_id: str | None) -> FileRecord | None:
+    return session.scalar(select(FileRecord).where(FileRecord.id == file_id)) if file_id else None
+
+
+def merged_content(session: Session, storage: Storage, file: FileRecord) -> Iterator[bytes] | None:
+    """The lines of a retry batch's output (or error) file merged with its ancestors', or None if it has none.
+
+    Each ancestor contributes the lines of the requests its descendants did not run again, so
+    every custom_id of the original batch appears once across the merged output and error files.
+    """
+    batch = _batch(session, file.batch_id) if file.batch_id else None
+    if batch is None or not (batch.meta or {}).get(PARENT):
+        return None
+    kind = "output_file_id" if batch.output_file_id == file.id else "error_file_id"
+    return _merged(session, storage, batch, kind)
+
+
+def _merged(session: Session, storage: Storage, batch: BatchRecord, kind: str) -> Iterator[bytes]:
+    own = _file(session, getattr(batch, kind))
+    if own is None:
+        raise CannotRetry(f"Batch {batch.id} has no {kind.removesuffix('_id').replace('_', ' ')} yet.")
+    files, key = file_location(storage, own.path)
+    if not files.exists(key):
+        raise FileNotFoundError(files.uri(key))
+    parent = _batch(session, (batch.meta or {}).get(PARENT) or "")
+    if parent is None:
+        return _lines(storage, own)
+    siblings = [_file(session, batch.output_file_id), _file(session, batch.error_file_id)]
+    child_ids = custom_ids_of(*(_lines(storage, f) for f in siblings))
+    return merged_lines(_merged(session, storage, parent, kind), _lines(storage, own), child_ids)

@@ -1,0 +1,84 @@
+"""A database URL -> engine, sessions and the schema upgraded to head with Alembic."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+
+def make_engine(url: str) -> Engine:
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)
+    if url.startswith("sqlite:///") and ":memory:" not in url:
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    # The API's worker threads and the Dagster sensors share one file: wait for locks, never fail on them.
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_connection, _record) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return engine
+
+
+def alembic_config(url: str):
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+class Database:
+    """One database: its engine, a session factory, and `upgrade()` to the newest schema."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.engine = make_engine(url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def upgrade(self) -> None:
+        """Apply the Alembic migrations up to head (idempotent)."""
+        from alembic import command
+
+        cfg = alembic_config(self.url)
+        with self.engine.begin() as connection:
+            cfg.attributes["connection"] = connection
+            command.upgrade(cfg, "head")
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with self._sessions() as session:
+            yield session
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+_lock = threading.Lock()
+
+
+@functools.cache
+def _upgraded_store(url: str) -> Database:
+    store = Database(url)
+    store.upgrade()
+    return store
+
+
+def open_database(url: str) -> Database:
+    """The process-wide store for `url`, upgraded once on first use."""
+    with _lock:
+        return _upgraded_store(url)

@@ -1,0 +1,450 @@
+"""The batch lifecycle: input file -> validated requests -> shards -> shard results -> output files -> usage.
+
+Every asset is partitioned by batch and idempotent: a re-run reuses what is already written
+(a committed shard is never recomputed) and rewrites merged files whole.
+"""
+
+import hashlib
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import orjson
+import pyarrow.parquet as pq
+from dagster_aws.s3 import S3Resource
+
+from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.columnar import custom_ids, read_shard, validate_to_parquet, write_shards
+from batch_dagster.batchfile.folder import (
+    BatchFolder,
+    Manifest,
+    Merged,
+    Progress,
+    Source,
+    Summary,
+    Validation,
+)
+from batch_dagster.batchfile.registry import served_endpoints
+from batch_dagster.batchfile.results import commit_shard, committed_shards, merge
+from batch_dagster.batchfile.usage import Usage, cost_of
+from batch_dagster.defs.dagster_internals import dies_with_its_run
+from batch_dagster.defs.k8s import GPU_STEP_TAGS
+from batch_dagster.defs.partitions import batches
+from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.engine.base import EngineCrash
+from batch_dagster.storage import file_location
+from batch_dagster.storage.transfer import fetch
+
+from .token_limit import apply_token_limit
+
+GROUP = "batch_lifecycle"
+INFERENCE_RETRIES = 2
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _md_table(rows: list[dict[str, Any]]) -> dg.MetadataValue:
+    if not rows:
+        return dg.MetadataValue.md("_none_")
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r[h]).replace("|", "\\|").replace("\n", " ")[:120] for h in head) + " |")
+    return dg.MetadataValue.md("\n".join(lines))
+
+
+LABEL_TAGS = ("filename", "source", "owner")
+
+
+def _labels(context: dg.AssetExecutionContext) -> dict[str, str]:
+    """The batch's readable labels (input filename, source, owner label), as its run was tagged."""
+    return {k: context.run.tags[k] for k in LABEL_TAGS if k in context.run.tags}
+
+
+def _tag_run(context: dg.AssetExecutionContext, model: str | None, requests: int, status: str) -> None:
+    """Put what validation found on the run, so the runs list tells batches apart."""
+    tags = {"model": model or "unknown", "requests": str(requests), "validation": status}
+    context.instance.add_run_tags(context.run.run_id, tags)
+
+
+def _fetch_dropped_file(context: dg.AssetExecutionContext, folder: BatchFolder, source: Source,
+                        s3: S3Resource) -> None:
+    """Bring a file dropped in S3 or the inbox into its File, then into the batch's folder."""
+    started = time.perf_counter()
+    files, key = file_location(folder.storage, source.file_path)
+    with files.writing(key) as local:
+        size = fetch(source.uri, local, s3.get_client)
+        folder.put_input(local)
+    context.log.info(f"Fetched {source.uri} ({size} bytes) in {time.perf_counter() - started:.1f}s")
+
+
+@dg.asset(
+    partitions_def=batches,
+    group_name=GROUP,
+    kinds={"json"},
+    description="The batch's input file as uploaded, or fetched from the bucket or inbox it was dropped in.",
+)
+def batch_input(context: dg.AssetExecutionContext, storage: StorageResource, s3: S3Resource) -> dg.MaterializeResult:
+    folder = storage.folder(context.partition_key)
+    where = folder.storage.uri(folder.input_key)
+    source = folder.source()
+    if not folder.has_input() and source is not None:
+        _fetch_dropped_file(context, folder, source, s3)
+    if not folder.has_input():
+        raise dg.Failure(f"No input file at {where}.", allow_retries=False)
+    h = hashlib.sha256()
+    lines = size = 0
+    with folder.storage.open(folder.input_key) as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            lines += chunk.count(b"\n")
+            size += len(chunk)
+    return dg.MaterializeResult(
+        metadata={**_labels(context), "path": dg.MetadataValue.path(where), "bytes": size,
+                  "lines": lines, "sha256": h.hexdigest()},
+        data_version=dg.DataVersion(h.hexdigest()),
+    )
+
+
+@dg.asset(
+    partitions_def=batches,
+    group_name=GROUP,
+    kinds={"parquet"},
+    deps=[batch_input],
+    output_required=False,
+    description="The validated requests, one row per request (Parquet). An invalid file is a result, not a "
+                "failure: it is recorded as an `invalid` observation with its errors, and the steps after this "
+                "one are skipped.",
+)
+def validated_requests(
+    context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource
+) -> Iterator[dg.MaterializeResult]:
+    folder = storage.folder(context.partition_key)
+    started = time.perf_counter()
+    size = folder.storage.size(folder.input_key) or 0
+    # The input is validated as it streams in; the requests file is published only when the file is valid.
+    with folder.storage.open(folder.input_key) as source, folder.storage.writing(folder.requests_key) as out:
+        report = validate_to_parquet(
+            source,
+            out,
+            size=size,
+            limits=pipeline.limits,
+            endpoint=folder.endpoint(),
+            models=served_endpoints(vllm.registry()),
+        )
+        elapsed = time.perf_counter() - started
+        prompt_tokens = apply_token_limit(folder, out, report, pipeline, vllm)
+        head = (pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5)
+                .to_pylist() if report.valid else [])
+        if not report.valid:
+            out.unlink(missing_ok=True)  # over the token limit: valid rows, but the batch is refused
+    folder.write_validation(Validation(**report.to_dict(), validated_at=_now(), prompt_tokens=prompt_tokens))
+    if not report.valid:
+        # No materialization: Dagster skips the downstream steps and their checks instead of failing them,
+        # and the run succeeds. The batch's status (failed, with errors.data) comes from validation.json.
+        first = report.errors[0]
+        where = f"line {first.line}" if first.line is not None else "the file"
+        _tag_run(context, report.model, report.total_requests, "invalid")
+        context.log.warning(f"The input file is invalid: {report.error_count} error(s); first at {where}: "
+                            f"[{first.code}] {first.message}. The later steps are skipped.")
+        context.log_event(dg.AssetObservation(
+            asset_key=context.asset_key,
+            partition=context.partition_key,
+            metadata={"status": "invalid", **_labels(context), "error_count": report.error_count,
+                      "total_requests": report.total_requests,
+                      "errors": _md_table([e.to_dict() for e in report.errors[:50]]),
+                      **({"model": report.model} if report.model else {})},
+        ))
+        return
+    _tag_run(context, report.model, report.total_requests, "valid")
+    context.log.info(f"{report.total_requests} valid requests for {report.model} at {report.endpoint}")
+    preview = [{"custom_id": r["custom_id"], "prompt_chars": r["prompt_chars"], "body": r["body"][:100]} for r in head]
+    yield dg.MaterializeResult(
+        metadata={
+            "status": "valid",
+            **_labels(context),
+            "preview": _md_table(preview),
+            "total_requests": report.total_requests,
+            "model": report.model,
+            "endpoint": report.endpoint,
+            "validation_s": round(elapsed, 3),
+            "validation_mb_s": round(size / 1e6 / max(elapsed, 1e-9), 1),
+            "path": dg.MetadataValue.path(folder.storage.uri(folder.requests_key)),
+        }
+    )
+
+
+@dg.asset(
+    partitions_def=batches,
+    group_name=GROUP,
+    kinds={"parquet"},
+    deps=[validated_requests],
+    description="Requests cut into shards: shared prefixes and similar lengths together.",
+)
+def batch_shards(
+    context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig
+) -> dg.MaterializeResult:
+    folder = storage.folder(context.partition_key)
+    manifest = folder.manifest()
+    if manifest is not None:
+        # Results may already be committed against this plan: never re-cut it.
+        context.log.info(f"Reusing the {manifest.shard_count} shards already planned")
+        return dg.MaterializeResult(metadata={"shard_count": manifest.shard_count, "status": "cached"})
+    validation = folder.validation()
+    assert validation is not None and validation.model and validation.endpoint  # validated_requests ran
+    shard_size = pipeline.shard_size
+    with folder.storage.local_copy(folder.requests_key) as requests, \
+            folder.storage.writing_folder(folder.shards_prefix) as shards:
+        sizes = write_shards(requests, shards, shard_size)
+    # The manifest is written last: it is what marks the shards as planned and complete.
+    folder.write_manifest(Manifest(
+        batch_id=folder.batch_id, endpoint=validation.endpoint, model=validation.model, total_requests=sum(sizes),
+        shard_size=shard_size, shard_count=len(sizes), shard_sizes=sizes,
+    ))
+    context.log.info(f"{sum(sizes)} requests in {len(sizes)} shards of up to {shard_size}")
+    return dg.MaterializeResult(
+        metadata={"shard_count": len(sizes), "shard_size": shard_size, "largest_shard": max(sizes)}
+    )
+
+
+class _ShardProgress:
+    """Counts a shard's finished requests: writes them to storage (the API's live request_counts read them)
+    at most once a second or every 5% of the shard; logs them with the engine's load every 5 s and every 10%."""
+
+    WRITE_EVERY_S = 1.0
+    LOG_EVERY_S = 5.0
+
+    def __init__(self, folder: BatchFolder, index: int, size: int, log: Any = None):
+        self.folder, self.index, self.size, self.log = folder, index, size, log
+        self.done = 0
+        self.written_at = 0.0
+        self.written_done = 0
+        self.logged_at = time.monotonic()
+        self.first: tuple[float, int] | None = None
+        self.logged_decile = 0
+        self.load = ""
+
+    def report_load(self, load: str) -> None:
+        """The engine's own view of its load (e.g. vLLM's unfinished requests and token rates)."""
+        self.load = load
+
+    def __call__(self, n: int) -> None:
+        self.done = min(self.done + n, self.size)
+        now = time.monotonic()
+        step = max(self.size // 20, 1)
+        if (now - self.written_at >= self.WRITE_EVERY_S or self.done - self.written_done >= step
+                or self.done == self.size):
+            self.written_at, self.written_done = now, self.done
+            self.folder.write_progress(Progress(self.index, self.done))
+        decile = 10 * self.done // self.size
+        if self.first is None:  # the rate counts from the first finished request: the engine's start is not in it
+            self.first = (now, self.done)
+        if self.log is not None and (now - self.logged_at >= self.LOG_EVERY_S or decile > self.logged_decile):
+            self.logged_at, self.logged_decile = now, decile
+            since, done_then = self.first
+            rate = f", {(self.done - done_then) / (now - since):.1f} requests/s" if now - since >= 0.5 else ""
+            load = f"; engine: {self.load}" if self.load else ""
+            self.log.info(f"Shard {self.index}: {self.done}/{self.size} requests "
+                          f"({100 * self.done // self.size}%){rate}{load}")
+
+
+def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) -> list[dict[str, Any]]:
+    message = f"The engine failed on this shard after {INFERENCE_RETRIES + 1} attempts: {reason}"
+    return [c.request_error_line(cid, c.ENGINE_ERROR, message, status_code=500) for cid, _ in requests]
+
+
+@dg.asset(
+    partitions_def=batches,
+    group_name=GROUP,
+    kinds={"vllm"},
+    deps=[batch_shards],
+    op_tags=GPU_STEP_TAGS,
+    retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=2, backoff=dg.Backoff.EXPONENTIAL),
+    description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
+)
+def shard_results(
+    context: dg.AssetExecutionContext, storage: StorageResource, vllm: VLLMResource
+) -> dg.MaterializeResult:
+    folder = storage.folder(context.partition_key)
+    manifest = _manifest(folder)
+    done = committed_shards(folder.storage, folder.results_prefix)
+    todo = [i for i in range(manifest.shard_count) if i not in done]
+    context.log.info(
+        f"{len(done)} of {manifest.shard_count} shards already committed; running {len(todo)} "
+        f"(attempt {context.retry_number + 1})"
+    )
+    engine = None  # built at the first shard that runs: a stopped batch never loads the model
+    started = time.perf_counter()
+    ran_requests = 0
+    ran_tokens = 0
+    stopped = None
+    with dies_with_its_run(context):
+        for index in todo:
+            stopped = folder.stop_reason()
+            if stopped:
+                context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
+                break
+            with folder.storage.local_copy(folder.shard_key(index)) as shard:
+                requests = read_shard(shard)
+            engine = engine or vllm.engine(manifest.model)
+            t0 = time.perf_counter()
+            try:
+                progress = _ShardProgress(folder, index, len(requests), context.log)
+                lines = engine.run(manifest.endpoint, requests, on_progress=progress)
+            except EngineCrash as exc:
+                vllm.reset(manifest.model)
+                if context.retry_number < INFERENCE_RETRIES:
+                    context.log.error(f"Shard {index}: engine crashed ({exc}); the step will retry")
+                    raise
+                context.log.error(f"Shard {index}: engine crashed on the last attempt; its requests become errors")
+                lines = engine_error_lines(requests, str(exc))
+                engine = vllm.engine(manifest.model)
+            summary = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0)
+            ran_requests += summary.request_counts.total
+            ran_tokens += summary.usage.output_tokens
+            context.log.info(
+                f"Shard {index}: {summary.request_counts.completed} completed, {summary.request_counts.failed} failed, "
+                f"{summary.usage.output_tokens} output tokens in {summary.duration_s:.1f}s"
+            )
+    elapsed = time.perf_counter() - started
+    all_done = committed_shards(folder.storage, folder.results_prefix)
+    completed = sum(s.request_counts.completed for s in all_done.values())
+    failed = sum(s.request_counts.failed for s in all_done.values())
+    return dg.MaterializeResult(
+        metadata={
+            "shards_run": len(todo),
+            "shards_skipped": len(done),
+            "completed": completed,
+            "failed": failed,
+            "requests_run": ran_requests,
+            "inference_s": round(elapsed, 3),
+            "output_tokens_per_s": round(ran_tokens / elapsed, 1) if ran_requests else 0.0,
+            "status": stopped or ("ran" if todo else "cached"),
+        }
+    )
+
+
+def _shard_ids(folder: BatchFolder, index: int) -> list[str]:
+    with folder.storage.local_copy(folder.shard_key(index)) as shard:
+        return custom_ids(shard)
+
+
+def _preview(output: Path) -> list[dict[str, str]]:
+    """The first answers of an output file, for the asset's metadata."""
+    preview = []
+    with open(output, "rb") as f:
+        for raw, _ in zip(f, range(3), strict=False):
+            line = orjson.loads(raw)
+            body = line["response"]["body"]
+            choice = (body.get("choices") or [{}])[0]
+            text = (choice.get("message") or {}).get("content", choice.get("text", "")) if choice else ""
+            preview.append({"custom_id": line["custom_id"], "answer": text or f"[{body.get('object')}]"})
+    return preview
+
+
+def _manifest(folder: BatchFolder) -> Manifest:
+    manifest = folder.manifest()
+    if manifest is None:
+        raise dg.Failure(f"{folder.batch_id} has no shard manifest: batch_shards has not run.", allow_retries=False)
+    return manifest
+
+
+@dg.asset(
+    partitions_def=batches,
+    group_name=GROUP,
+    kinds={"json"},
+    deps=[shard_results],
+    description="The merged output file and error file, in the OpenAI Batch format.",
+)
+def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
+    folder = storage.folder(context.partition_key)
+    manifest = _manifest(folder)
+    done = committed_shards(folder.storage, folder.results_prefix)
+    missing = [i for i in range(manifest.shard_count) if i not in done]
+    stopped = folder.stop_reason() if missing else None
+    not_run: Any = []
+    if stopped:
+        # The requests of shards that never ran still get a line each: nothing is dropped.
+        code = c.BATCH_CANCELLED if stopped == "cancelled" else c.BATCH_EXPIRED
+        message = f"The batch was {stopped} before this request ran."
+        not_run = (c.not_run_line(cid, code, message) for i in missing for cid in _shard_ids(folder, i))
+    with folder.storage.writing(folder.output_key) as out, folder.storage.writing(folder.error_key) as err:
+        result = merge(folder.storage, folder.results_prefix, manifest.shard_count, out, err,
+                       not_run=not_run, missing_ok=bool(stopped))
+        preview = _preview(out)
+    folder.write_merged(Merged(status=stopped or "completed", request_counts=result.request_counts.to_dict(),
+                               usage=result.usage.to_dict(), error_codes=result.error_codes))
+    return dg.MaterializeResult(
+        metadata={
+            "output_file": dg.MetadataValue.path(folder.storage.uri(folder.output_key)),
+            "error_file": dg.MetadataValue.path(folder.storage.uri(folder.error_key)),
+            "completed": result.request_counts.completed,
+            "failed": result.request_counts.failed,
+            "error_codes": dg.MetadataValue.json(result.error_codes),
+            "preview": _md_table(preview),
+        }
+    )
+
+
+@dg.asset(
+    partitions_def=batches,
+    group_name=GROUP,
+    kinds={"json"},
+    deps=[batch_output_files],
+    description="Token usage and cost of the batch (successful requests only), and how it ran.",
+)
+def batch_usage(
+    context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource
+) -> dg.MaterializeResult:
+    folder = storage.folder(context.partition_key)
+    manifest = _manifest(folder)
+    merged = folder.merged()
+    if merged is None:
+        raise dg.Failure(f"{folder.batch_id} has no merged files: batch_output_files has not run.",
+                         allow_retries=False)
+    usage = Usage.from_dict(merged.usage)
+    cost = cost_of(usage, manifest.model, pipeline.prices())
+    inference_s = sum(s.duration_s for s in committed_shards(folder.storage, folder.results_prefix).values())
+    summary = Summary(
+        batch_id=folder.batch_id,
+        status=merged.status,
+        endpoint=manifest.endpoint,
+        model=manifest.model,
+        request_counts=merged.request_counts,
+        usage=usage.to_dict(),
+        cost=cost.to_dict(),
+        error_codes=merged.error_codes,
+        inference_s=round(inference_s, 3),
+        output_tokens_per_s=round(usage.output_tokens / inference_s, 1) if inference_s else 0.0,
+        record=vllm.model_record(manifest.model),
+        output_file=folder.storage.uri(folder.output_key),
+        error_file=folder.storage.uri(folder.error_key),
+        completed_at=_now(),
+    )
+    folder.write_summary(summary)
+    context.log.info(
+        f"{usage.input_tokens} input + {usage.output_tokens} output tokens; cost {cost.total_cost} {cost.currency}"
+    )
+    return dg.MaterializeResult(
+        metadata={
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "total_tokens": usage.total_tokens,
+            "cost": cost.total_cost,
+            "currency": cost.currency,
+            "output_tokens_per_s": summary.output_tokens_per_s,
+            "inference_s": summary.inference_s,
+            "model_revision": summary.record["revision"],
+            "vllm_version": summary.record["vllm_version"],
+            "engine": dg.MetadataValue.json(summary.record),
+            "cost_detail": dg.MetadataValue.json(summary.cost),
+        }
+    )
+
+
+lifecycle_assets = [batch_input, validated_requests, batch_shards, shard_results, batch_output_files, batch_usage]

@@ -1,0 +1,118 @@
+"""The project's Dagster instance: DAGSTER_HOME with the repo's dagster.yaml, shared by CLI and UI.
+
+DAGSTER_HOME/dagster.yaml links to the repo's dagster.yaml (storage: SQLite files under DAGSTER_HOME), unless the
+settings make it differ; then it is written. BATCH_OFFLINE_RUNS and BATCH_RUNS_PER_MODEL replace the run queue's
+limits (batch_dagster/defs/run_limits.py). With DAGSTER_PG_URL set, dagster-postgres' storage block (runs, event logs,
+schedules) is added, which names the variable, not its value: Dagster reads the URL at start-up, so the password
+never lands on disk. With batch folders on S3 (BATCH_STORAGE_URL), step and sensor logs go to S3 too.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+from batch_dagster.defs.run_limits import with_run_limits
+from batch_dagster.settings import DEFAULT_OFFLINE_RUNS, DEFAULT_RUNS_PER_MODEL, PACKAGE_DIR, Settings
+
+REPO_INSTANCE_CONFIG = PACKAGE_DIR.parent / "dagster.yaml"
+# Not a BATCH_* variable: Dagster itself reads it, through the `env:` reference in the storage block.
+PG_URL_VARIABLE = "DAGSTER_PG_URL"
+# The first line of a dagster.yaml this module wrote; only such a file (or the link) is ever replaced.
+WRITTEN_MARK = "# Written by `batch-dagster instance`"
+POSTGRES_STORAGE = f"""
+# Run, event-log and schedule storage on Postgres (dagster-postgres), because {PG_URL_VARIABLE} is set.
+storage:
+  postgres:
+    postgres_url:
+      env: {PG_URL_VARIABLE}
+"""
+# Beside the batch folders, under the storage's prefix.
+COMPUTE_LOGS_FOLDER = "dagster-compute-logs"
+S3_COMPUTE_LOGS = """
+# Step and sensor logs on S3 beside the batch folders, because BATCH_STORAGE_URL is on S3: every host
+# writes them to one place, for the UI (endpoint and credentials: boto3's own AWS_* variables).
+compute_logs:
+  module: dagster_aws.s3.compute_log_manager
+  class: S3ComputeLogManager
+  config:
+    bucket: {bucket}
+    prefix: {prefix}
+    # A run worker killed mid-step never finishes its capture: what it logged up to the last upload is kept.
+    upload_interval: 10
+"""
+
+
+def pg_url_problem(url: str) -> str | None:
+    """Why DAGSTER_PG_URL cannot work, or None.
+
+    dagster-postgres 0.29 speaks psycopg2, but SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3, on which
+    its run-event NOTIFY fails: the URL must name the driver.
+    """
+    scheme = url.split("://", 1)[0]
+    if scheme != "postgresql+psycopg2":
+        return (f"{PG_URL_VARIABLE} must start with postgresql+psycopg2:// (got {scheme}://): dagster-postgres uses "
+                "psycopg2, and SQLAlchemy 2.1 maps other postgresql schemes to psycopg 3")
+    return None
+
+
+def compute_logs_place(storage_url: str) -> tuple[str, str] | None:
+    """The bucket and prefix of step and sensor logs when batch folders are on S3 (`storage_url`), else None.
+
+    A run worker writes its steps' logs where the instance that launched it says. With Dagster's default (files
+    under DAGSTER_HOME) that is a folder of the daemon's host, which the UI on another host never sees. The staging
+    folder is left to Dagster's default (/tmp of each process): a path written here would be this host's.
+    """
+    url = urlparse(storage_url)
+    if url.scheme != "s3":
+        return None
+    return url.netloc, "/".join(part for part in (url.path.strip("/"), COMPUTE_LOGS_FOLDER) if part)
+
+
+def instance_config(postgres: bool, storage_url: str = "", offline_runs: int = DEFAULT_OFFLINE_RUNS,
+                    runs_per_model: int = DEFAULT_RUNS_PER_MODEL) -> str:
+    """The text of DAGSTER_HOME/dagster.yaml: the repo's with these run limits, plus the Postgres storage block when
+    `postgres` and the S3 compute log block when `storage_url` is on S3. Exactly the repo's text when that changes
+    nothing (then DAGSTER_HOME links to it)."""
+    base = REPO_INSTANCE_CONFIG.read_text()
+    text = with_run_limits(base, offline_runs, runs_per_model)
+    logs = compute_logs_place(storage_url)
+    if not postgres and logs is None and text == base:
+        return base
+    because = ", ".join(name for name, on in ((PG_URL_VARIABLE, postgres), ("BATCH_STORAGE_URL", logs),
+                                              ("BATCH_OFFLINE_RUNS / BATCH_RUNS_PER_MODEL", text != base)) if on)
+    header = f"{WRITTEN_MARK} from {REPO_INSTANCE_CONFIG.name} because of {because}. Do not edit.\n"
+    blocks = (POSTGRES_STORAGE if postgres else "") + (S3_COMPUTE_LOGS.format(bucket=logs[0], prefix=logs[1])
+                                                         if logs else "")
+    return header + text.rstrip("\n") + "\n" + blocks
+
+
+def ensure_dagster_home() -> Path:
+    """Set DAGSTER_HOME (default ./.dagster_home) and give it this project's dagster.yaml.
+
+    A dagster.yaml the user wrote is left alone; the link or a file written here follows DAGSTER_PG_URL,
+    BATCH_STORAGE_URL and the run limits' settings.
+    """
+    home = Path(os.environ.get("DAGSTER_HOME") or Path.cwd() / ".dagster_home").resolve()
+    os.environ["DAGSTER_HOME"] = str(home)
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if not REPO_INSTANCE_CONFIG.exists():
+        return home
+    ours = config.is_symlink() or (config.exists() and config.read_text().startswith(WRITTEN_MARK))
+    if config.exists() and not ours:
+        return home
+    settings = Settings.from_env()
+    text = instance_config(bool(os.environ.get(PG_URL_VARIABLE)), settings.storage_url, settings.offline_runs,
+                           settings.runs_per_model)
+    if text != REPO_INSTANCE_CONFIG.read_text():
+        if config.is_symlink() or not config.exists() or config.read_text() != text:
+            config.unlink(missing_ok=True)
+            tmp = config.with_suffix(".yaml.tmp")
+            tmp.write_text(text)
+            tmp.replace(config)
+    elif not config.is_symlink():
+        config.unlink(missing_ok=True)
+        config.symlink_to(REPO_INSTANCE_CONFIG)
+    return home

@@ -1,0 +1,41 @@
+"""Every resource of the definitions, as the environment configures them (see batch_dagster/settings.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, cast
+
+from dagster_aws.s3 import S3Resource
+
+from batch_dagster.batchfile.registry import default_chat_model, load_registry
+from batch_dagster.settings import Settings
+
+from .database import DatabaseResource
+from .drops import intake_from_env
+from .pipeline import pipeline_config_from_env
+from .storage import StorageResource
+from .vllm import VLLMResource
+from .webhooks import webhooks_from_env
+
+
+def resources_from_env() -> dict[str, Any]:
+    settings = Settings.from_env()
+    return {
+        "storage": StorageResource(data_dir=str(settings.data_dir), url=settings.storage_url),
+        "pipeline": pipeline_config_from_env(settings),
+        # Endpoint, region and credentials come from boto3's own variables (AWS_ENDPOINT_URL, AWS_*).
+        "s3": S3Resource(),
+        "vllm": VLLMResource(
+            # BATCH_ENGINE_MODE is free text; the resource's pydantic config rejects any other value.
+            mode=cast(Literal["offline", "server"], settings.engine_mode),
+            models_file=str(settings.models_file),
+            model_cache_dir=str(settings.model_cache_dir),
+            server_urls=list(settings.vllm_server_urls),
+            server_api_key=settings.vllm_api_key,
+            max_concurrency=settings.vllm_max_concurrency,
+            fleet_url=settings.fleet_url,
+            fleet_model=settings.fleet_model or default_chat_model(load_registry(settings.models_file)) or "",
+        ),
+        "database": DatabaseResource(url=settings.database_url),
+        "intake": intake_from_env(settings),
+        "webhooks": webhooks_from_env(settings),
+    }

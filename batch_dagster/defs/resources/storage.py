@@ -1,0 +1,25 @@
+"""Batch folders as a Dagster resource: a thin wrapper around the batch folder contract (batchfile/folder.py)."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from batch_dagster.batchfile.folder import BatchFolder
+from batch_dagster.batchfile.storage import Storage
+from batch_dagster.storage import open_storage
+
+
+class StorageResource(dg.ConfigurableResource):
+    """Where batch folders and files live: `url` (a local path or s3://bucket/prefix; empty: `data_dir`).
+
+    `data_dir` is this process's own local folder; with a remote `url` it holds only scratch.
+    """
+
+    data_dir: str
+    url: str = ""
+
+    def storage(self) -> Storage:
+        return open_storage(self.url or self.data_dir, f"{self.data_dir}/scratch")
+
+    def folder(self, batch_id: str) -> BatchFolder:
+        return BatchFolder(self.storage(), batch_id)

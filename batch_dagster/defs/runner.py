@@ -1,0 +1,188 @@
+"""Running one batch through Dagster from Python: register its partition, materialize its lifecycle, report.
+
+`batch-dagster run` and the demo use it. The run is recorded in the project's Dagster instance and
+the batch in the metadata store, so the UI and the API show it afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, TextIO
+
+from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder
+from batch_dagster.batchfile.results import committed_shards
+from batch_dagster.terminal import output_to_log
+
+
+class ProgressBar(threading.Thread):
+    """A progress bar over the batch's finished requests, read from its folder while the run goes on."""
+
+    def __init__(self, folder: BatchFolder, enabled: bool, stream: TextIO | None = None):
+        super().__init__(daemon=True)
+        self.folder, self.enabled, self.stream = folder, enabled, stream
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        bar, shown = None, None
+        while True:
+            stopping = self.stop.wait(0.5)  # once more after the stop, so the bar ends on the final counts
+            manifest = self.folder.manifest()
+            if manifest is not None:
+                if bar is None:
+                    bar = tqdm(total=manifest.total_requests, unit="req", desc="requests",
+                               file=self.stream or sys.stderr)
+                shards = committed_shards(self.folder.storage, self.folder.results_prefix)
+                done = sum(s.request_counts.total for s in shards.values())
+                failed = sum(s.request_counts.failed for s in shards.values())
+                live = self.folder.progress()
+                if live is not None and live.shard not in shards:
+                    done += live.done
+                state = (done, failed, len(shards))
+                if state != shown:  # redraw only on change: a log file gets one line per step, not per tick
+                    shown = state
+                    bar.set_postfix(failed=failed, shards=f"{len(shards)}/{manifest.shard_count}", refresh=False)
+                    bar.update(done - bar.n)
+            if stopping:
+                break
+        if bar is not None:
+            bar.close()
+
+
+class CliBatch:
+    """The batch in the metadata store, when the definitions have one: the one record of batches (the daily
+    usage report reads it), listed under the owner of dropped files' batches."""
+
+    def __init__(self, defs: Any, file: Path):
+        from batch_dagster.db import repo
+        from batch_dagster.db.batches import register_local
+
+        storage = defs.resources["storage"]
+        self.storage, self.database = storage.storage(), defs.resources.get("database")
+        intake = defs.resources.get("intake")
+        self.owner = intake.owner if intake is not None else repo.ANONYMOUS
+        if self.database is None:  # no store: the batch folder alone
+            self.batch_id = repo.new_batch_id()
+            BatchFolder(self.storage, self.batch_id).put_input(file)
+            return
+        with self.database.session() as session:
+            self.batch_id = register_local(session, self.storage, file, owner=self.owner).id
+
+    def sync(self, run_failure: str | None) -> None:
+        from batch_dagster.db import repo
+        from batch_dagster.db.lifecycle import sync_batch
+
+        if self.database is not None:
+            with self.database.session() as session:
+                batch = repo.get_batch(session, self.owner, self.batch_id)
+                if batch is None:
+                    raise RuntimeError(f"Batch {self.batch_id} is no longer in the API store.")
+                sync_batch(session, self.storage, batch, run_failure=run_failure)
+
+
+def _failure_message(result: Any) -> str:
+    for event in result.all_events:
+        if event.is_failure and event.step_failure_data is not None:
+            return event.step_failure_data.error.message.strip() if event.step_failure_data.error else "step failed"
+    return "The run failed."
+
+
+SUMMARY_KEYS = ("batch_id", "status", "model", "endpoint", "request_counts", "usage", "cost", "inference_s",
+                "output_tokens_per_s")
+
+
+def run_batch(
+    file: Path, out_dir: Path, *, show_progress: bool = True, defs: Any = None, instance: Any = None,
+    log_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Register a batch partition, materialize its lifecycle through Dagster, copy the files to out_dir.
+
+    `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME). With
+    `log_dir`, everything the run, vLLM and torch print goes to `log_dir/run-<batch id>.log` (named in
+    the summary as `log_file`), the engine is shut down before returning, and only the progress bar
+    reaches the terminal.
+    """
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM logs to stdout by default; stdout belongs to the results (--json).
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    import dagster as dg
+
+    from batch_dagster.db.batches import HEAD_BYTES, head_model
+    from batch_dagster.db.labels import batch_tags
+    from batch_dagster.defs.partitions import batches
+
+    if defs is None:
+        from batch_dagster.definitions import defs
+    if instance is None:
+        from batch_dagster.defs.instance import ensure_dagster_home
+
+        ensure_dagster_home()
+        instance = dg.DagsterInstance.get()
+
+    started = time.perf_counter()
+    record = CliBatch(defs, file)
+    batch_id = record.batch_id
+    folder = BatchFolder(record.storage, batch_id)
+    instance.add_dynamic_partitions(batches.name, [batch_id])
+    with open(file, "rb") as f:
+        # This run starts at once, without the run queue. Tagged as the sensors tag theirs, it counts against the
+        # queue's limits while it runs: an offline engine here makes the daemon's offline runs wait.
+        queue_tags = defs.resources["vllm"].queue_tags(head_model(f.read(HEAD_BYTES)))
+    log_file = log_dir / f"run-{batch_id}.log" if log_dir is not None else None
+    with ExitStack() as stack:
+        terminal = stack.enter_context(output_to_log(log_file)) if log_file is not None else None
+        progress = ProgressBar(folder, show_progress, terminal)
+        progress.start()
+        try:
+            result = defs.resolve_job_def("batch_job").execute_in_process(
+                partition_key=batch_id,
+                instance=instance,
+                raise_on_error=False,
+                # With a log file, the console logger writes there (its step failures with tracebacks too).
+                run_config={"loggers": {"console": {"config": {"log_level": "DEBUG" if log_file else "WARNING"}}}},
+                tags=batch_tags(batch_id, source="cli", filename=file.name, owner=record.owner) | queue_tags,
+            )
+        finally:
+            progress.stop.set()
+            progress.join()
+            if log_file is not None:
+                # The engine's shutdown notices belong in the log too, not on the terminal at exit.
+                from batch_dagster.engine.offline import shutdown_all
+
+                shutdown_all()
+    record.sync(None if result.success else _failure_message(result))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    output_file, error_file = out_dir / OUTPUT, out_dir / ERRORS
+    done = folder.summary() if result.success else None
+    if done is not None:
+        for key, dest in ((folder.output_key, output_file), (folder.error_key, error_file)):
+            with folder.storage.open(key) as src, open(dest, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+        summary = {k: v for k, v in done.to_dict().items() if k in SUMMARY_KEYS}
+    else:
+        output_file.write_bytes(b"")
+        error_file.write_bytes(b"")
+        validation = folder.validation()
+        errors = (validation.errors if validation else None) or [
+            {"code": "pipeline_error", "message": _failure_message(result), "line": None, "param": None}]
+        summary = {"batch_id": batch_id, "status": "failed", "model": validation.model if validation else None,
+                   "endpoint": validation.endpoint if validation else None,
+                   "request_counts": {"total": validation.total_requests if validation else 0, "completed": 0,
+                                      "failed": 0},
+                   "usage": None, "cost": None, "errors": errors}
+    return summary | {
+        "run_id": result.run_id,
+        **({"log_file": str(log_file)} if log_file is not None else {}),
+        "output_file": str(output_file),
+        "error_file": str(error_file),
+        "duration_s": round(time.perf_counter() - started, 3),
+    }

@@ -1,0 +1,169 @@
+"""Sensors that turn files dropped in an S3 bucket or a local inbox into batches, and deliver their results.
+
+Each tick registers the new complete files as batches in the API's store (so the REST API lists
+them), adds their partitions and requests their runs; and, for dropped files whose batch has
+ended, requests the run that writes the results back. The store, not the cursor, decides what is
+new: a (source, version) pair becomes a batch once, whatever happens to the cursor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import dagster as dg
+from dagster_aws.s3 import S3Resource
+
+from batch_dagster.batchfile.contract import endpoint_of_head
+from batch_dagster.db import repo
+from batch_dagster.db.batches import HEAD_BYTES, DroppedFile, head_model, register_dropped
+from batch_dagster.db.labels import batch_tags
+from batch_dagster.defs.jobs import batch_job, deliver_results_job
+from batch_dagster.defs.partitions import batches
+from batch_dagster.defs.resources import DatabaseResource, Intake, StorageResource, VLLMResource
+from batch_dagster.settings import Settings
+from batch_dagster.storage.transfer import s3_uri
+
+IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload")
+T = TypeVar("T")
+
+
+def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: DatabaseResource, storage: StorageResource,
+          vllm: VLLMResource, new: Sequence[DroppedFile], *, scheme: str, deliver_to: str,
+          cursor: dict[str, Any]) -> dg.SensorResult:
+    """Register the `new` files as batches, request their runs, and request deliveries for ended batches."""
+    with database.session() as session:
+        launched = [
+            register_dropped(session, storage.storage(), f, owner=intake.owner, deliver_to=deliver_to,
+                             completion_window_s=intake.completion_window_s).id
+            for f in new
+        ]
+        ended = [i.batch_id for i in repo.undelivered(session, scheme)]
+        repo.mark_delivery_requested(session, ended)
+    for f, batch_id in zip(new, launched, strict=True):
+        context.log.info(f"{f.source} ({f.bytes} bytes) -> {batch_id}")
+    for batch_id in ended:
+        context.log.info(f"{batch_id} ended: delivering its results")
+    runs = [
+        dg.RunRequest(job_name=batch_job.name, partition_key=b, run_key=b,
+                      tags={**batch_tags(b, source="s3" if scheme == "s3://" else "inbox", filename=f.filename,
+                                         owner=intake.owner), "input_uri": f.source[:255], **vllm.queue_tags(f.model)})
+        for f, b in zip(new, launched, strict=True)
+    ] + [
+        dg.RunRequest(job_name=deliver_results_job.name, partition_key=b, run_key=f"{b}:delivery",
+                      tags={"batch_id": b})
+        for b in ended
+    ]
+    return dg.SensorResult(
+        run_requests=runs,
+        dynamic_partitions_requests=[batches.build_add_request(launched)] if launched else [],
+        cursor=json.dumps(cursor),
+        skip_reason=None if runs else "No new complete file, and no ended batch to deliver.",
+    )
+
+
+def _unknown(database: DatabaseResource, candidates: list[tuple[str, str, T]]) -> list[T]:
+    """The items of (source, version, item) candidates that have not become batches yet, in order.
+
+    Checked before a file's head is read, so a tick reads nothing of the files it already knows.
+    """
+    with database.session() as session:
+        known = repo.known_sources(session, [source for source, _, _ in candidates])
+    return [item for source, version, item in candidates if (source, version) not in known]
+
+
+def list_s3(client, intake: Intake, start_after: str) -> tuple[list[dict], str]:
+    """Up to max_keys_per_tick `.jsonl` objects under the prefix after `start_after`, and where the next tick
+    starts: after the last key seen, or from the top ("") once the listing reached the end."""
+    objects, seen = [], 0
+    kwargs = {"Bucket": intake.s3_bucket, "Prefix": intake.s3_prefix}
+    while seen < intake.max_keys_per_tick:
+        page = client.list_objects_v2(**kwargs, StartAfter=start_after,
+                                      MaxKeys=min(1000, intake.max_keys_per_tick - seen))
+        contents = page.get("Contents", [])
+        seen += len(contents)
+        objects += [o for o in contents if o["Key"].endswith(".jsonl")
+                    and not o["Key"].startswith(intake.s3_output_prefix)]
+        if not page.get("IsTruncated") or not contents:
+            return objects, ""
+        start_after = contents[-1]["Key"]
+    return objects, start_after
+
+
+@dg.sensor(
+    jobs=[batch_job, deliver_results_job],
+    minimum_interval_seconds=30,
+    default_status=dg.DefaultSensorStatus.RUNNING if Settings.from_env().s3_bucket
+    else dg.DefaultSensorStatus.STOPPED,
+    description="Runs each new .jsonl object under s3://$BATCH_S3_BUCKET/$BATCH_S3_PREFIX as a batch and writes "
+    "its results under $BATCH_S3_OUTPUT_PREFIX<batch_id>/.",
+)
+def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3Resource, database: DatabaseResource,
+                     storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
+    if not intake.s3_bucket:
+        return dg.SkipReason("BATCH_S3_BUCKET is not set.")
+    client = s3.get_client()
+    cursor = json.loads(context.cursor or "{}")
+    objects, next_start = list_s3(client, intake, cursor.get("start_after", ""))
+    found: list[DroppedFile] = []
+    for o in _unknown(database, [(s3_uri(intake.s3_bucket, o["Key"]), o["ETag"], o) for o in objects]):
+        uri = s3_uri(intake.s3_bucket, o["Key"])
+        if len(found) == intake.max_batches_per_tick:
+            next_start = found[-1].source.removeprefix(f"s3://{intake.s3_bucket}/")  # the rest next tick
+            break
+        body = client.get_object(Bucket=intake.s3_bucket, Key=o["Key"], Range=f"bytes=0-{HEAD_BYTES - 1}")["Body"]
+        head = body.read()
+        found.append(DroppedFile(source=uri, version=o["ETag"], filename=o["Key"].rsplit("/", 1)[-1],
+                                 bytes=o["Size"], endpoint=endpoint_of_head(head), model=head_model(head)))
+    return _tick(context, intake, database, storage, vllm, found, scheme="s3://",
+                 deliver_to=intake.s3_results_uri(), cursor={"start_after": next_start})
+
+
+def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: float, now: float
+                          ) -> tuple[list[tuple[os.DirEntry, os.stat_result]], dict[str, list[int]]]:
+    """The inbox's .jsonl files unchanged since the previous tick and for `settle_s`; the signatures seen now."""
+    complete, seen = [], {}
+    with os.scandir(inbox) as entries:
+        for entry in entries:
+            name = entry.name
+            if name.startswith(".") or not name.endswith(".jsonl") or name.endswith(IGNORED_SUFFIXES):
+                continue
+            if not entry.is_file():
+                continue
+            st = entry.stat()
+            seen[name] = [st.st_size, st.st_mtime_ns]
+            if pending.get(name) == seen[name] and now - st.st_mtime >= settle_s:
+                complete.append((entry, st))
+    return complete, seen
+
+
+@dg.sensor(
+    jobs=[batch_job, deliver_results_job],
+    minimum_interval_seconds=5,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Runs each .jsonl file dropped into the inbox folder ($BATCH_INBOX_DIR) as a batch, once it is "
+    "completely written, and writes its results to <outbox>/<batch_id>/.",
+)
+def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, database: DatabaseResource,
+                 storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
+    inbox = Path(intake.inbox_dir)
+    inbox.mkdir(parents=True, exist_ok=True)
+    cursor = json.loads(context.cursor or "{}")
+    complete, seen = _complete_inbox_files(inbox, cursor.get("pending", {}), intake.settle_s, time.time())
+    candidates = []
+    for entry, st in complete:
+        source, version = Path(entry.path).resolve().as_uri(), f"{st.st_size}:{st.st_mtime_ns}"
+        candidates.append((source, version, (source, version, entry, st)))
+    found = []
+    # Files past this tick's cap stay pending: they are complete, and taken on the next ticks.
+    for source, version, entry, st in _unknown(database, candidates)[: intake.max_batches_per_tick]:
+        with open(entry.path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+        found.append(DroppedFile(source=source, version=version, filename=entry.name, bytes=st.st_size,
+                                 endpoint=endpoint_of_head(head), model=head_model(head)))
+    return _tick(context, intake, database, storage, vllm, found, scheme="file://",
+                 deliver_to=Path(intake.outbox_dir).resolve().as_uri(), cursor={"pending": seen})

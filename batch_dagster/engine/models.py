@@ -1,0 +1,71 @@
+"""The registry's models as the engine runs them: their specs, their local weights folders, their tokenizers.
+
+The Dagster resource (defs/resources/vllm.py), the CLI's server commands and `serve`'s fleet all look a
+model up here, so none of them needs the others to find a model.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batch_dagster.batchfile.registry import ModelSpec, default_chat_model, load_registry
+
+_EMBEDDED = "embedded:"
+
+
+class UnknownModel(KeyError):
+    """A model name that is not in the registry."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@functools.cache
+def _registry(models_file: str) -> dict[str, ModelSpec]:
+    return load_registry(Path(models_file))
+
+
+@functools.cache
+def _tokenizer(model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+@dataclass(frozen=True)
+class Models:
+    """The models of the registry `models_file`; embedded ones are prepared under `model_cache_dir`."""
+
+    models_file: str
+    model_cache_dir: str
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Models:
+        return cls(str(settings.models_file), str(settings.model_cache_dir))
+
+    def registry(self) -> dict[str, ModelSpec]:
+        return _registry(self.models_file)
+
+    def default_chat_model(self) -> str | None:
+        return default_chat_model(self.registry())
+
+    def spec(self, model: str) -> ModelSpec:
+        try:
+            return self.registry()[model]
+        except KeyError:
+            raise UnknownModel(f"Model {model!r} is not in the registry {self.models_file}.") from None
+
+    def path(self, spec: ModelSpec) -> str:
+        """A local folder or hub id for the engine; embedded models are prepared on first use."""
+        if spec.source.startswith(_EMBEDDED):
+            from batch_dagster.engine.prepare import resolve_embedded
+
+            return str(resolve_embedded(spec.source[len(_EMBEDDED) :], Path(self.model_cache_dir)))
+        return spec.source
+
+    def tokenizer(self, model: str) -> Any:
+        """The model's tokenizer (transformers), for counting prompt tokens before anything runs."""
+        return _tokenizer(self.path(self.spec(model)))

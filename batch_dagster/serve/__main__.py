@@ -1,0 +1,138 @@
+"""`make serve`: the API, the Dagster UI and the Dagster daemon (which runs the sensors), stopped together.
+
+Each child runs in its own process group. Ctrl-C (SIGINT) or SIGTERM stops them all: SIGINT to each
+group, a grace period, then SIGKILL to whatever is left in the groups, so no child outlives serve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from batch_dagster.serve.processes import Children
+from batch_dagster.settings import Settings
+
+log = logging.getLogger("batch_dagster.serve")
+
+
+def _workspace_args() -> list[str]:
+    workspace = Path.cwd() / "workspace.yaml"
+    return ["-w", str(workspace)] if workspace.exists() else ["-m", "batch_dagster.definitions"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m batch_dagster.serve", description=__doc__)
+    settings = Settings.from_env()
+    parser.add_argument("--host", default=settings.api_host, help="the API's address")
+    parser.add_argument("--port", type=int, default=settings.api_port)
+    parser.add_argument("--dagster-host", default="127.0.0.1", help="the Dagster UI's address")
+    parser.add_argument("--dagster-port", type=int, default=3000)
+    parser.add_argument("--no-ui", action="store_true", help="run the API and the daemon only")
+    parser.add_argument("--no-fleet", action="store_true", help="no warm fleet: every batch runs offline in its run "
+                        "(as BATCH_FLEET_REPLICAS=0)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+    from batch_dagster.api.bind import UnsafeBind, check_bind
+    from batch_dagster.api.context import ApiConfig
+    from batch_dagster.db import Database
+    from batch_dagster.defs.instance import ensure_dagster_home
+
+    config = ApiConfig.from_settings()
+    try:
+        check_bind(args.host, config)
+    except UnsafeBind:
+        return 2
+    try:
+        home = ensure_dagster_home()
+    except ValueError as exc:  # a run limit below 1
+        log.error("%s", exc)
+        return 2
+    # Create the instance's SQLite storages here, once (Dagster's own command, so serve loads no Dagster): the
+    # daemon and the webserver creating them at the same moment on a fresh DAGSTER_HOME stamp their Alembic
+    # version twice and then refuse to load.
+    subprocess.run([str(Path(sys.executable).parent / "dagster"), "instance", "info"], check=True,
+                   env={**os.environ, "DAGSTER_HOME": str(home)}, stdout=subprocess.DEVNULL)
+    # Create or upgrade the schema once, before the API and the daemon's sensors both open the store.
+    store = Database(config.database_url)
+    store.upgrade()
+    store.dispose()
+
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    scripts = Path(sys.executable).parent
+    target = _workspace_args()
+    children = Children()
+    stopping: list[int] = []
+
+    def on_signal(signum, _frame) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    fleet = None if args.no_fleet else _fleet()
+    rc = 0
+    try:
+        children.start("api", [sys.executable, "-m", "batch_dagster.api", "--host", args.host, "--port",
+                               str(args.port)], env)
+        if fleet is not None:
+            # Warm before the daemon starts: no run waits on an engine start, none meets a fleet half up.
+            fleet.start(should_stop=lambda: bool(stopping))
+            env |= {"BATCH_FLEET_URL": fleet.url, "BATCH_FLEET_MODEL": fleet.model}
+            log.info("warm fleet: %d replica(s) of %s behind vllm-router at %s/v1", fleet.replicas, fleet.model,
+                     fleet.url)
+        children.start("dagster-daemon", [str(scripts / "dagster-daemon"), "run", *target], env)
+        if not args.no_ui:
+            children.start("dagster-webserver", [str(scripts / "dagster-webserver"), "-h", args.dagster_host,
+                                                 "-p", str(args.dagster_port), *target], env)
+        ui = "" if args.no_ui else f"; Dagster UI on http://{args.dagster_host}:{args.dagster_port}"
+        log.info("API on http://%s:%d/v1%s; DAGSTER_HOME=%s; Ctrl-C stops everything",
+                 args.host, args.port, ui, home)
+        while not stopping:
+            if dead := children.exited() + (fleet.heal() if fleet else []):
+                log.error("%s exited unexpectedly; stopping the rest", ", ".join(dead))
+                rc = 1
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:  # stopped while the fleet was starting
+        pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        children.stop()
+        if fleet is not None:
+            fleet.stop()
+        log.info("stopped")
+    return rc
+
+
+def _fleet():
+    """The warm fleet `make serve` runs (BATCH_FLEET_*), or None when it runs none."""
+    from batch_dagster.engine.models import Models
+    from batch_dagster.engine.server import server_command
+    from batch_dagster.serve.fleet import Fleet
+
+    settings = Settings.from_env()
+    models = Models.from_settings(settings)
+    model = settings.fleet_model or models.default_chat_model()
+    if settings.fleet_replicas <= 0 or model is None:
+        return None
+    spec = models.spec(model)
+    path = models.path(spec)
+    return Fleet(model, settings.fleet_replicas, settings.fleet_port,
+                 lambda port: server_command(spec, path, "127.0.0.1", port), policy=settings.fleet_policy,
+                 log_dir=settings.data_dir / "logs" / f"fleet-{model}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
