@@ -1,4 +1,5 @@
-"""One default per setting: the docs' text, Settings, the resources, the API, the CLI and serve all agree."""
+"""One default per setting: the docs' text, Settings, the engine, the CLI and serve agree (the Dagster resources:
+tests/pipeline/test_resource_defaults.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,10 @@ import pytest
 
 from batch_dagster import settings
 from batch_dagster.cli import build_parser
-from batch_dagster.defs.resources import Intake, PipelineConfig, StorageResource, VLLMResource
-from batch_dagster.defs.resources.from_env import resources_from_env
-from batch_dagster.defs.resources.webhooks import WebhookConfig
 from batch_dagster.engine.server import ServerEngine
 from batch_dagster.serve.fleet import POLICIES
-from tests.helpers import REPO
 
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "batch_dagster"
 
 
@@ -62,42 +60,6 @@ def test_typed_defaults_are_the_settings_of_an_empty_environment(empty_env):
         settings.default("BATCH_MODEL_CACHE")
 
 
-def test_resource_defaults_are_the_settings_defaults(empty_env):
-    s = empty_env
-    pipeline = PipelineConfig()
-    assert (pipeline.shard_size, pipeline.limits, Path(pipeline.prices_file), pipeline.max_enqueued_tokens) == (
-        s.shard_size, s.limits, s.prices_file, s.max_enqueued_tokens)
-    vllm = VLLMResource(models_file="m.toml", model_cache_dir="models")
-    assert (vllm.mode, tuple(vllm.server_urls), vllm.server_api_key, vllm.max_concurrency, vllm.fleet_url) == (
-        s.engine_mode, s.vllm_server_urls, s.vllm_api_key, s.vllm_max_concurrency, s.fleet_url)
-    assert ServerEngine([]).max_concurrency == s.vllm_max_concurrency
-    assert (vllm.request_timeout_s, vllm.failover_s) == (ServerEngine([]).timeout_s, ServerEngine([]).failover_s)
-    intake = Intake(inbox_dir="in", outbox_dir="out")
-    assert (intake.s3_bucket, intake.s3_prefix, intake.s3_output_prefix, intake.completion_window_s) == (
-        s.s3_bucket, s.s3_prefix, s.s3_output_prefix, s.completion_window_s)
-    webhooks = WebhookConfig()
-    assert (tuple(webhooks.urls), webhooks.secret) == (s.webhook_urls, s.webhook_secret)
-
-
-def test_resources_from_an_empty_environment_hold_the_settings(empty_env):
-    resources = resources_from_env()
-    assert resources["pipeline"].shard_size == empty_env.shard_size
-    assert resources["intake"].inbox_dir == str(empty_env.inbox_dir)
-    assert resources["vllm"].fleet_model == empty_env.served_fleet_model()
-
-
-def test_a_set_variable_reaches_the_resource_as_an_env_var(empty_env, monkeypatch):
-    """So the Dagster UI names the variable (and never shows the webhook secret's value)."""
-    import dagster as dg
-
-    monkeypatch.setenv("BATCH_SHARD_SIZE", "7")
-    monkeypatch.setenv("BATCH_WEBHOOK_SECRET", "whsec_" + "A" * 24)
-    resources = resources_from_env()
-    shard_size, secret = resources["pipeline"].shard_size, resources["webhooks"].secret
-    assert type(shard_size).__name__ == "IntEnvVar" and shard_size.name == "BATCH_SHARD_SIZE"  # an int subclass
-    assert isinstance(secret, dg.EnvVar) and secret == dg.EnvVar("BATCH_WEBHOOK_SECRET")
-
-
 def test_cli_and_serve_defaults_come_from_the_settings(empty_env, monkeypatch):
     args = build_parser().parse_args(["fleet", "some-model"])
     assert (args.replicas, args.port, args.policy, args.host) == (
@@ -129,11 +91,14 @@ def test_a_bad_number_names_its_variable(empty_env, monkeypatch):
         settings.Settings.from_env()
 
 
-def test_one_place_opens_the_storage(tmp_path):
+def test_one_place_opens_the_storage():
     openers = [str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py")
                if "open_storage(" in p.read_text(encoding="utf-8") and p.parent.name != "storage"]
     assert openers == ["batch_dagster/settings.py"]
-    assert StorageResource(data_dir=str(tmp_path)).storage().root == settings.open_store(tmp_path).root
+
+
+def test_server_engine_defaults_are_the_settings(empty_env):
+    assert ServerEngine([]).max_concurrency == empty_env.vllm_max_concurrency
 
 
 def test_derived_defaults(empty_env, monkeypatch, tmp_path):
