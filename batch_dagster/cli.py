@@ -12,7 +12,7 @@ import orjson
 
 from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.validate import validate_file
-from batch_dagster.settings import Settings
+from batch_dagster.settings import LOOPBACK, VLLM_SERVER_PORT, Settings
 
 
 def _print_json(data: Any) -> None:
@@ -155,11 +155,12 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from batch_dagster.serve.fleet import Fleet
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    models = Models.from_settings(Settings.from_env())
+    settings = Settings.from_env()
+    models = Models.from_settings(settings)
     spec = models.spec(args.model)
     path = models.path(spec)
     fleet = Fleet(args.model, args.replicas, args.port, lambda port: server_command(spec, path, args.host, port),
-                  args.host, args.policy, log_dir=Settings.from_env().data_dir / "logs" / f"fleet-{args.model}")
+                  args.policy, args.host, log_dir=settings.data_dir / "logs" / f"fleet-{args.model}")
 
     def stop(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
@@ -199,6 +200,9 @@ def cmd_instance(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from batch_dagster.serve.fleet import POLICIES
+
+    settings = Settings.from_env()
     parser = argparse.ArgumentParser(prog="batch-dagster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -229,17 +233,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("vllm-server", help="start a vLLM OpenAI-compatible server for a registry model")
     p.add_argument("model")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--host", default=LOOPBACK)
+    p.add_argument("--port", type=int, default=VLLM_SERVER_PORT)
     p.set_defaults(func=cmd_vllm_server)
 
     p = sub.add_parser("fleet", help="N vLLM servers for a registry model behind vllm-router (Ctrl-C stops all)")
     p.add_argument("model")
-    p.add_argument("--replicas", type=int, default=1)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8200, help="the router's port; replicas take the next ports")
-    p.add_argument("--policy", default="cache_aware", choices=["cache_aware", "power_of_two", "round_robin",
-                                                               "random", "consistent_hash"])
+    p.add_argument("--replicas", type=int, default=settings.fleet_replicas, help="default: BATCH_FLEET_REPLICAS")
+    p.add_argument("--host", default=LOOPBACK)
+    p.add_argument("--port", type=int, default=settings.fleet_port, help="the router's port; replicas take the "
+                   "next ports (default: BATCH_FLEET_PORT)")
+    p.add_argument("--policy", default=settings.fleet_policy, choices=POLICIES, help="default: BATCH_FLEET_POLICY")
     p.set_defaults(func=cmd_fleet)
 
     p = sub.add_parser("instance", help="prepare DAGSTER_HOME with this project's dagster.yaml (storage on "

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from string import Template
+from typing import Any
 
 from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.storage import Storage
@@ -20,76 +23,150 @@ CONFIG_DIR = PACKAGE_DIR / "config"
 DAY_S = 24 * 3600
 DEFAULT_OFFLINE_RUNS = 1
 DEFAULT_RUNS_PER_MODEL = 4
+LOOPBACK = "127.0.0.1"  # where servers listen unless told otherwise
+VLLM_SERVER_PORT = 8100  # `batch-dagster vllm-server`'s port unless --port
 
 
 @dataclass(frozen=True)
 class Variable:
-    """One environment variable: its default as text ("" for none) and what it means."""
+    """One environment variable: its default, how its text is read, what it means, and which Settings field holds it.
+
+    `default` is the value when the variable is unset: a typed value, or text read as if the variable were set
+    to it, after the variables it names (`$BATCH_DATA_DIR/models`) are filled in. `derive` computes a default from the
+    variables before it; `default` then describes it for the docs.
+    """
 
     name: str
-    default: str
+    default: Any
     meaning: str
     section: str
+    parse: Callable[[str], Any] = str
+    derive: Callable[[Mapping[str, Any]], Any] | None = None
+    attr: str = ""  # the Settings field; empty: the name without BATCH_, lower case
+
+    @property
+    def field(self) -> str:
+        return self.attr or self.name.removeprefix("BATCH_").lower()
+
+    def text(self) -> str:
+        """The default as the docs show it ("" for none)."""
+        if isinstance(self.default, Path):
+            return str(self.default.relative_to(PACKAGE_DIR.parent))
+        if isinstance(self.default, tuple | list):
+            return ",".join(self.default)
+        return "" if self.default is None else str(self.default)
+
+    def read(self, earlier: Mapping[str, Any]) -> Any:
+        """The value the environment gives (or the default), given the values of the variables before it."""
+        raw = _raw(self.name)
+        if not raw:
+            if self.derive is not None:
+                return self.derive(earlier)
+            if not isinstance(self.default, str):
+                return self.default
+            raw = Template(self.default).substitute({k: str(v) for k, v in earlier.items()})
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}={raw!r}: {exc}") from None
 
 
-_L = Limits()
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _limit(text: str) -> int | None:
+    return int(text) or None  # 0: no limit
+
+
+def _policy(text: str) -> str:
+    from batch_dagster.serve.fleet import POLICIES  # the router's policies are listed with the fleet
+
+    if text not in POLICIES:
+        raise ValueError(f"not a vllm-router policy; choose one of {', '.join(POLICIES)}")
+    return text
+
+
+def storage_location(data_dir: Path | str, url: str = "") -> tuple[str, Path]:
+    """Where batch folders and files live (`url`; empty: `data_dir` itself) and this process's local scratch."""
+    return url or str(data_dir), Path(data_dir) / "scratch"
+
+
+def open_store(data_dir: Path | str, url: str = "") -> Storage:
+    """The store `storage_location` names, opened: every process's one way to its batch folders and files."""
+    from batch_dagster.storage import open_storage
+
+    return open_storage(*storage_location(data_dir, url))
+
+
+def _data(v: Mapping[str, Any]) -> Path:
+    return v["BATCH_DATA_DIR"]
+
+
 VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_DATA_DIR", "./data", "This process's local folder: batch folders, uploaded files and reports "
              "(unless BATCH_STORAGE_URL points elsewhere), scratch, logs and (by default) the SQLite store and the "
-             "models.", "Storage"),
+             "models.", "Storage", parse=lambda t: Path(t).resolve()),
     Variable("BATCH_STORAGE_URL", "$BATCH_DATA_DIR", "Where batch folders, uploaded files and reports live: a local "
              "path, or "
              "s3://bucket/prefix on any S3-compatible store (boto3's own AWS_ENDPOINT_URL, AWS_* configure it). "
-             "Every process of a deployment must name the same place.", "Storage"),
-    Variable("BATCH_MODEL_CACHE", "$BATCH_DATA_DIR/models", "Where embedded models are prepared.", "Storage"),
+             "Every process of a deployment must name the same place.", "Storage",
+             derive=lambda v: storage_location(_data(v))[0]),
+    Variable("BATCH_MODEL_CACHE", "$BATCH_DATA_DIR/models", "Where embedded models are prepared.", "Storage",
+             parse=Path, attr="model_cache_dir"),
     Variable("BATCH_DATABASE_URL", "sqlite:///$BATCH_DATA_DIR/batch-api.db",
              "The API's metadata store: any SQLAlchemy URL (e.g. postgresql+psycopg://...).", "Storage"),
-    Variable("BATCH_MODELS_FILE", "batch_dagster/config/models.toml", "The model registry.", "Models"),
-    Variable("BATCH_PRICES_FILE", "batch_dagster/config/prices.toml", "The price table (per million tokens, "
-             "batch discount).", "Models"),
+    Variable("BATCH_MODELS_FILE", CONFIG_DIR / "models.toml", "The model registry.", "Models", parse=Path),
+    Variable("BATCH_PRICES_FILE", CONFIG_DIR / "prices.toml", "The price table (per million tokens, "
+             "batch discount).", "Models", parse=Path),
     Variable("BATCH_ENGINE_MODE", "offline", "`offline`: vLLM in the run's process; `server`: OpenAI-compatible "
              "vLLM servers at BATCH_VLLM_SERVER_URLS.", "Engine"),
-    Variable("BATCH_VLLM_SERVER_URLS", "", "Comma-separated base URLs of vLLM servers (server mode).", "Engine"),
-    Variable("BATCH_VLLM_API_KEY", "", "The key the vLLM servers expect, if any.", "Engine"),
-    Variable("BATCH_VLLM_MAX_CONCURRENCY", "64", "Requests in flight to the servers at once (server mode).",
-             "Engine"),
-    Variable("BATCH_FLEET_REPLICAS", "1", "`make serve`: vLLM servers of the warm fleet (pinned one per core) behind "
-             "vllm-router; 0: no fleet, every batch runs offline in its run.", "Engine"),
+    Variable("BATCH_VLLM_SERVER_URLS", (), "Comma-separated base URLs of vLLM servers (server mode).", "Engine",
+             parse=_csv),
+    Variable("BATCH_VLLM_API_KEY", None, "The key the vLLM servers expect, if any.", "Engine"),
+    Variable("BATCH_VLLM_MAX_CONCURRENCY", 64, "Requests in flight to the servers at once (server mode).",
+             "Engine", parse=int),
+    Variable("BATCH_FLEET_REPLICAS", 1, "`make serve`: vLLM servers of the warm fleet (pinned one per core) behind "
+             "vllm-router; 0: no fleet, every batch runs offline in its run.", "Engine", parse=int),
+    # Empty until asked for (Settings.served_fleet_model): reading the registry is no part of reading the settings.
     Variable("BATCH_FLEET_MODEL", "the registry's first chat model", "`make serve`: the model the fleet serves; "
-             "batches of other models run offline.", "Engine"),
-    Variable("BATCH_FLEET_PORT", "8200", "`make serve`: the fleet router's port; replicas take the next ports.",
-             "Engine"),
+             "batches of other models run offline.", "Engine", derive=lambda v: ""),
+    Variable("BATCH_FLEET_PORT", 8200, "`make serve`: the fleet router's port; replicas take the next ports.",
+             "Engine", parse=int),
     Variable("BATCH_FLEET_POLICY", "cache_aware", "The router's load-balancing policy (vllm-router --policy).",
-             "Engine"),
+             "Engine", parse=_policy),
     Variable("BATCH_FLEET_URL", "", "The router (or server) of a running fleet for BATCH_FLEET_MODEL: its batches "
              "run in server mode there. `make serve` sets it for its daemon when it starts a fleet.", "Engine"),
-    Variable("BATCH_OFFLINE_RUNS", str(DEFAULT_OFFLINE_RUNS), "Runs holding an in-process engine (a model "
+    Variable("BATCH_OFFLINE_RUNS", DEFAULT_OFFLINE_RUNS, "Runs holding an in-process engine (a model "
              "with no fleet or server) at once; more wait in Dagster's run queue. One per GPU. `batch-dagster "
-             "instance` writes it into $DAGSTER_HOME/dagster.yaml.", "Engine"),
-    Variable("BATCH_RUNS_PER_MODEL", str(DEFAULT_RUNS_PER_MODEL), "Runs of one model at once (batches "
+             "instance` writes it into $DAGSTER_HOME/dagster.yaml.", "Engine", parse=int),
+    Variable("BATCH_RUNS_PER_MODEL", DEFAULT_RUNS_PER_MODEL, "Runs of one model at once (batches "
              "sharing its fleet); more wait in the run queue. Written into dagster.yaml, as BATCH_OFFLINE_RUNS.",
-             "Engine"),
+             "Engine", parse=int),
     Variable("BATCH_EXECUTOR", "in_process", "How batch_job runs its steps: `in_process` (one after the other in the "
              "run's process), `multiprocess` (a process per step) or `k8s` (dagster-k8s' k8s_job_executor: a pod per "
              "step, the inference step's pod asking for a GPU by its tags).", "Engine"),
-    Variable("BATCH_SHARD_SIZE", "1000", "Requests per shard: the unit of commit, resume and progress.",
-             "Limits"),
-    Variable("BATCH_MAX_REQUESTS", str(_L.max_requests), "Requests per input file.", "Limits"),
-    Variable("BATCH_MAX_BYTES", str(_L.max_bytes), "Bytes per input file.", "Limits"),
-    Variable("BATCH_MAX_LINE_BYTES", str(_L.max_line_bytes), "Bytes per input line.", "Limits"),
-    Variable("BATCH_MAX_ENQUEUED_TOKENS", "", "Prompt tokens one owner may have enqueued per model (this batch "
+    Variable("BATCH_SHARD_SIZE", 1000, "Requests per shard: the unit of commit, resume and progress.",
+             "Limits", parse=int),
+    Variable("BATCH_MAX_REQUESTS", Limits.max_requests, "Requests per input file.", "Limits", parse=int),
+    Variable("BATCH_MAX_BYTES", Limits.max_bytes, "Bytes per input file.", "Limits", parse=int),
+    Variable("BATCH_MAX_LINE_BYTES", Limits.max_line_bytes, "Bytes per input line.", "Limits", parse=int),
+    Variable("BATCH_MAX_ENQUEUED_TOKENS", None, "Prompt tokens one owner may have enqueued per model (this batch "
              "plus the owner's unfinished ones); past it a batch fails with `token_limit_exceeded`. Unset: no "
-             "limit.", "Limits"),
-    Variable("BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "Largest upload the API accepts (413 past it).", "API"),
-    Variable("BATCH_MAX_JSON_BODY_BYTES", str(1 << 20), "Largest JSON request body the API reads (413 past it).",
-             "API"),
-    Variable("BATCH_COMPLETION_WINDOW_S", str(DAY_S), "Seconds after creation at which a batch expires "
-             "(API and drop-folder batches).", "API"),
-    Variable("BATCH_API_KEYS", "", "Comma-separated API keys; unset: no authentication, loopback only.", "API"),
-    Variable("BATCH_API_HOST", "127.0.0.1", "The address `make serve` binds the API to.", "API"),
-    Variable("BATCH_API_PORT", "8000", "The API's port under `make serve`.", "API"),
-    Variable("BATCH_WEBHOOK_URLS", "", "Comma-separated endpoints that get a signed POST when a batch ends "
-             "(batch.completed, batch.failed, batch.expired, batch.cancelled); unset: no webhooks.", "API"),
+             "limit.", "Limits", parse=_limit),
+    Variable("BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "Largest upload the API accepts (413 past it).", "API",
+             parse=int),
+    Variable("BATCH_MAX_JSON_BODY_BYTES", 1 << 20, "Largest JSON request body the API reads (413 past it).",
+             "API", parse=int),
+    Variable("BATCH_COMPLETION_WINDOW_S", DAY_S, "Seconds after creation at which a batch expires "
+             "(API and drop-folder batches).", "API", parse=int),
+    Variable("BATCH_API_KEYS", (), "Comma-separated API keys; unset: no authentication, loopback only.", "API",
+             parse=_csv),
+    Variable("BATCH_API_HOST", LOOPBACK, "The address `make serve` binds the API to.", "API"),
+    Variable("BATCH_API_PORT", 8000, "The API's port under `make serve`.", "API", parse=int),
+    Variable("BATCH_WEBHOOK_URLS", (), "Comma-separated endpoints that get a signed POST when a batch ends "
+             "(batch.completed, batch.failed, batch.expired, batch.cancelled); unset: no webhooks.", "API",
+             parse=_csv),
     Variable("BATCH_WEBHOOK_SECRET", "", "The Standard Webhooks secret (`whsec_` and base64) webhooks are signed "
              "with; needed with BATCH_WEBHOOK_URLS.", "API"),
     Variable("BATCH_S3_BUCKET", "", "The bucket the S3 drop sensor watches; unset: the sensor is off.",
@@ -98,11 +175,13 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_S3_OUTPUT_PREFIX", "results/", "Where results go: <prefix><batch_id>/ in the same bucket.",
              "Drop folders"),
     Variable("BATCH_INBOX_DIR", "$BATCH_DATA_DIR/inbox", "The local inbox folder the inbox sensor watches.",
-             "Drop folders"),
+             "Drop folders", parse=Path),
     Variable("BATCH_OUTBOX_DIR", "the inbox's sibling outbox/", "Where the inbox's results go: "
-             "<outbox>/<batch_id>/.", "Drop folders"),
+             "<outbox>/<batch_id>/.", "Drop folders", parse=Path,
+             derive=lambda v: v["BATCH_INBOX_DIR"].parent / "outbox"),
     Variable("BATCH_INTAKE_API_KEY", "the first of BATCH_API_KEYS", "The key whose owner dropped files' batches "
-             "are listed under in the API.", "Drop folders"),
+             "are listed under in the API.", "Drop folders",
+             derive=lambda v: v["BATCH_API_KEYS"][0] if v["BATCH_API_KEYS"] else ""),
 )
 _BY_NAME = {v.name: v for v in VARIABLES}
 
@@ -118,18 +197,19 @@ def _raw(name: str) -> str:
     return os.environ.get(name, "").strip()
 
 
-def _int(name: str, default: int) -> int:
-    value = _raw(name)
-    return int(value) if value else default
+def default(name: str) -> Any:
+    """A variable's typed default, for a field that holds it (a resource's, an option's): never a second literal.
 
-
-def _list(name: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in _raw(name).split(",") if part.strip())
+    Only for defaults that name no other variable; those are derived where the settings are read."""
+    variable = _BY_NAME[name]
+    if variable.derive is not None or (isinstance(variable.default, str) and "$" in variable.default):
+        raise ValueError(f"{name}'s default is derived from other settings: read it from Settings.from_env()")
+    return variable.parse(variable.default) if isinstance(variable.default, str) else variable.default
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Every setting, typed, as the environment gives it now."""
+    """Every setting, typed, as the environment gives it now: one field per variable (Variable.field)."""
 
     data_dir: Path
     storage_url: str
@@ -142,15 +222,17 @@ class Settings:
     vllm_api_key: str | None
     vllm_max_concurrency: int
     fleet_replicas: int
-    fleet_model: str
+    fleet_model: str  # empty: see served_fleet_model
     fleet_port: int
     fleet_policy: str
     fleet_url: str
     offline_runs: int
-    executor: str
     runs_per_model: int
+    executor: str
     shard_size: int
-    limits: Limits
+    max_requests: int
+    max_bytes: int
+    max_line_bytes: int
     max_enqueued_tokens: int | None
     max_upload_bytes: int
     max_json_body_bytes: int
@@ -168,63 +250,30 @@ class Settings:
     intake_api_key: str
 
     @property
+    def limits(self) -> Limits:
+        return Limits(max_requests=self.max_requests, max_bytes=self.max_bytes, max_line_bytes=self.max_line_bytes)
+
+    @property
     def scratch_dir(self) -> Path:
         """This process's local scratch: files lent by, or staged for, a remote store."""
-        return self.data_dir / "scratch"
+        return storage_location(self.data_dir, self.storage_url)[1]
 
     def storage(self) -> Storage:
         """Where batch folders and files live (BATCH_STORAGE_URL)."""
-        from batch_dagster.storage import open_storage
+        return open_store(self.data_dir, self.storage_url)
 
-        return open_storage(self.storage_url, self.scratch_dir)
+    def served_fleet_model(self) -> str | None:
+        """The model a warm fleet serves: BATCH_FLEET_MODEL, else the registry's first chat model (None: none)."""
+        from batch_dagster.batchfile.registry import default_chat_model, load_registry
+
+        return self.fleet_model or default_chat_model(load_registry(self.models_file))
 
     @classmethod
     def from_env(cls) -> Settings:
-        data_dir = Path(_raw("BATCH_DATA_DIR") or Path.cwd() / "data").resolve()
-        limits = Limits(
-            max_requests=_int("BATCH_MAX_REQUESTS", _L.max_requests),
-            max_bytes=_int("BATCH_MAX_BYTES", _L.max_bytes),
-            max_line_bytes=_int("BATCH_MAX_LINE_BYTES", _L.max_line_bytes),
-        )
-        inbox = Path(_raw("BATCH_INBOX_DIR") or data_dir / "inbox")
-        keys = _list("BATCH_API_KEYS")
-        return cls(
-            data_dir=data_dir,
-            storage_url=_raw("BATCH_STORAGE_URL") or str(data_dir),
-            model_cache_dir=Path(_raw("BATCH_MODEL_CACHE") or data_dir / "models"),
-            database_url=_raw("BATCH_DATABASE_URL") or f"sqlite:///{data_dir / 'batch-api.db'}",
-            models_file=Path(_raw("BATCH_MODELS_FILE") or CONFIG_DIR / "models.toml"),
-            prices_file=Path(_raw("BATCH_PRICES_FILE") or CONFIG_DIR / "prices.toml"),
-            engine_mode=_raw("BATCH_ENGINE_MODE") or "offline",
-            vllm_server_urls=_list("BATCH_VLLM_SERVER_URLS"),
-            vllm_api_key=_raw("BATCH_VLLM_API_KEY") or None,
-            vllm_max_concurrency=_int("BATCH_VLLM_MAX_CONCURRENCY", 64),
-            fleet_replicas=_int("BATCH_FLEET_REPLICAS", 1),
-            fleet_model=_raw("BATCH_FLEET_MODEL"),  # empty: the registry's first chat model
-            fleet_port=_int("BATCH_FLEET_PORT", 8200),
-            fleet_policy=_raw("BATCH_FLEET_POLICY") or "cache_aware",
-            fleet_url=_raw("BATCH_FLEET_URL"),
-            offline_runs=_int("BATCH_OFFLINE_RUNS", DEFAULT_OFFLINE_RUNS),
-            executor=_raw("BATCH_EXECUTOR") or "in_process",
-            runs_per_model=_int("BATCH_RUNS_PER_MODEL", DEFAULT_RUNS_PER_MODEL),
-            shard_size=_int("BATCH_SHARD_SIZE", 1000),
-            limits=limits,
-            max_enqueued_tokens=_int("BATCH_MAX_ENQUEUED_TOKENS", 0) or None,
-            max_upload_bytes=_int("BATCH_MAX_UPLOAD_BYTES", limits.max_bytes),
-            max_json_body_bytes=_int("BATCH_MAX_JSON_BODY_BYTES", 1 << 20),
-            completion_window_s=_int("BATCH_COMPLETION_WINDOW_S", DAY_S),
-            api_keys=keys,
-            api_host=_raw("BATCH_API_HOST") or "127.0.0.1",
-            api_port=_int("BATCH_API_PORT", 8000),
-            webhook_urls=_list("BATCH_WEBHOOK_URLS"),
-            webhook_secret=_raw("BATCH_WEBHOOK_SECRET"),
-            s3_bucket=_raw("BATCH_S3_BUCKET"),
-            s3_prefix=_raw("BATCH_S3_PREFIX") or "incoming/",
-            s3_output_prefix=_raw("BATCH_S3_OUTPUT_PREFIX") or "results/",
-            inbox_dir=inbox,
-            outbox_dir=Path(_raw("BATCH_OUTBOX_DIR") or inbox.parent / "outbox"),
-            intake_api_key=_raw("BATCH_INTAKE_API_KEY") or (keys[0] if keys else ""),
-        )
+        values: dict[str, Any] = {}
+        for variable in VARIABLES:  # in order: a default may name the variables before it
+            values[variable.name] = variable.read(values)
+        return cls(**{_BY_NAME[name].field: value for name, value in values.items()})
 
 
 def markdown() -> str:
@@ -234,7 +283,8 @@ def markdown() -> str:
         out += [f"### {section}", "", "| variable | default | meaning |", "|---|---|---|"]
         for v in VARIABLES:
             if v.section == section:
-                default = v.default if v.default.startswith("the ") else f"`{v.default}`" if v.default else "(unset)"
+                text = v.text()
+                default = text if text.startswith("the ") else f"`{text}`" if text else "(unset)"
                 out.append(f"| `{v.name}` | {default} | {v.meaning} |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"

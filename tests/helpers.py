@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
     import httpx
     import psutil
     from openai import OpenAI
-
-    from batch_dagster.api.context import ApiConfig
 
 REPO = Path(__file__).resolve().parents[1]
 # Read when the tests are collected, before any test moves BATCH_DATA_DIR, so the prepared models are shared.
@@ -333,7 +331,7 @@ class Service:
 
     url: str
     data_dir: Path
-    config: ApiConfig
+    config: Settings
     engine: FakeEngine
     worker: Worker
     instance: dg.DagsterInstance
@@ -463,10 +461,10 @@ class Daemon:
         from openai import OpenAI
 
         from batch_dagster.api.app import create_app
-        from batch_dagster.api.context import ApiConfig
 
-        config = ApiConfig(api_keys=(), database_url=self.db_url, data_dir=self.data_dir,
-                           max_upload_bytes=1 << 20, completion_window_s=86_400, storage_url=self.storage_url)
+        config = replace(Settings.from_env(), api_keys=(), database_url=self.db_url, data_dir=self.data_dir,
+                         storage_url=self.storage_url or str(self.data_dir), max_upload_bytes=1 << 20,
+                         completion_window_s=86_400)
         server = stack.enter_context(ApiServer(create_app(config)))
         return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 

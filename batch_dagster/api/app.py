@@ -7,15 +7,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from batch_dagster.db import repo
+from batch_dagster.settings import Settings
 
 from . import batches, errors, files, retry, webhooks
-from .context import ApiConfig, AppContext
+from .context import AppContext
 from .guard import RequestGuard
 
 
-def create_app(config: ApiConfig | None = None) -> FastAPI:
+def create_app(config: Settings | None = None) -> FastAPI:
     """Build the app; the store's schema is upgraded to head here, before the first request."""
-    config = config or ApiConfig.from_settings()
+    config = config or Settings.from_env()
     context = AppContext.build(config)
     context.db.upgrade()
     with context.db.session() as session:

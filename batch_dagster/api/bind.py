@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 
-from .context import ApiConfig
+from batch_dagster.settings import Settings
 
 log = logging.getLogger("batch_dagster.api")
 
@@ -23,7 +23,7 @@ class UnsafeBind(SystemExit):
     """Refusing to serve an API without keys on a non-loopback address."""
 
 
-def check_bind(host: str, config: ApiConfig) -> None:
+def check_bind(host: str, config: Settings) -> None:
     """Without API keys the API has no authentication, so it may only listen on loopback."""
     if config.api_keys:
         log.info("API keys: %d configured; every request needs `Authorization: Bearer <key>`", len(config.api_keys))

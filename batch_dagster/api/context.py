@@ -1,9 +1,8 @@
-"""The API's configuration (from the settings) and what every request shares: config, store, batch folders."""
+"""What every API request shares: the settings, the metadata store, the batch folders, the owners of the keys."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import Database
@@ -11,40 +10,14 @@ from batch_dagster.db.repo import owner_of_key
 from batch_dagster.settings import Settings
 
 
-@dataclass(frozen=True)
-class ApiConfig:
-    """What the API needs of the settings: keys, store, data dir, body limits, completion window."""
-
-    api_keys: tuple[str, ...]
-    database_url: str
-    data_dir: Path
-    max_upload_bytes: int
-    completion_window_s: int
-    max_json_body_bytes: int = 1 << 20
-    storage_url: str = ""  # where batch folders and files live; empty: data_dir
-
-    @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> ApiConfig:
-        settings = settings or Settings.from_env()
-        return cls(api_keys=settings.api_keys, database_url=settings.database_url, data_dir=settings.data_dir,
-                   storage_url=settings.storage_url,
-                   max_upload_bytes=settings.max_upload_bytes, completion_window_s=settings.completion_window_s,
-                   max_json_body_bytes=settings.max_json_body_bytes)
-
-    def storage(self) -> Storage:
-        from batch_dagster.storage import open_storage
-
-        return open_storage(self.storage_url or str(self.data_dir), self.data_dir / "scratch")
-
-
 @dataclass
 class AppContext:
-    config: ApiConfig
+    config: Settings  # keys, store, body limits, completion window
     db: Database  # the metadata store
     storage: Storage  # where batch folders and files live
     owners: dict[str, str]  # api key -> owner
 
     @classmethod
-    def build(cls, config: ApiConfig) -> AppContext:
+    def build(cls, config: Settings) -> AppContext:
         return cls(config, Database(config.database_url), config.storage(),
                    {key: owner_of_key(key) for key in config.api_keys})

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from batch_dagster.batchfile import contract as c
+from batch_dagster.settings import default
 
 from . import translate as t
 from .base import EngineCrash, Line, OnProgress, Request
@@ -52,7 +53,7 @@ class ServerEngine:
     """Runs shards against one or more vLLM servers (`base_urls` end before `/v1`)."""
 
     base_urls: Sequence[str]
-    max_concurrency: int = 64
+    max_concurrency: int = default("BATCH_VLLM_MAX_CONCURRENCY")
     timeout_s: float = 600.0
     api_key: str | None = None
     failover_s: float = 120.0  # how long requests are resent while no server answers

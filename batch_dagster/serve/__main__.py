@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from batch_dagster.serve.processes import Children
-from batch_dagster.settings import Settings
+from batch_dagster.settings import LOOPBACK, Settings
 
 log = logging.getLogger("batch_dagster.serve")
 
@@ -26,12 +26,11 @@ def _workspace_args() -> list[str]:
     return ["-w", str(workspace)] if workspace.exists() else ["-m", "batch_dagster.definitions"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(settings: Settings) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m batch_dagster.serve", description=__doc__)
-    settings = Settings.from_env()
     parser.add_argument("--host", default=settings.api_host, help="the API's address")
     parser.add_argument("--port", type=int, default=settings.api_port)
-    parser.add_argument("--dagster-host", default="127.0.0.1", help="the Dagster UI's address")
+    parser.add_argument("--dagster-host", default=LOOPBACK, help="the Dagster UI's address")
     parser.add_argument("--dagster-port", type=int, default=3000)
     parser.add_argument("--no-ui", action="store_true", help="run the API and the daemon only")
     parser.add_argument("--no-fleet", action="store_true", help="no warm fleet: every batch runs offline in its run "
@@ -40,16 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    config = Settings.from_env()
+    args = build_parser(config).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
     from batch_dagster.api.bind import UnsafeBind, check_bind
-    from batch_dagster.api.context import ApiConfig
     from batch_dagster.db import Database
     from batch_dagster.defs.instance import ensure_dagster_home
 
-    config = ApiConfig.from_settings()
     try:
         check_bind(args.host, config)
     except UnsafeBind:
@@ -80,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    fleet = None if args.no_fleet else _fleet()
+    fleet = None if args.no_fleet else _fleet(config)
     rc = 0
     try:
         children.start("api", [sys.executable, "-m", "batch_dagster.api", "--host", args.host, "--port",
@@ -116,21 +114,20 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
-def _fleet():
+def _fleet(settings: Settings):
     """The warm fleet `make serve` runs (BATCH_FLEET_*), or None when it runs none."""
     from batch_dagster.engine.models import Models
     from batch_dagster.engine.server import server_command
     from batch_dagster.serve.fleet import Fleet
 
-    settings = Settings.from_env()
-    models = Models.from_settings(settings)
-    model = settings.fleet_model or models.default_chat_model()
+    model = settings.served_fleet_model()
     if settings.fleet_replicas <= 0 or model is None:
         return None
+    models = Models.from_settings(settings)
     spec = models.spec(model)
     path = models.path(spec)
     return Fleet(model, settings.fleet_replicas, settings.fleet_port,
-                 lambda port: server_command(spec, path, "127.0.0.1", port), policy=settings.fleet_policy,
+                 lambda port: server_command(spec, path, LOOPBACK, port), settings.fleet_policy, LOOPBACK,
                  log_dir=settings.data_dir / "logs" / f"fleet-{model}")
 
 

@@ -1,6 +1,7 @@
 """Where batch folders and files live: the local filesystem or S3, behind the core's Storage interface.
 
-`open_storage` is the one way a process opens it, from BATCH_STORAGE_URL (see Settings.storage).
+`open_storage` opens the store a BATCH_STORAGE_URL names; every process calls it through `settings.open_store`,
+the one place that derives the URL and the scratch folder.
 """
 
 from __future__ import annotations

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import replace
 
 import dagster as dg
 import pytest
 
 from batch_dagster.api.app import create_app
-from batch_dagster.api.context import ApiConfig
 from batch_dagster.defs.resources import DatabaseResource, StorageResource, VLLMResource
+from batch_dagster.settings import Settings
 from tests.helpers import KEY_A, KEY_B, ApiServer, FakeEngine, Service, Worker, database_url, fake_vllm, make_defs
 
 
@@ -31,9 +32,9 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
               storage_url: str = "") -> Service:
         data_dir = tmp_path / "data"
         monkeypatch.setenv("BATCH_DATA_DIR", str(data_dir))
-        config = ApiConfig(api_keys=tuple(api_keys), database_url=database_url(data_dir),
-                           data_dir=data_dir, max_upload_bytes=max_upload_bytes, completion_window_s=window_s,
-                           max_json_body_bytes=max_json_body_bytes, storage_url=storage_url)
+        config = replace(Settings.from_env(), api_keys=tuple(api_keys), database_url=database_url(data_dir),
+                         storage_url=storage_url or str(data_dir), max_upload_bytes=max_upload_bytes,
+                         completion_window_s=window_s, max_json_body_bytes=max_json_body_bytes)
         engine = engine or FakeEngine()
         vllm = vllm or fake_vllm(f"api-{tmp_path.name}", engine)
         instance = stack.enter_context(dg.instance_for_test())

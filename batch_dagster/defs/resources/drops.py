@@ -6,19 +6,19 @@ from __future__ import annotations
 import dagster as dg
 
 from batch_dagster.db import repo
-from batch_dagster.settings import DAY_S, Settings
+from batch_dagster.settings import Settings, default
 
 
 class Intake(dg.ConfigurableResource):
     """The drop locations. `owner` is the hashed API key the batches are listed under (see intake_from_env)."""
 
-    s3_bucket: str = ""  # empty: the S3 sensor does nothing
-    s3_prefix: str = "incoming/"
-    s3_output_prefix: str = "results/"
+    s3_bucket: str = default("BATCH_S3_BUCKET")  # empty: the S3 sensor does nothing
+    s3_prefix: str = default("BATCH_S3_PREFIX")
+    s3_output_prefix: str = default("BATCH_S3_OUTPUT_PREFIX")
     inbox_dir: str
     outbox_dir: str
     owner: str = repo.ANONYMOUS
-    completion_window_s: int = DAY_S
+    completion_window_s: int = default("BATCH_COMPLETION_WINDOW_S")
     settle_s: float = 2.0  # an inbox file must be unchanged this long (and across two ticks) to be complete
     max_batches_per_tick: int = 20
     max_keys_per_tick: int = 1000

@@ -6,7 +6,6 @@ from typing import Any, Literal, cast
 
 from dagster_aws.s3 import S3Resource
 
-from batch_dagster.batchfile.registry import default_chat_model, load_registry
 from batch_dagster.settings import Settings
 
 from .database import DatabaseResource
@@ -33,7 +32,7 @@ def resources_from_env() -> dict[str, Any]:
             server_api_key=settings.vllm_api_key,
             max_concurrency=settings.vllm_max_concurrency,
             fleet_url=settings.fleet_url,
-            fleet_model=settings.fleet_model or default_chat_model(load_registry(settings.models_file)) or "",
+            fleet_model=settings.served_fleet_model() or "",
         ),
         "database": DatabaseResource(url=settings.database_url),
         "intake": intake_from_env(settings),

@@ -19,12 +19,12 @@ from batch_dagster.batchfile.usage import PriceTable, load_price_table
 class PipelineConfig(dg.ConfigurableResource):
     """How batches are cut and checked, and what they cost."""
 
-    shard_size: int = 1000
-    max_requests: int = Limits.max_requests
-    max_bytes: int = Limits.max_bytes
-    max_line_bytes: int = Limits.max_line_bytes
-    prices_file: str = str(s.CONFIG_DIR / "prices.toml")
-    max_enqueued_tokens: int = 0  # per owner and model; 0: no limit
+    shard_size: int = s.default("BATCH_SHARD_SIZE")
+    max_requests: int = s.default("BATCH_MAX_REQUESTS")
+    max_bytes: int = s.default("BATCH_MAX_BYTES")
+    max_line_bytes: int = s.default("BATCH_MAX_LINE_BYTES")
+    prices_file: str = str(s.default("BATCH_PRICES_FILE"))
+    max_enqueued_tokens: int | None = s.default("BATCH_MAX_ENQUEUED_TOKENS")  # per owner and model; 0, None: no limit
     store_url: str = ""  # the metadata store whose unfinished batches count toward that limit
 
     @property
@@ -35,19 +35,22 @@ class PipelineConfig(dg.ConfigurableResource):
         return load_price_table(Path(self.prices_file))
 
 
-def _env_or(name: str, default: Any, *, number: bool = False) -> Any:
+def env_or(name: str, value: Any) -> Any:
+    """`value` (the setting), or, when its variable is set, a `dg.EnvVar` of it, so the UI names the variable."""
     if not s.is_set(name):
-        return default
-    return dg.EnvVar.int(name) if number else dg.EnvVar(name)
+        return value
+    return dg.EnvVar.int(name) if isinstance(value, int) else dg.EnvVar(name)
 
 
 def pipeline_config_from_env(settings: s.Settings) -> PipelineConfig:
     return PipelineConfig(
-        shard_size=_env_or("BATCH_SHARD_SIZE", settings.shard_size, number=True),
-        max_requests=_env_or("BATCH_MAX_REQUESTS", settings.limits.max_requests, number=True),
-        max_bytes=_env_or("BATCH_MAX_BYTES", settings.limits.max_bytes, number=True),
-        max_line_bytes=_env_or("BATCH_MAX_LINE_BYTES", settings.limits.max_line_bytes, number=True),
-        prices_file=_env_or("BATCH_PRICES_FILE", str(settings.prices_file)),
-        max_enqueued_tokens=_env_or("BATCH_MAX_ENQUEUED_TOKENS", settings.max_enqueued_tokens or 0, number=True),
-        store_url=_env_or("BATCH_DATABASE_URL", settings.database_url),
+        shard_size=env_or("BATCH_SHARD_SIZE", settings.shard_size),
+        max_requests=env_or("BATCH_MAX_REQUESTS", settings.max_requests),
+        max_bytes=env_or("BATCH_MAX_BYTES", settings.max_bytes),
+        max_line_bytes=env_or("BATCH_MAX_LINE_BYTES", settings.max_line_bytes),
+        prices_file=env_or("BATCH_PRICES_FILE", str(settings.prices_file)),
+        # Set to 0 it is no limit: an int either way, which EnvVar.int reads.
+        max_enqueued_tokens=dg.EnvVar.int("BATCH_MAX_ENQUEUED_TOKENS") if s.is_set("BATCH_MAX_ENQUEUED_TOKENS")
+        else settings.max_enqueued_tokens,
+        store_url=env_or("BATCH_DATABASE_URL", settings.database_url),
     )

@@ -10,10 +10,12 @@ from typing import Any, Literal
 
 import dagster as dg
 
+from batch_dagster import settings as s
 from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.defs.run_limits import queue_tags
 from batch_dagster.engine.base import Engine
 from batch_dagster.engine.models import Models, UnknownModel
+from batch_dagster.engine.server import ServerEngine
 
 
 @functools.cache
@@ -62,16 +64,16 @@ class VLLMResource(dg.ConfigurableResource):
     `max_concurrency` at a time. Model settings come from the registry file.
     """
 
-    mode: Literal["offline", "server"] = "offline"
+    mode: Literal["offline", "server"] = s.default("BATCH_ENGINE_MODE")
     models_file: str
     model_cache_dir: str
-    server_urls: list[str] = []
-    server_api_key: str | None = None
-    max_concurrency: int = 64
-    request_timeout_s: float = 600.0
-    failover_s: float = 120.0  # server mode: how long requests are resent while no server answers
+    server_urls: list[str] = list(s.default("BATCH_VLLM_SERVER_URLS"))
+    server_api_key: str | None = s.default("BATCH_VLLM_API_KEY")
+    max_concurrency: int = s.default("BATCH_VLLM_MAX_CONCURRENCY")
+    request_timeout_s: float = ServerEngine.timeout_s
+    failover_s: float = ServerEngine.failover_s  # server mode: how long requests are resent while no server answers
     fleet_model: str = ""  # a model with a warm fleet: its batches go to `fleet_url` whatever the mode
-    fleet_url: str = ""
+    fleet_url: str = s.default("BATCH_FLEET_URL")
 
     @property
     def models(self) -> Models:
@@ -106,8 +108,6 @@ class VLLMResource(dg.ConfigurableResource):
         spec = self.spec(model)
         urls = self.server_urls_for(model)
         if urls is not None:
-            from batch_dagster.engine.server import ServerEngine
-
             return ServerEngine(urls, self.max_concurrency, self.request_timeout_s, self.server_api_key,
                                 self.failover_s)
         from batch_dagster.engine.offline import engine_for

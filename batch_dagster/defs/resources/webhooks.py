@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import binascii
 from datetime import UTC, datetime
-from typing import Any
 
 import dagster as dg
 import httpx
@@ -13,6 +12,7 @@ import orjson
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import EmptyWebhookSecretError
 
+from batch_dagster import settings as s
 from batch_dagster.db.webhooks import SECRET_PREFIX
 
 Post = tuple[str, str | None, str, bytes]  # url, the endpoint's secret (None: the global one), event id, body
@@ -42,8 +42,8 @@ class WebhookConfig(dg.ConfigurableResource):
     Owners' own endpoints are in the store, each with its own secret (store/webhooks.py).
     """
 
-    urls: list[str] = []
-    secret: str = ""
+    urls: list[str] = list(s.default("BATCH_WEBHOOK_URLS"))
+    secret: str = s.default("BATCH_WEBHOOK_SECRET")
     timeout_s: float = 5.0
     max_attempts: int = 8
     first_backoff_s: float = 10.0  # then doubling: about 21 minutes between the first and the last attempt
@@ -93,9 +93,9 @@ class WebhookConfig(dg.ConfigurableResource):
             return list(await asyncio.gather(*(one(*post) for post in posts)))
 
 
-def webhooks_from_env(settings: Any) -> WebhookConfig:
-    from batch_dagster import settings as s
+def webhooks_from_env(settings: s.Settings) -> WebhookConfig:
+    from .pipeline import env_or
 
     # The secret stays an EnvVar, so the Dagster UI shows the variable's name, never its value.
-    secret: Any = dg.EnvVar("BATCH_WEBHOOK_SECRET") if s.is_set("BATCH_WEBHOOK_SECRET") else ""
-    return WebhookConfig(urls=list(settings.webhook_urls), secret=secret)
+    return WebhookConfig(urls=list(settings.webhook_urls),
+                         secret=env_or("BATCH_WEBHOOK_SECRET", settings.webhook_secret))

@@ -1,0 +1,61 @@
+"""The Dagster resources' defaults are the settings' (one default per setting), and a set variable reaches a
+resource as a `dg.EnvVar`, so the Dagster UI names it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from batch_dagster import settings
+from batch_dagster.defs.resources import Intake, PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.defs.resources.from_env import resources_from_env
+from batch_dagster.defs.resources.webhooks import WebhookConfig
+from batch_dagster.engine.server import ServerEngine
+from tests.helpers import REPO
+
+
+@pytest.fixture
+def empty_env(monkeypatch) -> settings.Settings:
+    for variable in settings.VARIABLES:
+        monkeypatch.delenv(variable.name, raising=False)
+    monkeypatch.chdir(REPO)
+    return settings.Settings.from_env()
+
+
+def test_resource_defaults_are_the_settings_defaults(empty_env):
+    s = empty_env
+    pipeline = PipelineConfig()
+    assert (pipeline.shard_size, pipeline.limits, Path(pipeline.prices_file), pipeline.max_enqueued_tokens) == (
+        s.shard_size, s.limits, s.prices_file, s.max_enqueued_tokens)
+    vllm = VLLMResource(models_file="m.toml", model_cache_dir="models")
+    assert (vllm.mode, tuple(vllm.server_urls), vllm.server_api_key, vllm.max_concurrency, vllm.fleet_url) == (
+        s.engine_mode, s.vllm_server_urls, s.vllm_api_key, s.vllm_max_concurrency, s.fleet_url)
+    assert (vllm.request_timeout_s, vllm.failover_s) == (ServerEngine([]).timeout_s, ServerEngine([]).failover_s)
+    intake = Intake(inbox_dir="in", outbox_dir="out")
+    assert (intake.s3_bucket, intake.s3_prefix, intake.s3_output_prefix, intake.completion_window_s) == (
+        s.s3_bucket, s.s3_prefix, s.s3_output_prefix, s.completion_window_s)
+    webhooks = WebhookConfig()
+    assert (tuple(webhooks.urls), webhooks.secret) == (s.webhook_urls, s.webhook_secret)
+
+
+def test_resources_from_an_empty_environment_hold_the_settings(empty_env):
+    resources = resources_from_env()
+    assert resources["pipeline"].shard_size == empty_env.shard_size
+    assert resources["intake"].inbox_dir == str(empty_env.inbox_dir)
+    assert resources["vllm"].fleet_model == empty_env.served_fleet_model()
+
+
+def test_a_set_variable_reaches_the_resource_as_an_env_var(empty_env, monkeypatch):
+    """So the Dagster UI names the variable (and never shows the webhook secret's value)."""
+    monkeypatch.setenv("BATCH_SHARD_SIZE", "7")
+    monkeypatch.setenv("BATCH_WEBHOOK_SECRET", "whsec_" + "A" * 24)
+    resources = resources_from_env()
+    shard_size, secret = resources["pipeline"].shard_size, resources["webhooks"].secret
+    assert type(shard_size).__name__ == "IntEnvVar" and shard_size.name == "BATCH_SHARD_SIZE"  # an int subclass
+    assert isinstance(secret, dg.EnvVar) and secret == dg.EnvVar("BATCH_WEBHOOK_SECRET")
+
+
+def test_the_storage_resource_opens_what_the_settings_open(tmp_path):
+    assert StorageResource(data_dir=str(tmp_path)).storage().root == settings.open_store(tmp_path).root
