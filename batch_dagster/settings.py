@@ -92,7 +92,7 @@ def storage_location(data_dir: Path | str, url: str = "") -> tuple[str, Path]:
     return url or str(data_dir), Path(data_dir) / "scratch"
 
 
-def open_store(data_dir: Path | str, url: str = "") -> Storage:
+def open_batch_storage(data_dir: Path | str, url: str = "") -> Storage:
     """The store `storage_location` names, opened: every process's one way to its batch folders and files."""
     from batch_dagster.storage import open_storage
 
@@ -260,7 +260,7 @@ class Settings:
 
     def storage(self) -> Storage:
         """Where batch folders and files live (BATCH_STORAGE_URL)."""
-        return open_store(self.data_dir, self.storage_url)
+        return open_batch_storage(self.data_dir, self.storage_url)
 
     def served_fleet_model(self) -> str | None:
         """The model a warm fleet serves: BATCH_FLEET_MODEL, else the registry's first chat model (None: none)."""

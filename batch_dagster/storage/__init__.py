@@ -1,6 +1,6 @@
 """Where batch folders and files live: the local filesystem or S3, behind the core's Storage interface.
 
-`open_storage` opens the store a BATCH_STORAGE_URL names; every process calls it through `settings.open_store`,
+`open_storage` opens the store a BATCH_STORAGE_URL names; every process calls it through `settings.open_batch_storage`,
 the one place that derives the URL and the scratch folder.
 """
 

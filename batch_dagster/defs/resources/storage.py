@@ -6,7 +6,7 @@ import dagster as dg
 
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.storage import Storage
-from batch_dagster.settings import open_store
+from batch_dagster.settings import open_batch_storage
 
 
 class StorageResource(dg.ConfigurableResource):
@@ -19,7 +19,7 @@ class StorageResource(dg.ConfigurableResource):
     url: str = ""
 
     def storage(self) -> Storage:
-        return open_store(self.data_dir, self.url)
+        return open_batch_storage(self.data_dir, self.url)
 
     def folder(self, batch_id: str) -> BatchFolder:
         return BatchFolder(self.storage(), batch_id)
