@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 import orjson
 
 from batch_dagster.batchfile.contract import Limits
+from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.validate import validate_file
 from batch_dagster.settings import Settings
 
@@ -52,7 +53,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def _print_summary(summary: dict[str, Any]) -> None:
     rc = summary["request_counts"]
     print(f"batch {summary['batch_id']}: {summary['status']}")
-    if summary["status"] != "completed":
+    if summary["status"] != BatchStatus.COMPLETED:
         errors = summary.get("errors") or []
         for e in errors[:20]:
             where = f"line {e['line']}" if e.get("line") is not None else "file"
@@ -83,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_json(summary)
     else:
         _print_summary(summary)
-    return 0 if summary["status"] == "completed" else 1
+    return 0 if summary["status"] == BatchStatus.COMPLETED else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -10,8 +10,9 @@ from pydantic import ValidationError
 
 from batch_dagster.batchfile.contract import ENDPOINTS
 from batch_dagster.batchfile.folder import BatchFolder
+from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
-from batch_dagster.db import TERMINAL, BatchRecord, repo
+from batch_dagster.db import BatchRecord, repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
 from batch_dagster.db.lifecycle import sync_batch
@@ -189,8 +190,8 @@ def cancel_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner)
     if row.status in TERMINAL:
         raise invalid(f"Batch {clip(batch_id)} is {row.status}; only a batch that has not ended can be cancelled.",
                       param="batch_id", code="batch_not_cancellable")
-    if row.status != "cancelling":
+    if row.status != BatchStatus.CANCELLING:
         # The stop file first: once the status says cancelling, the pipeline must already see it.
-        BatchFolder(ctx.storage, batch_id).request_stop("cancelled")
+        BatchFolder(ctx.storage, batch_id).request_stop(BatchStatus.CANCELLED)
         repo.request_cancel(session, row)
     return batch_object(_synced(session, ctx, row))

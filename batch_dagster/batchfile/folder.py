@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from .status import BatchStatus
 from .storage import Storage
 
 BATCHES = "batches"
@@ -109,7 +110,7 @@ class Deadline(Document):
 
 @dataclass
 class Stop(Document):
-    reason: str  # "cancelled" or "expired"
+    reason: str  # BatchStatus.CANCELLED or EXPIRED
     at: float
 
 
@@ -152,7 +153,7 @@ class Progress(Document):
 class Merged(Document):
     """The totals of the merged output and error files."""
 
-    status: str  # "completed", "cancelled" or "expired"
+    status: str  # BatchStatus.COMPLETED, CANCELLED or EXPIRED
     request_counts: dict[str, int]
     usage: dict[str, Any]
     error_codes: dict[str, int]
@@ -289,7 +290,7 @@ class BatchFolder:
             return stop.reason
         deadline = self.deadline()
         if deadline is not None and time.time() >= deadline.expires_at:
-            return "expired"
+            return BatchStatus.EXPIRED
         return None
 
     def validation(self) -> Validation | None:

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.contract import endpoint_of_head, model_of_head
 from batch_dagster.batchfile.folder import BatchFolder, file_key
+from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.storage import file_location
 
@@ -98,7 +99,8 @@ def create_batch(
     folder.set_endpoint(endpoint)  # validation reports every line with another url
     row = BatchRecord(
         id=batch_id, owner=owner, endpoint=endpoint, input_file_id=input_file.id,
-        completion_window=COMPLETION_WINDOW, status="validating", created_at=created_at, expires_at=expires_at,
+        completion_window=COMPLETION_WINDOW, status=BatchStatus.VALIDATING, created_at=created_at,
+        expires_at=expires_at,
         meta=metadata, output_expires_after=output_expires_after, launched_at=created_at if launched else None,
     )
     session.add(row)

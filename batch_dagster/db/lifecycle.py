@@ -16,14 +16,14 @@ from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.results import RequestCounts, committed_shards
+from batch_dagster.batchfile.status import TERMINAL, WITH_FILES, BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.usage import Usage
 
-from .models import TERMINAL, BatchRecord, FileRecord
+from .models import BatchRecord, FileRecord
 from .repo import new_file_id, now
 from .webhooks import add_event
 
-WITH_FILES = ("completed", "cancelled", "expired")
 PIPELINE_ERROR = "pipeline_error"
 
 
@@ -31,7 +31,7 @@ PIPELINE_ERROR = "pipeline_error"
 class Observation:
     """What a batch's files say: its status, when each step happened, and its counts so far."""
 
-    status: str = "validating"
+    status: str = BatchStatus.VALIDATING
     timestamps: dict[str, int | None] = field(default_factory=dict)  # None: the file's time is unknown (gone)
     request_counts: dict[str, int] | None = None
     usage: dict[str, Any] | None = None
@@ -48,17 +48,17 @@ def observe(folder: BatchFolder) -> Observation:
     obs.model = validation.model
     validated_at = folder.modified_at(folder.VALIDATION)
     if not validation.valid:
-        obs.status = "failed"
+        obs.status = BatchStatus.FAILED
         obs.timestamps["failed_at"] = validated_at
         obs.errors = validation.errors
         # A batch that never ran counts no requests, as OpenAI reports it; errors.data says what was wrong.
         obs.request_counts = RequestCounts(total=0).to_dict()
         return obs
-    obs.status = "in_progress"
+    obs.status = BatchStatus.IN_PROGRESS
     obs.timestamps["in_progress_at"] = validated_at
 
     if (merged_at := folder.modified_at(folder.MERGED)) is not None:
-        obs.status = "finalizing"
+        obs.status = BatchStatus.FINALIZING
         obs.timestamps["finalizing_at"] = merged_at
     summary = folder.summary()
     if summary is not None:
@@ -80,8 +80,8 @@ def observe(folder: BatchFolder) -> Observation:
         counts.completed = min(counts.completed + live.done, counts.total - counts.failed)
     obs.request_counts, obs.usage = counts.to_dict(), usage.to_dict()
     manifest = folder.manifest()
-    if obs.status == "in_progress" and manifest is not None and len(shards) >= manifest.shard_count:
-        obs.status = "finalizing"
+    if obs.status == BatchStatus.IN_PROGRESS and manifest is not None and len(shards) >= manifest.shard_count:
+        obs.status = BatchStatus.FINALIZING
         obs.timestamps["finalizing_at"] = max(
             (t for t in map(folder.shard_committed_at, shards) if t is not None), default=now()
         )
@@ -93,7 +93,7 @@ def run_failed(obs: Observation, message: str, at: int | None = None) -> Observa
     if obs.status in TERMINAL:
         return obs
     error = {"code": PIPELINE_ERROR, "message": message, "line": None, "param": None}
-    return Observation("failed", {**obs.timestamps, "failed_at": at or now()}, obs.request_counts, obs.usage,
+    return Observation(BatchStatus.FAILED, {**obs.timestamps, "failed_at": at or now()}, obs.request_counts, obs.usage,
                        obs.model, [error])
 
 
@@ -104,7 +104,7 @@ def changes(batch: BatchRecord, obs: Observation) -> dict[str, Any]:
     status = obs.status
     cancelling = batch.cancelling_at is not None
     if cancelling and status not in TERMINAL:
-        status = "cancelling"  # until the run has stopped and written its summary
+        status = BatchStatus.CANCELLING  # until the run has stopped and written its summary
     values: dict[str, Any] = {}
     if status != batch.status:
         values["status"] = status

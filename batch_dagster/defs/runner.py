@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder
 from batch_dagster.batchfile.results import committed_shards
+from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.terminal import output_to_log
 
 
@@ -174,7 +175,8 @@ def run_batch(
         validation = folder.validation()
         errors = (validation.errors if validation else None) or [
             {"code": "pipeline_error", "message": _failure_message(result), "line": None, "param": None}]
-        summary = {"batch_id": batch_id, "status": "failed", "model": validation.model if validation else None,
+        summary = {"batch_id": batch_id, "status": BatchStatus.FAILED,
+                   "model": validation.model if validation else None,
                    "endpoint": validation.endpoint if validation else None,
                    "request_counts": {"total": validation.total_requests if validation else 0, "completed": 0,
                                       "failed": 0},

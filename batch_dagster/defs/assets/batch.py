@@ -29,6 +29,7 @@ from batch_dagster.batchfile.folder import (
 )
 from batch_dagster.batchfile.registry import served_endpoints
 from batch_dagster.batchfile.results import commit_shard, committed_shards, merge
+from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import Usage, cost_of
 from batch_dagster.defs.dagster_internals import dies_with_its_run
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
@@ -324,7 +325,7 @@ def shard_results(
             "requests_run": ran_requests,
             "inference_s": round(elapsed, 3),
             "output_tokens_per_s": round(ran_tokens / elapsed, 1) if ran_requests else 0.0,
-            "status": stopped or ("ran" if todo else "cached"),
+            "status": str(stopped or ("ran" if todo else "cached")),  # Dagster metadata takes no enum
         }
     )
 
@@ -370,14 +371,14 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResour
     not_run: Any = []
     if stopped:
         # The requests of shards that never ran still get a line each: nothing is dropped.
-        code = c.BATCH_CANCELLED if stopped == "cancelled" else c.BATCH_EXPIRED
+        code = c.BATCH_CANCELLED if stopped == BatchStatus.CANCELLED else c.BATCH_EXPIRED
         message = f"The batch was {stopped} before this request ran."
         not_run = (c.not_run_line(cid, code, message) for i in missing for cid in _shard_ids(folder, i))
     with folder.storage.writing(folder.output_key) as out, folder.storage.writing(folder.error_key) as err:
         result = merge(folder.storage, folder.results_prefix, manifest.shard_count, out, err,
                        not_run=not_run, missing_ok=bool(stopped))
         preview = _preview(out)
-    folder.write_merged(Merged(status=stopped or "completed", request_counts=result.request_counts.to_dict(),
+    folder.write_merged(Merged(status=stopped or BatchStatus.COMPLETED, request_counts=result.request_counts.to_dict(),
                                usage=result.usage.to_dict(), error_codes=result.error_codes))
     return dg.MaterializeResult(
         metadata={

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from batch_dagster.db import TERMINAL, repo
+from batch_dagster.batchfile.status import TERMINAL
+from batch_dagster.db import repo
 from batch_dagster.db.batches import input_model
 from batch_dagster.db.labels import stored_batch_tags
 from batch_dagster.db.lifecycle import sync_batch
