@@ -14,6 +14,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, update
 from sqlalchemy.orm import Session
 
+from batch_dagster.batchfile.contract import BatchError
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.results import RequestCounts, committed_shards
 from batch_dagster.batchfile.status import TERMINAL, WITH_FILES, BatchStatus
@@ -33,10 +34,10 @@ class Observation:
 
     status: str = BatchStatus.VALIDATING
     timestamps: dict[str, int | None] = field(default_factory=dict)  # None: the file's time is unknown (gone)
-    request_counts: dict[str, int] | None = None
-    usage: dict[str, Any] | None = None
+    request_counts: RequestCounts | None = None
+    usage: Usage | None = None
     model: str | None = None
-    errors: list[dict[str, Any]] | None = None
+    errors: list[BatchError] | None = None
 
 
 def observe(folder: BatchFolder) -> Observation:
@@ -52,7 +53,7 @@ def observe(folder: BatchFolder) -> Observation:
         obs.timestamps["failed_at"] = validated_at
         obs.errors = validation.errors
         # A batch that never ran counts no requests, as OpenAI reports it; errors.data says what was wrong.
-        obs.request_counts = RequestCounts(total=0).to_dict()
+        obs.request_counts = RequestCounts(total=0)
         return obs
     obs.status = BatchStatus.IN_PROGRESS
     obs.timestamps["in_progress_at"] = validated_at
@@ -78,7 +79,7 @@ def observe(folder: BatchFolder) -> Observation:
     live = folder.progress()
     if live is not None and live.shard not in shards:
         counts.completed = min(counts.completed + live.done, counts.total - counts.failed)
-    obs.request_counts, obs.usage = counts.to_dict(), usage.to_dict()
+    obs.request_counts, obs.usage = counts, usage
     manifest = folder.manifest()
     if obs.status == BatchStatus.IN_PROGRESS and manifest is not None and len(shards) >= manifest.shard_count:
         obs.status = BatchStatus.FINALIZING
@@ -92,7 +93,7 @@ def run_failed(obs: Observation, message: str, at: int | None = None) -> Observa
     """The observation of a batch whose Dagster run failed before it wrote a summary."""
     if obs.status in TERMINAL:
         return obs
-    error = {"code": PIPELINE_ERROR, "message": message, "line": None, "param": None}
+    error = BatchError(PIPELINE_ERROR, message)
     return Observation(BatchStatus.FAILED, {**obs.timestamps, "failed_at": at or now()}, obs.request_counts, obs.usage,
                        obs.model, [error])
 
@@ -114,15 +115,16 @@ def changes(batch: BatchRecord, obs: Observation) -> dict[str, Any]:
         if at is not None and getattr(batch, key) is None:
             values[key] = at
     if obs.request_counts is not None:
-        for name, value in obs.request_counts.items():
+        for name, value in obs.request_counts.to_dict().items():
             if getattr(batch, f"request_{name}") != value:
                 values[f"request_{name}"] = value
-    if obs.usage is not None and obs.usage != batch.usage:
-        values["usage"] = obs.usage
+    if obs.usage is not None and obs.usage.to_dict() != batch.usage:
+        values["usage"] = obs.usage.to_dict()
     if obs.model and obs.model != batch.model:
         values["model"] = obs.model
-    if obs.errors is not None and obs.errors != batch.errors:
-        values["errors"] = obs.errors
+    errors = None if obs.errors is None else [e.to_dict() for e in obs.errors]
+    if errors is not None and errors != batch.errors:
+        values["errors"] = errors
     return values
 
 

@@ -15,6 +15,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TextIO
 
+from batch_dagster.batchfile.contract import BatchError
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder
 from batch_dagster.batchfile.results import committed_shards
 from batch_dagster.batchfile.status import BatchStatus
@@ -119,6 +120,7 @@ def run_batch(
 
     from batch_dagster.db.batches import HEAD_BYTES, head_model
     from batch_dagster.db.labels import batch_tags
+    from batch_dagster.db.lifecycle import PIPELINE_ERROR
     from batch_dagster.defs.partitions import batches
 
     if defs is None:
@@ -173,14 +175,13 @@ def run_batch(
         output_file.write_bytes(b"")
         error_file.write_bytes(b"")
         validation = folder.validation()
-        errors = (validation.errors if validation else None) or [
-            {"code": "pipeline_error", "message": _failure_message(result), "line": None, "param": None}]
+        errors = (validation.errors if validation else None) or [BatchError(PIPELINE_ERROR, _failure_message(result))]
         summary = {"batch_id": batch_id, "status": BatchStatus.FAILED,
                    "model": validation.model if validation else None,
                    "endpoint": validation.endpoint if validation else None,
                    "request_counts": {"total": validation.total_requests if validation else 0, "completed": 0,
                                       "failed": 0},
-                   "usage": None, "cost": None, "errors": errors}
+                   "usage": None, "cost": None, "errors": [e.to_dict() for e in errors]}
     return summary | {
         "run_id": result.run_id,
         **({"log_file": str(log_file)} if log_file is not None else {}),

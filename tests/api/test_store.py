@@ -11,6 +11,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 
+from batch_dagster.batchfile.contract import BatchError, RequestCounts
 from batch_dagster.batchfile.folder import BatchFolder, Manifest, Validation
 from batch_dagster.db import TERMINAL, BatchRecord, Database, FileRecord, repo, webhooks
 from batch_dagster.db.lifecycle import Observation, apply, changes, observe, run_failed
@@ -105,7 +106,7 @@ def row(**kw) -> BatchRecord:
 
 
 def test_changes_only_move_forward():
-    running = Observation("in_progress", {"in_progress_at": 10}, {"total": 4, "completed": 2, "failed": 0})
+    running = Observation("in_progress", {"in_progress_at": 10}, RequestCounts(total=4, completed=2, failed=0))
     assert changes(row(), running) == {"status": "in_progress", "in_progress_at": 10, "request_total": 4,
                                        "request_completed": 2}
     assert changes(row(status="in_progress", in_progress_at=5), running) == {"request_total": 4, "request_completed": 2}
@@ -117,7 +118,7 @@ def test_changes_only_move_forward():
     for status in TERMINAL:
         assert changes(row(status=status), Observation("completed", {"completed_at": 1})) == {}
     failed = run_failed(running, "boom", at=40)
-    assert failed.status == "failed" and failed.errors[0]["code"] == "pipeline_error"
+    assert failed.status == "failed" and failed.errors[0].code == "pipeline_error"
     assert run_failed(Observation("completed"), "boom").status == "completed"
 
 
@@ -128,14 +129,14 @@ def test_observe_follows_the_pipeline_files(tmp_path):
     assert observe(folder).status == "validating"
     folder.write_validation(Validation(True, 3, "m", "/v1/chat/completions", 0, []))
     obs = observe(folder)
-    assert (obs.status, obs.request_counts, obs.model) == ("in_progress", {"total": 3, "completed": 0, "failed": 0}, "m")
+    assert (obs.status, obs.request_counts, obs.model) == ("in_progress", RequestCounts(3, 0, 0), "m")
     folder.write_manifest(Manifest("batch_x", "/v1/chat/completions", "m", 3, 3, 1, [3]))
     assert observe(folder).status == "in_progress"
     commit_shard(folder.storage, folder.results_prefix, 0, [])
     assert observe(folder).status == "finalizing"
     invalid = BatchFolder(LocalStorage(tmp_path), "batch_y")
-    invalid.write_validation(Validation(False, 2, None, None, 1, [{"code": "invalid_json", "line": 2}]))
-    assert observe(invalid).errors == [{"code": "invalid_json", "line": 2}]
+    invalid.write_validation(Validation(False, 2, None, None, 1, [BatchError("invalid_json", "x", line=2)]))
+    assert observe(invalid).errors == [BatchError("invalid_json", "x", line=2)]
 
 
 def test_the_end_is_registered_once_when_two_observers_race(store, tmp_path):
@@ -145,7 +146,7 @@ def test_the_end_is_registered_once_when_two_observers_race(store, tmp_path):
     folder = BatchFolder(LocalStorage(tmp_path), batch_id)
     for key in (folder.output_key, folder.error_key):
         folder.storage.write_bytes(key, b"")
-    end = Observation("completed", {"completed_at": 50}, {"total": 0, "completed": 0, "failed": 0})
+    end = Observation("completed", {"completed_at": 50}, RequestCounts(total=0, completed=0, failed=0))
     with store.session() as first, store.session() as second:
         # Both loaded the batch while it was still running; both see it end.
         mine, theirs = repo.get_batch(first, "a", batch_id), repo.get_batch(second, "a", batch_id)

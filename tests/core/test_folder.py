@@ -8,6 +8,7 @@ import time
 import orjson
 import pytest
 
+from batch_dagster.batchfile.contract import BatchError, RequestCounts
 from batch_dagster.batchfile.folder import (
     BatchFolder,
     Manifest,
@@ -22,6 +23,7 @@ from batch_dagster.batchfile.folder import (
     shard_file,
     shard_result_files,
 )
+from batch_dagster.batchfile.usage import Cost, Usage
 from batch_dagster.storage import LocalStorage, file_location
 
 
@@ -66,16 +68,17 @@ def test_documents_round_trip_as_typed_objects(folder):
     folder.write_manifest(manifest)
     assert folder.manifest() == manifest
     validation = Validation(valid=False, total_requests=2, model=None, endpoint=None, error_count=1,
-                            errors=[{"code": "invalid_json", "message": "x", "line": 2, "param": None}],
+                            errors=[BatchError("invalid_json", "x", line=2, param=None)],
                             validated_at="now")
     folder.write_validation(validation)
     assert folder.validation() == validation
-    merged = Merged("completed", {"total": 1, "completed": 1, "failed": 0}, {"input_tokens": 3}, {})
+    merged = Merged("completed", RequestCounts(total=1, completed=1, failed=0), Usage(input_tokens=3), {})
     folder.write_merged(merged)
     assert folder.merged() == merged
     folder.write_progress(Progress(shard=1, done=7))
     assert folder.progress() == Progress(1, 7)
-    summary = Summary("batch_1", "completed", "/v1/chat/completions", "m", {"total": 1}, {}, {"total_cost": 0.0},
+    summary = Summary("batch_1", "completed", "/v1/chat/completions", "m", RequestCounts(total=1), Usage(),
+                      Cost("m", 0.0, 0.0, 0.5, "USD"),
                       {}, 1.5, 2.0, {"revision": "r"}, "o", "e", "t")
     folder.write_summary(summary)
     assert folder.summary() == summary
