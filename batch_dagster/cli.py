@@ -97,7 +97,6 @@ def cmd_retry(args: argparse.Namespace) -> int:
     """Create a child batch of a batch's retryable failed requests; the daemon's API sensor launches it."""
     from sqlalchemy import select
 
-    from batch_dagster.batchfile.folder import file_key
     from batch_dagster.db import BatchRecord, Database
     from batch_dagster.db.lifecycle import sync_batch
     from batch_dagster.db.retry import CannotRetry, create_retry
@@ -120,8 +119,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
                 return 1
             summary = {"id": child.id, "parent_batch_id": parent.id, "status": child.status,
                        "endpoint": child.endpoint, "input_file_id": child.input_file_id}
-            with storage.open(file_key(child.input_file_id)) as f:
-                total = sum(1 for _ in f)
+            total = child.request_total  # counted as its input was copied in
     finally:
         store.dispose()
     if args.json:

@@ -3,7 +3,8 @@
 The pipeline writes, in order: validation.json (valid or not), shard summaries as each shard
 commits, merged.json once the output and error files are merged, summary.json at the end. Each
 file's presence moves the status on; its modification time is when that happened, so the
-timestamps are right whoever looks first (the API on a read, or the status sensor).
+timestamps are right whoever looks first (the status sensor, or the CLI at its run's end). The API
+reads what they stored.
 """
 
 from __future__ import annotations

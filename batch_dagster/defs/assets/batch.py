@@ -308,6 +308,7 @@ def shard_results(
                 lines = engine_error_lines(requests, str(exc))
                 engine = vllm.engine(manifest.model)
             summary = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0)
+            done[index] = summary
             ran_requests += summary.request_counts.total
             ran_tokens += summary.usage.output_tokens
             context.log.info(
@@ -315,13 +316,12 @@ def shard_results(
                 f"{summary.usage.output_tokens} output tokens in {summary.duration_s:.1f}s"
             )
     elapsed = time.perf_counter() - started
-    all_done = committed_shards(folder.storage, folder.results_prefix)
-    completed = sum(s.request_counts.completed for s in all_done.values())
-    failed = sum(s.request_counts.failed for s in all_done.values())
+    completed = sum(s.request_counts.completed for s in done.values())  # those committed before, and now
+    failed = sum(s.request_counts.failed for s in done.values())
     return dg.MaterializeResult(
         metadata={
             "shards_run": len(todo),
-            "shards_skipped": len(done),
+            "shards_skipped": manifest.shard_count - len(todo),
             "completed": completed,
             "failed": failed,
             "requests_run": ran_requests,
