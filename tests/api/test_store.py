@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from contextlib import redirect_stdout
 
 import pytest
@@ -97,6 +98,25 @@ def test_launch_queue(store):
         assert repo.batches_to_launch(s) == []
         assert {b.id for b in repo.active_batches(s)} == {waiting.id, cancelling.id}
         assert done.id not in {b.id for b in repo.active_batches(s)}
+
+
+def test_a_batch_records_its_model_and_a_local_input_is_copied_once(store, tmp_path):
+    from batch_dagster.db.batches import create_batch, register_local
+
+    storage = LocalStorage(tmp_path / "data")
+    source = tmp_path / "in.jsonl"
+    first = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": "m1", "input": "x"}}
+    source.write_text(json.dumps(first) + "\n" + json.dumps({**first, "custom_id": "b"}))  # no final newline
+    with store.session() as s:
+        local = register_local(s, storage, source, owner="a")
+        file = s.scalar(select(FileRecord).where(FileRecord.id == local.input_file_id))
+        assert (local.model, local.request_total, local.endpoint) == ("m1", 2, "/v1/embeddings")
+        folder = BatchFolder(storage, local.id)
+        assert file.path == folder.input_key and storage.list("files") == []  # the folder's copy is the File
+        # An uploaded File: its model from its head, read once at creation; its count comes with validation.
+        uploaded = create_batch(s, storage, owner="a", endpoint="/v1/embeddings", input_file=file, input_from=file,
+                                completion_window_s=None)
+        assert (uploaded.model, uploaded.request_total) == ("m1", 0)
 
 
 def row(**kw) -> BatchRecord:
