@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 import orjson
 
 from batch_dagster.batchfile.contract import Limits
+from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.validate import validate_file
 from batch_dagster.settings import LOOPBACK, VLLM_SERVER_PORT, Settings
 
@@ -52,7 +53,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def _print_summary(summary: dict[str, Any]) -> None:
     rc = summary["request_counts"]
     print(f"batch {summary['batch_id']}: {summary['status']}")
-    if summary["status"] != "completed":
+    if summary["status"] != BatchStatus.COMPLETED:
         errors = summary.get("errors") or []
         for e in errors[:20]:
             where = f"line {e['line']}" if e.get("line") is not None else "file"
@@ -83,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_json(summary)
     else:
         _print_summary(summary)
-    return 0 if summary["status"] == "completed" else 1
+    return 0 if summary["status"] == BatchStatus.COMPLETED else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -96,7 +97,6 @@ def cmd_retry(args: argparse.Namespace) -> int:
     """Create a child batch of a batch's retryable failed requests; the daemon's API sensor launches it."""
     from sqlalchemy import select
 
-    from batch_dagster.batchfile.folder import file_key
     from batch_dagster.db import BatchRecord, Database
     from batch_dagster.db.lifecycle import sync_batch
     from batch_dagster.db.retry import CannotRetry, create_retry
@@ -119,8 +119,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
                 return 1
             summary = {"id": child.id, "parent_batch_id": parent.id, "status": child.status,
                        "endpoint": child.endpoint, "input_file_id": child.input_file_id}
-            with storage.open(file_key(child.input_file_id)) as f:
-                total = sum(1 for _ in f)
+            total = child.request_total  # counted as its input was copied in
     finally:
         store.dispose()
     if args.json:

@@ -272,7 +272,7 @@ class Worker(threading.Thread):
         self.errors: list[BaseException] = []
 
     def tick(self) -> None:
-        from batch_dagster.defs.sensors import api_batch_sensor, api_batch_status_sensor
+        from batch_dagster.defs.sensors import api_batch_sensor
 
         result = api_batch_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))
         if isinstance(result, dg.SensorResult):
@@ -285,6 +285,13 @@ class Worker(threading.Thread):
                     run_config=QUIET,
                 )
                 self.ran.append(run.partition_key)
+        self.follow()
+
+    def follow(self) -> None:
+        """A tick of the status sensor alone: the daemon ticks it while runs go on, which this worker's runs,
+        executed in its own thread, otherwise hold up until they end."""
+        from batch_dagster.defs.sensors import api_batch_status_sensor
+
         api_batch_status_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))
 
     def run(self) -> None:

@@ -10,11 +10,11 @@ from pydantic import ValidationError
 
 from batch_dagster.batchfile.contract import ENDPOINTS
 from batch_dagster.batchfile.folder import BatchFolder
+from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
-from batch_dagster.db import TERMINAL, BatchRecord, repo
+from batch_dagster.db import BatchRecord, repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
-from batch_dagster.db.lifecycle import sync_batch
 from batch_dagster.storage import file_location
 
 from .deps import Context, DbSession, Owner
@@ -143,32 +143,22 @@ def _remove_folder(storage: Storage, batch_id: str) -> None:
     storage.delete_folder(BatchFolder(storage, batch_id).prefix)
 
 
-def _owned_batch(session, ctx, owner: str, batch_id: str) -> BatchRecord:
+def _owned_batch(session, owner: str, batch_id: str) -> BatchRecord:
+    """The batch as stored: its status is what the status sensor (or the CLI's run) last wrote from its files,
+    so a read lists no shard and reads no document of the batch's folder."""
     row = repo.get_batch(session, owner, batch_id)
     if row is None:
         raise not_found("Batch", batch_id, param="batch_id")
-    return _synced(session, ctx, row)
-
-
-def _synced(session, ctx, row: BatchRecord) -> BatchRecord:
-    """The row brought up to date; as stored when its folder cannot be read (a damaged document, the store
-    unreachable), so that a batch still answers and never breaks the listing of the others."""
-    try:
-        return sync_batch(session, ctx.storage, row)
-    except Exception:
-        log.exception("Could not bring batch %s up to date; listed as stored", row.id)
-        session.rollback()
-        return row
+    return row
 
 
 @router.get("/batches/{batch_id}", response_model=Batch)
-def retrieve_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) -> Batch:
-    return batch_object(_owned_batch(session, ctx, owner, batch_id))
+def retrieve_batch(batch_id: Text, session: DbSession, owner: Owner) -> Batch:
+    return batch_object(_owned_batch(session, owner, batch_id))
 
 
 @router.get("/batches", response_model=ListPage[Batch])
 def list_batches(
-    ctx: Context,
     session: DbSession,
     owner: Owner,
     after: Text | None = None,
@@ -178,19 +168,19 @@ def list_batches(
     if page is None:  # only when `after` names no batch
         raise not_found("Batch", str(after), param="after")
     rows, has_more = page
-    data = [batch_object(_synced(session, ctx, r)) for r in rows]
+    data = [batch_object(r) for r in rows]
     return ListPage[Batch].of(data, has_more)
 
 
 @router.post("/batches/{batch_id}/cancel", response_model=Batch)
 def cancel_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) -> Batch:
     """Ask the run to stop before its next shard; the batch is `cancelling` until it has."""
-    row = _owned_batch(session, ctx, owner, batch_id)
+    row = _owned_batch(session, owner, batch_id)
     if row.status in TERMINAL:
         raise invalid(f"Batch {clip(batch_id)} is {row.status}; only a batch that has not ended can be cancelled.",
                       param="batch_id", code="batch_not_cancellable")
-    if row.status != "cancelling":
+    if row.status != BatchStatus.CANCELLING:
         # The stop file first: once the status says cancelling, the pipeline must already see it.
-        BatchFolder(ctx.storage, batch_id).request_stop("cancelled")
+        BatchFolder(ctx.storage, batch_id).request_stop(BatchStatus.CANCELLED)
         repo.request_cancel(session, row)
-    return batch_object(_synced(session, ctx, row))
+    return batch_object(row)

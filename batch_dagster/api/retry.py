@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from batch_dagster.db import repo
-from batch_dagster.db.lifecycle import sync_batch
 from batch_dagster.db.retry import CannotRetry, create_retry
 
 from .batches import batch_object
@@ -22,7 +21,6 @@ def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) 
     parent = repo.get_batch(session, owner, batch_id)
     if parent is None:
         raise not_found("Batch", batch_id, param="batch_id")
-    parent = sync_batch(session, ctx.storage, parent)
     try:
         child = create_retry(session, ctx.storage, parent, completion_window_s=ctx.config.completion_window_s)
     except CannotRetry as exc:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 from pydantic import AfterValidator, BaseModel, Field
 
 from batch_dagster.batchfile.contract import ENDPOINTS
+from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.db.webhooks import EVENT_TYPES
 
 T = TypeVar("T")
@@ -36,11 +37,6 @@ def shown(value: object) -> str:
 # Every text a client sends (bodies, path and query parameters, form fields) is checked on the way in, so
 # nothing the store or a response cannot hold ever gets as far as a write.
 Text = Annotated[str, AfterValidator(_storable)]
-
-BatchStatus = Literal[
-    "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
-]
-
 
 class FileObject(BaseModel):
     id: str

@@ -89,6 +89,33 @@ class BatchError:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BatchError:
+        return cls(code=d.get("code") or "unknown", message=d.get("message") or "", line=d.get("line"),
+                   param=d.get("param"))
+
+
+@dataclass
+class RequestCounts:
+    """The Batch object's `request_counts`."""
+
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+    def __iadd__(self, other: RequestCounts) -> RequestCounts:
+        self.total += other.total
+        self.completed += other.completed
+        self.failed += other.failed
+        return self
+
+    def to_dict(self) -> dict[str, int]:
+        return {"total": self.total, "completed": self.completed, "failed": self.failed}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestCounts:
+        return cls(total=d.get("total", 0), completed=d.get("completed", 0), failed=d.get("failed", 0))
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex}"

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import orjson
 
+from .contract import BatchError, RequestCounts
+from .status import BatchStatus
 from .storage import Storage
+from .usage import Cost, Usage
 
 BATCHES = "batches"
 FILES = "files"
@@ -73,17 +77,35 @@ def batch_ids(storage: Storage) -> list[str]:
 D = TypeVar("D", bound="Document")
 
 
+def _plain(value: Any) -> Any:
+    """A field's JSON value: typed values (counts, usage, cost, errors) in their own JSON shape."""
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 @dataclass
 class Document:
     """An internal JSON document of the batch folder; unknown keys are ignored when read."""
 
+    # How the typed fields are read back: field name -> the type's from_dict (a list field reads each item).
+    TYPED: ClassVar[dict[str, Callable[[dict[str, Any]], Any]]] = {}
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_dict(cls: type[D], data: dict[str, Any]) -> D:
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        for name, read in cls.TYPED.items():
+            if isinstance(values.get(name), list):
+                values[name] = [read(v) for v in values[name]]
+            elif isinstance(values.get(name), dict):
+                values[name] = read(values[name])
+        return cls(**values)
 
 
 @dataclass
@@ -109,7 +131,7 @@ class Deadline(Document):
 
 @dataclass
 class Stop(Document):
-    reason: str  # "cancelled" or "expired"
+    reason: str  # BatchStatus.CANCELLED or EXPIRED
     at: float
 
 
@@ -117,12 +139,14 @@ class Stop(Document):
 class Validation(Document):
     """The validation report of the input file."""
 
+    TYPED = {"errors": BatchError.from_dict}
+
     valid: bool
     total_requests: int
     model: str | None
     endpoint: str | None
     error_count: int
-    errors: list[dict[str, Any]]
+    errors: list[BatchError]
     validated_at: str = ""
     prompt_tokens: int | None = None  # counted with the model's tokenizer when an enqueued-token limit is set
 
@@ -152,9 +176,11 @@ class Progress(Document):
 class Merged(Document):
     """The totals of the merged output and error files."""
 
-    status: str  # "completed", "cancelled" or "expired"
-    request_counts: dict[str, int]
-    usage: dict[str, Any]
+    TYPED = {"request_counts": RequestCounts.from_dict, "usage": Usage.from_dict}
+
+    status: str  # BatchStatus.COMPLETED, CANCELLED or EXPIRED
+    request_counts: RequestCounts
+    usage: Usage
     error_codes: dict[str, int]
 
 
@@ -162,13 +188,15 @@ class Merged(Document):
 class Summary(Document):
     """The batch's end: usage, cost and the record of how it ran (written last)."""
 
+    TYPED = {"request_counts": RequestCounts.from_dict, "usage": Usage.from_dict, "cost": Cost.from_dict}
+
     batch_id: str
     status: str
     endpoint: str
     model: str
-    request_counts: dict[str, int]
-    usage: dict[str, Any]
-    cost: dict[str, Any]
+    request_counts: RequestCounts
+    usage: Usage
+    cost: Cost
     error_codes: dict[str, int]
     inference_s: float
     output_tokens_per_s: float
@@ -289,7 +317,7 @@ class BatchFolder:
             return stop.reason
         deadline = self.deadline()
         if deadline is not None and time.time() >= deadline.expires_at:
-            return "expired"
+            return BatchStatus.EXPIRED
         return None
 
     def validation(self) -> Validation | None:

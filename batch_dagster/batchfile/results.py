@@ -16,27 +16,12 @@ from typing import Any
 import orjson
 
 from . import contract as c
+from .contract import RequestCounts
 from .folder import committed_index, shard_result_files
 from .storage import Storage
 from .usage import Usage
 
-
-@dataclass
-class RequestCounts:
-    """The Batch object's `request_counts`."""
-
-    total: int = 0
-    completed: int = 0
-    failed: int = 0
-
-    def __iadd__(self, other: RequestCounts) -> RequestCounts:
-        self.total += other.total
-        self.completed += other.completed
-        self.failed += other.failed
-        return self
-
-    def to_dict(self) -> dict[str, int]:
-        return {"total": self.total, "completed": self.completed, "failed": self.failed}
+__all__ = ["RequestCounts"]  # defined with the contract; imported from here too
 
 
 @dataclass
@@ -62,7 +47,7 @@ class ShardSummary:
     def from_dict(cls, d: dict[str, Any]) -> ShardSummary:
         return cls(
             index=d["index"],
-            request_counts=RequestCounts(**d["request_counts"]),
+            request_counts=RequestCounts.from_dict(d["request_counts"]),
             usage=Usage.from_dict(d["usage"]),
             error_codes=dict(d.get("error_codes", {})),
             duration_s=d.get("duration_s", 0.0),

@@ -112,6 +112,13 @@ class Cost:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "total_cost": self.total_cost}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Cost:
+        """Read back from `to_dict` (total_cost is derived, so it is not read)."""
+        return cls(model=d.get("model", ""), input_cost=d.get("input_cost", 0.0),
+                   output_cost=d.get("output_cost", 0.0), batch_discount=d.get("batch_discount", 0.0),
+                   currency=d.get("currency", "USD"))
+
 
 def cost_of(usage: Usage, model: str, prices: PriceTable) -> Cost:
     """Price `usage` (which must count successful requests only) for `model`."""

@@ -12,8 +12,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.contract import endpoint_of_head, model_of_head
+from batch_dagster.batchfile.contract import CHAT, endpoint_of_head, model_of_head
 from batch_dagster.batchfile.folder import BatchFolder, file_key
+from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.storage import file_location
 
@@ -42,21 +43,35 @@ def head_model(head: bytes) -> str | None:
     return model_of_head(head, whole=len(head) < HEAD_BYTES)
 
 
-def input_model(folder: BatchFolder) -> str | None:
-    """The model the first request of a batch's input names; None when the input cannot be read."""
+def scan(source: Path) -> tuple[bytes, int]:
+    """A local input's first HEAD_BYTES and its number of lines (its requests, until validation counts them)."""
+    lines, last = 0, b"\n"
+    with open(source, "rb") as f:
+        head = f.read(HEAD_BYTES)
+        chunk = head
+        while chunk:
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+            chunk = f.read(1 << 20)
+    return head, lines + (last != b"\n")  # a last line without its newline counts
+
+
+def _stored_head(storage: Storage, path: str) -> bytes | None:
+    """The first HEAD_BYTES of a stored File; None when it cannot be read (validation then reports it)."""
+    files, key = file_location(storage, path)
     try:
-        with folder.storage.open(folder.input_key) as f:
-            return head_model(f.read(HEAD_BYTES))
+        with files.open(key) as f:
+            return f.read(HEAD_BYTES)
     except OSError:
         return None
 
 
 def add_input_file(session: Session, *, owner: str, file_id: str, filename: str, size: int,
-                   expires_at: int | None = None) -> FileRecord:
-    """A File row with purpose `batch` whose bytes are (or will be) at its key in the storage."""
+                   expires_at: int | None = None, path: str | None = None) -> FileRecord:
+    """A File row with purpose `batch` whose bytes are (or will be) at `path` (by default its key in the storage)."""
     repo.ensure_owners(session, [owner])
     row = FileRecord(id=file_id, owner=owner, bytes=size, created_at=repo.now(), expires_at=expires_at,
-                     filename=filename, purpose="batch", path=file_key(file_id))
+                     filename=filename, purpose="batch", path=path or file_key(file_id))
     session.add(row)
     session.flush()
     return row
@@ -67,7 +82,7 @@ def create_batch(
     storage: Storage,
     *,
     owner: str,
-    endpoint: str,
+    endpoint: str | None,
     input_file: FileRecord,
     input_from: Path | str | FileRecord | None,
     completion_window_s: int | None,
@@ -75,31 +90,43 @@ def create_batch(
     output_expires_after: int | None = OUTPUT_EXPIRES_AFTER_S,
     launched: bool = False,
     batch_id: str | None = None,
+    model: str | None = None,
 ) -> BatchRecord:
     """Put the batch's input, deadline and endpoint in its folder, then add its row (committed).
 
     `input_from`: a local file copied in now, a stored File copied in now, a URI the run fetches
     (dropped files), or None when the input is in the folder already. `completion_window_s` None: the batch
-    never expires.
+    never expires. `endpoint` None: the first request's url decides.
     `launched`: the caller requests the run itself (else the API sensor launches it).
+    The batch's model (from its first request, or `model` for a dropped file, whose head the intake read) and,
+    for a local file, its request count are recorded on the row: nothing after reads the input to know them.
     """
     batch_id = batch_id or repo.new_batch_id()
     folder = BatchFolder(storage, batch_id)
     created_at = repo.now()
+    head, requests = None, 0  # the count of a stored File is validation's (copied within the store, unread)
     if isinstance(input_from, Path):
+        head, requests = scan(input_from)
         folder.put_input(input_from)
     elif isinstance(input_from, FileRecord):
+        head = _stored_head(storage, input_from.path)
         folder.copy_input(*file_location(storage, input_from.path))
     elif isinstance(input_from, str):
         folder.set_source(input_from, input_file.path)
+    if head is not None:
+        model = model or head_model(head)
+        endpoint = endpoint or endpoint_of_head(head)
+    endpoint = endpoint or CHAT
     expires_at = created_at + completion_window_s if completion_window_s is not None else None
     if expires_at is not None:
         folder.set_deadline(expires_at)
     folder.set_endpoint(endpoint)  # validation reports every line with another url
     row = BatchRecord(
         id=batch_id, owner=owner, endpoint=endpoint, input_file_id=input_file.id,
-        completion_window=COMPLETION_WINDOW, status="validating", created_at=created_at, expires_at=expires_at,
+        completion_window=COMPLETION_WINDOW, status=BatchStatus.VALIDATING, created_at=created_at,
+        expires_at=expires_at,
         meta=metadata, output_expires_after=output_expires_after, launched_at=created_at if launched else None,
+        model=model, request_total=requests,
     )
     session.add(row)
     session.commit()
@@ -116,7 +143,7 @@ def register_dropped(session: Session, storage: Storage, dropped: DroppedFile, *
                                 size=dropped.bytes)
     batch = create_batch(session, storage, owner=owner, endpoint=dropped.endpoint, input_file=input_file,
                          input_from=dropped.source, completion_window_s=completion_window_s,
-                         metadata={"source": dropped.source[:512]}, launched=True)
+                         metadata={"source": dropped.source[:512]}, launched=True, model=dropped.model)
     session.add(IntakeRecord(source=dropped.source, version=dropped.version, batch_id=batch.id,
                              deliver_to=deliver_to.rstrip("/") + f"/{batch.id}/", created_at=batch.created_at))
     session.commit()
@@ -125,13 +152,12 @@ def register_dropped(session: Session, storage: Storage, dropped: DroppedFile, *
 
 def register_local(session: Session, storage: Storage, source: Path, *, owner: str,
                    batch_id: str | None = None) -> BatchRecord:
-    """A batch started from the command line: its File is a copy of `source`; it has no deadline."""
-    with open(source, "rb") as f:
-        head = f.read(HEAD_BYTES)
+    """A batch started from the command line; it has no deadline. `source` is copied once, into the batch's
+    folder, and its File is that copy (the endpoint is the first request's)."""
+    batch_id = batch_id or repo.new_batch_id()
     input_file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename=source.name,
-                                size=source.stat().st_size)
-    storage.put_file(input_file.path, source)
-    return create_batch(session, storage, owner=owner, endpoint=endpoint_of_head(head), input_file=input_file,
+                                size=source.stat().st_size, path=BatchFolder(storage, batch_id).input_key)
+    return create_batch(session, storage, owner=owner, endpoint=None, input_file=input_file,
                         input_from=source, completion_window_s=None,
                         metadata={"source": source.resolve().as_uri()[:512]}, launched=True, batch_id=batch_id)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -25,10 +27,21 @@ def batch_tags(batch_id: str, *, source: str, filename: str | None, owner: str) 
     return tags
 
 
-def stored_batch_tags(session: Session, batch_id: str, *, source: str) -> dict[str, str]:
-    """`batch_tags` of a batch in the store (its input file's name from the File record)."""
-    batch = session.scalar(select(BatchRecord).where(BatchRecord.id == batch_id))
-    if batch is None:
-        return {"batch_id": batch_id, "source": source}
-    filename = session.scalar(select(FileRecord.filename).where(FileRecord.id == batch.input_file_id))
-    return batch_tags(batch_id, source=source, filename=filename, owner=batch.owner)
+def input_filenames(session: Session, batches: Sequence[BatchRecord]) -> dict[str, str]:
+    """The name of each batch's input file (from its File record), by batch id: one query for them all."""
+    by_file = {b.input_file_id: b.id for b in batches}
+    rows = session.execute(select(FileRecord.id, FileRecord.filename).where(FileRecord.id.in_(list(by_file))))
+    return {by_file[file_id]: filename for file_id, filename in rows}
+
+
+class RunQueue(Protocol):
+    """What says a model's run-queue tags (the vLLM resource: defs/run_limits.py's queue_tags for its servers)."""
+
+    def queue_tags(self, model: str | None) -> dict[str, str]: ...
+
+
+def run_tags(batch_id: str, *, source: str, filename: str | None, owner: str, model: str | None,
+             vllm: RunQueue) -> dict[str, str]:
+    """Every tag of a batch's run, whoever requests it (the CLI's runner, the API and drop sensors): the batch's
+    labels and the run queue's tags for its model, as recorded on the batch at creation."""
+    return batch_tags(batch_id, source=source, filename=filename, owner=owner) | vllm.queue_tags(model)

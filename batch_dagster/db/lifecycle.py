@@ -3,7 +3,8 @@
 The pipeline writes, in order: validation.json (valid or not), shard summaries as each shard
 commits, merged.json once the output and error files are merged, summary.json at the end. Each
 file's presence moves the status on; its modification time is when that happened, so the
-timestamps are right whoever looks first (the API on a read, or the status sensor).
+timestamps are right whoever looks first (the status sensor, or the CLI at its run's end). The API
+reads what they stored.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, update
 from sqlalchemy.orm import Session
 
+from batch_dagster.batchfile.contract import BatchError
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.results import RequestCounts, committed_shards
+from batch_dagster.batchfile.status import TERMINAL, WITH_FILES, BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.usage import Usage
 
-from .models import TERMINAL, BatchRecord, FileRecord
+from .models import BatchRecord, FileRecord
 from .repo import new_file_id, now
 from .webhooks import add_event
 
-WITH_FILES = ("completed", "cancelled", "expired")
 PIPELINE_ERROR = "pipeline_error"
 
 
@@ -31,12 +33,12 @@ PIPELINE_ERROR = "pipeline_error"
 class Observation:
     """What a batch's files say: its status, when each step happened, and its counts so far."""
 
-    status: str = "validating"
+    status: str = BatchStatus.VALIDATING
     timestamps: dict[str, int | None] = field(default_factory=dict)  # None: the file's time is unknown (gone)
-    request_counts: dict[str, int] | None = None
-    usage: dict[str, Any] | None = None
+    request_counts: RequestCounts | None = None
+    usage: Usage | None = None
     model: str | None = None
-    errors: list[dict[str, Any]] | None = None
+    errors: list[BatchError] | None = None
 
 
 def observe(folder: BatchFolder) -> Observation:
@@ -48,17 +50,17 @@ def observe(folder: BatchFolder) -> Observation:
     obs.model = validation.model
     validated_at = folder.modified_at(folder.VALIDATION)
     if not validation.valid:
-        obs.status = "failed"
+        obs.status = BatchStatus.FAILED
         obs.timestamps["failed_at"] = validated_at
         obs.errors = validation.errors
         # A batch that never ran counts no requests, as OpenAI reports it; errors.data says what was wrong.
-        obs.request_counts = RequestCounts(total=0).to_dict()
+        obs.request_counts = RequestCounts(total=0)
         return obs
-    obs.status = "in_progress"
+    obs.status = BatchStatus.IN_PROGRESS
     obs.timestamps["in_progress_at"] = validated_at
 
     if (merged_at := folder.modified_at(folder.MERGED)) is not None:
-        obs.status = "finalizing"
+        obs.status = BatchStatus.FINALIZING
         obs.timestamps["finalizing_at"] = merged_at
     summary = folder.summary()
     if summary is not None:
@@ -78,10 +80,10 @@ def observe(folder: BatchFolder) -> Observation:
     live = folder.progress()
     if live is not None and live.shard not in shards:
         counts.completed = min(counts.completed + live.done, counts.total - counts.failed)
-    obs.request_counts, obs.usage = counts.to_dict(), usage.to_dict()
+    obs.request_counts, obs.usage = counts, usage
     manifest = folder.manifest()
-    if obs.status == "in_progress" and manifest is not None and len(shards) >= manifest.shard_count:
-        obs.status = "finalizing"
+    if obs.status == BatchStatus.IN_PROGRESS and manifest is not None and len(shards) >= manifest.shard_count:
+        obs.status = BatchStatus.FINALIZING
         obs.timestamps["finalizing_at"] = max(
             (t for t in map(folder.shard_committed_at, shards) if t is not None), default=now()
         )
@@ -92,8 +94,8 @@ def run_failed(obs: Observation, message: str, at: int | None = None) -> Observa
     """The observation of a batch whose Dagster run failed before it wrote a summary."""
     if obs.status in TERMINAL:
         return obs
-    error = {"code": PIPELINE_ERROR, "message": message, "line": None, "param": None}
-    return Observation("failed", {**obs.timestamps, "failed_at": at or now()}, obs.request_counts, obs.usage,
+    error = BatchError(PIPELINE_ERROR, message)
+    return Observation(BatchStatus.FAILED, {**obs.timestamps, "failed_at": at or now()}, obs.request_counts, obs.usage,
                        obs.model, [error])
 
 
@@ -104,7 +106,7 @@ def changes(batch: BatchRecord, obs: Observation) -> dict[str, Any]:
     status = obs.status
     cancelling = batch.cancelling_at is not None
     if cancelling and status not in TERMINAL:
-        status = "cancelling"  # until the run has stopped and written its summary
+        status = BatchStatus.CANCELLING  # until the run has stopped and written its summary
     values: dict[str, Any] = {}
     if status != batch.status:
         values["status"] = status
@@ -114,15 +116,16 @@ def changes(batch: BatchRecord, obs: Observation) -> dict[str, Any]:
         if at is not None and getattr(batch, key) is None:
             values[key] = at
     if obs.request_counts is not None:
-        for name, value in obs.request_counts.items():
+        for name, value in obs.request_counts.to_dict().items():
             if getattr(batch, f"request_{name}") != value:
                 values[f"request_{name}"] = value
-    if obs.usage is not None and obs.usage != batch.usage:
-        values["usage"] = obs.usage
+    if obs.usage is not None and obs.usage.to_dict() != batch.usage:
+        values["usage"] = obs.usage.to_dict()
     if obs.model and obs.model != batch.model:
         values["model"] = obs.model
-    if obs.errors is not None and obs.errors != batch.errors:
-        values["errors"] = obs.errors
+    errors = None if obs.errors is None else [e.to_dict() for e in obs.errors]
+    if errors is not None and errors != batch.errors:
+        values["errors"] = errors
     return values
 
 

@@ -11,10 +11,12 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from batch_dagster.batchfile.status import TERMINAL
+
 # SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere the key is a BIGINT.
 PK = BigInteger().with_variant(Integer(), "sqlite")
 
-TERMINAL = ("completed", "failed", "expired", "cancelled")
+__all__ = ["TERMINAL"]  # re-exported: the store's modules import it from here
 
 
 class Base(DeclarativeBase):
@@ -60,7 +62,7 @@ class BatchRecord(Base):
     endpoint: Mapped[str] = mapped_column(String(64))
     input_file_id: Mapped[str] = mapped_column(String(64))
     completion_window: Mapped[str] = mapped_column(String(16))
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))  # a BatchStatus value
     output_file_id: Mapped[str | None] = mapped_column(String(64))
     error_file_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[int]

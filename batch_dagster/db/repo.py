@@ -11,10 +11,11 @@ from typing import TypeVar, cast
 from sqlalchemy import ColumnElement, CursorResult, or_, select, update
 from sqlalchemy.orm import Session
 
+from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.storage import file_location
 
-from .models import TERMINAL, ApiKey, BatchRecord, FileRecord, IntakeRecord, WebhookEndpointRecord
+from .models import ApiKey, BatchRecord, FileRecord, IntakeRecord, WebhookEndpointRecord
 
 ANONYMOUS = "anonymous"
 Row = TypeVar("Row", FileRecord, BatchRecord, WebhookEndpointRecord)
@@ -123,7 +124,7 @@ def request_cancel(session: Session, batch: BatchRecord, at: int | None = None) 
     result = cast(CursorResult, session.execute(
         update(BatchRecord)
         .where(BatchRecord.id == batch.id, BatchRecord.status.not_in(TERMINAL), BatchRecord.cancelling_at.is_(None))
-        .values(status="cancelling", cancelling_at=at or now())
+        .values(status=BatchStatus.CANCELLING, cancelling_at=at or now())
     ))
     session.commit()
     session.refresh(batch)

@@ -9,12 +9,13 @@ from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.retry import custom_ids_of, merged_lines, retryable_ids, write_retry_input
+from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.storage import file_location
 
 from . import repo
 from .batches import OUTPUT_EXPIRES_AFTER_S, add_input_file, create_batch
-from .models import TERMINAL, BatchRecord, FileRecord
+from .models import BatchRecord, FileRecord
 
 PARENT = "parent_batch_id"
 MAX_METADATA_PAIRS = 16

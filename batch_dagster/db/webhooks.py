@@ -16,10 +16,12 @@ from collections.abc import Sequence
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from .models import TERMINAL, WebhookDelivery, WebhookEndpointRecord, WebhookEvent
+from batch_dagster.batchfile.status import TERMINAL
+
+from .models import WebhookDelivery, WebhookEndpointRecord, WebhookEvent
 from .repo import now, page
 
-EVENT_TYPES = {status: f"batch.{status}" for status in TERMINAL}
+EVENT_TYPES: dict[str, str] = {status: f"batch.{status}" for status in TERMINAL}
 SECRET_PREFIX = "whsec_"
 MAX_ENDPOINTS_PER_OWNER = 16
 DELETED = "The webhook endpoint was deleted."

@@ -15,8 +15,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TextIO
 
+from batch_dagster.batchfile.contract import BatchError
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder
 from batch_dagster.batchfile.results import committed_shards
+from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.terminal import output_to_log
 
 
@@ -64,18 +66,21 @@ class CliBatch:
 
     def __init__(self, defs: Any, file: Path):
         from batch_dagster.db import repo
-        from batch_dagster.db.batches import register_local
+        from batch_dagster.db.batches import head_model, register_local, scan
 
         storage = defs.resources["storage"]
         self.storage, self.database = storage.storage(), defs.resources.get("database")
         intake = defs.resources.get("intake")
         self.owner = intake.owner if intake is not None else repo.ANONYMOUS
+        self.model: str | None  # the model of its first request, as the batch record holds it
         if self.database is None:  # no store: the batch folder alone
             self.batch_id = repo.new_batch_id()
+            self.model = head_model(scan(file)[0])
             BatchFolder(self.storage, self.batch_id).put_input(file)
             return
         with self.database.session() as session:
-            self.batch_id = register_local(session, self.storage, file, owner=self.owner).id
+            row = register_local(session, self.storage, file, owner=self.owner)
+            self.batch_id, self.model = row.id, row.model
 
     def sync(self, run_failure: str | None) -> None:
         from batch_dagster.db import repo
@@ -116,8 +121,8 @@ def run_batch(
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     import dagster as dg
 
-    from batch_dagster.db.batches import HEAD_BYTES, head_model
-    from batch_dagster.db.labels import batch_tags
+    from batch_dagster.db.labels import run_tags
+    from batch_dagster.db.lifecycle import PIPELINE_ERROR
     from batch_dagster.defs.partitions import batches
 
     if defs is None:
@@ -133,10 +138,10 @@ def run_batch(
     batch_id = record.batch_id
     folder = BatchFolder(record.storage, batch_id)
     instance.add_dynamic_partitions(batches.name, [batch_id])
-    with open(file, "rb") as f:
-        # This run starts at once, without the run queue. Tagged as the sensors tag theirs, it counts against the
-        # queue's limits while it runs: an offline engine here makes the daemon's offline runs wait.
-        queue_tags = defs.resources["vllm"].queue_tags(head_model(f.read(HEAD_BYTES)))
+    # This run starts at once, without the run queue. Tagged as the sensors tag theirs, it counts against the
+    # queue's limits while it runs: an offline engine here makes the daemon's offline runs wait.
+    tags = run_tags(batch_id, source="cli", filename=file.name, owner=record.owner, model=record.model,
+                    vllm=defs.resources["vllm"])
     log_file = log_dir / f"run-{batch_id}.log" if log_dir is not None else None
     with ExitStack() as stack:
         terminal = stack.enter_context(output_to_log(log_file)) if log_file is not None else None
@@ -149,7 +154,7 @@ def run_batch(
                 raise_on_error=False,
                 # With a log file, the console logger writes there (its step failures with tracebacks too).
                 run_config={"loggers": {"console": {"config": {"log_level": "DEBUG" if log_file else "WARNING"}}}},
-                tags=batch_tags(batch_id, source="cli", filename=file.name, owner=record.owner) | queue_tags,
+                tags=tags,
             )
         finally:
             progress.stop.set()
@@ -172,13 +177,13 @@ def run_batch(
         output_file.write_bytes(b"")
         error_file.write_bytes(b"")
         validation = folder.validation()
-        errors = (validation.errors if validation else None) or [
-            {"code": "pipeline_error", "message": _failure_message(result), "line": None, "param": None}]
-        summary = {"batch_id": batch_id, "status": "failed", "model": validation.model if validation else None,
+        errors = (validation.errors if validation else None) or [BatchError(PIPELINE_ERROR, _failure_message(result))]
+        summary = {"batch_id": batch_id, "status": BatchStatus.FAILED,
+                   "model": validation.model if validation else None,
                    "endpoint": validation.endpoint if validation else None,
                    "request_counts": {"total": validation.total_requests if validation else 0, "completed": 0,
                                       "failed": 0},
-                   "usage": None, "cost": None, "errors": errors}
+                   "usage": None, "cost": None, "errors": [e.to_dict() for e in errors]}
     return summary | {
         "run_id": result.run_id,
         **({"log_file": str(log_file)} if log_file is not None else {}),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.defs.runner import run_batch
 from batch_dagster.settings import Settings
 
@@ -22,7 +23,7 @@ def run_demo(out_dir: Path) -> int:
     requests = {r["custom_id"]: r for r in map(json.loads, sample.read_text(encoding="utf-8").splitlines())}
     print(f"Running {len(requests)} sample requests through Dagster on the default model (first start ~30 s) ...")
     summary = run_batch(sample, out_dir, log_dir=Settings.from_env().data_dir / "logs")
-    if summary["status"] != "completed":
+    if summary["status"] != BatchStatus.COMPLETED:
         print(f"The demo batch ended {summary['status']}: {summary.get('errors')} (log: {summary['log_file']})")
         return 1
     rc, usage, cost = summary["request_counts"], summary["usage"], summary["cost"]

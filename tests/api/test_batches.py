@@ -193,6 +193,7 @@ def test_cancel_mid_run_keeps_partial_results(start_service, tmp_path):
     batch = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", requests),
                                   endpoint="/v1/chat/completions", completion_window="24h")
     assert reached.wait(30)
+    service.worker.follow()  # what the daemon's status sensor does every few seconds while the run goes on
     running = client.batches.retrieve(batch.id)
     # request_counts move per committed shard, not only at the end.
     assert running.status == "in_progress" and running.request_counts.model_dump() == {

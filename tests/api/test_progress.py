@@ -19,6 +19,7 @@ def test_request_counts_and_log_move_within_a_shard(start_service, tmp_path):
 
     def look(done: int) -> None:  # the engine pauses here, mid-shard, while the API is asked
         if done in (500, 900):
+            service.worker.follow()  # what the daemon's status sensor does every few seconds while the run goes on
             b = client.batches.retrieve(batch.id)
             seen.append((b.status, b.request_counts.completed, b.request_counts.total))
 

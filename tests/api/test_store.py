@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from contextlib import redirect_stdout
 
 import pytest
@@ -11,6 +12,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 
+from batch_dagster.batchfile.contract import BatchError, RequestCounts
 from batch_dagster.batchfile.folder import BatchFolder, Manifest, Validation
 from batch_dagster.db import TERMINAL, BatchRecord, Database, FileRecord, repo, webhooks
 from batch_dagster.db.lifecycle import Observation, apply, changes, observe, run_failed
@@ -98,6 +100,25 @@ def test_launch_queue(store):
         assert done.id not in {b.id for b in repo.active_batches(s)}
 
 
+def test_a_batch_records_its_model_and_a_local_input_is_copied_once(store, tmp_path):
+    from batch_dagster.db.batches import create_batch, register_local
+
+    storage = LocalStorage(tmp_path / "data")
+    source = tmp_path / "in.jsonl"
+    first = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": "m1", "input": "x"}}
+    source.write_text(json.dumps(first) + "\n" + json.dumps({**first, "custom_id": "b"}))  # no final newline
+    with store.session() as s:
+        local = register_local(s, storage, source, owner="a")
+        file = s.scalar(select(FileRecord).where(FileRecord.id == local.input_file_id))
+        assert (local.model, local.request_total, local.endpoint) == ("m1", 2, "/v1/embeddings")
+        folder = BatchFolder(storage, local.id)
+        assert file.path == folder.input_key and storage.list("files") == []  # the folder's copy is the File
+        # An uploaded File: its model from its head, read once at creation; its count comes with validation.
+        uploaded = create_batch(s, storage, owner="a", endpoint="/v1/embeddings", input_file=file, input_from=file,
+                                completion_window_s=None)
+        assert (uploaded.model, uploaded.request_total) == ("m1", 0)
+
+
 def row(**kw) -> BatchRecord:
     base = dict(id="batch_1", owner="a", endpoint="/v1/chat/completions", input_file_id="f", completion_window="24h",
                 status="validating", created_at=1, request_total=0, request_completed=0, request_failed=0)
@@ -105,7 +126,7 @@ def row(**kw) -> BatchRecord:
 
 
 def test_changes_only_move_forward():
-    running = Observation("in_progress", {"in_progress_at": 10}, {"total": 4, "completed": 2, "failed": 0})
+    running = Observation("in_progress", {"in_progress_at": 10}, RequestCounts(total=4, completed=2, failed=0))
     assert changes(row(), running) == {"status": "in_progress", "in_progress_at": 10, "request_total": 4,
                                        "request_completed": 2}
     assert changes(row(status="in_progress", in_progress_at=5), running) == {"request_total": 4, "request_completed": 2}
@@ -117,7 +138,7 @@ def test_changes_only_move_forward():
     for status in TERMINAL:
         assert changes(row(status=status), Observation("completed", {"completed_at": 1})) == {}
     failed = run_failed(running, "boom", at=40)
-    assert failed.status == "failed" and failed.errors[0]["code"] == "pipeline_error"
+    assert failed.status == "failed" and failed.errors[0].code == "pipeline_error"
     assert run_failed(Observation("completed"), "boom").status == "completed"
 
 
@@ -128,14 +149,14 @@ def test_observe_follows_the_pipeline_files(tmp_path):
     assert observe(folder).status == "validating"
     folder.write_validation(Validation(True, 3, "m", "/v1/chat/completions", 0, []))
     obs = observe(folder)
-    assert (obs.status, obs.request_counts, obs.model) == ("in_progress", {"total": 3, "completed": 0, "failed": 0}, "m")
+    assert (obs.status, obs.request_counts, obs.model) == ("in_progress", RequestCounts(3, 0, 0), "m")
     folder.write_manifest(Manifest("batch_x", "/v1/chat/completions", "m", 3, 3, 1, [3]))
     assert observe(folder).status == "in_progress"
     commit_shard(folder.storage, folder.results_prefix, 0, [])
     assert observe(folder).status == "finalizing"
     invalid = BatchFolder(LocalStorage(tmp_path), "batch_y")
-    invalid.write_validation(Validation(False, 2, None, None, 1, [{"code": "invalid_json", "line": 2}]))
-    assert observe(invalid).errors == [{"code": "invalid_json", "line": 2}]
+    invalid.write_validation(Validation(False, 2, None, None, 1, [BatchError("invalid_json", "x", line=2)]))
+    assert observe(invalid).errors == [BatchError("invalid_json", "x", line=2)]
 
 
 def test_the_end_is_registered_once_when_two_observers_race(store, tmp_path):
@@ -145,7 +166,7 @@ def test_the_end_is_registered_once_when_two_observers_race(store, tmp_path):
     folder = BatchFolder(LocalStorage(tmp_path), batch_id)
     for key in (folder.output_key, folder.error_key):
         folder.storage.write_bytes(key, b"")
-    end = Observation("completed", {"completed_at": 50}, {"total": 0, "completed": 0, "failed": 0})
+    end = Observation("completed", {"completed_at": 50}, RequestCounts(total=0, completed=0, failed=0))
     with store.session() as first, store.session() as second:
         # Both loaded the batch while it was still running; both see it end.
         mine, theirs = repo.get_batch(first, "a", batch_id), repo.get_batch(second, "a", batch_id)

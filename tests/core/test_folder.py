@@ -8,6 +8,7 @@ import time
 import orjson
 import pytest
 
+from batch_dagster.batchfile.contract import BatchError, RequestCounts
 from batch_dagster.batchfile.folder import (
     BatchFolder,
     Manifest,
@@ -22,6 +23,7 @@ from batch_dagster.batchfile.folder import (
     shard_file,
     shard_result_files,
 )
+from batch_dagster.batchfile.usage import Cost, Usage
 from batch_dagster.storage import LocalStorage, file_location
 
 
@@ -66,22 +68,31 @@ def test_documents_round_trip_as_typed_objects(folder):
     folder.write_manifest(manifest)
     assert folder.manifest() == manifest
     validation = Validation(valid=False, total_requests=2, model=None, endpoint=None, error_count=1,
-                            errors=[{"code": "invalid_json", "message": "x", "line": 2, "param": None}],
+                            errors=[BatchError("invalid_json", "x", line=2, param=None)],
                             validated_at="now")
     folder.write_validation(validation)
     assert folder.validation() == validation
-    merged = Merged("completed", {"total": 1, "completed": 1, "failed": 0}, {"input_tokens": 3}, {})
+    merged = Merged("completed", RequestCounts(total=1, completed=1, failed=0), Usage(input_tokens=3), {})
     folder.write_merged(merged)
     assert folder.merged() == merged
     folder.write_progress(Progress(shard=1, done=7))
     assert folder.progress() == Progress(1, 7)
-    summary = Summary("batch_1", "completed", "/v1/chat/completions", "m", {"total": 1}, {}, {"total_cost": 0.0},
+    summary = Summary("batch_1", "completed", "/v1/chat/completions", "m", RequestCounts(total=1), Usage(),
+                      Cost("m", 0.0, 0.0, 0.5, "USD"),
                       {}, 1.5, 2.0, {"revision": "r"}, "o", "e", "t")
     folder.write_summary(summary)
     assert folder.summary() == summary
     # Written as plain JSON, so other tools (and older readers) can read them; unknown keys are ignored.
     raw = orjson.loads(folder.storage.read_bytes(folder.summary_key))
     assert raw["status"] == "completed"
+    # The typed values are written in the JSON shapes older readers know.
+    assert raw["request_counts"] == {"total": 1, "completed": 0, "failed": 0}
+    assert raw["usage"] == {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 0,
+                            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0}
+    assert raw["cost"] == {"model": "m", "input_cost": 0.0, "output_cost": 0.0, "batch_discount": 0.5,
+                           "currency": "USD", "total_cost": 0.0}
+    assert orjson.loads(folder.storage.read_bytes(folder.key(folder.VALIDATION)))["errors"] == [
+        {"code": "invalid_json", "message": "x", "line": 2, "param": None}]
     folder.storage.write_bytes(folder.key("summary.json"), orjson.dumps({**raw, "added_later": 1}))
     assert folder.summary() == summary
 

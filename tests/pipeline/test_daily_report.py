@@ -18,6 +18,8 @@ from PIL import Image
 
 from batch_dagster.batchfile.daily_usage import day_bounds
 from batch_dagster.batchfile.folder import Summary
+from batch_dagster.batchfile.results import RequestCounts
+from batch_dagster.batchfile.usage import Cost, Usage
 from batch_dagster.db import BatchRecord, repo
 from batch_dagster.definitions import defs as project_defs
 from batch_dagster.defs.assets.daily_report import report_assets, report_prefix
@@ -59,8 +61,9 @@ def add(env, batch_id: str, status: str, model: str | None, counts: tuple[int, i
     if cost is not None:
         env["storage"].folder(batch_id).write_summary(Summary(
             batch_id=batch_id, status=status, endpoint="/v1/chat/completions", model=model or "",
-            request_counts={"total": total, "completed": completed, "failed": failed}, usage=usage_dict or {},
-            cost={"total_cost": cost, "currency": "USD"}, error_codes={}, inference_s=inference_s,
+            request_counts=RequestCounts(total, completed, failed),
+            usage=Usage(input_tokens=usage[0], output_tokens=usage[1]) if usage else Usage(),
+            cost=Cost(model or "", cost, 0.0, 0.5, "USD"), error_codes={}, inference_s=inference_s,
             output_tokens_per_s=0.0, record={}, output_file="", error_file="", completed_at="",
         ))
 

@@ -29,7 +29,8 @@ from batch_dagster.batchfile.folder import (
 )
 from batch_dagster.batchfile.registry import served_endpoints
 from batch_dagster.batchfile.results import commit_shard, committed_shards, merge
-from batch_dagster.batchfile.usage import Usage, cost_of
+from batch_dagster.batchfile.status import BatchStatus
+from batch_dagster.batchfile.usage import cost_of
 from batch_dagster.defs.dagster_internals import dies_with_its_run
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
@@ -143,7 +144,9 @@ def validated_requests(
                 .to_pylist() if report.valid else [])
         if not report.valid:
             out.unlink(missing_ok=True)  # over the token limit: valid rows, but the batch is refused
-    folder.write_validation(Validation(**report.to_dict(), validated_at=_now(), prompt_tokens=prompt_tokens))
+    folder.write_validation(Validation(
+        valid=report.valid, total_requests=report.total_requests, model=report.model, endpoint=report.endpoint,
+        error_count=report.error_count, errors=report.errors, validated_at=_now(), prompt_tokens=prompt_tokens))
     if not report.valid:
         # No materialization: Dagster skips the downstream steps and their checks instead of failing them,
         # and the run succeeds. The batch's status (failed, with errors.data) comes from validation.json.
@@ -305,6 +308,7 @@ def shard_results(
                 lines = engine_error_lines(requests, str(exc))
                 engine = vllm.engine(manifest.model)
             summary = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0)
+            done[index] = summary
             ran_requests += summary.request_counts.total
             ran_tokens += summary.usage.output_tokens
             context.log.info(
@@ -312,19 +316,18 @@ def shard_results(
                 f"{summary.usage.output_tokens} output tokens in {summary.duration_s:.1f}s"
             )
     elapsed = time.perf_counter() - started
-    all_done = committed_shards(folder.storage, folder.results_prefix)
-    completed = sum(s.request_counts.completed for s in all_done.values())
-    failed = sum(s.request_counts.failed for s in all_done.values())
+    completed = sum(s.request_counts.completed for s in done.values())  # those committed before, and now
+    failed = sum(s.request_counts.failed for s in done.values())
     return dg.MaterializeResult(
         metadata={
             "shards_run": len(todo),
-            "shards_skipped": len(done),
+            "shards_skipped": manifest.shard_count - len(todo),
             "completed": completed,
             "failed": failed,
             "requests_run": ran_requests,
             "inference_s": round(elapsed, 3),
             "output_tokens_per_s": round(ran_tokens / elapsed, 1) if ran_requests else 0.0,
-            "status": stopped or ("ran" if todo else "cached"),
+            "status": str(stopped or ("ran" if todo else "cached")),  # Dagster metadata takes no enum
         }
     )
 
@@ -370,15 +373,15 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResour
     not_run: Any = []
     if stopped:
         # The requests of shards that never ran still get a line each: nothing is dropped.
-        code = c.BATCH_CANCELLED if stopped == "cancelled" else c.BATCH_EXPIRED
+        code = c.BATCH_CANCELLED if stopped == BatchStatus.CANCELLED else c.BATCH_EXPIRED
         message = f"The batch was {stopped} before this request ran."
         not_run = (c.not_run_line(cid, code, message) for i in missing for cid in _shard_ids(folder, i))
     with folder.storage.writing(folder.output_key) as out, folder.storage.writing(folder.error_key) as err:
         result = merge(folder.storage, folder.results_prefix, manifest.shard_count, out, err,
                        not_run=not_run, missing_ok=bool(stopped))
         preview = _preview(out)
-    folder.write_merged(Merged(status=stopped or "completed", request_counts=result.request_counts.to_dict(),
-                               usage=result.usage.to_dict(), error_codes=result.error_codes))
+    folder.write_merged(Merged(status=stopped or BatchStatus.COMPLETED, request_counts=result.request_counts,
+                               usage=result.usage, error_codes=result.error_codes))
     return dg.MaterializeResult(
         metadata={
             "output_file": dg.MetadataValue.path(folder.storage.uri(folder.output_key)),
@@ -407,7 +410,7 @@ def batch_usage(
     if merged is None:
         raise dg.Failure(f"{folder.batch_id} has no merged files: batch_output_files has not run.",
                          allow_retries=False)
-    usage = Usage.from_dict(merged.usage)
+    usage = merged.usage
     cost = cost_of(usage, manifest.model, pipeline.prices())
     inference_s = sum(s.duration_s for s in committed_shards(folder.storage, folder.results_prefix).values())
     summary = Summary(
@@ -416,8 +419,8 @@ def batch_usage(
         endpoint=manifest.endpoint,
         model=manifest.model,
         request_counts=merged.request_counts,
-        usage=usage.to_dict(),
-        cost=cost.to_dict(),
+        usage=usage,
+        cost=cost,
         error_codes=merged.error_codes,
         inference_s=round(inference_s, 3),
         output_tokens_per_s=round(usage.output_tokens / inference_s, 1) if inference_s else 0.0,
@@ -442,7 +445,7 @@ def batch_usage(
             "model_revision": summary.record["revision"],
             "vllm_version": summary.record["vllm_version"],
             "engine": dg.MetadataValue.json(summary.record),
-            "cost_detail": dg.MetadataValue.json(summary.cost),
+            "cost_detail": dg.MetadataValue.json(cost.to_dict()),
         }
     )
 

@@ -62,12 +62,12 @@ def usage_equals_output_lines(context: dg.AssetCheckExecutionContext, storage: S
     for line in iter_lines(folder.storage, folder.output_key):
         summed.add_body(line["response"]["body"])
     summary = folder.summary()
-    recorded = summary.usage if summary else {}
+    recorded = summary.usage if summary else None
     return dg.AssetCheckResult(
-        passed=summed.to_dict() == recorded,
+        passed=summed == recorded,
         metadata={
             "summed_total_tokens": summed.total_tokens,
-            "recorded_total_tokens": recorded.get("total_tokens", -1),
+            "recorded_total_tokens": recorded.total_tokens if recorded else -1,
         },
     )
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dagster as dg
 
-from batch_dagster.db import TERMINAL, repo
-from batch_dagster.db.batches import input_model
-from batch_dagster.db.labels import stored_batch_tags
+from batch_dagster.batchfile.status import TERMINAL
+from batch_dagster.db import repo
+from batch_dagster.db.labels import input_filenames, run_tags
 from batch_dagster.db.lifecycle import sync_batch
 from batch_dagster.defs.dagster_internals import run_end_reason, worker_gone
 from batch_dagster.defs.jobs import batch_job
@@ -43,16 +43,18 @@ def run_key(instance: dg.DagsterInstance, batch_id: str) -> str:
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Adds each batch created through the API as a partition and runs batch_job for it.",
 )
-def api_batch_sensor(context: dg.SensorEvaluationContext, database: DatabaseResource, storage: StorageResource,
+def api_batch_sensor(context: dg.SensorEvaluationContext, database: DatabaseResource,
                      vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
     with database.session() as session:
-        waiting = [b.id for b in repo.batches_to_launch(session)]
-        if not waiting:
+        rows = repo.batches_to_launch(session)
+        if not rows:
             return dg.SkipReason("No new batches.")
+        waiting = [b.id for b in rows]
         repo.mark_launched(session, waiting)
-        # The queue tags come from the input's first request: the run waits in the run queue by its model.
-        tags = {batch_id: stored_batch_tags(session, batch_id, source="api")
-                | vllm.queue_tags(input_model(storage.folder(batch_id))) for batch_id in waiting}
+        # The run waits in the run queue by the model its batch recorded at creation.
+        filenames = input_filenames(session, rows)
+        tags = {b.id: run_tags(b.id, source="api", filename=filenames.get(b.id), owner=b.owner, model=b.model,
+                               vllm=vllm) for b in rows}
     context.log.info(f"Launching {len(waiting)} batch(es): {', '.join(waiting)}")
     return dg.SensorResult(
         run_requests=[
@@ -122,7 +124,12 @@ def api_batch_status_sensor(
             if batch.run_id != run.run_id:
                 batch.run_id = run.run_id
                 session.commit()
-            sync_batch(session, folders, batch)
+            try:
+                sync_batch(session, folders, batch)
+            except Exception as exc:  # a damaged document, the store unreachable: the other batches still move
+                session.rollback()
+                context.log.error(f"{batch.id}: could not read its folder ({exc!r}); left as stored")
+                continue
             if batch.status not in TERMINAL and worker_gone(run):
                 context.log.warning(f"{batch.id}: the code server of run {run.run_id} is gone; marking it failed")
                 instance.report_run_failed(run, WORKER_GONE)

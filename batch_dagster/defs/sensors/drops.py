@@ -21,7 +21,7 @@ from dagster_aws.s3 import S3Resource
 from batch_dagster.batchfile.contract import endpoint_of_head
 from batch_dagster.db import repo
 from batch_dagster.db.batches import HEAD_BYTES, DroppedFile, head_model, register_dropped
-from batch_dagster.db.labels import batch_tags
+from batch_dagster.db.labels import run_tags
 from batch_dagster.defs.jobs import batch_job, deliver_results_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, Intake, StorageResource, VLLMResource
@@ -39,19 +39,19 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
     with database.session() as session:
         launched = [
             register_dropped(session, storage.storage(), f, owner=intake.owner, deliver_to=deliver_to,
-                             completion_window_s=intake.completion_window_s).id
+                             completion_window_s=intake.completion_window_s)
             for f in new
         ]
         ended = [i.batch_id for i in repo.undelivered(session, scheme)]
         repo.mark_delivery_requested(session, ended)
-    for f, batch_id in zip(new, launched, strict=True):
-        context.log.info(f"{f.source} ({f.bytes} bytes) -> {batch_id}")
+    for f, batch in zip(new, launched, strict=True):
+        context.log.info(f"{f.source} ({f.bytes} bytes) -> {batch.id}")
     for batch_id in ended:
         context.log.info(f"{batch_id} ended: delivering its results")
     runs = [
-        dg.RunRequest(job_name=batch_job.name, partition_key=b, run_key=b,
-                      tags={**batch_tags(b, source="s3" if scheme == "s3://" else "inbox", filename=f.filename,
-                                         owner=intake.owner), "input_uri": f.source[:255], **vllm.queue_tags(f.model)})
+        dg.RunRequest(job_name=batch_job.name, partition_key=b.id, run_key=b.id,
+                      tags={**run_tags(b.id, source="s3" if scheme == "s3://" else "inbox", filename=f.filename,
+                                       owner=b.owner, model=b.model, vllm=vllm), "input_uri": f.source[:255]})
         for f, b in zip(new, launched, strict=True)
     ] + [
         dg.RunRequest(job_name=deliver_results_job.name, partition_key=b, run_key=f"{b}:delivery",
@@ -60,7 +60,7 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
     ]
     return dg.SensorResult(
         run_requests=runs,
-        dynamic_partitions_requests=[batches.build_add_request(launched)] if launched else [],
+        dynamic_partitions_requests=[batches.build_add_request([b.id for b in launched])] if launched else [],
         cursor=json.dumps(cursor),
         skip_reason=None if runs else "No new complete file, and no ended batch to deliver.",
     )
