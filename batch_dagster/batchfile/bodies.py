@@ -148,6 +148,8 @@ _FREE_FORM = frozenset({"logit_bias", "chat_template_kwargs", "response_format",
 # msgspec's messages end in " - at `$.path`"; a missing field is named in the message.
 _AT = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _MISSING = re.compile(r"missing required field `([^`]+)`")
+# msgspec quotes a wrong value whole ("Invalid enum value 'zzz…'"): the message quotes it cut instead.
+_ECHO = re.compile(r"^(?P<head>Invalid (?:enum )?value )'(?P<value>.*)'$", re.S)
 # msgspec names Python types; the API's users know JSON's.
 _JSON_TYPES = {"float": "number", "int": "integer", "str": "string", "bool": "boolean"}
 _JSON_TYPE = re.compile(r"(?<=[`| ])(float|int|str|bool)(?=[`| ])")
@@ -244,6 +246,8 @@ def _body_error(text: str) -> BodyError:
     if missing:
         path += f".{missing[1]}"
     param = "body" + path
+    if echo := _ECHO.match(message):
+        message = echo["head"] + c.quoted(echo["value"])
     message = message.replace(" | null", "")  # every field may be null; saying so on each error is noise
     message = _JSON_TYPE.sub(lambda m: _JSON_TYPES[m[0]], message)
     return BodyError(param, f"Field {param!r}: {message[0].lower()}{message[1:]}.")

@@ -11,6 +11,8 @@ import time
 import uuid
 from typing import Any
 
+from . import contract as c
+
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -54,7 +56,7 @@ def input_problem(value: Any) -> tuple[str, str] | None:
             return f"'{where}' must be an object (a message with 'role' and 'content').", where
         kind = item.get("type", "message")
         if kind != "message":
-            return f"'{where}' has type {kind!r}; only 'message' items are served.", f"{where}.type"
+            return f"'{where}' has type {c.quoted(kind)}; only 'message' items are served.", f"{where}.type"
         if item.get("role") not in ROLES:
             return f"'{where}.role' must be one of {', '.join(ROLES)}.", f"{where}.role"
         if (problem := _check_content(item.get("content"), f"{where}.content")) is not None:

@@ -12,7 +12,7 @@ import pytest
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.db import BatchRecord, Database
 from batch_dagster.storage import LocalStorage
-from tests.helpers import KEY_A, rows, upload
+from tests.helpers import KEY_A, rows, upload, wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -78,6 +78,28 @@ def test_error_messages_echo_only_a_short_prefix_of_the_input(start_service):
             error = assert_error(response, response.status_code)
             assert response.status_code in (400, 404) and len(error["message"]) < 200, error["message"][:300]
             assert "…" in error["message"]
+
+
+def test_a_failed_batch_object_stays_small_whatever_its_file_held(start_service, tmp_path):
+    """A 1 MB url and a model named in 1 MB are quoted short; 5,000 bad lines list 100 errors and a count."""
+    service = start_service()
+    client = service.client()
+    huge = "x" * (1 << 20)
+    files = {"long": [rows(1)[0] | {"url": huge}, rows(1)[0] | {"custom_id": "b", "body": {"model": huge}}],
+             "many": [rows(1)[0] | {"custom_id": f"r{i}", "url": "/v1/nope"} for i in range(5000)]}
+    for name, lines in files.items():
+        file_id = upload(client, tmp_path / f"{name}.jsonl", lines)
+        batch = client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
+        failed = wait_for(client, batch.id, {"failed", "completed"}, timeout_s=120)
+        assert failed.status == "failed" and failed.errors is not None and failed.errors.object == "list"
+        assert len(client.batches.retrieve(batch.id).to_json()) < 48 * 1024
+        with service.http() as http:
+            assert len(http.get("/v1/batches").content) < 64 * 1024
+        assert all(len(e.message) < 200 for e in failed.errors.data)
+        if name == "many":
+            assert len(failed.errors.data) == 101 and failed.errors.data[-1].code == "more_errors"
+            assert "4900 more" in failed.errors.data[-1].message
+        assert failed.model is None or len(failed.model) < 300
 
 
 SURROGATE_BODIES = [  # raw JSON: FILE is an uploaded file's id, CHAT the chat endpoint
