@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 from . import contract as c
+from .bodies import BodyError, check_depth
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -67,6 +68,10 @@ def input_problem(value: Any) -> tuple[str, str] | None:
 def body_problems(body: dict[str, Any]) -> list[tuple[str, str]]:
     """Every (message, param) wrong with a responses body (besides `model`, checked for every endpoint)."""
     problems = []
+    try:
+        check_depth(body)  # the limit of every endpoint: a deeper body is cut to be stored (bodies.cut)
+    except BodyError as exc:
+        problems.append((str(exc), exc.param))
     if "input" not in body:
         problems.append(("Field 'body.input' must be present for /v1/responses.", "body.input"))
     elif (problem := input_problem(body["input"])) is not None:

@@ -15,7 +15,7 @@ import orjson
 
 from . import contract as c
 from . import responses
-from .bodies import BodyError, check_body
+from .bodies import BodyError, check_body, cut
 
 BOM = b"\xef\xbb\xbf"
 _READ_CHUNK = 1 << 20
@@ -281,14 +281,16 @@ def _check_request(request: dict[str, Any], line_no: int, endpoint: str | None, 
         error(c.INVALID_REQUEST, f"Field 'body.{name}' must be {kind} for {url}.", line_no, f"body.{name}")
         return False
     if url == c.RESPONSES:
-        for message, param in responses.body_problems(body):
+        problems = responses.body_problems(body)
+        for message, param in problems:
             error.reject(message, line_no, param)
+        if problems:
+            request["body"] = cut(body)
         return True
     try:
         check_body(url, body)
     except BodyError as exc:
         if not exc.storable:
-            error(c.INVALID_REQUEST, str(exc), line_no, exc.param)
-            return False
+            request["body"] = cut(body)
         error.reject(str(exc), line_no, exc.param)
     return True
