@@ -103,6 +103,9 @@ VARIABLES: tuple[Variable, ...] = (
              "<outbox>/<batch_id>/.", "Drop folders"),
     Variable("BATCH_INTAKE_API_KEY", "the first of BATCH_API_KEYS", "The key whose owner dropped files' batches "
              "are listed under in the API.", "Drop folders"),
+    Variable("BATCH_WEBHOOK_ALLOW", "", "Comma-separated hosts or CIDRs that keys' own webhook endpoints may reach "
+             "although not public (loopback, private, link-local); unset: public addresses only. BATCH_WEBHOOK_URLS "
+             "are the operator's and always trusted.", "API"),
 )
 _BY_NAME = {v.name: v for v in VARIABLES}
 
@@ -166,6 +169,7 @@ class Settings:
     inbox_dir: Path
     outbox_dir: Path
     intake_api_key: str
+    webhook_allow: tuple[str, ...]  # hosts or CIDRs keys' own webhook endpoints may reach although internal
 
     @property
     def scratch_dir(self) -> Path:
@@ -224,6 +228,7 @@ class Settings:
             inbox_dir=inbox,
             outbox_dir=Path(_raw("BATCH_OUTBOX_DIR") or inbox.parent / "outbox"),
             intake_api_key=_raw("BATCH_INTAKE_API_KEY") or (keys[0] if keys else ""),
+            webhook_allow=_list("BATCH_WEBHOOK_ALLOW"),
         )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import Database
 from batch_dagster.db.repo import owner_of_key
+from batch_dagster.egress import Allow
 from batch_dagster.settings import Settings
 
 
@@ -22,6 +23,7 @@ class ApiConfig:
     completion_window_s: int
     max_json_body_bytes: int = 1 << 20
     storage_url: str = ""  # where batch folders and files live; empty: data_dir
+    webhook_allow: Allow = Allow()  # internal hosts keys' webhook endpoints may reach (BATCH_WEBHOOK_ALLOW)
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> ApiConfig:
@@ -29,7 +31,8 @@ class ApiConfig:
         return cls(api_keys=settings.api_keys, database_url=settings.database_url, data_dir=settings.data_dir,
                    storage_url=settings.storage_url,
                    max_upload_bytes=settings.max_upload_bytes, completion_window_s=settings.completion_window_s,
-                   max_json_body_bytes=settings.max_json_body_bytes)
+                   max_json_body_bytes=settings.max_json_body_bytes,
+                   webhook_allow=Allow.parse(settings.webhook_allow))
 
     def storage(self) -> Storage:
         from batch_dagster.storage import open_storage

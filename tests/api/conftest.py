@@ -16,6 +16,7 @@ import pytest
 from batch_dagster.api.app import create_app
 from batch_dagster.api.context import ApiConfig
 from batch_dagster.defs.resources import DatabaseResource, StorageResource, VLLMResource
+from batch_dagster.egress import Allow
 from tests.helpers import KEY_A, KEY_B, ApiServer, FakeEngine, Service, Worker, database_url, fake_vllm, make_defs
 
 
@@ -28,12 +29,13 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
     def start(*, api_keys=(KEY_A, KEY_B), window_s: int = 86_400, shard_size: int = 2,
               max_upload_bytes: int = 10 * 1024 * 1024, max_json_body_bytes: int = 1 << 20,
               vllm: VLLMResource | None = None, engine: FakeEngine | None = None, worker: bool = True,
-              storage_url: str = "") -> Service:
+              storage_url: str = "", webhook_allow: tuple[str, ...] = ()) -> Service:
         data_dir = tmp_path / "data"
         monkeypatch.setenv("BATCH_DATA_DIR", str(data_dir))
         config = ApiConfig(api_keys=tuple(api_keys), database_url=database_url(data_dir),
                            data_dir=data_dir, max_upload_bytes=max_upload_bytes, completion_window_s=window_s,
-                           max_json_body_bytes=max_json_body_bytes, storage_url=storage_url)
+                           max_json_body_bytes=max_json_body_bytes, storage_url=storage_url,
+                           webhook_allow=Allow.parse(webhook_allow))
         engine = engine or FakeEngine()
         vllm = vllm or fake_vllm(f"api-{tmp_path.name}", engine)
         instance = stack.enter_context(dg.instance_for_test())
