@@ -104,7 +104,7 @@ def test_alone_a_batch_is_held_to_the_limit_too(tmp_path, data_dir, instance):
 
 
 def test_prompt_tokens_match_what_the_offline_engine_feeds_smollm2():
-    from batch_dagster.defs.resources.vllm import _tokenizer
+    from batch_dagster.engine.models import _tokenizer
 
     path = MODEL_CACHE / CHAT_MODEL
     if not (path / "tokenizer.json").exists():
