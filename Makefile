@@ -45,7 +45,7 @@ test-fast: lint
 
 dev: setup
 	$(VENV)/bin/batch-dagster instance
-	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+	$(PY) -m batch_dagster.defs.instance $(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 # The API on 127.0.0.1:8000, the Dagster UI on 127.0.0.1:3000 and the daemon (its sensors run API batches).
 serve: setup

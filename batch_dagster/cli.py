@@ -76,7 +76,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from batch_dagster.defs.instance import PG_URL_VARIABLE, pg_url_problem
     from batch_dagster.defs.runner import run_batch
+
+    if problem := pg_url_problem(os.environ.get(PG_URL_VARIABLE, "")):  # refused before a run starts
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
 
     summary = run_batch(Path(args.file), Path(args.out), show_progress=not args.json and not args.quiet,
                         log_dir=Settings.from_env().data_dir / "logs")
@@ -181,15 +186,11 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
 
 def cmd_instance(args: argparse.Namespace) -> int:
-    from batch_dagster.defs.instance import PG_URL_VARIABLE, compute_logs_place, ensure_dagster_home, pg_url_problem
+    from batch_dagster.defs.instance import PG_URL_VARIABLE, compute_logs_place, ensure_dagster_home
 
-    problem = pg_url_problem(os.environ[PG_URL_VARIABLE]) if os.environ.get(PG_URL_VARIABLE) else None
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
     try:
         home = ensure_dagster_home()
-    except ValueError as exc:  # a run limit below 1
+    except ValueError as exc:  # a DAGSTER_PG_URL that cannot work, a run limit below 1
         print(f"error: {exc}", file=sys.stderr)
         return 2
     storage = f"postgres ({PG_URL_VARIABLE})" if os.environ.get(PG_URL_VARIABLE) else "sqlite"

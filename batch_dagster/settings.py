@@ -79,6 +79,14 @@ def _limit(text: str) -> int | None:
     return int(text) or None  # 0: no limit
 
 
+def _allow(text: str) -> tuple[str, ...]:
+    from batch_dagster.egress import Allow
+
+    entries = _csv(text)
+    Allow.parse(entries)  # refuses an entry that is neither a host nor a CIDR
+    return entries
+
+
 def _policy(text: str) -> str:
     from batch_dagster.serve.fleet import POLICIES  # the router's policies are listed with the fleet
 
@@ -182,6 +190,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_INTAKE_API_KEY", "the first of BATCH_API_KEYS", "The key whose owner dropped files' batches "
              "are listed under in the API.", "Drop folders",
              derive=lambda v: v["BATCH_API_KEYS"][0] if v["BATCH_API_KEYS"] else ""),
+    Variable("BATCH_WEBHOOK_ALLOW", (), "Comma-separated hosts or CIDRs that keys' own webhook endpoints may reach "
+             "although not public (loopback, private, link-local); unset: public addresses only. BATCH_WEBHOOK_URLS "
+             "are the operator's and always trusted.", "API", parse=_allow),
 )
 _BY_NAME = {v.name: v for v in VARIABLES}
 
@@ -248,6 +259,7 @@ class Settings:
     inbox_dir: Path
     outbox_dir: Path
     intake_api_key: str
+    webhook_allow: tuple[str, ...]  # hosts or CIDRs keys' own webhook endpoints may reach although internal
 
     @property
     def limits(self) -> Limits:

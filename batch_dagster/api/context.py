@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import Database
 from batch_dagster.db.repo import owner_of_key
+from batch_dagster.egress import Allow
 from batch_dagster.settings import Settings
 
 
@@ -16,8 +17,9 @@ class AppContext:
     db: Database  # the metadata store
     storage: Storage  # where batch folders and files live
     owners: dict[str, str]  # api key -> owner
+    webhook_allow: Allow  # internal hosts keys' webhook endpoints may reach (BATCH_WEBHOOK_ALLOW)
 
     @classmethod
     def build(cls, config: Settings) -> AppContext:
         return cls(config, Database(config.database_url), config.storage(),
-                   {key: owner_of_key(key) for key in config.api_keys})
+                   {key: owner_of_key(key) for key in config.api_keys}, Allow.parse(config.webhook_allow))

@@ -1,13 +1,18 @@
 """The guard in front of the app (pure ASGI): the caller's key is checked, then the body is bounded, before
 any of the body is read.
 
-A request without a right key is answered 401 from its headers alone; its body is never read. A body past
-its limit (the upload limit for `POST /v1/files`, the JSON limit for everything else) is answered 413,
-whether the client declared its length or sends it chunked, and is read to its end and dropped so that the
-client sees the 413 rather than a broken pipe. Nothing is buffered here: the body streams through.
+A request without a right key is answered 401 from its headers alone. A body past its limit (the upload limit
+for `POST /v1/files`, the JSON limit for everything else) is answered 413, whether the client declared its length
+or sends it chunked. A refused request's connection is then closed (`connection: close`) after at most
+LINGER_BYTES more of its body, or LINGER_S: time for the client to read the answer, never the whole body.
+Nothing is buffered here: the body streams through.
 """
 
 from __future__ import annotations
+
+import asyncio
+
+from starlette.responses import Response
 
 from .context import AppContext
 from .deps import owner_of_header
@@ -32,12 +37,11 @@ class RequestGuard:
             try:
                 owner_of_header(headers.get(b"authorization", b"").decode("latin-1"), self.context.owners)
             except ApiError as exc:
-                return await exc.response()(scope, receive, send)
+                return await _refuse(exc.response(), receive, send)
         limit, too_large = self._limit(scope)
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _drain(receive)
-            return await too_large(scope, receive, send)
+            return await _refuse(too_large, receive, send)
         received = 0
         exceeded = False
 
@@ -48,8 +52,6 @@ class RequestGuard:
                 received += len(message.get("body", b""))
                 if received > limit:
                     exceeded = True
-                    if message.get("more_body"):
-                        await _drain(receive)
                     raise _TooLarge()
             return message
 
@@ -67,7 +69,7 @@ class RequestGuard:
         except _TooLarge:
             pass
         if exceeded and not started:
-            await too_large(scope, receive, send)
+            await _refuse(too_large, receive, send)
 
     def _limit(self, scope):
         """The body limit of this request, and its 413 response."""
@@ -85,8 +87,35 @@ class _TooLarge(Exception):
     pass
 
 
-async def _drain(receive) -> None:
-    while True:
-        message = await receive()
+# What a refused request's body may still cost: read after the answer, so that closing the connection does not
+# reset it before the client has read the answer (a close on unread data sends a reset), then dropped.
+LINGER_BYTES = 64 * 1024
+LINGER_S = 1.0
+
+
+async def _refuse(response: Response, receive, send) -> None:
+    """Send `response` with `connection: close`, then end it once the client has had LINGER_S or sent LINGER_BYTES
+    more: the server (uvicorn) closes the connection when the answer ends, unread body and all."""
+    headers = [(k, v) for k, v in response.raw_headers if k != b"connection"] + [(b"connection", b"close")]
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    # All of the answer (its content-length is met), but not yet its end for the server, which would close at once.
+    await send({"type": "http.response.body", "body": response.body, "more_body": True})
+    await _linger(receive)
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _linger(receive) -> None:
+    """Read and drop the body until it ends or LINGER_BYTES were read, then wait out LINGER_S without reading
+    (the server's flow control stops the client), so a client that sends on still gets to read the answer."""
+    loop = asyncio.get_running_loop()
+    deadline, read = loop.time() + LINGER_S, 0
+    while (left := deadline - loop.time()) > 0:
+        if read >= LINGER_BYTES:
+            return await asyncio.sleep(left)
+        try:
+            message = await asyncio.wait_for(receive(), left)
+        except TimeoutError:
+            return
         if message["type"] != "http.request" or not message.get("more_body"):
             return
+        read += len(message.get("body", b""))

@@ -10,8 +10,9 @@ from fastapi import APIRouter, Query
 
 from batch_dagster.db import webhooks as store
 from batch_dagster.db.models import WebhookEndpointRecord
+from batch_dagster.egress import Allow, Refused, check
 
-from .deps import DbSession, Owner
+from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, clip, invalid, not_found
 from .schemas import (
     WEBHOOK_EVENT_TYPES,
@@ -28,8 +29,9 @@ from .schemas import (
 router = APIRouter(tags=["webhooks"], responses=ERROR_RESPONSES)
 
 
-def url_problem(url: str) -> str | None:
-    """Why `url` cannot be a webhook endpoint (not http(s), no host, not parseable), or None."""
+def url_problem(url: str, allow: Allow | None = None) -> str | None:
+    """Why `url` cannot be a webhook endpoint (not http(s), no host, not parseable), or None; with `allow`,
+    also when its host is not at a public address nor allowed (egress.check resolves it)."""
     if any(c.isspace() or not c.isprintable() for c in url):
         return "The URL must not contain spaces or control characters."
     try:
@@ -42,6 +44,11 @@ def url_problem(url: str) -> str | None:
         return f"The URL {clip(url)!r} must start with http:// or https://."
     if not parts.hostname:
         return f"The URL {clip(url)!r} names no host."
+    if allow is not None:
+        try:
+            check(parts.hostname, parts.port or (443 if parts.scheme.lower() == "https" else 80), allow)
+        except Refused as exc:
+            return str(exc)
     return None
 
 
@@ -55,10 +62,11 @@ def endpoint_object(row: WebhookEndpointRecord) -> WebhookEndpoint:
 
 
 @router.post("/webhook_endpoints", response_model=WebhookEndpointWithSecret)
-def create_webhook_endpoint(body: CreateWebhookEndpointRequest, session: DbSession,
-                            owner: Owner) -> WebhookEndpointWithSecret:
-    """Add an endpoint for this key's batch events; its signing secret is in this answer only."""
-    if problem := url_problem(body.url):
+def create_webhook_endpoint(body: CreateWebhookEndpointRequest, session: DbSession, owner: Owner,
+                            ctx: Context) -> WebhookEndpointWithSecret:
+    """Add an endpoint for this key's batch events; its signing secret is in this answer only. Its host must be
+    at a public address, unless the operator allows it (BATCH_WEBHOOK_ALLOW); delivery checks again."""
+    if problem := url_problem(body.url, ctx.webhook_allow):
         raise invalid(problem, param="url", code="invalid_url")
     event_types = list(WEBHOOK_EVENT_TYPES) if body.event_types is None else body.event_types
     for event_type in event_types:

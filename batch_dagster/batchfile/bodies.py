@@ -3,7 +3,8 @@
 Validation calls `check_body` for every line, so a body the pipeline or an engine could not take
 (a string temperature, a content part whose text is a number, a body nested too deep to store)
 is an error at its line instead of a failed batch. Fields outside the schema are passed through
-untouched, but only if they are nested at most `MAX_DEPTH` levels.
+untouched, but only if they are nested at most `MAX_DEPTH` levels; that limit holds for every
+endpoint (`check_depth`), /v1/responses included.
 
 The schema is a set of msgspec structs: `msgspec.convert` checks a parsed body in C, several
 times faster than the same checks in Python, which matters at 50,000 lines per file.
@@ -28,8 +29,8 @@ MAX_TOKEN_ID = 2**31 - 1
 class BodyError(Exception):
     """A body field of the wrong type or out of range: `param` names it (`body.temperature`).
 
-    Such a request is still stored and ends as its own 400 line; only a body too deep to store
-    (`storable` False) fails the file.
+    Such a request is still stored and ends as its own 400 line; a body too deep to store
+    (`storable` False) is stored as `cut` makes it.
     """
 
     def __init__(self, param: str, message: str, *, storable: bool = True):
@@ -148,6 +149,8 @@ _FREE_FORM = frozenset({"logit_bias", "chat_template_kwargs", "response_format",
 # msgspec's messages end in " - at `$.path`"; a missing field is named in the message.
 _AT = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _MISSING = re.compile(r"missing required field `([^`]+)`")
+# msgspec quotes a wrong value whole ("Invalid enum value 'zzz…'"): the message quotes it cut instead.
+_ECHO = re.compile(r"^(?P<head>Invalid (?:enum )?value )'(?P<value>.*)'$", re.S)
 # msgspec names Python types; the API's users know JSON's.
 _JSON_TYPES = {"float": "number", "int": "integer", "str": "string", "bool": "boolean"}
 _JSON_TYPE = re.compile(r"(?<=[`| ])(float|int|str|bool)(?=[`| ])")
@@ -244,9 +247,28 @@ def _body_error(text: str) -> BodyError:
     if missing:
         path += f".{missing[1]}"
     param = "body" + path
+    if echo := _ECHO.match(message):
+        message = echo["head"] + c.quoted(echo["value"])
     message = message.replace(" | null", "")  # every field may be null; saying so on each error is noise
     message = _JSON_TYPE.sub(lambda m: _JSON_TYPES[m[0]], message)
     return BodyError(param, f"Field {param!r}: {message[0].lower()}{message[1:]}.")
+
+
+def check_depth(body: dict[str, Any]) -> None:
+    """Raise BodyError (not storable) for the first field of `body` nested deeper than MAX_DEPTH."""
+    for key, value in body.items():
+        if type(value) is dict or type(value) is list:
+            _bounded(value, f"body.{key}", 2)
+
+
+def cut(value: Any, level: int = 1) -> Any:
+    """`value` (a body: level 1) with every container at level MAX_DEPTH + 1 emptied. A body too deep to store
+    is stored so: orjson can write it, and it is still too deep, so it ends as the same 400 line at run time."""
+    if level > MAX_DEPTH:
+        return type(value)()
+    if type(value) is dict:
+        return {k: cut(v, level + 1) if type(v) is dict or type(v) is list else v for k, v in value.items()}
+    return [cut(v, level + 1) if type(v) is dict or type(v) is list else v for v in value]
 
 
 def _bounded(v: Any, param: str, level: int) -> None:

@@ -117,6 +117,16 @@ class RequestCounts:
         return cls(total=d.get("total", 0), completed=d.get("completed", 0), failed=d.get("failed", 0))
 
 
+def quoted(value: Any, limit: int = 64) -> str:
+    """A client's value as an error message quotes it: its repr, cut to `limit` characters with "…" and
+    the value's length, so a message stays small whatever the client sent (a 20 MB url, a long model)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = len(value) if isinstance(value, (str, bytes, list, dict)) else len(text)
+    return f"{text[:limit]}… ({size} characters)"
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex}"
 

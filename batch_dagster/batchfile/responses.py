@@ -11,6 +11,9 @@ import time
 import uuid
 from typing import Any
 
+from . import contract as c
+from .bodies import BodyError, check_depth
+
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -54,7 +57,7 @@ def input_problem(value: Any) -> tuple[str, str] | None:
             return f"'{where}' must be an object (a message with 'role' and 'content').", where
         kind = item.get("type", "message")
         if kind != "message":
-            return f"'{where}' has type {kind!r}; only 'message' items are served.", f"{where}.type"
+            return f"'{where}' has type {c.quoted(kind)}; only 'message' items are served.", f"{where}.type"
         if item.get("role") not in ROLES:
             return f"'{where}.role' must be one of {', '.join(ROLES)}.", f"{where}.role"
         if (problem := _check_content(item.get("content"), f"{where}.content")) is not None:
@@ -65,6 +68,10 @@ def input_problem(value: Any) -> tuple[str, str] | None:
 def body_problems(body: dict[str, Any]) -> list[tuple[str, str]]:
     """Every (message, param) wrong with a responses body (besides `model`, checked for every endpoint)."""
     problems = []
+    try:
+        check_depth(body)  # the limit of every endpoint: a deeper body is cut to be stored (bodies.cut)
+    except BodyError as exc:
+        problems.append((str(exc), exc.param))
     if "input" not in body:
         problems.append(("Field 'body.input' must be present for /v1/responses.", "body.input"))
     elif (problem := input_problem(body["input"])) is not None:

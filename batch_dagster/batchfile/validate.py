@@ -15,7 +15,7 @@ import orjson
 
 from . import contract as c
 from . import responses
-from .bodies import BodyError, check_body
+from .bodies import BodyError, check_body, cut
 
 BOM = b"\xef\xbb\xbf"
 _READ_CHUNK = 1 << 20
@@ -29,6 +29,14 @@ _REQUIRED_BODY_FIELD = {
 }
 
 OnRequest = Callable[[int, dict[str, Any]], None]
+
+# Errors a report lists (the rest are counted): a batch object carries them, so it stays small
+# whatever the file holds. docs/formats.md states it.
+MAX_ERRORS = 100
+# The code of the last entry of a capped list, which says how many errors are not listed.
+MORE_ERRORS = "more_errors"
+# A longer model name names no model: the report (and the batch it becomes) then names none.
+MAX_MODEL_CHARS = 256
 
 
 @dataclass
@@ -53,11 +61,17 @@ class ValidationReport:
         return {
             "valid": self.valid,
             "total_requests": self.total_requests,
-            "model": self.model,
+            "model": self.model if self.model is None or len(self.model) <= MAX_MODEL_CHARS else None,
             "endpoint": self.endpoint,
             "error_count": self.error_count,
-            "errors": [e.to_dict() for e in self.errors],
+            "errors": [e.to_dict() for e in self.errors] + self._more(),
         }
+
+    def _more(self) -> list[dict[str, Any]]:
+        unlisted = self.error_count - len(self.errors)
+        if unlisted <= 0:
+            return []
+        return [c.BatchError(MORE_ERRORS, f"... and {unlisted} more error(s), not listed.").to_dict()]
 
 
 class _Collector:
@@ -127,7 +141,7 @@ def validate_file(
     limits: c.Limits = c.Limits(),
     endpoint: str | None = None,
     models: Collection[str] | None = None,
-    max_errors: int = 1000,
+    max_errors: int = MAX_ERRORS,
     on_request: OnRequest | None = None,
 ) -> ValidationReport:
     """Validate a JSONL batch file.
@@ -154,13 +168,13 @@ def validate_stream(
     limits: c.Limits = c.Limits(),
     endpoint: str | None = None,
     models: Collection[str] | None = None,
-    max_errors: int = 1000,
+    max_errors: int = MAX_ERRORS,
     on_request: OnRequest | None = None,
 ) -> ValidationReport:
     report = ValidationReport(endpoint=endpoint)
     error = _Collector(report, max_errors)
     if endpoint is not None and endpoint not in c.ENDPOINTS:
-        error(c.INVALID_URL, f"Endpoint {endpoint!r} is not one of {', '.join(c.ENDPOINTS)}.", None, "endpoint")
+        error(c.INVALID_URL, f"Endpoint {c.quoted(endpoint)} is not one of {', '.join(c.ENDPOINTS)}.", None, "endpoint")
     if size is not None and size > limits.max_bytes:
         error(c.FILE_TOO_LARGE, f"The file is {size} bytes; the limit is {limits.max_bytes} bytes.")
 
@@ -183,24 +197,25 @@ def validate_stream(
             continue
         custom_id, model = request["custom_id"], request["body"]["model"]
         if custom_id in seen:
-            error(c.DUPLICATE_CUSTOM_ID, f"custom_id {custom_id!r} appears earlier in the file.", line_no, "custom_id")
+            error(c.DUPLICATE_CUSTOM_ID, f"custom_id {c.quoted(custom_id)} appears earlier in the file.",
+                  line_no, "custom_id")
             continue
         seen.add(custom_id)
         if report.model is None:
             report.model = model
             if models is not None and model not in models:
                 served = ", ".join(sorted(models)) or "none"
-                error(c.MODEL_NOT_FOUND, f"Model {model!r} is not served here (served: {served}).",
+                error(c.MODEL_NOT_FOUND, f"Model {c.quoted(model)} is not served here (served: {served}).",
                       line_no, "body.model")
             elif isinstance(models, Mapping) and report.endpoint not in models[model]:
                 served = ", ".join(models[model])
-                error(c.INVALID_URL, f"Model {model!r} does not serve {report.endpoint} (it serves {served}).",
+                error(c.INVALID_URL, f"Model {c.quoted(model)} does not serve {report.endpoint} (it serves {served}).",
                       line_no, "url")
         elif model != report.model and not mixed_reported:
             mixed_reported = True
             error(
                 c.MIXED_MODELS,
-                f"Model {model!r} differs from {report.model!r}; a batch uses one model.",
+                f"Model {c.quoted(model)} differs from {c.quoted(report.model)}; a batch uses one model.",
                 line_no,
                 "body.model",
             )
@@ -244,14 +259,15 @@ def _parse(raw: bytes, line_no: int, error: _Collector) -> dict[str, Any] | None
 
 def _check_request(request: dict[str, Any], line_no: int, endpoint: str | None, error: _Collector) -> bool:
     if request["method"] != "POST":
-        error(c.INVALID_METHOD, f"Method {request['method']!r} is not supported; use POST.", line_no, "method")
+        error(c.INVALID_METHOD, f"Method {c.quoted(request['method'])} is not supported; use POST.", line_no, "method")
         return False
     url = request["url"]
     if url not in c.ENDPOINTS:
-        error(c.INVALID_URL, f"URL {url!r} is not one of {', '.join(c.ENDPOINTS)}.", line_no, "url")
+        error(c.INVALID_URL, f"URL {c.quoted(url)} is not one of {', '.join(c.ENDPOINTS)}.", line_no, "url")
         return False
     if endpoint is not None and url != endpoint:
-        error(c.INVALID_URL, f"URL {url!r} differs from the batch endpoint {endpoint!r}.", line_no, "url")
+        error(c.INVALID_URL, f"URL {c.quoted(url)} differs from the batch endpoint {c.quoted(endpoint)}.",
+              line_no, "url")
         return False
     body = request["body"]
     model = body.get("model")
@@ -265,14 +281,16 @@ def _check_request(request: dict[str, Any], line_no: int, endpoint: str | None, 
         error(c.INVALID_REQUEST, f"Field 'body.{name}' must be {kind} for {url}.", line_no, f"body.{name}")
         return False
     if url == c.RESPONSES:
-        for message, param in responses.body_problems(body):
+        problems = responses.body_problems(body)
+        for message, param in problems:
             error.reject(message, line_no, param)
+        if problems:
+            request["body"] = cut(body)
         return True
     try:
         check_body(url, body)
     except BodyError as exc:
         if not exc.storable:
-            error(c.INVALID_REQUEST, str(exc), line_no, exc.param)
-            return False
+            request["body"] = cut(body)
         error.reject(str(exc), line_no, exc.param)
     return True

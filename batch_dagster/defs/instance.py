@@ -10,6 +10,7 @@ never lands on disk. With batch folders on S3 (BATCH_STORAGE_URL), step and sens
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -44,17 +45,40 @@ compute_logs:
 """
 
 
+PG_DRIVER_SCHEME = "postgresql+psycopg2"
+# The forms Dagster's docs (and libpq) write, for the one driver dagster-postgres 0.29 speaks.
+_PG_SCHEMES = {"postgresql": PG_DRIVER_SCHEME, "postgres": PG_DRIVER_SCHEME, PG_DRIVER_SCHEME: PG_DRIVER_SCHEME}
+
+
 def pg_url_problem(url: str) -> str | None:
-    """Why DAGSTER_PG_URL cannot work, or None.
+    """Why DAGSTER_PG_URL (`url`, empty when unset) cannot work, or None.
 
     dagster-postgres 0.29 speaks psycopg2, but SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3, on which
-    its run-event NOTIFY fails: the URL must name the driver.
+    its run-event NOTIFY fails ("syntax error at or near $1"): export_pg_url names the driver for it.
     """
-    scheme = url.split("://", 1)[0]
-    if scheme != "postgresql+psycopg2":
-        return (f"{PG_URL_VARIABLE} must start with postgresql+psycopg2:// (got {scheme}://): dagster-postgres uses "
-                "psycopg2, and SQLAlchemy 2.1 maps other postgresql schemes to psycopg 3")
+    scheme = url.split("://", 1)[0] if "://" in url else None  # never the URL itself: it may hold a password
+    if url and scheme not in _PG_SCHEMES:
+        return (f"{PG_URL_VARIABLE} must start with postgresql://, postgres:// or {PG_DRIVER_SCHEME}:// "
+                f"(got {f'{scheme[:32]}://' if scheme else 'no scheme'}): dagster-postgres uses psycopg2")
     return None
+
+
+def export_pg_url() -> bool:
+    """Put DAGSTER_PG_URL in the environment in the form dagster-postgres needs (postgresql:// and postgres://
+    become postgresql+psycopg2://), for this process and every process it starts; False when it is unset.
+
+    The dagster.yaml written here reads the variable (`env:`), so the URL and its password stay off the disk; every
+    entry point (run, instance, serve, `make dev` through this module's __main__) calls this before Dagster starts.
+    Raises ValueError with pg_url_problem's message for a URL that cannot work.
+    """
+    url = os.environ.get(PG_URL_VARIABLE, "")
+    if problem := pg_url_problem(url):
+        raise ValueError(problem)
+    if not url:
+        return False
+    scheme, rest = url.split("://", 1)
+    os.environ[PG_URL_VARIABLE] = f"{_PG_SCHEMES[scheme]}://{rest}"
+    return True
 
 
 def compute_logs_place(storage_url: str) -> tuple[str, str] | None:
@@ -92,8 +116,10 @@ def ensure_dagster_home() -> Path:
     """Set DAGSTER_HOME (default ./.dagster_home) and give it this project's dagster.yaml.
 
     A dagster.yaml the user wrote is left alone; the link or a file written here follows DAGSTER_PG_URL,
-    BATCH_STORAGE_URL and the run limits' settings.
+    BATCH_STORAGE_URL and the run limits' settings. Raises ValueError for a DAGSTER_PG_URL that cannot work (before
+    anything is written) or a run limit below 1.
     """
+    postgres = export_pg_url()
     home = Path(os.environ.get("DAGSTER_HOME") or Path.cwd() / ".dagster_home").resolve()
     os.environ["DAGSTER_HOME"] = str(home)
     home.mkdir(parents=True, exist_ok=True)
@@ -104,7 +130,7 @@ def ensure_dagster_home() -> Path:
     if config.exists() and not ours:
         return home
     settings = Settings.from_env()
-    text = instance_config(bool(os.environ.get(PG_URL_VARIABLE)), settings.storage_url, settings.offline_runs,
+    text = instance_config(postgres, settings.storage_url, settings.offline_runs,
                            settings.runs_per_model)
     if text != REPO_INSTANCE_CONFIG.read_text():
         if config.is_symlink() or not config.exists() or config.read_text() != text:
@@ -116,3 +142,13 @@ def ensure_dagster_home() -> Path:
         config.unlink(missing_ok=True)
         config.symlink_to(REPO_INSTANCE_CONFIG)
     return home
+
+
+if __name__ == "__main__":
+    # `make dev`: `python -m batch_dagster.defs.instance dagster dev ...` runs the command (the UI and the daemon)
+    # with DAGSTER_PG_URL as export_pg_url makes it.
+    try:
+        export_pg_url()
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
+    os.execvp(sys.argv[1], sys.argv[1:])

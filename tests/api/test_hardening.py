@@ -4,7 +4,9 @@ echo its input back at length, store text it cannot give back, or get a 500 (iss
 from __future__ import annotations
 
 import json
+import select
 import socket
+import time
 
 import httpx
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.db import BatchRecord, Database
 from batch_dagster.storage import LocalStorage
-from tests.helpers import KEY_A, rows, upload
+from tests.helpers import KEY_A, rows, upload, wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -78,6 +80,28 @@ def test_error_messages_echo_only_a_short_prefix_of_the_input(start_service):
             error = assert_error(response, response.status_code)
             assert response.status_code in (400, 404) and len(error["message"]) < 200, error["message"][:300]
             assert "…" in error["message"]
+
+
+def test_a_failed_batch_object_stays_small_whatever_its_file_held(start_service, tmp_path):
+    """A 1 MB url and a model named in 1 MB are quoted short; 5,000 bad lines list 100 errors and a count."""
+    service = start_service()
+    client = service.client()
+    huge = "x" * (1 << 20)
+    files = {"long": [rows(1)[0] | {"url": huge}, rows(1)[0] | {"custom_id": "b", "body": {"model": huge}}],
+             "many": [rows(1)[0] | {"custom_id": f"r{i}", "url": "/v1/nope"} for i in range(5000)]}
+    for name, lines in files.items():
+        file_id = upload(client, tmp_path / f"{name}.jsonl", lines)
+        batch = client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
+        failed = wait_for(client, batch.id, {"failed", "completed"}, timeout_s=120)
+        assert failed.status == "failed" and failed.errors is not None and failed.errors.object == "list"
+        assert len(client.batches.retrieve(batch.id).to_json()) < 48 * 1024
+        with service.http() as http:
+            assert len(http.get("/v1/batches").content) < 64 * 1024
+        assert all(len(e.message) < 200 for e in failed.errors.data)
+        if name == "many":
+            assert len(failed.errors.data) == 101 and failed.errors.data[-1].code == "more_errors"
+            assert "4900 more" in failed.errors.data[-1].message
+        assert failed.model is None or len(failed.model) < 300
 
 
 SURROGATE_BODIES = [  # raw JSON: FILE is an uploaded file's id, CHAT the chat endpoint
@@ -195,3 +219,62 @@ def test_keys_are_checked_before_404_and_405(start_service):
         assert_error(http.request("TRACE", "/v1/batches"), 401)
     with service.http(api_key=KEY_A) as http:
         assert_error(http.get("/v1/nowhere"), 404)
+
+
+def refused_and_closed(port: int, head: bytes, chunk: bytes, budget: int = 150 * 1024 * 1024) -> tuple[bytes, int]:
+    """Send `head`, then `chunk`s (up to `budget` bytes) as fast as the server takes them, reading its answer as it
+    comes, until the server closes; (the answer's status line, bytes sent). Fails if it is open after 5 s."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(head)
+        sock.setblocking(False)
+        answer, sent, pending, deadline = b"", 0, chunk, time.monotonic() + 5
+        try:
+            while time.monotonic() < deadline:
+                readable, writable, _ = select.select([sock], [sock] if sent < budget else [], [], 0.05)
+                if readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        return answer.split(b"\r\n", 1)[0], sent  # closed
+                    answer += data
+                if writable:
+                    n = sock.send(pending)
+                    sent, pending = sent + n, pending[n:] or chunk
+        except (BrokenPipeError, ConnectionResetError):
+            return answer.split(b"\r\n", 1)[0], sent
+        if sent >= budget:
+            pytest.fail(f"the server read all {sent} bytes of a refused body")
+        pytest.fail(f"still open after 5 s and {sent} bytes")
+
+
+BIG = 150 * 1024 * 1024
+
+
+@pytest.mark.parametrize(("auth", "framing", "status"), [
+    (b"", f"Content-Length: {BIG}", b"401"),
+    (b"", "Transfer-Encoding: chunked", b"401"),
+    (f"Authorization: Bearer {KEY_A}\r\n".encode(), f"Content-Length: {BIG}", b"413"),
+    (f"Authorization: Bearer {KEY_A}\r\n".encode(), "Transfer-Encoding: chunked", b"413"),
+], ids=["401-declared", "401-chunked", "413-declared", "413-chunked"])
+def test_a_refused_body_is_not_read_past_a_small_bound(start_service, auth, framing, status):
+    service = start_service(worker=False, max_upload_bytes=1 << 20)
+    port = int(service.url.rsplit(":", 1)[1])
+    head = (f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+            f"{framing}\r\n").encode() + auth + b"\r\n"
+    data = b"x" * 65536
+    chunk = b"%x\r\n%s\r\n" % (len(data), data) if "chunked" in framing else data
+    # A well-formed upload's start, so that the app reads on (the 413 then comes from the limit, not the form).
+    form = b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+    first = b"%x\r\n%s\r\n" % (len(form), form) if "chunked" in framing else form
+    started = time.monotonic()
+    line, sent = refused_and_closed(port, head + first, chunk)  # the answer read before the close
+    assert line.startswith(b"HTTP/1.1 " + status), line
+    # Closed within a couple of seconds, with a small part of the body sent (what socket buffers took).
+    assert time.monotonic() - started < 4 and sent < 40 * 1024 * 1024, sent
+
+
+def test_a_refusal_says_connection_close_and_a_client_reads_it_whole(start_service):
+    service = start_service(worker=False)
+    with httpx.Client(base_url=service.url) as http:
+        response = http.post("/v1/batches", json={"input_file_id": "f"})
+        assert response.status_code == 401 and response.headers["connection"] == "close"
+        assert assert_error(response, 401)["code"] == "missing_api_key"

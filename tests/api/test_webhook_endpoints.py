@@ -5,6 +5,7 @@ secret; subscriptions, deletion and validation; the global endpoints still get e
 from __future__ import annotations
 
 import base64
+import functools
 
 import dagster as dg
 import openai
@@ -12,6 +13,7 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import select
 
+from batch_dagster import egress
 from batch_dagster.db import Database, repo
 from batch_dagster.db import webhooks as outbox
 from batch_dagster.db.models import WebhookDelivery, WebhookEndpointRecord
@@ -24,6 +26,23 @@ GLOBAL_SECRET = "whsec_" + base64.b64encode(b"the global secret, 32 bytes long")
 CHAT = "/v1/chat/completions"
 ENDS = {"completed", "failed", "expired", "cancelled"}
 ALL_TYPES = ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
+
+
+# Receivers here are on loopback (and the endpoint-limit test names addresses in 10.0.0.0/24): an operator opens
+# such internal endpoints on purpose with BATCH_WEBHOOK_ALLOW, and these tests do so. What is refused without it is
+# in test_webhook_egress.py.
+ALLOW = ("127.0.0.1", "10.0.0.0/24")
+PUBLIC_NAMES = {"example.com": "93.184.216.34"}  # no test depends on the network's DNS
+
+
+@pytest.fixture(autouse=True)
+def resolver(monkeypatch):
+    monkeypatch.setattr(egress, "resolve", lambda host, port: [PUBLIC_NAMES[host]])
+
+
+@pytest.fixture
+def start_service(start_service):
+    return functools.partial(start_service, webhook_allow=ALLOW)
 
 
 @pytest.fixture
@@ -43,7 +62,7 @@ def receiver():
 def deliver(service, urls=(), ticks: int = 1) -> None:
     """Evaluate the webhook sensor `ticks` times, as the daemon would, with these global endpoints."""
     webhooks = WebhookConfig(urls=list(urls), secret=GLOBAL_SECRET if urls else "", timeout_s=2.0, max_attempts=5,
-                             first_backoff_s=0)
+                             first_backoff_s=0, allow=list(ALLOW))
     context = dg.build_sensor_context(instance=service.instance, resources={
         "database": DatabaseResource(url=service.config.database_url), "webhooks": webhooks})
     for _ in range(ticks):

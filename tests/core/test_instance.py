@@ -8,10 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from batch_dagster import settings
-from batch_dagster.defs.instance import REPO_INSTANCE_CONFIG
+from batch_dagster.defs.instance import REPO_INSTANCE_CONFIG, ensure_dagster_home
 from batch_dagster.defs.run_limits import run_limits_yaml
 
 CLI = Path(sys.executable).with_name("batch-dagster")
@@ -77,11 +78,47 @@ def test_instance_leaves_a_users_own_config_alone(tmp_path):
     assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
 
 
-def test_instance_refuses_a_url_without_the_psycopg2_driver(tmp_path):
-    done = instance(tmp_path / "home", "postgresql://u@db.example/dagster", check=False)
+@pytest.mark.parametrize("url", ["postgresql+psycopg://u@db.example/dagster", "mysql://u@db.example/dagster",
+                                 "u:secret@db.example/dagster"])
+def test_instance_refuses_a_url_of_another_driver_or_scheme(tmp_path, url):
+    done = instance(tmp_path / "home", url, check=False)
     assert done.returncode == 2
-    assert "DAGSTER_PG_URL must start with postgresql+psycopg2://" in done.stderr and "Traceback" not in done.stderr
+    assert "DAGSTER_PG_URL must start with postgresql://, postgres:// or postgresql+psycopg2://" in done.stderr
+    assert "Traceback" not in done.stderr and "secret" not in done.stderr
     assert not (tmp_path / "home" / "dagster.yaml").exists()
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres", "postgresql+psycopg2"])
+def test_the_url_in_the_form_dagsters_docs_use_is_exported_with_the_driver(tmp_path, monkeypatch, scheme):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DAGSTER_PG_URL", f"{scheme}://u:secret@db.example:5432/dagster")
+    ensure_dagster_home()
+    # For this process and every one it starts; the file still names the variable only.
+    assert os.environ["DAGSTER_PG_URL"] == "postgresql+psycopg2://u:secret@db.example:5432/dagster"
+    text = (tmp_path / "home" / "dagster.yaml").read_text()
+    assert "env: DAGSTER_PG_URL" in text and "secret" not in text
+    assert "storage=postgres" in instance(tmp_path / "cli", f"{scheme}://u@db.example/dagster").stdout
+
+
+def test_make_dev_runs_dagster_with_the_exported_url(tmp_path):
+    env = {**os.environ, "DAGSTER_PG_URL": "postgres://u@db.example/dagster"}
+    show = [sys.executable, "-c", "import os; print(os.environ['DAGSTER_PG_URL'])"]
+    done = subprocess.run([sys.executable, "-m", "batch_dagster.defs.instance", *show], env=env,
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "postgresql+psycopg2://u@db.example/dagster"
+    env["DAGSTER_PG_URL"] = "sqlite:///x.db"
+    refused = subprocess.run([sys.executable, "-m", "batch_dagster.defs.instance", *show], env=env,
+                             capture_output=True, text=True)
+    assert refused.returncode == 1 and "must start with postgresql://" in refused.stderr and not refused.stdout
+
+
+def test_run_refuses_another_scheme_before_a_run_starts(tmp_path):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "DAGSTER_PG_URL": "mysql://u@db.example/d",
+           "BATCH_DATA_DIR": str(tmp_path / "data")}
+    done = subprocess.run([str(CLI), "run", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "out")], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "DAGSTER_PG_URL must start with postgresql://" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "home").exists()
 
 
 def test_the_repos_dagster_yaml_holds_the_default_run_limits():

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.columnar import read_shard, validate_to_parquet, write_shards
 from batch_dagster.batchfile.contract import endpoint_of_head
 from batch_dagster.batchfile.responses import chat_body, response_object
 from batch_dagster.batchfile.shard import features
@@ -19,6 +20,13 @@ MODEL = "smollm2-135m-instruct"
 
 def line(cid: str, **body) -> dict:
     return {"custom_id": cid, "method": "POST", "url": c.RESPONSES, "body": {"model": MODEL, "input": "hi", **body}}
+
+
+def nested(levels: int) -> object:
+    value: object = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
 
 
 def validate(tmp_path, rows):
@@ -53,6 +61,8 @@ def test_valid_responses_file(tmp_path):
     ({"top_p": 1.5}, "body.top_p"),
     ({"stream": True}, "body.stream"),
     ({"previous_response_id": "resp_1"}, "body.previous_response_id"),
+    ({"metadata": {"k": nested(64)}}, "body.metadata"),  # the one nesting limit of every endpoint
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x", "x": nested(62)}]}]}, "body.input"),
 ])
 def test_each_bad_field_is_reported_with_its_line_and_param(tmp_path, body, param):
     # As for the other endpoints: the file stays valid, the request is kept and ends as its own 400 line.
@@ -62,6 +72,18 @@ def test_each_bad_field_is_reported_with_its_line_and_param(tmp_path, body, para
     with pytest.raises(RequestError) as refused:
         check(c.RESPONSES, line("bad", **body)["body"])
     assert refused.value.param == param.removeprefix("body.")
+
+
+def test_a_body_too_deep_to_store_is_stored_cut_and_still_refused(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps(line("ok")) + "\n" + json.dumps(line("deep", metadata={"k": nested(400)})) + "\n")
+    report = validate_to_parquet(path, tmp_path / "requests.parquet", models={MODEL: (c.RESPONSES,)})
+    assert report.valid and [(e.line, e.param) for e in report.rejected] == [(2, "body.metadata")]
+    write_shards(tmp_path / "requests.parquet", tmp_path / "shards", shard_size=2)
+    stored = dict(cid_body for shard in (tmp_path / "shards").iterdir() for cid_body in read_shard(shard))
+    with pytest.raises(RequestError, match="nested deeper than 64 levels"):
+        check(c.RESPONSES, stored["deep"])
+    check(c.RESPONSES, stored["ok"])
 
 
 def test_missing_input_is_reported(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.validate import validate_file, validate_stream
+from batch_dagster.batchfile.validate import MAX_ERRORS, validate_file, validate_stream
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -541,11 +541,11 @@ def test_error_list_capped_but_count_keeps_going(tmp_path):
     assert not report.valid
 
 
-def test_default_error_cap_is_1000(tmp_path):
-    path = write(tmp_path, ["{bad"] * 1005)
+def test_default_error_cap_is_max_errors(tmp_path):
+    path = write(tmp_path, ["{bad"] * (MAX_ERRORS + 5))
     report = validate_file(path)
-    assert len(report.errors) == 1000
-    assert report.error_count == 1005
+    assert len(report.errors) == MAX_ERRORS
+    assert report.error_count == MAX_ERRORS + 5
 
 
 def test_file_level_error_counted_even_when_list_full(tmp_path):

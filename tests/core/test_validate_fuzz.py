@@ -15,6 +15,7 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.bodies import SCHEMAS
 from batch_dagster.batchfile.columnar import read_shard, validate_to_parquet, write_shards
 from batch_dagster.batchfile.validate import validate_stream
+from batch_dagster.engine.translate import RequestError, check
 
 # The endpoints whose bodies have a typed schema here (/v1/responses has its own checks: test_responses.py).
 TYPED_ENDPOINTS = tuple(SCHEMAS)
@@ -180,10 +181,15 @@ def test_a_mistyped_field_is_reported_at_its_line_and_the_request_is_still_store
 
 @pytest.mark.parametrize("body", [chat_body(extra=nested(300)), chat_body(temperature="hot", extra=nested(300)),
                                   chat_body(chat_template_kwargs=nested(200))])
-def test_a_body_too_deep_to_store_fails_the_file_at_its_line(tmp_path, body):
+def test_a_body_too_deep_to_store_is_a_400_line_at_its_line_and_is_stored_cut(tmp_path, body):
     path = tmp_path / "in.jsonl"
     path.write_bytes(line_bytes(line(chat_body(), "ok")) + b"\n" + line_bytes(line(body)) + b"\n")
     report = validate_to_parquet(path, tmp_path / "requests.parquet")
-    assert [(e.code, e.line) for e in report.errors] == [("invalid_request", 2)]
-    assert f"deeper than {MAX_DEPTH} levels" in report.errors[0].message
-    assert not (tmp_path / "requests.parquet").exists()
+    assert report.valid and report.errors == []
+    assert [(e.code, e.line) for e in report.rejected] == [("invalid_request", 2)]
+    assert f"deeper than {MAX_DEPTH} levels" in report.rejected[0].message
+    write_shards(tmp_path / "requests.parquet", tmp_path / "shards", shard_size=1)
+    stored = dict(cid_body for shard in (tmp_path / "shards").iterdir() for cid_body in read_shard(shard))
+    # Cut to MAX_DEPTH + 1 levels: still too deep, so the engine's check gives the same 400 line.
+    with pytest.raises(RequestError, match=f"deeper than {MAX_DEPTH} levels"):
+        check(c.CHAT, stored["a"])

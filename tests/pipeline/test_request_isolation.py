@@ -163,3 +163,32 @@ def test_random_body_mutations_never_fail_a_batch_nor_lose_a_custom_id(tmp_path_
     assert sorted(l["custom_id"] for l in out + err) == sorted(r["custom_id"] for r in rows)
     assert all(l["response"]["status_code"] == 400 for l in err), err
     assert summary["request_counts"] == {"total": len(rows), "completed": len(out), "failed": len(err)}
+
+
+def nested(levels: int) -> object:
+    value: object = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("endpoint", [c.CHAT, c.RESPONSES])
+def test_a_body_nested_too_deep_is_its_own_400_line_and_the_batch_completes(tmp_path, data_dir, instance, tokenizer,
+                                                                          endpoint):
+    def request(cid: str, **extra) -> dict:
+        payload = {"input": "hi"} if endpoint == c.RESPONSES else {"messages": [{"role": "user", "content": "hi"}]}
+        return {"custom_id": cid, "method": "POST", "url": endpoint, "body": {"model": CHAT_MODEL, **payload, **extra}}
+
+    rows = [request("good"), request("deep", metadata={"k": nested(300)}), request("deeper", extra=nested(600))]
+    defs = make_defs(data_dir, fake_vllm(f"deep-{endpoint}", TranslatingEngine(tokenizer)), shard_size=4)
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs, instance=instance)
+
+    assert summary["status"] == "completed", summary
+    err = {line["custom_id"]: line["response"] for line in read_jsonl(tmp_path / "out" / "errors.jsonl")}
+    assert sorted(err) == ["deep", "deeper"]
+    for cid, param in (("deep", "metadata"), ("deeper", "extra")):
+        assert err[cid]["status_code"] == 400
+        error = err[cid]["body"]["error"]
+        assert error["param"] == param and "nested deeper than 64 levels" in error["message"], error
+    assert [l["custom_id"] for l in read_jsonl(tmp_path / "out" / "output.jsonl")] == ["good"]

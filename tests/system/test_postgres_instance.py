@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from batch_dagster.defs.instance import REPO_INSTANCE_CONFIG
 from batch_dagster.defs.runner import run_batch
-from tests.helpers import FakeEngine, fake_vllm, make_defs, read_jsonl, rows, write_jsonl
+from tests.helpers import MODEL_CACHE, FakeEngine, fake_vllm, make_defs, read_jsonl, rows, write_jsonl
 
 CLI = Path(sys.executable).with_name("batch-dagster")
 
@@ -59,3 +60,22 @@ def test_instance_on_postgres_holds_the_batch_run(tmp_path, data_dir, postgres_u
     if sqlite_files:
         pytest.fail(f"SQLite storage under DAGSTER_HOME: {sqlite_files}")
 
+
+
+def test_batch_dagster_run_with_the_url_in_the_form_dagsters_docs_use(tmp_path, postgres_url):
+    """`DAGSTER_PG_URL=postgresql://...` (no driver named): the run normalizes it and its run lands on Postgres
+    (it used to die in psycopg 3's `syntax error at or near "$1"`). The real engine, 2 requests."""
+    plain = postgres_url.replace("postgresql+psycopg2://", "postgresql://")
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "DAGSTER_PG_URL": plain,
+           "BATCH_DATA_DIR": str(tmp_path / "data"), "BATCH_MODEL_CACHE": str(MODEL_CACHE)}
+    batch = rows(2, max_tokens=4)
+    proc = subprocess.run([str(CLI), "run", str(write_jsonl(tmp_path / "in.jsonl", batch)), "--out",
+                           str(tmp_path / "out"), "--json"], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["status"] == "completed"
+    assert len(read_jsonl(tmp_path / "out" / "output.jsonl")) == 2
+    config = (tmp_path / "home" / "dagster.yaml").read_text()
+    assert "env: DAGSTER_PG_URL" in config and "postgres@" not in config
+    with psycopg2.connect(plain) as conn, conn.cursor() as cur:
+        cur.execute("SELECT status FROM runs")
+        assert [status for (status,) in cur.fetchall()] == ["SUCCESS"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 from datetime import UTC, datetime
+from typing import Any
 
 import dagster as dg
 import httpx
@@ -14,6 +15,7 @@ from standardwebhooks.webhooks import EmptyWebhookSecretError
 
 from batch_dagster import settings as s
 from batch_dagster.db.webhooks import SECRET_PREFIX
+from batch_dagster.egress import Allow, check
 
 Post = tuple[str, str | None, str, bytes]  # url, the endpoint's secret (None: the global one), event id, body
 _ERROR_BYTES = 200  # of an endpoint's error answer, kept with the attempt
@@ -47,6 +49,7 @@ class WebhookConfig(dg.ConfigurableResource):
     timeout_s: float = 5.0
     max_attempts: int = 8
     first_backoff_s: float = 10.0  # then doubling: about 21 minutes between the first and the last attempt
+    allow: list[str] = list(s.default("BATCH_WEBHOOK_ALLOW"))  # BATCH_WEBHOOK_ALLOW: internal hosts endpoints may reach
 
     def headers(self, event_id: str, body: bytes, at: datetime | None = None, *,
                 secret: str | None = None) -> dict[str, str]:
@@ -68,11 +71,17 @@ class WebhookConfig(dg.ConfigurableResource):
         return asyncio.run(self._send_all(posts))
 
     async def _send_all(self, posts: list[Post]) -> list[str | None]:
+        allow = Allow.parse(self.allow)
         async with httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as client:
 
             async def post(url: str, secret: str | None, event_id: str, body: bytes) -> str | None:
                 headers = self.headers(event_id, body, secret=secret)
-                async with client.stream("POST", url, content=body, headers=headers) as response:
+                target, extensions = httpx.URL(url), dict[str, Any]()
+                if secret is not None:  # an owner's endpoint (the operator's global ones are trusted)
+                    target, extensions = await _pinned(target, allow)
+                    headers["host"] = httpx.URL(url).netloc.decode("ascii")
+                async with client.stream("POST", target, content=body, headers=headers,
+                                         extensions=extensions) as response:
                     if 200 <= response.status_code < 300:
                         return None
                     head = b""
@@ -93,9 +102,18 @@ class WebhookConfig(dg.ConfigurableResource):
             return list(await asyncio.gather(*(one(*post) for post in posts)))
 
 
+async def _pinned(url: httpx.URL, allow: Allow) -> tuple[httpx.URL, dict[str, Any]]:
+    """`url` with its host replaced by the one address it was checked at (egress.check: public or allowed), so a
+    second resolution cannot point elsewhere (DNS rebinding); TLS still names, and verifies, the host."""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    address = await asyncio.to_thread(check, url.host, port, allow)
+    return url.copy_with(host=str(address)), {"sni_hostname": url.host} if url.scheme == "https" else {}
+
+
 def webhooks_from_env(settings: s.Settings) -> WebhookConfig:
     from .pipeline import env_or
 
     # The secret stays an EnvVar, so the Dagster UI shows the variable's name, never its value.
     return WebhookConfig(urls=list(settings.webhook_urls),
-                         secret=env_or("BATCH_WEBHOOK_SECRET", settings.webhook_secret))
+                         secret=env_or("BATCH_WEBHOOK_SECRET", settings.webhook_secret),
+                         allow=list(settings.webhook_allow))
