@@ -57,21 +57,27 @@ class ValidationReport:
     def valid(self) -> bool:
         return self.error_count == 0
 
+    @property
+    def shown_model(self) -> str | None:
+        """The model, unless it is too long to be one (it is never stored or echoed then)."""
+        return self.model if self.model is None or len(self.model) <= MAX_MODEL_CHARS else None
+
+    @property
+    def listed_errors(self) -> list[c.BatchError]:
+        """The errors as a batch lists them: the first ones, then a count of the rest (`more_errors`)."""
+        unlisted = self.error_count - len(self.errors)
+        more = [c.BatchError(MORE_ERRORS, f"... and {unlisted} more error(s), not listed.")] if unlisted > 0 else []
+        return self.errors + more
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "valid": self.valid,
             "total_requests": self.total_requests,
-            "model": self.model if self.model is None or len(self.model) <= MAX_MODEL_CHARS else None,
+            "model": self.shown_model,
             "endpoint": self.endpoint,
             "error_count": self.error_count,
-            "errors": [e.to_dict() for e in self.errors] + self._more(),
+            "errors": [e.to_dict() for e in self.listed_errors],
         }
-
-    def _more(self) -> list[dict[str, Any]]:
-        unlisted = self.error_count - len(self.errors)
-        if unlisted <= 0:
-            return []
-        return [c.BatchError(MORE_ERRORS, f"... and {unlisted} more error(s), not listed.").to_dict()]
 
 
 class _Collector:

@@ -145,14 +145,14 @@ def validated_requests(
         if not report.valid:
             out.unlink(missing_ok=True)  # over the token limit: valid rows, but the batch is refused
     folder.write_validation(Validation(
-        valid=report.valid, total_requests=report.total_requests, model=report.model, endpoint=report.endpoint,
-        error_count=report.error_count, errors=report.errors, validated_at=_now(), prompt_tokens=prompt_tokens))
+        valid=report.valid, total_requests=report.total_requests, model=report.shown_model, endpoint=report.endpoint,
+        error_count=report.error_count, errors=report.listed_errors, validated_at=_now(), prompt_tokens=prompt_tokens))
     if not report.valid:
         # No materialization: Dagster skips the downstream steps and their checks instead of failing them,
         # and the run succeeds. The batch's status (failed, with errors.data) comes from validation.json.
         first = report.errors[0]
         where = f"line {first.line}" if first.line is not None else "the file"
-        _tag_run(context, report.model, report.total_requests, "invalid")
+        _tag_run(context, report.shown_model, report.total_requests, "invalid")
         context.log.warning(f"The input file is invalid: {report.error_count} error(s); first at {where}: "
                             f"[{first.code}] {first.message}. The later steps are skipped.")
         context.log_event(dg.AssetObservation(
@@ -161,7 +161,7 @@ def validated_requests(
             metadata={"status": "invalid", **_labels(context), "error_count": report.error_count,
                       "total_requests": report.total_requests,
                       "errors": _md_table([e.to_dict() for e in report.errors[:50]]),
-                      **({"model": report.model} if report.model else {})},
+                      **({"model": report.shown_model} if report.shown_model else {})},
         ))
         return
     _tag_run(context, report.model, report.total_requests, "valid")
