@@ -16,6 +16,7 @@ from batch_dagster.batchfile.registry import ModelSpec
 from . import orphans
 from . import translate as t
 from .base import EngineCrash, Line, OnProgress, ProgressTicker, Request, is_out_of_memory
+from .hardware import dtype_choice
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class OfflineEngine:
         s = self.spec
         kwargs: dict[str, Any] = {
             "model": self.model_path,
-            "dtype": s.dtype,
+            "dtype": dtype_choice(s.dtype).dtype,  # "auto" resolved here: vLLM's "auto" is the checkpoint's
             "seed": s.seed,
             "tensor_parallel_size": s.tensor_parallel_size,
         }
@@ -97,7 +98,9 @@ class OfflineEngine:
         if self._llm is None:
             from vllm import LLM
 
-            log.info("Starting vLLM for %s from %s", self.spec.name, self.model_path)
+            choice = dtype_choice(self.spec.dtype)
+            log.info("Starting vLLM for %s from %s in %s: %s", self.spec.name, self.model_path, choice.dtype,
+                     choice.reason)
             before = _engine_processes()
             self._llm = LLM(**self.llm_kwargs())
             # Killed, this process would leave its engine core running (vLLM does not watch its parent).
