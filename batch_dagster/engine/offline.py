@@ -227,6 +227,17 @@ class OfflineEngine:
         return ProgressTicker(on_progress) if on_progress else False
 
     def _execute(self, endpoint: str, items: list[_Prepared]) -> list[Line]:
+        if endpoint == c.EMBEDDINGS or len(items) < 2:
+            return self._submit(endpoint, items)
+        # Submitted in token order, requests sharing a prefix are neighbours in vLLM's first-come queue: the
+        # first one's prefix blocks are cached when it is scheduled, and the rest hit them, in the same step or
+        # the next, before the cache evicts them. In file order they scatter and each recomputes the prefix.
+        order = sorted(range(len(items)), key=lambda i: items[i].prompts[0])
+        lines = self._submit(endpoint, [items[i] for i in order])
+        by_item = dict(zip(order, lines, strict=True))
+        return [by_item[i] for i in range(len(items))]
+
+    def _submit(self, endpoint: str, items: list[_Prepared]) -> list[Line]:
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=p) for it in items for p in it.prompts]

@@ -25,7 +25,8 @@ def test_the_scaling_workload_is_every_request_once_in_the_pipelines_shards(tmp_
 
     path = write_workload(tmp_path / "w.jsonl", 250, "smollm2-135m-instruct")
     shards = shards_of(path, tmp_path / "work", "smollm2-135m-instruct", shard_size=100)
-    assert [len(s) for s in shards] == [100, 100, 50]
+    # As many shards as plain cutting makes, each at most 100, cuts moved (by up to 25) to a system prompt's end.
+    assert len(shards) == 3 and all(75 <= len(s) <= 100 for s in shards[:-1]) and sum(map(len, shards)) == 250
     ids = [cid for shard in shards for cid, _ in shard]
     assert sorted(ids) == sorted(r["custom_id"] for r in requests(250, "smollm2-135m-instruct"))
     # The same file gives the same shards, in the same order: both fleets get the same work.
