@@ -44,3 +44,19 @@ def test_prompts_sharing_a_prefix_are_submitted_together_and_answered_in_shard_o
     for line in lines:
         answer = line["response"]["body"]["choices"][0]["message"]["content"]
         assert answer == str(prompts[line["custom_id"]][-1])
+
+
+def test_the_server_engine_sends_each_server_a_contiguous_run_in_prefix_order():
+    from batch_dagster.engine.server import _sending_plan
+
+    doc = {d: d + " word" * 300 for d in "abc"}
+    requests = [(f"{d}{q}", {"model": "m", "messages": [{"role": "user", "content": doc[d] + f" question {q}?"}]})
+                for q in range(4) for d in "abc"]  # shuffled: a0 b0 c0 a1 ...
+    plan = _sending_plan(CHAT, requests, 2)
+    assert sorted(row for row, _ in plan) == list(range(12))
+    by_server = {k: [requests[row][0][0] for row, s in plan if s == k] for k in (0, 1)}
+    assert len(by_server[0]) == len(by_server[1]) == 6
+    for docs in by_server.values():  # each document's questions together, on as few servers as the split allows
+        assert docs == sorted(docs, key=docs.index)
+    assert sum(len(set(docs)) for docs in by_server.values()) <= 4
+    assert [s for _, s in plan][:4] == [0, 1, 0, 1]  # interleaved: both servers busy from the start
