@@ -60,7 +60,7 @@ from typing import Any
 import orjson
 
 from bench.measure import Measured, run_measured, wait_for_quiet
-from bench.workload import DOCQA_DOCS, DOCQA_QUESTIONS, write_docqa, write_workload
+from bench.workload import workload_from_env
 
 REPO = Path(__file__).resolve().parent.parent
 STAGES = ("raw_engine", "run_batch", "pipeline")
@@ -349,18 +349,10 @@ def main() -> None:
     from batch_dagster.defs.resources.from_env import resources_from_env
 
     model = os.environ.get("BENCH_MODEL") or "smollm2-135m-instruct"
-    workload = os.environ.get("BENCH_WORKLOAD") or "mixed"
-    if workload == "docqa":
-        docs = int(os.environ.get("BENCH_DOCQA_DOCS") or DOCQA_DOCS)
-        questions = int(os.environ.get("BENCH_DOCQA_QUESTIONS") or DOCQA_QUESTIONS)
-        n, shape = docs * questions, f"docqa {docs} documents x {questions} questions"
-        write = lambda path: write_docqa(path, docs, questions, model)  # noqa: E731
-    elif workload == "mixed":
-        n = int(os.environ.get("BENCH_REQUESTS") or 5000)
-        shape = "mixed"
-        write = lambda path: write_workload(path, n, model)  # noqa: E731
-    else:
-        sys.exit(f"Unknown BENCH_WORKLOAD {workload!r}; choose mixed or docqa")
+    try:
+        n, shape, write = workload_from_env(model)
+    except ValueError as exc:
+        sys.exit(str(exc))
     stages = [s.strip() for s in (os.environ.get("BENCH_STAGES") or ",".join(STAGES)).split(",") if s.strip()]
     unknown = set(stages) - set(STAGES)
     if unknown:

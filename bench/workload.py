@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -173,6 +175,20 @@ def write_workload(path: Path, n: int, model: str, seed: int = SEED) -> Path:
 
 def write_docqa(path: Path, docs: int, questions: int, model: str, seed: int = SEED) -> Path:
     return _write_lines(path, docqa_requests(docs, questions, model, seed))
+
+
+def workload_from_env(model: str) -> tuple[int, str, Callable[[Path], Path]]:
+    """The bench's workload as BENCH_WORKLOAD says: its request count, its description and its writer."""
+    workload = os.environ.get("BENCH_WORKLOAD") or "mixed"
+    if workload == "docqa":
+        docs = int(os.environ.get("BENCH_DOCQA_DOCS") or DOCQA_DOCS)
+        questions = int(os.environ.get("BENCH_DOCQA_QUESTIONS") or DOCQA_QUESTIONS)
+        return (docs * questions, f"docqa {docs} documents x {questions} questions",
+                lambda path: write_docqa(path, docs, questions, model))
+    if workload == "mixed":
+        n = int(os.environ.get("BENCH_REQUESTS") or 5000)
+        return n, "mixed", lambda path: write_workload(path, n, model)
+    raise ValueError(f"Unknown BENCH_WORKLOAD {workload!r}; choose mixed or docqa")
 
 
 def main() -> None:

@@ -162,3 +162,22 @@ def test_docqa_documents_are_800_to_1500_smollm2_tokens():
     for r in docqa_requests(10, 1, "m"):
         document = r["body"]["messages"][1]["content"].partition("\n\nQuestion: ")[0]
         assert 700 <= len(tokenizer.encode(document).ids) <= 1650
+
+
+def test_bench_workload_comes_from_the_environment(tmp_path, monkeypatch):
+    import pytest
+
+    from bench.workload import workload_from_env
+
+    monkeypatch.setenv("BENCH_WORKLOAD", "docqa")
+    monkeypatch.setenv("BENCH_DOCQA_DOCS", "3")
+    monkeypatch.setenv("BENCH_DOCQA_QUESTIONS", "2")
+    n, shape, write = workload_from_env("m")
+    assert (n, shape) == (6, "docqa 3 documents x 2 questions")
+    assert len(write(tmp_path / "d.jsonl").read_bytes().splitlines()) == 6
+    monkeypatch.setenv("BENCH_WORKLOAD", "mixed")
+    monkeypatch.setenv("BENCH_REQUESTS", "7")
+    assert workload_from_env("m")[:2] == (7, "mixed")
+    monkeypatch.setenv("BENCH_WORKLOAD", "nope")
+    with pytest.raises(ValueError, match="mixed or docqa"):
+        workload_from_env("m")
