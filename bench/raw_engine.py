@@ -3,7 +3,8 @@
 The engine settings are the registry's (`OfflineEngine(spec, path).llm_kwargs()`), so this is the
 same engine the pipeline builds. Prints one JSON object: engine_start_s (the `LLM(...)`
 constructor), inference_s (the one `llm.chat` call, chat templating included), output_tokens,
-written to RESULT.json (vLLM logs to stdout).
+prompt and prefix-cache-hit tokens (per request and vLLM's own counters), written to RESULT.json
+(vLLM logs to stdout).
 
     python -m bench.raw_engine INPUT.jsonl LLM_KWARGS_JSON RESULT.json
 """
@@ -38,6 +39,11 @@ def main() -> None:
     output_tokens = sum(len(o.token_ids) for out in outputs for o in out.outputs)
     prompt_tokens = sum(len(out.prompt_token_ids or []) for out in outputs)
     cached_tokens = sum(out.num_cached_tokens or 0 for out in outputs)
+    # vLLM's Prometheus counters, summed over their labels: a cross-check of the per-request counts.
+    counters: dict[str, float] = {}
+    for metric in llm.get_metrics():
+        if metric.name in ("vllm:prompt_tokens", "vllm:prefix_cache_hits", "vllm:prefix_cache_queries"):
+            counters[metric.name] = counters.get(metric.name, 0) + getattr(metric, "value", 0)
     with open(result_path, "w") as f:
         json.dump({
             "engine_start_s": round(t1 - t0, 3),
@@ -46,6 +52,7 @@ def main() -> None:
             "input_tokens": prompt_tokens,
             "cached_tokens": cached_tokens,
             "output_tokens": output_tokens,
+            "engine_counters": counters,
         }, f)
     llm.llm_engine.engine_core.shutdown(timeout=0)  # as run_batch does: no 5 s grace period at exit
 

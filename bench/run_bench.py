@@ -20,6 +20,19 @@ input (bench/workload.py), the same model and the same engine settings (the regi
 - output_tokens: completion tokens of successful requests (raw: the RequestOutputs; run_batch:
   its output file's usage; pipeline: the batch's summary.json usage).
 - output_tok_s: output_tokens / inference_s.
+- prompt_tokens, cached_prompt_tokens, prefill_tokens: the prompt tokens of the successful
+  requests, those of them vLLM's automatic prefix cache served, and the difference, the
+  tokens the engine computed. All three stages read vLLM's own per-request count
+  (`RequestOutput.num_cached_tokens`, from the scheduler's prefix-cache hits): the raw engine
+  from its outputs, run_batch from `usage.prompt_tokens_details.cached_tokens` of its output
+  file (it runs with `--enable-prompt-tokens-details`, which only adds that field), the
+  pipeline from summary.json's `input_tokens_details.cached_tokens` (the same field, summed).
+  The raw engine also reports vLLM's Prometheus counters (`llm.get_metrics()`:
+  vllm:prompt_tokens and vllm:prefix_cache_hits) as `engine_counters`, a cross-check.
+
+Workloads (bench/workload.py): BENCH_WORKLOAD=mixed (the default; BENCH_REQUESTS lines) or
+BENCH_WORKLOAD=docqa (requests sharing context: BENCH_DOCQA_DOCS documents, default 100, times
+BENCH_DOCQA_QUESTIONS questions each, default 5; BENCH_REQUESTS is not used).
 
 Environment: BENCH_REQUESTS (default 5000), BENCH_MODEL (default smollm2-135m-instruct),
 BENCH_STAGES (comma list, default all three), BENCH_OUT (default bench/results/latest.json),
@@ -47,11 +60,11 @@ from typing import Any
 import orjson
 
 from bench.measure import Measured, run_measured, wait_for_quiet
-from bench.workload import write_workload
+from bench.workload import workload_from_env
 
 REPO = Path(__file__).resolve().parent.parent
 STAGES = ("raw_engine", "run_batch", "pipeline")
-METRICS = ("wall_s", "engine_start_s", "inference_s", "output_tokens", "output_tok_s", "peak_rss_mb")
+METRICS = ("wall_s", "engine_start_s", "inference_s", "output_tokens", "output_tok_s", "prefill_tokens", "peak_rss_mb")
 ENGINE_BEGIN = "Resolved architecture"
 ENGINE_READY = "init engine (profile, create kv cache, warmup model) took"
 STAGE_ENV = {"VLLM_LOGGING_LEVEL": "INFO"}  # the start/ready lines above are INFO lines, in every stage
@@ -74,6 +87,9 @@ def _metrics(m: Measured, engine: tuple[float, float], inference_end: float, out
     inference_s = inference_end - ready
     if not extra.get("requests_completed"):
         raise StageFailed(f"no request completed:\n{m.tail()}")
+    prompt, cached = extra.get("prompt_tokens"), extra.get("cached_prompt_tokens")
+    if prompt is not None and cached is not None:
+        extra["prefill_tokens"] = prompt - cached  # what the engine computed: the prefix cache's misses
     hung = {}
     if m.hung_at_exit:
         # The work was done (and its output written) at done_at_s; the process never exited.
@@ -129,7 +145,8 @@ def stage_raw_engine(ctx: dict[str, Any]) -> dict[str, Any]:
     return _metrics(m, engine, end, res["output_tokens"],
                     requests_completed=res["requests"], requests_failed=0,
                     llm_constructor_s=res["engine_start_s"], chat_call_s=res["inference_s"],
-                    cached_prompt_tokens=res["cached_tokens"], prompt_tokens=res["input_tokens"])
+                    cached_prompt_tokens=res["cached_tokens"], prompt_tokens=res["input_tokens"],
+                    engine_counters=res.get("engine_counters"))
 
 
 def run_batch_command(spec: Any, model_path: str, input_path: Path, output_path: Path) -> list[str]:
@@ -141,7 +158,8 @@ def run_batch_command(spec: Any, model_path: str, input_path: Path, output_path:
     for flag in ("--host", "--port"):  # a server's listening address; run_batch has no use for it
         i = cmd.index(flag)
         del cmd[i : i + 2]
-    return cmd + ["-i", str(input_path), "-o", str(output_path)]
+    # The per-request cached-token count in each line's usage: only reported, nothing else changes.
+    return cmd + ["--enable-prompt-tokens-details", "-i", str(input_path), "-o", str(output_path)]
 
 
 def stage_run_batch(ctx: dict[str, Any]) -> dict[str, Any]:
@@ -151,18 +169,21 @@ def stage_run_batch(ctx: dict[str, Any]) -> dict[str, Any]:
     end = m.last("Writing outputs to local file")
     if end is None:
         raise StageFailed(f"run_batch: no 'Writing outputs' line:\n{m.tail()}")
-    completed = failed = tokens = 0
+    completed = failed = tokens = prompt = cached = 0
     with open(out, "rb") as f:
         for raw in f:
             line = orjson.loads(raw)
             response = line.get("response") or {}
             if response.get("status_code") == 200 and not line.get("error"):
                 completed += 1
-                tokens += response["body"]["usage"]["completion_tokens"]
+                usage = response["body"]["usage"]
+                tokens += usage["completion_tokens"]
+                prompt += usage["prompt_tokens"]
+                cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
             else:
                 failed += 1
     return _metrics(m, _engine_span(m, "run_batch"), end, tokens, requests_completed=completed,
-                    requests_failed=failed)
+                    requests_failed=failed, prompt_tokens=prompt, cached_prompt_tokens=cached)
 
 
 def _dagster_timeline(home: Path, launched_at: float) -> dict[str, Any]:
@@ -244,7 +265,7 @@ def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
     return _metrics(m, _engine_span(m, "pipeline"), step["end_at_s"], usage["output_tokens"],
                     requests_completed=rc["completed"], requests_failed=rc["failed"],
                     prompt_tokens=usage["input_tokens"],
-                    cached_prompt_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens"),
+                    cached_prompt_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
                     summary_inference_s=summary.get("inference_s"), dagster=timeline)
 
 
@@ -262,20 +283,24 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         "pipeline_vs_raw_engine_tok_s": ratio("pipeline", "raw_engine", "output_tok_s"),
         "pipeline_vs_run_batch_tok_s": ratio("pipeline", "run_batch", "output_tok_s"),
         "run_batch_vs_raw_engine_wall": ratio("run_batch", "raw_engine", "wall_s"),
+        "pipeline_vs_run_batch_inference": ratio("pipeline", "run_batch", "inference_s"),
+        "pipeline_vs_run_batch_prefill_tokens": ratio("pipeline", "run_batch", "prefill_tokens"),
     }
 
 
 def markdown_table(report: dict[str, Any]) -> str:
-    head = ["stage", "wall s", "engine start s", "inference s", "output tokens", "output tok/s", "peak RSS MB"]
+    head = ["stage", "wall s", "engine start s", "inference s", "output tokens", "output tok/s", "prefill tokens",
+            "peak RSS MB"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for stage in STAGES:
         r = report.get(stage)
         if r:
             rows.append("| " + " | ".join([stage, *(f"{r[k]:,}" if isinstance(r[k], int) else f"{r[k]:,.1f}"
-                                                     for k in METRICS)]) + " |")
+                                                     if r.get(k) is not None else "-" for k in METRICS)]) + " |")
     meta = report["meta"]
     ratio_text = ", ".join(f"{k} = {v}" for k, v in report["ratios"].items() if v is not None)
-    return "\n".join(rows) + (f"\n\n{meta['requests']:,} requests, model {meta['model']}, {meta['machine']}."
+    return "\n".join(rows) + (f"\n\n{meta['requests']:,} requests ({meta['workload']}), model {meta['model']}, "
+                              f"{meta['machine']}."
                               + (f"\nRatios: {ratio_text}." if ratio_text else ""))
 
 
@@ -323,8 +348,11 @@ def git_state() -> str | None:
 def main() -> None:
     from batch_dagster.defs.resources.from_env import resources_from_env
 
-    n = int(os.environ.get("BENCH_REQUESTS") or 5000)
     model = os.environ.get("BENCH_MODEL") or "smollm2-135m-instruct"
+    try:
+        n, shape, write = workload_from_env(model)
+    except ValueError as exc:
+        sys.exit(str(exc))
     stages = [s.strip() for s in (os.environ.get("BENCH_STAGES") or ",".join(STAGES)).split(",") if s.strip()]
     unknown = set(stages) - set(STAGES)
     if unknown:
@@ -340,11 +368,12 @@ def main() -> None:
            "profile": os.environ.get("BENCH_PROFILE") == "1",
            "timeout_s": float(os.environ.get("BENCH_STAGE_TIMEOUT_S") or 4 * 3600),
            "quiet_wait_s": float(os.environ.get("BENCH_QUIET_WAIT_S") or 600),
-           "input": write_workload(work / "input.jsonl", n, model)}
+           "input": write(work / "input.jsonl")}
     import psutil
 
     report: dict[str, Any] = {"meta": {
-        "requests": n, "model": model, "machine": machine(), "python": platform.python_version(),
+        "requests": n, "workload": shape, "model": model, "machine": machine(),
+        "dtype": vllm.model_record(model)["dtype_choice"], "python": platform.python_version(),
         "vllm": vllm.model_record(model)["vllm_version"], "engine_settings": spec.engine_settings(),
         "input_bytes": ctx["input"].stat().st_size, "stages": stages, "git": git_state(),
         "load_avg_before": [round(x, 2) for x in psutil.getloadavg()],
@@ -353,8 +382,8 @@ def main() -> None:
     if os.environ.get("BENCH_RESUME") == "1" and out.exists():
         # Keep the stages an earlier run of the same workload finished (a stage takes ~25 min at 5000).
         earlier = json.loads(out.read_text())
-        same = {k: earlier["meta"].get(k) for k in ("requests", "model", "input_bytes")} == \
-            {k: report["meta"][k] for k in ("requests", "model", "input_bytes")}
+        same = {k: earlier["meta"].get(k) for k in ("requests", "workload", "model", "input_bytes")} == \
+            {k: report["meta"][k] for k in ("requests", "workload", "model", "input_bytes")}
         if same:
             report |= {s: earlier[s] for s in STAGES if s in earlier and s not in stages}
             report["meta"]["resumed_from"] = earlier["meta"].get("started_at")
@@ -375,7 +404,7 @@ def main() -> None:
                 continue
             r = report[stage]
             print(f"bench: {stage} done in {time.perf_counter() - started:.0f} s: "
-                  + ", ".join(f"{k}={r[k]}" for k in METRICS), file=sys.stderr, flush=True)
+                  + ", ".join(f"{k}={r.get(k)}" for k in METRICS), file=sys.stderr, flush=True)
             _write(out, report)  # after every stage, so a run stopped midway keeps what it measured
     finally:
         if keep or failed:

@@ -1,17 +1,26 @@
-"""The benchmark workload: a fixed-seed, realistic OpenAI batch file of chat requests.
+"""The benchmark workloads: fixed-seed, realistic OpenAI batch files of chat requests.
 
-Prompt lengths run from a few words to ~1,500 tokens with a long tail (log-normal), half of the
-requests open with one of three long system prompts (so a prefix cache can hit), max_tokens is
-16-128 and temperature 0. The same (n, model, seed) always gives the same bytes.
+`mixed` (the default): prompt lengths run from a few words to ~1,500 tokens with a long tail
+(log-normal), half of the requests open with one of three long system prompts (so a prefix
+cache can hit), max_tokens is 16-128 and temperature 0. The same (n, model, seed) always gives
+the same bytes.
+
+`docqa`: requests that share context, as document question answering writes them: D documents
+of ~800-1,500 tokens with Q questions each (one request per question: the shared system
+prompt, then the document, then the question), max_tokens 16-64, temperature 0, the lines
+shuffled as a user would write them (not grouped by document).
 
     python -m bench.workload 5000 data/bench/input.jsonl [--model NAME]
+    python -m bench.workload 100 data/bench/docqa.jsonl --docqa-questions 5   # 100 documents x 5
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -113,22 +122,87 @@ def requests(n: int, model: str, seed: int = SEED):
         }
 
 
-def write_workload(path: Path, n: int, model: str, seed: int = SEED) -> Path:
+DOCQA_DOCS, DOCQA_QUESTIONS = 100, 5
+DOCQA_DOC_TOKENS = (800, 1500)
+DOCQA_MAX_TOKENS = (16, 64)
+DOCQA_SYSTEM = ("You are a careful reading assistant. Answer the question about the document the user gives, "
+                "using only what the document says, in one or two sentences. If the document does not say, "
+                "answer that it does not.")
+_QUESTIONS = (
+    "What does the document say about {}?",
+    "Why is {} mentioned in the document?",
+    "Summarize what the document tells about {} in one sentence.",
+    "Who or what is connected with {} in the document?",
+    "Does the document give a reason for {}?",
+    "What happens to {} in the document?",
+    "How does the document describe {}?",
+)
+
+
+def docqa_requests(docs: int, questions: int, model: str, seed: int = SEED):
+    """docs x questions request lines (dicts), shuffled; custom_id doc-DDDD-qQQ names each one's document."""
+    rng = random.Random(f"docqa-{seed}")
+    rows = []
+    for d in range(docs):
+        document = prose(rng, int(rng.randint(*DOCQA_DOC_TOKENS) / TOKENS_PER_WORD))
+        topics = rng.sample(WORDS, questions)
+        for q in range(questions):
+            question = rng.choice(_QUESTIONS).format(topics[q])
+            rows.append({
+                "custom_id": f"doc-{d:04d}-q{q:02d}",
+                "method": "POST",
+                "url": URL,
+                "body": {"model": model, "messages": [
+                    {"role": "system", "content": DOCQA_SYSTEM},
+                    {"role": "user", "content": f"Document:\n{document}\n\nQuestion: {question}"},
+                ], "max_tokens": rng.randint(*DOCQA_MAX_TOKENS), "temperature": 0},
+            })
+    rng.shuffle(rows)
+    return rows
+
+
+def _write_lines(path: Path, lines) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
-        for line in requests(n, model, seed):
+        for line in lines:
             f.write(orjson.dumps(line) + b"\n")
     return path
 
 
+def write_workload(path: Path, n: int, model: str, seed: int = SEED) -> Path:
+    return _write_lines(path, requests(n, model, seed))
+
+
+def write_docqa(path: Path, docs: int, questions: int, model: str, seed: int = SEED) -> Path:
+    return _write_lines(path, docqa_requests(docs, questions, model, seed))
+
+
+def workload_from_env(model: str) -> tuple[int, str, Callable[[Path], Path]]:
+    """The bench's workload as BENCH_WORKLOAD says: its request count, its description and its writer."""
+    workload = os.environ.get("BENCH_WORKLOAD") or "mixed"
+    if workload == "docqa":
+        docs = int(os.environ.get("BENCH_DOCQA_DOCS") or DOCQA_DOCS)
+        questions = int(os.environ.get("BENCH_DOCQA_QUESTIONS") or DOCQA_QUESTIONS)
+        return (docs * questions, f"docqa {docs} documents x {questions} questions",
+                lambda path: write_docqa(path, docs, questions, model))
+    if workload == "mixed":
+        n = int(os.environ.get("BENCH_REQUESTS") or 5000)
+        return n, "mixed", lambda path: write_workload(path, n, model)
+    raise ValueError(f"Unknown BENCH_WORKLOAD {workload!r}; choose mixed or docqa")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("n", type=int)
+    parser.add_argument("n", type=int, help="requests (mixed) or documents (with --docqa-questions)")
     parser.add_argument("out", type=Path)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--docqa-questions", type=int, default=0, help="the docqa workload, this many per document")
     args = parser.parse_args()
-    write_workload(args.out, args.n, args.model, args.seed)
+    if args.docqa_questions:
+        write_docqa(args.out, args.n, args.docqa_questions, args.model, args.seed)
+    else:
+        write_workload(args.out, args.n, args.model, args.seed)
 
 
 if __name__ == "__main__":

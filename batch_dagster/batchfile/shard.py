@@ -1,8 +1,9 @@
 """Sharding: order requests so shared prefixes and similar lengths run together, then cut.
 
-Requests that share a system prompt (or the same opening text) sit next to each other so the
-engine's prefix cache hits, and within a prefix group they go by length so a shard's sequences
-finish at about the same time.
+Requests that share a system prompt (or the same opening text) form a group; inside it,
+requests that share a longer leading text (a document asked several questions) sit together,
+so one shard holds them all and the engine's prefix cache computes that text once. Within
+what they share they go by length, and cuts fall where the least is shared.
 """
 
 from __future__ import annotations
@@ -17,14 +18,31 @@ from .responses import chat_body
 
 # Opening text that counts as a shared prefix when there is no system prompt.
 PREFIX_CHARS = 256
+# The prefix path: a hash per PATH_CHARS bytes of the prompt (~128 tokens), up to PATH_SEGMENTS of them.
+PATH_CHARS = 512
+PATH_SEGMENTS = 32
+_HEX = 16  # hex characters of one hash (8 bytes)
 
 
 @dataclass(frozen=True)
 class Features:
-    """What sharding needs to know about one request."""
+    """What sharding needs to know about one request.
+
+    `prefix_key` is a path: the hash of its group (system prompt, or opening text), then one
+    hash per PATH_CHARS chunk of the whole prompt's text. Two requests' paths agree for as many
+    leading hashes as their prompts agree for full chunks.
+    """
 
     prompt_chars: int
     prefix_key: str
+
+    @property
+    def group(self) -> str:
+        return self.prefix_key[:_HEX]
+
+    @property
+    def path(self) -> str:
+        return self.prefix_key[_HEX:]
 
 
 def _text_of(content: Any) -> str:
@@ -35,36 +53,89 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=_HEX // 2).hexdigest()
+
+
+def prefix_path(text: str) -> str:
+    """One hash per full PATH_CHARS chunk of `text` (as UTF-8): equal leading hashes, equal leading text."""
+    data = text.encode()
+    end = min(len(data) // PATH_CHARS, PATH_SEGMENTS) * PATH_CHARS
+    return "".join(_digest(data[i : i + PATH_CHARS]) for i in range(0, end, PATH_CHARS))
+
+
 def features(endpoint: str, body: dict[str, Any]) -> Features:
     """Prompt size and prefix of one request body (already validated)."""
     if endpoint == c.RESPONSES:  # runs as its chat body, so it groups as one
         endpoint, body = c.CHAT, chat_body(body)
     if endpoint == c.CHAT:
-        messages = body.get("messages") or []
-        texts = [_text_of(m.get("content")) for m in messages if isinstance(m, dict)]
-        first = messages[0] if messages and isinstance(messages[0], dict) else {}
+        messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+        texts = [_text_of(m.get("content")) for m in messages]
+        first = messages[0] if messages else {}
         prefix = texts[0] if first.get("role") in ("system", "developer") else texts[0][:PREFIX_CHARS] if texts else ""
         chars = sum(len(t) for t in texts)
+        # The prompt as the chat template lays it out: each message's role, then its text, in order.
+        leading = "".join(f"\x1e{m.get('role')}\x1f{t}" for m, t in zip(messages, texts, strict=True))
     else:
         raw = body.get("prompt") if endpoint == c.COMPLETIONS else body.get("input")
         texts = [raw] if isinstance(raw, str) else [str(x) for x in raw] if isinstance(raw, list) else [str(raw)]
         chars = sum(len(t) for t in texts)
         prefix = texts[0][:PREFIX_CHARS] if texts else ""
-    return Features(chars, hashlib.blake2b(prefix.encode(), digest_size=8).hexdigest())
+        leading = texts[0] if texts else ""
+    return Features(chars, _digest(prefix.encode()) + prefix_path(leading))
+
+
+def _shared(a: str, b: str) -> int:
+    """How many leading hashes two paths have in common."""
+    n = 0
+    for i in range(0, min(len(a), len(b)), _HEX):
+        if a[i : i + _HEX] != b[i : i + _HEX]:
+            break
+        n += 1
+    return n
 
 
 def plan_shards(features_by_row: Sequence[Features], shard_size: int) -> list[list[int]]:
-    """Row indices per shard: prefix groups (largest first) in length order, cut every shard_size."""
+    """Row indices per shard: prefix groups (largest first), shared prefixes together, each by length.
+
+    Within a group, requests go by the longest leading text they share with another request
+    (a trie's order: every prefix's requests are contiguous), then by length. Cuts fall every
+    shard_size rows, moved back (by up to a quarter of a shard, within the room the last shard
+    leaves) to where neighbours share the least, so a set of requests sharing a prefix stays in
+    one shard where it fits. O(n log n).
+    """
     if shard_size < 1:
         raise ValueError("shard_size must be at least 1")
+    rows = len(features_by_row)
     group_size: dict[str, int] = {}
     for f in features_by_row:
-        group_size[f.prefix_key] = group_size.get(f.prefix_key, 0) + 1
-    def key(i: int) -> tuple[int, int, str, int]:
-        f = features_by_row[i]
-        size = group_size[f.prefix_key]
-        # Requests whose prefix nobody shares gain nothing from grouping: they go by length only.
-        return (0, -size, f.prefix_key, f.prompt_chars) if size > 1 else (1, 0, "", f.prompt_chars)
+        group_size[f.group] = group_size.get(f.group, 0) + 1
+    # What each request shares: the longest path prefix it has in common with a neighbour in path order.
+    by_path = sorted(range(rows), key=lambda i: features_by_row[i].prefix_key)
+    shared = [0] * rows
+    for a, b in zip(by_path, by_path[1:], strict=False):
+        n = _shared(features_by_row[a].path, features_by_row[b].path) if features_by_row[a].group == \
+            features_by_row[b].group else 0
+        shared[a], shared[b] = max(shared[a], n), max(shared[b], n)
+    kept = [features_by_row[i].path[: shared[i] * _HEX] for i in range(rows)]
 
-    order = sorted(range(len(features_by_row)), key=key)
-    return [order[i : i + shard_size] for i in range(0, len(order), shard_size)]
+    def key(i: int) -> tuple[int, int, str, str, int]:
+        f = features_by_row[i]
+        size = group_size[f.group]
+        # Requests whose prefix nobody shares gain nothing from grouping: they go by length only.
+        return (0, -size, f.group, kept[i], f.prompt_chars) if size > 1 else (1, 0, "", "", f.prompt_chars)
+
+    order = sorted(range(rows), key=key)
+    # Cuts move back only as far as the last shard's spare room: never more shards than plain cutting makes.
+    shards, start, spare = [], 0, -rows % shard_size
+    while rows - start > shard_size:
+        cut = start + shard_size
+        window = range(cut, cut - min(shard_size // 4, spare) - 1, -1)
+        # The latest of the least-shared boundaries in the window (with nothing shared anywhere: shard_size).
+        best = min(window, key=lambda p: _shared(kept[order[p - 1]], kept[order[p]]))
+        spare -= cut - best
+        shards.append(order[start:best])
+        start = best
+    if start < rows:
+        shards.append(order[start:])
+    return shards

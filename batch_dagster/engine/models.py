@@ -13,7 +13,8 @@ from typing import Any
 
 from batch_dagster.batchfile.registry import ModelSpec, default_chat_model, load_registry
 
-_EMBEDDED = "embedded:"
+from .hardware import DtypeChoice, dtype_choice
+from .prepare import embedded_name, resolve_embedded
 
 
 class UnknownModel(KeyError):
@@ -58,12 +59,15 @@ class Models:
         except KeyError:
             raise UnknownModel(f"Model {model!r} is not in the registry {self.models_file}.") from None
 
-    def path(self, spec: ModelSpec) -> str:
-        """A local folder or hub id for the engine; embedded models are prepared on first use."""
-        if spec.source.startswith(_EMBEDDED):
-            from batch_dagster.engine.prepare import resolve_embedded
+    def dtype(self, spec: ModelSpec) -> DtypeChoice:
+        """The dtype the model runs in on this host (the registry's "auto" resolved) and why."""
+        return dtype_choice(spec.dtype)
 
-            return str(resolve_embedded(spec.source[len(_EMBEDDED) :], Path(self.model_cache_dir)))
+    def path(self, spec: ModelSpec) -> str:
+        """A local folder or hub id for the engine; embedded models are prepared on first use, in their dtype."""
+        name = embedded_name(spec)
+        if name is not None:
+            return str(resolve_embedded(name, Path(self.model_cache_dir), self.dtype(spec).dtype))
         return spec.source
 
     def tokenizer(self, model: str) -> Any:

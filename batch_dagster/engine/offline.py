@@ -16,6 +16,7 @@ from batch_dagster.batchfile.registry import ModelSpec
 from . import orphans
 from . import translate as t
 from .base import EngineCrash, Line, OnProgress, ProgressTicker, Request, is_out_of_memory
+from .hardware import dtype_choice
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class OfflineEngine:
         s = self.spec
         kwargs: dict[str, Any] = {
             "model": self.model_path,
-            "dtype": s.dtype,
+            "dtype": dtype_choice(s.dtype).dtype,  # "auto" resolved here: vLLM's "auto" is the checkpoint's
             "seed": s.seed,
             "tensor_parallel_size": s.tensor_parallel_size,
         }
@@ -97,7 +98,9 @@ class OfflineEngine:
         if self._llm is None:
             from vllm import LLM
 
-            log.info("Starting vLLM for %s from %s", self.spec.name, self.model_path)
+            choice = dtype_choice(self.spec.dtype)
+            log.info("Starting vLLM for %s from %s in %s: %s", self.spec.name, self.model_path, choice.dtype,
+                     choice.reason)
             before = _engine_processes()
             self._llm = LLM(**self.llm_kwargs())
             # Killed, this process would leave its engine core running (vLLM does not watch its parent).
@@ -224,6 +227,17 @@ class OfflineEngine:
         return ProgressTicker(on_progress) if on_progress else False
 
     def _execute(self, endpoint: str, items: list[_Prepared]) -> list[Line]:
+        if endpoint == c.EMBEDDINGS or len(items) < 2:
+            return self._submit(endpoint, items)
+        # Submitted in token order, requests sharing a prefix are neighbours in vLLM's first-come queue: the
+        # first one's prefix blocks are cached when it is scheduled, and the rest hit them, in the same step or
+        # the next, before the cache evicts them. In file order they scatter and each recomputes the prefix.
+        order = sorted(range(len(items)), key=lambda i: items[i].prompts[0])
+        lines = self._submit(endpoint, [items[i] for i in order])
+        by_item = dict(zip(order, lines, strict=True))
+        return [by_item[i] for i in range(len(items))]
+
+    def _submit(self, endpoint: str, items: list[_Prepared]) -> list[Line]:
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=p) for it in items for p in it.prompts]

@@ -25,7 +25,8 @@ def test_the_scaling_workload_is_every_request_once_in_the_pipelines_shards(tmp_
 
     path = write_workload(tmp_path / "w.jsonl", 250, "smollm2-135m-instruct")
     shards = shards_of(path, tmp_path / "work", "smollm2-135m-instruct", shard_size=100)
-    assert [len(s) for s in shards] == [100, 100, 50]
+    # As many shards as plain cutting makes, each at most 100, cuts moved (by up to 25) to a system prompt's end.
+    assert len(shards) == 3 and all(75 <= len(s) <= 100 for s in shards[:-1]) and sum(map(len, shards)) == 250
     ids = [cid for shard in shards for cid, _ in shard]
     assert sorted(ids) == sorted(r["custom_id"] for r in requests(250, "smollm2-135m-instruct"))
     # The same file gives the same shards, in the same order: both fleets get the same work.
@@ -117,3 +118,66 @@ def test_the_summary_checks_each_ratio_against_its_goal():
     table = markdown(report)
     assert "1.8x" in table and "**no**" in table and "| inference | 1.00 |" in table
     assert summarize({"scaling": {"runs": [{"replicas": 1, "output_tok_s": 100.0}]}})["scaling_met"] is None
+
+
+# The docqa workload: requests sharing context (a document each), shuffled as a user writes them.
+
+def test_docqa_is_fixed_sized_in_range_and_shuffled(tmp_path):
+    from bench.workload import DOCQA_SYSTEM, docqa_requests, write_docqa
+
+    a = write_docqa(tmp_path / "a.jsonl", 20, 5, "m").read_bytes()
+    assert a == write_docqa(tmp_path / "b.jsonl", 20, 5, "m").read_bytes()
+    rows = docqa_requests(20, 5, "m")
+    assert len(rows) == 100 and len({r["custom_id"] for r in rows}) == 100
+    docs: dict[str, set[str]] = {}
+    for r in rows:
+        system, user = r["body"]["messages"]
+        assert system == {"role": "system", "content": DOCQA_SYSTEM}
+        assert 16 <= r["body"]["max_tokens"] <= 64 and r["body"]["temperature"] == 0
+        document, _, question = user["content"].partition("\n\nQuestion: ")
+        assert question.endswith("?") or question.endswith(".")
+        docs.setdefault(r["custom_id"][:8], set()).add(document)
+        # ~800-1,500 tokens at ~1.1 tokens per word
+        assert 800 / 1.1 - 2 <= len(document.split()) <= 1500 / 1.1 + 2
+    assert len(docs) == 20 and all(len(d) == 1 for d in docs.values())  # one document per doc id
+    # Shuffled: a document's questions are not next to each other in the file.
+    neighbours = sum(a["custom_id"][:8] == b["custom_id"][:8] for a, b in zip(rows, rows[1:]))
+    assert neighbours < 20
+
+
+def test_docqa_documents_are_800_to_1500_smollm2_tokens():
+    import pytest
+
+    from batch_dagster.engine.hardware import dtype_choice
+    from batch_dagster.engine.prepare import smollm2_path
+    from bench.workload import docqa_requests
+    from tests.helpers import MODEL_CACHE
+
+    path = smollm2_path(MODEL_CACHE, dtype_choice("auto").dtype)
+    if not (path / "tokenizer.json").exists():
+        pytest.skip(f"the SmolLM2 model is not prepared in {MODEL_CACHE} (make setup)")
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    for r in docqa_requests(10, 1, "m"):
+        document = r["body"]["messages"][1]["content"].partition("\n\nQuestion: ")[0]
+        assert 700 <= len(tokenizer.encode(document).ids) <= 1650
+
+
+def test_bench_workload_comes_from_the_environment(tmp_path, monkeypatch):
+    import pytest
+
+    from bench.workload import workload_from_env
+
+    monkeypatch.setenv("BENCH_WORKLOAD", "docqa")
+    monkeypatch.setenv("BENCH_DOCQA_DOCS", "3")
+    monkeypatch.setenv("BENCH_DOCQA_QUESTIONS", "2")
+    n, shape, write = workload_from_env("m")
+    assert (n, shape) == (6, "docqa 3 documents x 2 questions")
+    assert len(write(tmp_path / "d.jsonl").read_bytes().splitlines()) == 6
+    monkeypatch.setenv("BENCH_WORKLOAD", "mixed")
+    monkeypatch.setenv("BENCH_REQUESTS", "7")
+    assert workload_from_env("m")[:2] == (7, "mixed")
+    monkeypatch.setenv("BENCH_WORKLOAD", "nope")
+    with pytest.raises(ValueError, match="mixed or docqa"):
+        workload_from_env("m")

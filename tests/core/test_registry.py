@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import batch_dagster.batchfile as batchfile
-from batch_dagster.batchfile.registry import ModelSpec, load_registry, parse_registry
+from batch_dagster.batchfile.registry import AUTO_DTYPE, ModelSpec, choose_dtype, load_registry, parse_registry
 
 MODELS_TOML = Path(batchfile.__file__).resolve().parent.parent / "config" / "models.toml"
 
@@ -125,11 +125,10 @@ def test_shipped_registry_has_the_two_default_models():
     assert emb.source.startswith("embedded:")
     assert "/v1/chat/completions" in chat.endpoints and "/v1/completions" in chat.endpoints
     assert emb.endpoints == ("/v1/embeddings",)
-    # [defaults] reach both entries; an entry's own dtype wins.
+    # [defaults] reach both entries; both leave the dtype to the host (choose_dtype).
     assert chat.kv_cache_memory_bytes is not None
     assert chat.kv_cache_memory_bytes == emb.kv_cache_memory_bytes
-    assert chat.dtype == "bfloat16"
-    assert emb.dtype == "float32"
+    assert chat.dtype == emb.dtype == AUTO_DTYPE
 
 
 def test_core_imports_no_adapters():
@@ -143,3 +142,27 @@ def test_core_imports_no_adapters():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+# --- the dtype "auto" stands for ------------------------------------------------------------
+
+AVX2_ONLY = {"sse4_2", "avx", "avx2", "fma", "f16c"}  # the EPYC where bf16 ran ~5x slower than float32
+
+
+@pytest.mark.parametrize(("flags", "gpu", "dtype", "why"), [
+    (AVX2_ONLY | {"avx512f", "avx512_bf16"}, False, "bfloat16", "avx512_bf16"),
+    (AVX2_ONLY | {"amx_bf16", "amx_tile"}, False, "bfloat16", "amx_bf16"),
+    (AVX2_ONLY | {"avx512f", "avx512_vnni"}, False, "float32", "no native bfloat16"),  # AVX-512 alone is not enough
+    (AVX2_ONLY, False, "float32", "no native bfloat16"),
+    (set(), True, "bfloat16", "GPU"),
+    (AVX2_ONLY, True, "bfloat16", "GPU"),
+])
+def test_auto_is_bfloat16_only_where_the_hardware_runs_it_natively(flags, gpu, dtype, why):
+    chosen, reason = choose_dtype(flags, gpu)
+    assert chosen == dtype and why in reason
+
+
+def test_a_dtype_named_in_the_registry_is_kept_whatever_the_hardware():
+    assert choose_dtype(AVX2_ONLY, False, "bfloat16") == ("bfloat16", "named in the registry")
+    assert choose_dtype({"avx512_bf16"}, True, "float16")[0] == "float16"
+    assert choose_dtype({"avx512_bf16"}, False, AUTO_DTYPE)[0] == "bfloat16"

@@ -196,3 +196,75 @@ def test_plan_from_real_bodies_groups_by_system_prompt():
     for system in ("Translate to French.", "Summarize."):
         pos = [p for p, g in enumerate(groups) if g == system]
         assert pos == list(range(pos[0], pos[0] + 4))
+
+
+# --- longer shared prefixes (issue 20: documents asked several questions) --------------------
+
+
+def doc_body(doc: str, question: str) -> dict:
+    return chat_body(f"Document:\n{doc}\n\nQuestion: {question}", system="Answer from the document.")
+
+
+def test_the_prefix_path_follows_the_shared_leading_text():
+    from batch_dagster.batchfile.shard import PATH_CHARS
+
+    doc = "word " * (3 * PATH_CHARS // 5)  # three full chunks
+    a, b = features(CHAT, doc_body(doc, "first?")), features(CHAT, doc_body(doc, "second?"))
+    other = features(CHAT, doc_body("other " + doc, "first?"))
+    assert a.group == b.group == other.group  # one system prompt
+    assert a.path == b.path and len(a.path) >= 3 * 16  # the document's chunks agree
+    assert a.path[:16] != other.path[:16]  # another document: the first chunk already differs
+    assert features(CHAT, chat_body("x" * 10 * PATH_CHARS)).path == features(CHAT, chat_body("x" * 11 * PATH_CHARS)).path[:160]
+
+
+def _docqa(docs: int, questions: int, seed: int = 3) -> tuple[list[dict], list[Features]]:
+    rng = random.Random(seed)
+    rows = [(d, q) for d in range(docs) for q in range(questions)]
+    rng.shuffle(rows)
+    text = {d: " ".join(f"w{rng.randint(0, 999)}" for _ in range(400)) for d in range(docs)}
+    bodies = [doc_body(text[d], f"question {q} " + "?" * rng.randint(1, 30)) for d, q in rows]
+    return [{"doc": d} for d, _ in rows], [features(CHAT, b) for b in bodies]
+
+
+def test_a_documents_questions_are_together_and_in_one_shard():
+    rows, feats = _docqa(30, 5)
+    plan = plan_shards(feats, 40)  # 150 rows: 4 shards, 10 rows of room to move cuts
+    order = flat(plan)
+    assert sorted(order) == list(range(150)) and len(plan) == 4
+    docs = [rows[i]["doc"] for i in order]
+    runs = [d for p, d in enumerate(docs) if p == 0 or docs[p - 1] != d]
+    assert len(runs) == 30  # each document's questions contiguous: one run per document
+    for d in range(30):  # ... and by length within it
+        lengths = [feats[i].prompt_chars for i in order if rows[i]["doc"] == d]
+        assert lengths == sorted(lengths)
+    shards_per_doc = [len({p for p, s in enumerate(plan) for i in s if rows[i]["doc"] == d}) for d in range(30)]
+    assert shards_per_doc == [1] * 30  # no document cut in two
+    assert all(len(s) <= 40 for s in plan)
+
+
+def test_cuts_never_make_more_shards_than_plain_cutting():
+    rows, feats = _docqa(30, 5)
+    assert [len(s) for s in plan_shards(feats, 50)] == [50, 50, 50]  # no room: cut where shard_size says
+    assert len(plan_shards(feats, 7)) == -(-150 // 7)
+
+
+def test_a_unique_tail_after_a_shared_system_prompt_keeps_length_order():
+    from batch_dagster.batchfile.shard import PATH_CHARS
+
+    system = "Long rules. " * PATH_CHARS  # many shared chunks
+    rng = random.Random(5)
+    bodies = [chat_body("q" * rng.randint(1, 3 * PATH_CHARS) + str(i), system=system) for i in range(40)]
+    feats = [features(CHAT, b) for b in bodies]
+    order = flat(plan_shards(feats, 100))
+    assert [feats[i].prompt_chars for i in order] == sorted(f.prompt_chars for f in feats)
+
+
+def test_planning_stays_fast_for_many_rows():
+    import time
+
+    rng = random.Random(1)
+    keys = [f"{rng.getrandbits(64):016x}" + f"{rng.getrandbits(64):016x}" * rng.randint(0, 8) for _ in range(50_000)]
+    feats = [Features(rng.randint(1, 5000), k) for k in keys]
+    started = time.perf_counter()
+    plan = plan_shards(feats, 1000)
+    assert time.perf_counter() - started < 5 and len(plan) == 50

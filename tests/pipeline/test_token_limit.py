@@ -18,7 +18,9 @@ from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource
 from batch_dagster.defs.runner import run_batch
+from batch_dagster.engine.hardware import dtype_choice
 from batch_dagster.engine.offline import OfflineEngine
+from batch_dagster.engine.prepare import smollm2_path
 from batch_dagster.engine.tokens import prompt_tokens
 from tests.helpers import CHAT_MODEL, MODEL_CACHE, FakeEngine, FakeVLLM, chat_request, fake_vllm, write_jsonl
 
@@ -106,7 +108,7 @@ def test_alone_a_batch_is_held_to_the_limit_too(tmp_path, data_dir, instance):
 def test_prompt_tokens_match_what_the_offline_engine_feeds_smollm2():
     from batch_dagster.engine.models import _tokenizer
 
-    path = MODEL_CACHE / CHAT_MODEL
+    path = smollm2_path(MODEL_CACHE, dtype_choice("auto").dtype)
     if not (path / "tokenizer.json").exists():
         pytest.skip(f"the SmolLM2 model is not prepared in {MODEL_CACHE} (make setup)")
     tokenizer = _tokenizer(str(path))

@@ -122,7 +122,7 @@ class VLLMResource(dg.ConfigurableResource):
             drop_engine(model)
 
     def model_record(self, model: str) -> dict[str, Any]:
-        """What a batch records about how it ran: model, revision, engine settings, vLLM version."""
+        """What a batch records about how it ran: model, revision, engine settings, dtype, vLLM version."""
         spec = self.spec(model)
         urls = self.server_urls_for(model)
         revision = spec.engine_args.get("revision", "main")
@@ -137,6 +137,9 @@ class VLLMResource(dg.ConfigurableResource):
             "engine_settings": spec.engine_settings(),
             "vllm_version": _vllm_version() if urls is None else _servers_vllm_version(urls),
             "seed": spec.seed,
+            # The dtype it ran in and the host features that chose it (servers started here choose alike).
+            "dtype": self.models.dtype(spec).dtype,
+            "dtype_choice": self.models.dtype(spec).record(),
         }
         if urls is not None:
             record["servers"] = urls

@@ -1,0 +1,60 @@
+"""What this host's hardware means for a model's dtype: its CPU flags, its GPU, and the choice they make."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batch_dagster.batchfile.registry import AUTO_DTYPE, NATIVE_BF16_FLAGS, choose_dtype
+
+CPUINFO = Path("/proc/cpuinfo")
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype a model runs in here, why, and the features that decided it (for the batch's record)."""
+
+    dtype: str
+    reason: str
+    registry_dtype: str
+    cpu_bf16_flags: tuple[str, ...] = ()  # the NATIVE_BF16_FLAGS this CPU has
+    gpu: bool | None = None  # None: not looked at, the answer did not depend on it
+
+    def record(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "reason": self.reason, "registry_dtype": self.registry_dtype,
+                "cpu_bf16_flags": list(self.cpu_bf16_flags), "gpu": self.gpu}
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is no such file)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+@functools.cache
+def has_gpu() -> bool:
+    """Whether torch sees a CUDA (or ROCm) device; imported only when the answer matters."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # no torch, or a build without CUDA: no GPU to run on either way
+        return False
+
+
+@functools.cache
+def dtype_choice(registry_dtype: str) -> DtypeChoice:
+    """The dtype for a registry entry's `dtype` on this host ("auto" resolved, anything else kept)."""
+    if registry_dtype != AUTO_DTYPE:
+        return DtypeChoice(*choose_dtype((), False, registry_dtype), registry_dtype)
+    flags = cpu_flags()
+    native = tuple(f for f in NATIVE_BF16_FLAGS if f in flags)
+    # A CPU with native bf16 decides alone; only without one does a GPU change the answer (torch loads then).
+    gpu = None if native else has_gpu()
+    return DtypeChoice(*choose_dtype(flags, bool(gpu), registry_dtype), registry_dtype, native, gpu)
