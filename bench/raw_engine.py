@@ -40,8 +40,13 @@ def main() -> None:
     prompt_tokens = sum(len(out.prompt_token_ids or []) for out in outputs)
     cached_tokens = sum(out.num_cached_tokens or 0 for out in outputs)
     # vLLM's Prometheus counters, summed over their labels: a cross-check of the per-request counts.
+    # The offline LLM keeps them only with stat logging on (disable_log_stats=False in the registry's engine_args).
     counters: dict[str, float] = {}
-    for metric in llm.get_metrics():
+    try:
+        metrics = llm.get_metrics()
+    except AssertionError:  # "Stat logging disabled": the per-request counts above stand alone
+        metrics = []
+    for metric in metrics:
         if metric.name in ("vllm:prompt_tokens", "vllm:prefix_cache_hits", "vllm:prefix_cache_queries"):
             counters[metric.name] = counters.get(metric.name, 0) + getattr(metric, "value", 0)
     with open(result_path, "w") as f:
