@@ -121,6 +121,14 @@ class VLLMResource(dg.ConfigurableResource):
 
             drop_engine(model)
 
+    def engine_start_s(self, model: str, since: float) -> float:
+        """How long starting the model's engine took, if it started after `since` (perf_counter); 0 for servers."""
+        if self.server_urls_for(model) is not None:
+            return 0.0
+        from batch_dagster.engine.offline import start_seconds
+
+        return start_seconds(model, since)
+
     def model_record(self, model: str) -> dict[str, Any]:
         """What a batch records about how it ran: model, revision, engine settings, dtype, vLLM version."""
         spec = self.spec(model)
@@ -134,6 +142,7 @@ class VLLMResource(dg.ConfigurableResource):
             "source": spec.source if urls is None else ",".join(urls),
             "revision": revision,
             "engine_mode": "offline" if urls is None else "server",
+            "engine_url": None if urls is None else ",".join(urls),  # the fleet, router or servers it went to
             "engine_settings": spec.engine_settings(),
             "vllm_version": _vllm_version() if urls is None else _servers_vllm_version(urls),
             "seed": spec.seed,
