@@ -56,12 +56,13 @@ def _print_summary(run: RunSummary) -> None:
     rc = summary.request_counts
     print(f"batch {summary.batch_id}: {summary.status}")
     if summary.status != BatchStatus.COMPLETED:
-        for e in summary.errors[:20]:
+        errors = summary.errors or []
+        for e in errors[:20]:
             where = f"line {e.line}" if e.line is not None else "file"
             field = f" ({e.param})" if e.param else ""
             print(f"  {where}{field}: [{e.code}] {e.message}", file=sys.stderr)
-        if len(summary.errors) > 20:
-            print(f"  ... and {len(summary.errors) - 20} more", file=sys.stderr)
+        if len(errors) > 20:
+            print(f"  ... and {len(errors) - 20} more", file=sys.stderr)
         if run.log_file:
             print(f"  log:      {run.log_file}", file=sys.stderr)
         return

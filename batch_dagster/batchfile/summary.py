@@ -52,11 +52,12 @@ class BatchSummary:
     request_counts: RequestCounts
     usage: Usage | None = None
     cost: Cost | None = None
-    errors: list[BatchError] = field(default_factory=list)
+    errors: list[BatchError] | None = None  # None: none recorded
     # How it ran: only for a batch that finished (None otherwise).
     inference_s: float | None = None
     output_tokens_per_s: float | None = None
     engine: EngineRun | None = None
+    times: dict[str, int] = field(default_factory=dict)  # the status timestamps the record holds (e.g. completed_at)
 
     @classmethod
     def of(cls, summary: Summary) -> BatchSummary:
@@ -74,15 +75,23 @@ class BatchSummary:
                    request_counts=RequestCounts(total=validation.total_requests if validation else 0),
                    errors=errors)
 
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "batch_id": self.batch_id, "status": self.status, "endpoint": self.endpoint, "model": self.model,
+    def shown(self) -> dict[str, Any]:
+        """The part every view of the batch shows alike (the CLI's --json, the delivered summary.json)."""
+        return {
+            "status": self.status, "endpoint": self.endpoint, "model": self.model,
             "request_counts": self.request_counts.to_dict(),
             "usage": self.usage.to_dict() if self.usage else None,
             "cost": self.cost.to_dict() if self.cost else None,
         }
+
+    def errors_shown(self) -> list[dict[str, Any]] | None:
+        return None if self.errors is None else [e.to_dict() for e in self.errors]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The CLI's --json: the run's facts for a batch that ended, its errors for one that failed."""
+        data: dict[str, Any] = {"batch_id": self.batch_id, **self.shown()}
         if self.status == BatchStatus.FAILED:
-            data["errors"] = [e.to_dict() for e in self.errors]
+            data["errors"] = self.errors_shown() or []
         else:
             data |= {"inference_s": self.inference_s, "output_tokens_per_s": self.output_tokens_per_s,
                      "engine": self.engine.to_dict() if self.engine else None}

@@ -25,8 +25,7 @@ def run_demo(out_dir: Path) -> int:
     run = run_batch(sample, out_dir, log_dir=Settings.from_env().data_dir / "logs")
     summary = run.batch
     if summary.status != BatchStatus.COMPLETED:
-        errors = [e.to_dict() for e in summary.errors]
-        print(f"The demo batch ended {summary.status}: {errors} (log: {run.log_file})")
+        print(f"The demo batch ended {summary.status}: {summary.errors_shown()} (log: {run.log_file})")
         return 1
     rc, usage, cost = summary.request_counts, summary.usage, summary.cost
     assert usage is not None and cost is not None  # a batch that ended has both

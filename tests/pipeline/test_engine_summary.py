@@ -28,6 +28,9 @@ def test_an_engine_started_by_the_run_is_named_with_its_start_time(tmp_path, dat
                     defs=make_defs(data_dir, vllm, shard_size=1), instance=instance)
     assert run.batch.engine is not None
     assert run.to_dict()["engine"] == {"mode": "fake", "url": None, "start_s": 1.25}  # paid once, by shard 0
+    assert set(run.to_dict()) == {"batch_id", "status", "model", "endpoint", "request_counts", "usage", "cost",
+                                  "inference_s", "output_tokens_per_s", "engine", "run_id", "output_file",
+                                  "error_file", "duration_s"}  # the CLI's --json keys
     assert run.batch.engine.describe() == "the fake engine in this process, started in 1.2 s"
     summary = BatchFolder(LocalStorage(data_dir), run.batch.batch_id).summary()
     assert summary is not None and summary.record["engine_start_s"] == 1.25
