@@ -1,6 +1,7 @@
-"""The batch as shown: one typed summary, built from what the folder stores, that the CLI and the demo read.
+"""The batch as shown: one typed summary that the CLI, the demo and the delivered summary.json render.
 
-`BatchSummary.of` reads a finished batch's summary.json, `BatchSummary.failed` a batch that did not finish.
+Built from what is stored: a finished batch's summary.json (`BatchSummary.of`), the validation of one that
+failed (`BatchSummary.failed`), or the batch record (`db.batches.batch_summary`).
 """
 
 from __future__ import annotations

@@ -133,16 +133,17 @@ class VLLMResource(dg.ConfigurableResource):
         """What a batch records about how it ran: model, revision, engine settings, dtype, vLLM version."""
         spec = self.spec(model)
         urls = self.server_urls_for(model)
+        url = None if urls is None else ",".join(urls)  # the fleet, router or servers the requests go to
         revision = spec.engine_args.get("revision", "main")
         path = self.model_path(spec)
         if Path(path).is_dir():  # servers started from the registry load the same folder
             revision = f"sha256:{_folder_hash(path)}"
         record = {
             "model": model,
-            "source": spec.source if urls is None else ",".join(urls),
+            "source": spec.source if url is None else url,
             "revision": revision,
             "engine_mode": "offline" if urls is None else "server",
-            "engine_url": None if urls is None else ",".join(urls),  # the fleet, router or servers it went to
+            "engine_url": url,
             "engine_settings": spec.engine_settings(),
             "vllm_version": _vllm_version() if urls is None else _servers_vllm_version(urls),
             "seed": spec.seed,
