@@ -12,6 +12,7 @@ import orjson
 
 from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.status import BatchStatus
+from batch_dagster.batchfile.summary import RunSummary
 from batch_dagster.batchfile.validate import validate_file
 from batch_dagster.settings import LOOPBACK, VLLM_SERVER_PORT, Settings
 
@@ -50,29 +51,33 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if report.valid else 1
 
 
-def _print_summary(summary: dict[str, Any]) -> None:
-    rc = summary["request_counts"]
-    print(f"batch {summary['batch_id']}: {summary['status']}")
-    if summary["status"] != BatchStatus.COMPLETED:
-        errors = summary.get("errors") or []
+def _print_summary(run: RunSummary) -> None:
+    summary = run.batch
+    rc = summary.request_counts
+    print(f"batch {summary.batch_id}: {summary.status}")
+    if summary.status != BatchStatus.COMPLETED:
+        errors = summary.errors or []
         for e in errors[:20]:
-            where = f"line {e['line']}" if e.get("line") is not None else "file"
-            field = f" ({e['param']})" if e.get("param") else ""
-            print(f"  {where}{field}: [{e['code']}] {e['message']}", file=sys.stderr)
+            where = f"line {e.line}" if e.line is not None else "file"
+            field = f" ({e.param})" if e.param else ""
+            print(f"  {where}{field}: [{e.code}] {e.message}", file=sys.stderr)
         if len(errors) > 20:
             print(f"  ... and {len(errors) - 20} more", file=sys.stderr)
-        if summary.get("log_file"):
-            print(f"  log:      {summary['log_file']}", file=sys.stderr)
+        if run.log_file:
+            print(f"  log:      {run.log_file}", file=sys.stderr)
         return
-    usage, cost = summary["usage"], summary["cost"]
-    print(f"  requests: {rc['total']} total, {rc['completed']} completed, {rc['failed']} failed")
-    print(f"  tokens:   {usage['input_tokens']} input, {usage['output_tokens']} output "
-          f"({summary['output_tokens_per_s']} output tokens/s over {summary['inference_s']:.1f}s of inference)")
-    print(f"  cost:     {cost['total_cost']:.6f} {cost['currency']} (batch discount {cost['batch_discount']:.0%})")
-    print(f"  output:   {summary['output_file']}\n  errors:   {summary['error_file']}")
-    print(f"  took:     {summary['duration_s']:.1f}s")
-    if summary.get("log_file"):
-        print(f"  log:      {summary['log_file']}")
+    usage, cost = summary.usage, summary.cost
+    assert usage is not None and cost is not None  # a batch that ended has both
+    print(f"  requests: {rc.total} total, {rc.completed} completed, {rc.failed} failed")
+    print(f"  tokens:   {usage.input_tokens} input, {usage.output_tokens} output "
+          f"({summary.output_tokens_per_s} output tokens/s over {summary.inference_s or 0:.1f}s of inference)")
+    print(f"  cost:     {cost.total_cost:.6f} {cost.currency} (batch discount {cost.batch_discount:.0%})")
+    if summary.engine is not None:
+        print(f"  engine:   {summary.engine.describe()}")
+    print(f"  output:   {run.output_file}\n  errors:   {run.error_file}")
+    print(f"  took:     {run.duration_s:.1f}s")
+    if run.log_file:
+        print(f"  log:      {run.log_file}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -86,10 +91,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = run_batch(Path(args.file), Path(args.out), show_progress=not args.json and not args.quiet,
                         log_dir=Settings.from_env().data_dir / "logs")
     if args.json:
-        _print_json(summary)
+        _print_json(summary.to_dict())
     else:
         _print_summary(summary)
-    return 0 if summary["status"] == BatchStatus.COMPLETED else 1
+    return 0 if summary.batch.status == BatchStatus.COMPLETED else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -174,7 +174,7 @@ def run_on_real_engine(tmp_path: Path, data_dir: Path, instance: dg.DagsterInsta
 
     defs = make_defs(data_dir, real_vllm(**vllm_kwargs))
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                        defs=defs, instance=instance)
+                        defs=defs, instance=instance).to_dict()
     out = {line["custom_id"]: line for line in read_jsonl(tmp_path / "out" / "output.jsonl")}
     err = {line["custom_id"]: line for line in read_jsonl(tmp_path / "out" / "errors.jsonl")}
     return summary, out, err
@@ -246,14 +246,17 @@ class FakeVLLM(VLLMResource):
         pass
 
     def model_record(self, model: str) -> dict[str, Any]:
-        return {"model": model, "revision": "fake", "engine_mode": "fake", "engine_settings": {},
-                "vllm_version": "none", "seed": 0}
+        urls = self.server_urls_for(model)  # a fleet set on the fake is named as the real record names it
+        return {"model": model, "revision": "fake", "engine_mode": "fake" if urls is None else "server",
+                "engine_url": ",".join(urls) if urls else None, "engine_settings": {}, "vllm_version": "none",
+                "seed": 0}
 
 
-def fake_vllm(name: str, engine: FakeEngine, cls: type[FakeVLLM] = FakeVLLM) -> FakeVLLM:
-    """A vLLM resource (of class `cls`) whose engine is `engine`, registered under `name`."""
+def fake_vllm(name: str, engine: FakeEngine, cls: type[FakeVLLM] = FakeVLLM, **settings: Any) -> FakeVLLM:
+    """A vLLM resource (of class `cls`, with `settings`) whose engine is `engine`, registered under `name`."""
     FAKES[name] = engine
-    return cls(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent", fake=name)
+    return cls(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent", fake=name,
+               **settings)
 
 
 # The API in-process: uvicorn on loopback, the openai SDK as its client, and a worker that plays the daemon.

@@ -33,6 +33,7 @@ class ShardSummary:
     usage: Usage = field(default_factory=Usage)
     error_codes: dict[str, int] = field(default_factory=dict)
     duration_s: float = 0.0
+    engine_start_s: float = 0.0  # of duration_s, the engine's start when this shard started it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +42,7 @@ class ShardSummary:
             "usage": self.usage.to_dict(),
             "error_codes": self.error_codes,
             "duration_s": self.duration_s,
+            "engine_start_s": self.engine_start_s,
         }
 
     @classmethod
@@ -51,6 +53,7 @@ class ShardSummary:
             usage=Usage.from_dict(d["usage"]),
             error_codes=dict(d.get("error_codes", {})),
             duration_s=d.get("duration_s", 0.0),
+            engine_start_s=d.get("engine_start_s", 0.0),
         )
 
 
@@ -68,10 +71,11 @@ def shard_keys(results_prefix: str, index: int) -> tuple[str, str, str]:
 
 
 def commit_shard(
-    storage: Storage, results_prefix: str, index: int, lines: Iterable[dict[str, Any]], duration_s: float = 0.0
+    storage: Storage, results_prefix: str, index: int, lines: Iterable[dict[str, Any]], duration_s: float = 0.0,
+    engine_start_s: float = 0.0,
 ) -> ShardSummary:
     """Split a shard's lines into output and error lines and commit them atomically."""
-    summary = ShardSummary(index=index, duration_s=round(duration_s, 3))
+    summary = ShardSummary(index=index, duration_s=round(duration_s, 3), engine_start_s=round(engine_start_s, 3))
     ok, failed = bytearray(), bytearray()
     for line in lines:
         summary.request_counts.total += 1

@@ -12,10 +12,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.contract import CHAT, endpoint_of_head, model_of_head
+from batch_dagster.batchfile.contract import CHAT, BatchError, RequestCounts, endpoint_of_head, model_of_head
 from batch_dagster.batchfile.folder import BatchFolder, file_key
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.batchfile.summary import BatchSummary
+from batch_dagster.batchfile.usage import Cost, Usage
 from batch_dagster.storage import file_location
 
 from . import repo
@@ -166,19 +168,19 @@ STATUS_TIMES = ("created_at", "in_progress_at", "finalizing_at", "completed_at",
                 "cancelled_at")
 
 
-def result_summary(batch: BatchRecord, intake: IntakeRecord, cost: dict | None, files: list[str]) -> dict:
+def batch_summary(batch: BatchRecord, cost: Cost | None = None) -> BatchSummary:
+    """The batch as shown, from its record (and its cost, which the folder's summary.json holds)."""
+    return BatchSummary(
+        batch_id=batch.id, status=batch.status, endpoint=batch.endpoint, model=batch.model,
+        request_counts=RequestCounts(batch.request_total, batch.request_completed, batch.request_failed),
+        usage=None if batch.usage is None else Usage.from_dict(batch.usage), cost=cost,
+        errors=None if batch.errors is None else [BatchError.from_dict(e) for e in batch.errors],
+        times={name: getattr(batch, name) for name in STATUS_TIMES if getattr(batch, name) is not None},
+    )
+
+
+def result_summary(batch: BatchRecord, intake: IntakeRecord, cost: Cost | None, files: list[str]) -> dict:
     """The summary.json written beside a dropped file's results: the batch as the API shows it, and its cost."""
-    return {
-        "id": batch.id,
-        "source": intake.source,
-        "status": batch.status,
-        "endpoint": batch.endpoint,
-        "model": batch.model,
-        "request_counts": {"total": batch.request_total, "completed": batch.request_completed,
-                           "failed": batch.request_failed},
-        "usage": batch.usage,
-        "cost": cost,
-        "errors": batch.errors,
-        "files": files,
-        **{name: getattr(batch, name) for name in STATUS_TIMES if getattr(batch, name) is not None},
-    }
+    shown = batch_summary(batch, cost)
+    return {"id": shown.batch_id, "source": intake.source, **shown.shown(), "errors": shown.errors_shown(),
+            "files": files, **shown.times}

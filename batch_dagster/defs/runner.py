@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from batch_dagster.batchfile.contract import BatchError
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder
 from batch_dagster.batchfile.results import committed_shards
-from batch_dagster.batchfile.status import BatchStatus
+from batch_dagster.batchfile.summary import BatchSummary, RunSummary
 from batch_dagster.terminal import output_to_log
 
 
@@ -101,14 +101,10 @@ def _failure_message(result: Any) -> str:
     return "The run failed."
 
 
-SUMMARY_KEYS = ("batch_id", "status", "model", "endpoint", "request_counts", "usage", "cost", "inference_s",
-                "output_tokens_per_s")
-
-
 def run_batch(
     file: Path, out_dir: Path, *, show_progress: bool = True, defs: Any = None, instance: Any = None,
     log_dir: Path | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Register a batch partition, materialize its lifecycle through Dagster, copy the files to out_dir.
 
     `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME). With
@@ -172,22 +168,13 @@ def run_batch(
         for key, dest in ((folder.output_key, output_file), (folder.error_key, error_file)):
             with folder.storage.open(key) as src, open(dest, "wb") as out:
                 shutil.copyfileobj(src, out, 1 << 20)
-        summary = {k: v for k, v in done.to_dict().items() if k in SUMMARY_KEYS}
+        summary = BatchSummary.of(done)
     else:
         output_file.write_bytes(b"")
         error_file.write_bytes(b"")
         validation = folder.validation()
         errors = (validation.errors if validation else None) or [BatchError(PIPELINE_ERROR, _failure_message(result))]
-        summary = {"batch_id": batch_id, "status": BatchStatus.FAILED,
-                   "model": validation.model if validation else None,
-                   "endpoint": validation.endpoint if validation else None,
-                   "request_counts": {"total": validation.total_requests if validation else 0, "completed": 0,
-                                      "failed": 0},
-                   "usage": None, "cost": None, "errors": [e.to_dict() for e in errors]}
-    return summary | {
-        "run_id": result.run_id,
-        **({"log_file": str(log_file)} if log_file is not None else {}),
-        "output_file": str(output_file),
-        "error_file": str(error_file),
-        "duration_s": round(time.perf_counter() - started, 3),
-    }
+        summary = BatchSummary.failed(batch_id, validation, errors)
+    return RunSummary(summary, run_id=result.run_id, output_file=str(output_file), error_file=str(error_file),
+                      duration_s=round(time.perf_counter() - started, 3),
+                      log_file=str(log_file) if log_file is not None else None)

@@ -22,30 +22,33 @@ def run_demo(out_dir: Path) -> int:
     sample = sample_batch_path()
     requests = {r["custom_id"]: r for r in map(json.loads, sample.read_text(encoding="utf-8").splitlines())}
     print(f"Running {len(requests)} sample requests through Dagster on the default model (first start ~30 s) ...")
-    summary = run_batch(sample, out_dir, log_dir=Settings.from_env().data_dir / "logs")
-    if summary["status"] != BatchStatus.COMPLETED:
-        print(f"The demo batch ended {summary['status']}: {summary.get('errors')} (log: {summary['log_file']})")
+    run = run_batch(sample, out_dir, log_dir=Settings.from_env().data_dir / "logs")
+    summary = run.batch
+    if summary.status != BatchStatus.COMPLETED:
+        print(f"The demo batch ended {summary.status}: {summary.errors_shown()} (log: {run.log_file})")
         return 1
-    rc, usage, cost = summary["request_counts"], summary["usage"], summary["cost"]
+    rc, usage, cost = summary.request_counts, summary.usage, summary.cost
+    assert usage is not None and cost is not None  # a batch that ended has both
     rows = [
-        ("batch", summary["batch_id"]),
-        ("model", summary["model"]),
-        ("requests", f"{rc['total']} total, {rc['completed']} completed, {rc['failed']} failed"),
-        ("input tokens", usage["input_tokens"]),
-        ("output tokens", usage["output_tokens"]),
-        ("throughput", f"{summary['output_tokens_per_s']} output tokens/s"),
-        ("cost", f"{cost['total_cost']:.6f} {cost['currency']} (batch price, {cost['batch_discount']:.0%} off)"),
-        ("wall time", f"{summary['duration_s']:.1f} s"),
-        ("output file", summary["output_file"]),
-        ("error file", summary["error_file"]),
-        ("log", summary["log_file"]),
+        ("batch", summary.batch_id),
+        ("model", summary.model),
+        ("requests", f"{rc.total} total, {rc.completed} completed, {rc.failed} failed"),
+        ("input tokens", usage.input_tokens),
+        ("output tokens", usage.output_tokens),
+        ("throughput", f"{summary.output_tokens_per_s} output tokens/s"),
+        ("cost", f"{cost.total_cost:.6f} {cost.currency} (batch price, {cost.batch_discount:.0%} off)"),
+        ("engine", summary.engine.describe() if summary.engine else "unknown"),
+        ("wall time", f"{run.duration_s:.1f} s"),
+        ("output file", run.output_file),
+        ("error file", run.error_file),
+        ("log", run.log_file),
     ]
     width = max(len(k) for k, _ in rows)
     print()
     for key, value in rows:
         print(f"  {key:<{width}}  {value}")
     answers = {}
-    for line in map(json.loads, Path(summary["output_file"]).read_text(encoding="utf-8").splitlines()):
+    for line in map(json.loads, Path(run.output_file).read_text(encoding="utf-8").splitlines()):
         if line["custom_id"] in SHOWN:
             answers[line["custom_id"]] = line["response"]["body"]["choices"][0]["message"]["content"].strip()
     print("\nA few answers:")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import multiprocessing.util
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,8 @@ class OfflineEngine:
     spec: ModelSpec
     model_path: str
     _llm: Any = field(default=None, init=False, repr=False)
+    start_s: float = field(default=0.0, init=False)  # how long building the `vllm.LLM` took
+    started_at: float | None = field(default=None, init=False)  # time.perf_counter() when it was ready
 
     def llm_kwargs(self) -> dict[str, Any]:
         s = self.spec
@@ -102,7 +105,10 @@ class OfflineEngine:
             log.info("Starting vLLM for %s from %s in %s: %s", self.spec.name, self.model_path, choice.dtype,
                      choice.reason)
             before = _engine_processes()
+            t0 = time.perf_counter()
             self._llm = LLM(**self.llm_kwargs())
+            self.started_at = time.perf_counter()
+            self.start_s = round(self.started_at - t0, 3)
             # Killed, this process would leave its engine core running (vLLM does not watch its parent).
             orphans.watch(sorted(_engine_processes() - before))
             # multiprocessing's exit hook joins every child process, the engine core included,
@@ -321,6 +327,15 @@ def engine_for(spec: ModelSpec, model_path: str) -> OfflineEngine:
                 engine.shutdown()
             engine = _ENGINES[spec.name] = OfflineEngine(spec, model_path)
         return engine
+
+
+def start_seconds(model: str, since: float) -> float:
+    """How long the model's engine took to start, if it started after `since` (perf_counter); 0 for one reused."""
+    with _LOCK:
+        engine = _ENGINES.get(model)
+    if engine is None or engine.started_at is None or engine.started_at < since:
+        return 0.0
+    return engine.start_s
 
 
 def drop_engine(model: str) -> None:

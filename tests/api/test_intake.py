@@ -57,6 +57,8 @@ def test_s3_drops_become_batches_with_results_beside_them(tmp_path, bucket, stor
     assert summary["status"] == "completed" and summary["source"] == f"s3://{BUCKET}/incoming/labels.jsonl"
     assert summary["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
     assert summary["cost"]["total_cost"] > 0 and summary["usage"]["output_tokens"] > 0
+    assert {"id", "source", "status", "endpoint", "model", "request_counts", "usage", "cost", "errors", "files",
+            "created_at", "completed_at"} <= set(summary)  # the batch as the API shows it, its source and files
 
     # The REST API lists the batch, with its input file, like an uploaded one.
     with ExitStack() as stack:

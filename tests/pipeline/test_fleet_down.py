@@ -12,9 +12,10 @@ def test_no_server_left_retries_the_step_then_ends_in_engine_error_lines(tmp_pat
     vllm = real_vllm(mode="server", server_urls=[dead], failover_s=0.5)
     rows = [chat_request(f"r{i}", f"q {i}") for i in range(3)]
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                        defs=make_defs(data_dir, vllm, shard_size=2), instance=instance)
+                        defs=make_defs(data_dir, vllm, shard_size=2), instance=instance).to_dict()
     assert summary["status"] == "completed"
     assert summary["request_counts"] == {"total": 3, "completed": 0, "failed": 3}
+    assert summary["engine"] == {"mode": "server", "url": dead, "start_s": 0.0}  # the servers it went to
     errors = read_jsonl(tmp_path / "out" / "errors.jsonl")
     assert sorted(e["custom_id"] for e in errors) == ["r0", "r1", "r2"]
     assert {e["response"]["body"]["error"]["code"] for e in errors} == {"engine_error"}

@@ -36,7 +36,7 @@ def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, 
     rows = [chat_request(f"r{i}", f"question number {i} " + "pad " * i, max_tokens=8) for i in range(10)]
     rows.append(chat_request("bad-temp", "hi", temperature=-1))
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                        defs=defs, instance=instance)
+                        defs=defs, instance=instance).to_dict()
 
     assert summary["status"] == "completed"
     assert summary["request_counts"] == {"total": 11, "completed": 10, "failed": 1}
@@ -64,7 +64,7 @@ def test_rerun_skips_committed_shards(tmp_path, data_dir, instance):
     defs = make_defs(data_dir, fake_vllm("rerun", engine), shard_size=3)
     rows = [chat_request(f"r{i}", f"q {i}") for i in range(9)]
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                        defs=defs, instance=instance)
+                        defs=defs, instance=instance).to_dict()
     batch_id = summary["batch_id"]
     assert len(engine.calls) == 3
     folder = StorageResource(data_dir=str(data_dir)).folder(batch_id)
@@ -84,7 +84,7 @@ def test_invalid_file_fails_the_batch_and_runs_nothing(tmp_path, data_dir, insta
     defs = make_defs(data_dir, fake_vllm("invalid", engine))
     rows = [chat_request("a", "hi"), "{not json", chat_request("a", "dup"), chat_request("b", "x", model="nope")]
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                        defs=defs, instance=instance)
+                        defs=defs, instance=instance).to_dict()
     assert summary["status"] == "failed"
     codes = [(e["code"], e["line"]) for e in summary["errors"]]
     assert codes == [("invalid_json", 2), ("duplicate_custom_id", 3), ("mixed_models", 4)]
@@ -97,7 +97,7 @@ def test_engine_crash_retries_then_succeeds(tmp_path, data_dir, instance):
     defs = make_defs(data_dir, fake_vllm("crash-once", engine), shard_size=2)
     rows = [chat_request(f"r{i}", f"q {i}") for i in range(4)]
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                        defs=defs, instance=instance)
+                        defs=defs, instance=instance).to_dict()
     assert summary["status"] == "completed"
     assert summary["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
     assert len(engine.calls) == 3  # crash, then both shards
@@ -108,7 +108,7 @@ def test_engine_crash_past_retries_becomes_engine_error_lines(tmp_path, data_dir
     defs = make_defs(data_dir, fake_vllm("crash-always", engine), shard_size=2)
     rows = [chat_request(f"r{i}", f"q {i}") for i in range(4)]
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                        defs=defs, instance=instance)
+                        defs=defs, instance=instance).to_dict()
     assert summary["status"] == "completed"
     assert summary["request_counts"] == {"total": 4, "completed": 2, "failed": 2}
     err = read_jsonl(tmp_path / "out" / "errors.jsonl")
@@ -121,7 +121,7 @@ def test_empty_file_fails(tmp_path, data_dir, instance, bad):
     defs = make_defs(data_dir, fake_vllm("empty", FakeEngine()))
     path = tmp_path / "in.jsonl"
     path.write_text(bad)
-    summary = run_batch(path, tmp_path / "out", show_progress=False, defs=defs, instance=instance)
+    summary = run_batch(path, tmp_path / "out", show_progress=False, defs=defs, instance=instance).to_dict()
     assert summary["status"] == "failed"
     assert summary["errors"][0]["code"] == "empty_file"
 
@@ -143,7 +143,7 @@ def test_stopped_batch_keeps_finished_shards_and_accounts_for_the_rest(tmp_path,
     engine.on_call = stop_after_first_shard
     rows = [chat_request(f"r{i}", f"q {i}") for i in range(6)]
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                        defs=defs, instance=instance)
+                        defs=defs, instance=instance).to_dict()
     assert summary["status"] == reason
     assert len(engine.calls) == 1
     assert summary["request_counts"] == {"total": 6, "completed": 2, "failed": 4}

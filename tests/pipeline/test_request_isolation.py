@@ -156,7 +156,7 @@ def test_random_body_mutations_never_fail_a_batch_nor_lose_a_custom_id(tmp_path_
         rows.append(row if accepted(row) else chat_request(f"r{i}", "plain"))
     defs = make_defs(data_dir, fake_vllm("translating", TranslatingEngine(tokenizer)), shard_size=4)
     summary = run_batch(write_jsonl(tmp / "in.jsonl", rows), tmp / "out", show_progress=False,
-                        defs=defs, instance=instance)
+                        defs=defs, instance=instance).to_dict()
 
     assert summary["status"] == "completed", summary
     out, err = read_jsonl(tmp / "out" / "output.jsonl"), read_jsonl(tmp / "out" / "errors.jsonl")
@@ -182,7 +182,7 @@ def test_a_body_nested_too_deep_is_its_own_400_line_and_the_batch_completes(tmp_
     rows = [request("good"), request("deep", metadata={"k": nested(300)}), request("deeper", extra=nested(600))]
     defs = make_defs(data_dir, fake_vllm(f"deep-{endpoint}", TranslatingEngine(tokenizer)), shard_size=4)
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                        defs=defs, instance=instance)
+                        defs=defs, instance=instance).to_dict()
 
     assert summary["status"] == "completed", summary
     err = {line["custom_id"]: line["response"] for line in read_jsonl(tmp_path / "out" / "errors.jsonl")}

@@ -23,7 +23,7 @@ def test_responses_batch_writes_response_objects_and_counts_their_usage(tmp_path
             for i in range(5)] + [responses_request("cold", "hi", temperature=-1)]
     # temperature -1 is reported by validation at its line and param; the request ends as its own 400 line.
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                        defs=defs, instance=instance)
+                        defs=defs, instance=instance).to_dict()
     assert summary["status"] == "completed"
     assert summary["request_counts"] == {"total": 6, "completed": 5, "failed": 1}
     [refused] = read_jsonl(tmp_path / "out" / "errors.jsonl")

@@ -42,7 +42,7 @@ def test_a_cli_run_carries_the_queue_tags_it_counts_by(tmp_path, data_dir, insta
         vllm = FakeVLLM(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent",
                         fake="cli-queue", fleet_model=CHAT_MODEL, fleet_url=fleet_url)
         summary = run_batch(write_jsonl(tmp_path / "in.jsonl", [chat_request("a", "hi")]), tmp_path / engine,
-                            show_progress=False, defs=make_defs(data_dir, vllm), instance=instance)
+                            show_progress=False, defs=make_defs(data_dir, vllm), instance=instance).to_dict()
         run = instance.get_run_by_id(summary["run_id"])
         assert run is not None and summary["status"] == "completed"
         assert {k: v for k, v in run.tags.items() if k.startswith("batch/")} == {

@@ -26,9 +26,10 @@ class NoisyEngine(FakeEngine):
 
 def test_the_terminal_gets_the_bar_and_the_summary_the_log_gets_the_noise(tmp_path, data_dir, instance, capfd):
     defs = make_defs(data_dir, fake_vllm("noisy", NoisyEngine(crash_times=1)), shard_size=5)
-    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows(10)), tmp_path / "out", defs=defs, instance=instance,
-                        log_dir=tmp_path / "logs")
-    _print_summary(summary)
+    run = run_batch(write_jsonl(tmp_path / "in.jsonl", rows(10)), tmp_path / "out", defs=defs, instance=instance,
+                    log_dir=tmp_path / "logs")
+    summary = run.to_dict()
+    _print_summary(run)
     out, err = capfd.readouterr()
     assert summary["status"] == "completed"
     log = (tmp_path / "logs" / f"run-{summary['batch_id']}.log").read_text()
@@ -43,9 +44,10 @@ def test_the_terminal_gets_the_bar_and_the_summary_the_log_gets_the_noise(tmp_pa
 def test_an_invalid_file_prints_its_errors_without_a_traceback(tmp_path, data_dir, instance, capfd):
     defs = make_defs(data_dir, fake_vllm("noisy-invalid", FakeEngine()))
     bad = [chat_request("a", "hi"), "{oops", chat_request("a", "again")]
-    summary = run_batch(write_jsonl(tmp_path / "bad.jsonl", bad), tmp_path / "out", defs=defs, instance=instance,
-                        log_dir=tmp_path / "logs")
-    _print_summary(summary)
+    run = run_batch(write_jsonl(tmp_path / "bad.jsonl", bad), tmp_path / "out", defs=defs, instance=instance,
+                    log_dir=tmp_path / "logs")
+    summary = run.to_dict()
+    _print_summary(run)
     out, err = capfd.readouterr()
     assert summary["status"] == "failed"
     lines = err.splitlines()

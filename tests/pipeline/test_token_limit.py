@@ -82,7 +82,7 @@ def test_a_batch_past_the_owners_enqueued_tokens_fails_with_token_limit_exceeded
     # 4 requests of 5 words: 20 prompt tokens; with the other batch's 30, 50 > 40.
     rows = [chat_request(f"r{i}", "one two three four five") for i in range(4)]
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                        defs=defs_with_limit(data_dir, 40, url), instance=instance)
+                        defs=defs_with_limit(data_dir, 40, url), instance=instance).to_dict()
     validation = BatchFolder(StorageResource(data_dir=str(data_dir)).storage(), summary["batch_id"]).validation()
     assert validation.prompt_tokens == 20
     if fails:
@@ -101,7 +101,7 @@ def test_alone_a_batch_is_held_to_the_limit_too(tmp_path, data_dir, instance):
     url = f"sqlite:///{tmp_path / 'store.db'}"
     rows = [chat_request(f"r{i}", "one two three four five") for i in range(4)]
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                        defs=defs_with_limit(data_dir, 19, url), instance=instance)
+                        defs=defs_with_limit(data_dir, 19, url), instance=instance).to_dict()
     assert summary["status"] == "failed" and summary["errors"][0]["code"] == "token_limit_exceeded"
 
 

@@ -21,7 +21,7 @@ def test_an_invalid_file_skips_the_later_steps_and_checks_instead_of_failing_the
     defs = make_defs(data_dir, fake_vllm("ui-invalid", engine))
     bad = [chat_request("a", "hi"), "{not json", chat_request("a", "dup")]
     summary = run_batch(write_jsonl(tmp_path / "bad.jsonl", bad), tmp_path / "out", show_progress=False,
-                        defs=defs, instance=instance)
+                        defs=defs, instance=instance).to_dict()
     assert summary["status"] == "failed" and [e["code"] for e in summary["errors"]] == ["invalid_json",
                                                                                       "duplicate_custom_id"]
     run = instance.get_run_by_id(summary["run_id"])
@@ -52,7 +52,7 @@ def test_an_invalid_file_skips_the_later_steps_and_checks_instead_of_failing_the
 def test_runs_and_materializations_carry_readable_labels(tmp_path, data_dir, instance):
     defs = make_defs(data_dir, fake_vllm("ui-labels", FakeEngine()))
     summary = run_batch(write_jsonl(tmp_path / "questions.jsonl", rows(3)), tmp_path / "out", show_progress=False,
-                        defs=defs, instance=instance)
+                        defs=defs, instance=instance).to_dict()
     run = instance.get_run_by_id(summary["run_id"])
     assert {k: run.tags.get(k) for k in ("batch_id", "source", "filename", "owner", "model", "requests")} == {
         "batch_id": summary["batch_id"], "source": "cli", "filename": "questions.jsonl", "owner": "anonymous",

@@ -76,7 +76,7 @@ def test_a_replica_killed_mid_batch_costs_nothing_and_ctrl_c_leaves_no_process(t
         killer = threading.Thread(target=kill_one_replica_mid_batch, daemon=True)
         killer.start()
         summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                            defs=make_defs(data_dir, vllm, shard_size=60), instance=instance)
+                            defs=make_defs(data_dir, vllm, shard_size=60), instance=instance).to_dict()
         killer.join(5)
         assert not any(p.is_running() for p in victim)  # the replica really died mid-batch
         assert summary["status"] == "completed"

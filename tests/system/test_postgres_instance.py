@@ -39,7 +39,7 @@ def test_instance_on_postgres_holds_the_batch_run(tmp_path, data_dir, postgres_u
         assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
         defs = make_defs(data_dir, fake_vllm("postgres", FakeEngine()), shard_size=2)
         summary = run_batch(write_jsonl(tmp_path / "in.jsonl", batch), tmp_path / "out", show_progress=False,
-                            defs=defs, instance=instance)
+                            defs=defs, instance=instance).to_dict()
     assert summary["status"] == "completed"
     assert len(read_jsonl(tmp_path / "out" / "output.jsonl")) == len(batch)
 

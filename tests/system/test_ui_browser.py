@@ -61,9 +61,9 @@ def ui(tmp_path, monkeypatch):
                           asset_checks=lifecycle_checks, jobs=[batch_job], resources=resources)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         good = run_batch(write_jsonl(tmp_path / "questions.jsonl", rows(5)), tmp_path / "out-good",
-                         show_progress=False, defs=defs, instance=instance)
+                         show_progress=False, defs=defs, instance=instance).to_dict()
         bad = run_batch(write_jsonl(tmp_path / "broken.jsonl", [chat_request("a", "hi"), "{oops"]),
-                        tmp_path / "out-bad", show_progress=False, defs=defs, instance=instance)
+                        tmp_path / "out-bad", show_progress=False, defs=defs, instance=instance).to_dict()
         assert (good["status"], bad["status"]) == ("completed", "failed")
         # The day's report covers finished days: move both batches' ends to yesterday.
         day = (datetime.now(UTC) - timedelta(days=1)).date().isoformat()

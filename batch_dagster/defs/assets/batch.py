@@ -307,7 +307,8 @@ def shard_results(
                 context.log.error(f"Shard {index}: engine crashed on the last attempt; its requests become errors")
                 lines = engine_error_lines(requests, str(exc))
                 engine = vllm.engine(manifest.model)
-            summary = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0)
+            summary = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
+                                   engine_start_s=vllm.engine_start_s(manifest.model, t0))
             done[index] = summary
             ran_requests += summary.request_counts.total
             ran_tokens += summary.usage.output_tokens
@@ -412,7 +413,8 @@ def batch_usage(
                          allow_retries=False)
     usage = merged.usage
     cost = cost_of(usage, manifest.model, pipeline.prices())
-    inference_s = sum(s.duration_s for s in committed_shards(folder.storage, folder.results_prefix).values())
+    shards = committed_shards(folder.storage, folder.results_prefix).values()
+    inference_s = sum(s.duration_s for s in shards)
     summary = Summary(
         batch_id=folder.batch_id,
         status=merged.status,
@@ -424,7 +426,8 @@ def batch_usage(
         error_codes=merged.error_codes,
         inference_s=round(inference_s, 3),
         output_tokens_per_s=round(usage.output_tokens / inference_s, 1) if inference_s else 0.0,
-        record=vllm.model_record(manifest.model),
+        # The engine starts its shards paid (in their duration_s; 0 when the engine was running already).
+        record=vllm.model_record(manifest.model) | {"engine_start_s": round(sum(s.engine_start_s for s in shards), 3)},
         output_file=folder.storage.uri(folder.output_key),
         error_file=folder.storage.uri(folder.error_key),
         completed_at=_now(),

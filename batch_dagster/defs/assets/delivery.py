@@ -34,7 +34,7 @@ def delivered_results(
         folder = storage.folder(batch_id)
         keys = [key for key in (folder.output_key, folder.error_key) if folder.storage.exists(key)]
         pipeline_summary = folder.summary()
-        cost = pipeline_summary.cost.to_dict() if pipeline_summary else None
+        cost = pipeline_summary.cost if pipeline_summary else None
         names = [key.rsplit("/", 1)[-1] for key in keys]
         keys.append(folder.write_delivery_summary(result_summary(batch, intake, cost, names)))
         with ExitStack() as stack:

@@ -121,19 +121,29 @@ class VLLMResource(dg.ConfigurableResource):
 
             drop_engine(model)
 
+    def engine_start_s(self, model: str, since: float) -> float:
+        """How long starting the model's engine took, if it started after `since` (perf_counter); 0 for servers."""
+        if self.server_urls_for(model) is not None:
+            return 0.0
+        from batch_dagster.engine.offline import start_seconds
+
+        return start_seconds(model, since)
+
     def model_record(self, model: str) -> dict[str, Any]:
         """What a batch records about how it ran: model, revision, engine settings, dtype, vLLM version."""
         spec = self.spec(model)
         urls = self.server_urls_for(model)
+        url = None if urls is None else ",".join(urls)  # the fleet, router or servers the requests go to
         revision = spec.engine_args.get("revision", "main")
         path = self.model_path(spec)
         if Path(path).is_dir():  # servers started from the registry load the same folder
             revision = f"sha256:{_folder_hash(path)}"
         record = {
             "model": model,
-            "source": spec.source if urls is None else ",".join(urls),
+            "source": spec.source if url is None else url,
             "revision": revision,
             "engine_mode": "offline" if urls is None else "server",
+            "engine_url": url,
             "engine_settings": spec.engine_settings(),
             "vllm_version": _vllm_version() if urls is None else _servers_vllm_version(urls),
             "seed": spec.seed,
