@@ -86,3 +86,14 @@ def bucket(s3_endpoint, monkeypatch):
         for o in page.get("Contents", []):
             client.delete_object(Bucket=BUCKET, Key=o["Key"])
     client.delete_bucket(Bucket=BUCKET)
+
+
+@pytest.fixture
+def empty_env(monkeypatch):
+    """The settings of an empty environment, read in the repository (where the docs' relative paths start)."""
+    from batch_dagster import settings
+
+    for variable in settings.VARIABLES:
+        monkeypatch.delenv(variable.name, raising=False)
+    monkeypatch.chdir(TESTS.parent)
+    return settings.Settings.from_env()

@@ -19,15 +19,6 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "batch_dagster"
 
 
-@pytest.fixture
-def empty_env(monkeypatch) -> settings.Settings:
-    """The settings of an empty environment, read in the repository (where the docs' relative paths start)."""
-    for variable in settings.VARIABLES:
-        monkeypatch.delenv(variable.name, raising=False)
-    monkeypatch.chdir(REPO)
-    return settings.Settings.from_env()
-
-
 def _same(value):
     return value.resolve() if isinstance(value, Path) else value
 

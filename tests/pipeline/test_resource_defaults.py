@@ -6,22 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from batch_dagster import settings
 from batch_dagster.defs.resources import Intake, PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.defs.resources.from_env import resources_from_env
 from batch_dagster.defs.resources.webhooks import WebhookConfig
 from batch_dagster.engine.server import ServerEngine
-from tests.helpers import REPO
-
-
-@pytest.fixture
-def empty_env(monkeypatch) -> settings.Settings:
-    for variable in settings.VARIABLES:
-        monkeypatch.delenv(variable.name, raising=False)
-    monkeypatch.chdir(REPO)
-    return settings.Settings.from_env()
 
 
 def test_resource_defaults_are_the_settings_defaults(empty_env):
