@@ -16,7 +16,9 @@ from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.batchfile.validate import validate_stream
 from batch_dagster.defs.runner import run_batch
 from batch_dagster.engine import translate as t
+from batch_dagster.engine.hardware import dtype_choice
 from batch_dagster.engine.offline import OfflineEngine
+from batch_dagster.engine.prepare import smollm2_path
 from batch_dagster.engine.server import _error_line
 from tests.helpers import CHAT_MODEL, MODEL_CACHE, chat_request, fake_vllm, make_defs, read_jsonl, write_jsonl
 
@@ -46,7 +48,7 @@ class TranslatingEngine(OfflineEngine):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(MODEL_CACHE / CHAT_MODEL)
+    return AutoTokenizer.from_pretrained(smollm2_path(MODEL_CACHE, dtype_choice("auto").dtype))
 
 
 def body(**fields) -> dict:
