@@ -205,7 +205,7 @@ def cmd_instance(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from batch_dagster.serve.fleet import POLICIES
+    from batch_dagster.settings import POLICIES
 
     settings = Settings.from_env()
     parser = argparse.ArgumentParser(prog="batch-dagster", description=__doc__)

@@ -24,6 +24,7 @@ DAY_S = 24 * 3600
 DEFAULT_OFFLINE_RUNS = 1
 DEFAULT_RUNS_PER_MODEL = 4
 LOOPBACK = "127.0.0.1"  # where servers listen unless told otherwise
+POLICIES = ("cache_aware", "power_of_two", "round_robin", "random", "consistent_hash")  # vllm-router --policy
 VLLM_SERVER_PORT = 8100  # `batch-dagster vllm-server`'s port unless --port
 
 
@@ -88,8 +89,6 @@ def _allow(text: str) -> tuple[str, ...]:
 
 
 def _policy(text: str) -> str:
-    from batch_dagster.serve.fleet import POLICIES  # the router's policies are listed with the fleet
-
     if text not in POLICIES:
         raise ValueError(f"not a vllm-router policy; choose one of {', '.join(POLICIES)}")
     return text

@@ -22,7 +22,6 @@ import httpx
 from batch_dagster.serve.processes import Children, signal_group
 
 log = logging.getLogger("batch_dagster.serve.fleet")
-POLICIES = ("cache_aware", "power_of_two", "round_robin", "random", "consistent_hash")  # vllm-router's --policy
 
 
 def cores() -> list[int]:
@@ -38,7 +37,7 @@ class Fleet:
     replicas: int
     port: int
     command_for_port: Callable[[int], list[str]]  # a replica's server command on a port
-    policy: str  # one of POLICIES; the settings check BATCH_FLEET_POLICY against them, so they import us
+    policy: str  # one of settings.POLICIES (BATCH_FLEET_POLICY is checked against them)
     host: str
     log_dir: Path = Path("data/logs/fleet")
     children: Children = field(default_factory=Children)

@@ -13,7 +13,7 @@ import pytest
 from batch_dagster import settings
 from batch_dagster.cli import build_parser
 from batch_dagster.engine.server import ServerEngine
-from batch_dagster.serve.fleet import POLICIES
+from batch_dagster.settings import POLICIES
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "batch_dagster"
