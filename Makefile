@@ -37,11 +37,17 @@ lint: setup
 	$(VENV)/bin/ruff check batch_dagster bench tools tests
 	$(VENV)/bin/mypy
 
+# The fast tiers spread over the machine's cores (pytest-xdist, at most 4 workers); the system tier runs in one
+# process, since its tests share one vLLM engine, fleet and PostgreSQL per session.
+FAST_TIERS := tests/core tests/pipeline tests/api
+XDIST := -n auto --maxprocesses 4
+
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST) $(FAST_TIERS)
+	$(PY) -m pytest -q tests/system
 
 test-fast: lint
-	$(PY) -m pytest -q -m "not system" tests/core tests/pipeline tests/api
+	$(PY) -m pytest -q $(XDIST) $(FAST_TIERS)
 
 dev: setup
 	$(VENV)/bin/batch-dagster instance

@@ -9,6 +9,7 @@ what they share they go by length, and cuts fall where the least is shared.
 from __future__ import annotations
 
 import hashlib
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,9 @@ PREFIX_CHARS = 256
 # The prefix path: a hash per PATH_CHARS bytes of the prompt (~128 tokens), up to PATH_SEGMENTS of them.
 PATH_CHARS = 512
 PATH_SEGMENTS = 32
-_HEX = 16  # hex characters of one hash (8 bytes)
+_PATH_BYTES = PATH_CHARS * PATH_SEGMENTS
+_HEX = 16  # hex characters of the group's hash (8 bytes)
+PATH_HEX = 8  # hex characters of one path hash (a CRC-32: a rare collision only orders two requests side by side)
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,7 @@ class Features:
     """What sharding needs to know about one request.
 
     `prefix_key` is a path: the hash of its group (system prompt, or opening text), then one
-    hash per PATH_CHARS chunk of the whole prompt's text. Two requests' paths agree for as many
+    hash per PATH_CHARS chunk of the prompt's text after the system prompt. Two requests' paths agree for as many
     leading hashes as their prompts agree for full chunks.
     """
 
@@ -59,9 +62,9 @@ def _digest(data: bytes) -> str:
 
 def prefix_path(text: str) -> str:
     """One hash per full PATH_CHARS chunk of `text` (as UTF-8): equal leading hashes, equal leading text."""
-    data = text.encode()
-    end = min(len(data) // PATH_CHARS, PATH_SEGMENTS) * PATH_CHARS
-    return "".join(_digest(data[i : i + PATH_CHARS]) for i in range(0, end, PATH_CHARS))
+    data = text[:_PATH_BYTES].encode()  # a character is at least a byte: the chunks that count are all here
+    n = min(len(data) // PATH_CHARS, PATH_SEGMENTS)
+    return ("%08x" * n) % tuple([zlib.crc32(data[i : i + PATH_CHARS]) for i in range(0, n * PATH_CHARS, PATH_CHARS)])
 
 
 def features(endpoint: str, body: dict[str, Any]) -> Features:
@@ -72,10 +75,13 @@ def features(endpoint: str, body: dict[str, Any]) -> Features:
         messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
         texts = [_text_of(m.get("content")) for m in messages]
         first = messages[0] if messages else {}
-        prefix = texts[0] if first.get("role") in ("system", "developer") else texts[0][:PREFIX_CHARS] if texts else ""
+        system = first.get("role") in ("system", "developer")
+        prefix = texts[0] if system else texts[0][:PREFIX_CHARS] if texts else ""
         chars = sum(len(t) for t in texts)
-        # The prompt as the chat template lays it out: each message's role, then its text, in order.
-        leading = "".join(f"\x1e{m.get('role')}\x1f{t}" for m, t in zip(messages, texts, strict=True))
+        # The prompt after its group's system prompt (which the group's hash covers), as the chat template lays
+        # it out: each message's role, then its text, in order.
+        after = 1 if system else 0
+        leading = "".join([f"\x1e{m.get('role')}\x1f{t}" for m, t in zip(messages[after:], texts[after:], strict=True)])
     else:
         raw = body.get("prompt") if endpoint == c.COMPLETIONS else body.get("input")
         texts = [raw] if isinstance(raw, str) else [str(x) for x in raw] if isinstance(raw, list) else [str(raw)]
@@ -88,8 +94,8 @@ def features(endpoint: str, body: dict[str, Any]) -> Features:
 def _shared(a: str, b: str) -> int:
     """How many leading hashes two paths have in common."""
     n = 0
-    for i in range(0, min(len(a), len(b)), _HEX):
-        if a[i : i + _HEX] != b[i : i + _HEX]:
+    for i in range(0, min(len(a), len(b)), PATH_HEX):
+        if a[i : i + PATH_HEX] != b[i : i + PATH_HEX]:
             break
         n += 1
     return n
@@ -117,7 +123,7 @@ def plan_shards(features_by_row: Sequence[Features], shard_size: int) -> list[li
         n = _shared(features_by_row[a].path, features_by_row[b].path) if features_by_row[a].group == \
             features_by_row[b].group else 0
         shared[a], shared[b] = max(shared[a], n), max(shared[b], n)
-    kept = [features_by_row[i].path[: shared[i] * _HEX] for i in range(rows)]
+    kept = [features_by_row[i].path[: shared[i] * PATH_HEX] for i in range(rows)]
 
     def key(i: int) -> tuple[int, int, str, str, int]:
         f = features_by_row[i]

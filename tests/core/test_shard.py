@@ -206,15 +206,15 @@ def doc_body(doc: str, question: str) -> dict:
 
 
 def test_the_prefix_path_follows_the_shared_leading_text():
-    from batch_dagster.batchfile.shard import PATH_CHARS
+    from batch_dagster.batchfile.shard import PATH_CHARS, PATH_HEX
 
     doc = "word " * (3 * PATH_CHARS // 5)  # three full chunks
     a, b = features(CHAT, doc_body(doc, "first?")), features(CHAT, doc_body(doc, "second?"))
     other = features(CHAT, doc_body("other " + doc, "first?"))
     assert a.group == b.group == other.group  # one system prompt
-    assert a.path == b.path and len(a.path) >= 3 * 16  # the document's chunks agree
-    assert a.path[:16] != other.path[:16]  # another document: the first chunk already differs
-    assert features(CHAT, chat_body("x" * 10 * PATH_CHARS)).path == features(CHAT, chat_body("x" * 11 * PATH_CHARS)).path[:160]
+    assert a.path == b.path and len(a.path) == 3 * PATH_HEX  # the document's chunks agree
+    assert a.path[:PATH_HEX] != other.path[:PATH_HEX]  # another document: the first chunk already differs
+    assert features(CHAT, chat_body("x" * 10 * PATH_CHARS)).path == features(CHAT, chat_body("x" * 11 * PATH_CHARS)).path[:10 * PATH_HEX]
 
 
 def _docqa(docs: int, questions: int, seed: int = 3) -> tuple[list[dict], list[Features]]:
