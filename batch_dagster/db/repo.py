@@ -11,6 +11,7 @@ from typing import TypeVar, cast
 from sqlalchemy import ColumnElement, CursorResult, or_, select, update
 from sqlalchemy.orm import Session
 
+from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.storage import file_location
@@ -138,11 +139,15 @@ def add_file(session: Session, row: FileRecord) -> FileRecord:
 
 
 def delete_file(session: Session, storage: Storage, row: FileRecord) -> None:
-    """Forget a file and remove its bytes."""
+    """Forget a file and remove its bytes, unless they are a batch's own input: a command-line batch's File is
+    its folder's copy, which a re-run of the batch reads again."""
+    inputs = {BatchFolder(storage, b).input_key for b in
+              session.scalars(select(BatchRecord.id).where(BatchRecord.input_file_id == row.id))}
     session.delete(row)
     session.commit()
-    files, key = file_location(storage, row.path)
-    files.delete(key)
+    if row.path not in inputs:
+        files, key = file_location(storage, row.path)
+        files.delete(key)
 
 
 def finished_between(session: Session, start: int, end: int) -> list[BatchRecord]:

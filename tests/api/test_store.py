@@ -117,6 +117,10 @@ def test_a_batch_records_its_model_and_a_local_input_is_copied_once(store, tmp_p
         uploaded = create_batch(s, storage, owner="a", endpoint="/v1/embeddings", input_file=file, input_from=file,
                                 completion_window_s=None)
         assert (uploaded.model, uploaded.request_total) == ("m1", 0)
+        # Deleting the local batch's File forgets it but keeps the folder's input, which a re-run reads.
+        repo.delete_file(s, storage, file)
+        assert s.scalar(select(FileRecord).where(FileRecord.id == local.input_file_id)) is None
+        assert storage.exists(folder.input_key) and storage.exists(BatchFolder(storage, uploaded.id).input_key)
 
 
 def row(**kw) -> BatchRecord:
