@@ -658,3 +658,40 @@ def file_lines(client, file_id: str, merged: bool = False) -> list[dict]:
     else:
         text = client.files.content(file_id).text
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def check_batch_filters(database) -> None:
+    """The list filters on a store (SQLite or PostgreSQL): status, metadata pairs (keys with JSON-path
+    characters too), creation time in [after, before), one owner's rows only, `after` paging over the matches."""
+    from batch_dagster.db import BatchRecord, FileRecord, repo
+
+    odd = 'a"b.c[0] $ü\\'
+    rows = [("batch_1", "a", "completed", 100, {"team": "red", odd: "1"}),
+            ("batch_2", "a", "failed", 200, {"team": "red"}),
+            ("batch_3", "a", "completed", 300, {"team": "blue", odd: "1"}),
+            ("batch_4", "b", "completed", 300, {"team": "red", odd: "1"}),
+            ("batch_5", "a", "completed", 400, None)]
+    with database.session() as s:
+        repo.ensure_owners(s, ["a", "b"])
+        s.add_all(FileRecord(id=f"file-{o}", owner=o, bytes=0, created_at=0, expires_at=None, filename="in.jsonl",
+                             purpose="batch", path=f"files/{o}") for o in ("a", "b"))
+        s.add_all(BatchRecord(id=i, owner=o, endpoint="/v1/chat/completions", input_file_id=f"file-{o}",
+                              completion_window="24h",
+                              status=st, created_at=t, meta=m, request_total=0, request_completed=0, request_failed=0)
+                  for i, o, st, t, m in rows)
+        s.commit()
+
+        def ids(limit=10, after=None, **where) -> list[str]:
+            page = repo.list_batches(s, "a", after=after, limit=limit, where=repo.BatchFilter(**where))
+            assert page is not None
+            return [b.id for b in page[0]]
+
+        assert ids() == ["batch_5", "batch_3", "batch_2", "batch_1"]
+        assert ids(status="completed") == ["batch_5", "batch_3", "batch_1"]
+        assert ids(metadata={"team": "red"}) == ["batch_2", "batch_1"]
+        assert ids(metadata={"team": "red", odd: "1"}) == ["batch_1"]
+        assert ids(metadata={odd: "1"}) == ["batch_3", "batch_1"]
+        assert ids(metadata={"team": "green"}) == [] and ids(metadata={"team": "re"}) == []
+        assert ids(created_after=200, created_before=400) == ["batch_3", "batch_2"]
+        assert ids(status="completed", metadata={"team": "red"}, created_after=100) == ["batch_1"]
+        assert ids(limit=1, after="batch_5", status="completed") == ["batch_3"]  # paging over the matches

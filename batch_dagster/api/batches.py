@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import ValidationError
+from starlette.datastructures import QueryParams
 
 from batch_dagster.batchfile.contract import ENDPOINTS
 from batch_dagster.batchfile.folder import BatchFolder
@@ -24,6 +25,7 @@ from .schemas import (
     MAX_METADATA_KEY,
     MAX_METADATA_PAIRS,
     MAX_METADATA_VALUE,
+    MAX_UNIX_S,
     Batch,
     BatchError,
     BatchErrors,
@@ -157,14 +159,33 @@ def retrieve_batch(batch_id: Text, session: DbSession, owner: Owner) -> Batch:
     return batch_object(_owned_batch(session, owner, batch_id))
 
 
+def _metadata_filter(query: QueryParams) -> dict[str, str]:
+    """The `metadata[KEY]=VALUE` pairs of a list's query, bounded as a batch's metadata is."""
+    pairs = {key[len("metadata["):-1]: value for key, value in query.multi_items()
+             if key.startswith("metadata[") and key.endswith("]")}
+    try:
+        _check_metadata(pairs)
+    except ApiError as e:
+        raise invalid(f"The metadata filter: {e.message}", "metadata") from None
+    return pairs
+
+
 @router.get("/batches", response_model=ListPage[Batch])
 def list_batches(
+    request: Request,
     session: DbSession,
     owner: Owner,
     after: Text | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    status: BatchStatus | None = None,
+    created_after: Annotated[int | None, Query(ge=0, le=MAX_UNIX_S, description="unix seconds, inclusive")] = None,
+    created_before: Annotated[int | None, Query(ge=0, le=MAX_UNIX_S, description="unix seconds, exclusive")] = None,
 ) -> ListPage[Batch]:
-    page = repo.list_batches(session, owner, after=after, limit=limit)
+    """Newest first, `after` paging over the filtered list. Extensions to OpenAI's list: `status`,
+    `metadata[KEY]=VALUE` (any number, all must match), `created_after` and `created_before`."""
+    where = repo.BatchFilter(status=status, metadata=_metadata_filter(request.query_params),
+                             created_after=created_after, created_before=created_before)
+    page = repo.list_batches(session, owner, after=after, limit=limit, where=where)
     if page is None:  # only when `after` names no batch
         raise not_found("Batch", str(after), param="after")
     rows, has_more = page

@@ -14,6 +14,7 @@ from batch_dagster.db.webhooks import EVENT_TYPES
 T = TypeVar("T")
 COMPLETION_WINDOWS = ("24h",)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+MAX_UNIX_S = 2**31 - 1  # a timestamp the store's integer columns hold (PostgreSQL's integer: 2038)
 
 
 def _storable(value: str) -> str:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
-from sqlalchemy import ColumnElement, CursorResult, or_, select, update
+from sqlalchemy import ColumnElement, CursorResult, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.folder import BatchFolder
@@ -82,10 +83,40 @@ def get_batch(session: Session, owner: str, batch_id: str) -> BatchRecord | None
     return session.scalar(select(BatchRecord).where(BatchRecord.owner == owner, BatchRecord.id == batch_id))
 
 
+@dataclass(frozen=True)
+class BatchFilter:
+    """Which of an owner's batches a list shows: a status, metadata pairs (all must match), a creation time in
+    [created_after, created_before)."""
+
+    status: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    created_after: int | None = None
+    created_before: int | None = None
+
+    def where(self, dialect: str) -> list[ColumnElement[bool]]:
+        clauses = [_metadata_is(dialect, key, value) for key, value in self.metadata.items()]
+        if self.status is not None:
+            clauses.append(BatchRecord.status == self.status)
+        if self.created_after is not None:
+            clauses.append(BatchRecord.created_at >= self.created_after)
+        if self.created_before is not None:
+            clauses.append(BatchRecord.created_at < self.created_before)
+        return clauses
+
+
+def _metadata_is(dialect: str, key: str, value: str) -> ColumnElement[bool]:
+    """The batch's metadata holds key: value. SQLite's JSON paths miss keys with quotes or non-ASCII
+    characters, so there the pairs are read with json_each, which decodes every key."""
+    if dialect != "sqlite":
+        return BatchRecord.meta[key].as_string() == value
+    pairs = func.json_each(BatchRecord.meta).table_valued("key", "value")
+    return exists(select(1).select_from(pairs).where(pairs.c.key == key, pairs.c.value == value))
+
+
 def list_batches(
-    session: Session, owner: str, *, after: str | None, limit: int
+    session: Session, owner: str, *, after: str | None, limit: int, where: BatchFilter = BatchFilter()
 ) -> tuple[list[BatchRecord], bool] | None:
-    return page(session, BatchRecord, owner, after, limit)
+    return page(session, BatchRecord, owner, after, limit, extra=where.where(session.get_bind().dialect.name))
 
 
 def _unfinished(session: Session, *, launched: bool, limit: int) -> list[BatchRecord]:

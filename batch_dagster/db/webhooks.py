@@ -12,13 +12,16 @@ import base64
 import secrets
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
+from batch_dagster.batchfile.contract import RequestCounts
 from batch_dagster.batchfile.status import TERMINAL
+from batch_dagster.batchfile.usage import Usage
 
-from .models import WebhookDelivery, WebhookEndpointRecord, WebhookEvent
+from .models import BatchRecord, WebhookDelivery, WebhookEndpointRecord, WebhookEvent
 from .repo import now, page
 
 EVENT_TYPES: dict[str, str] = {status: f"batch.{status}" for status in TERMINAL}
@@ -122,6 +125,23 @@ def due(session: Session, at: int | None = None,
         .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.pk).limit(limit)
     )
     return [(d, e, secret) for d, e, secret in rows]
+
+
+def event_data(session: Session, events: Sequence[WebhookEvent]) -> dict[str, dict[str, Any]]:
+    """Each event's `data`, by event id: OpenAI's {id} and, as an extension, the ended batch's final
+    `request_counts` and `usage` (stored with its terminal status, so every attempt sends the same)."""
+    ids = {event.batch_id for event in events}
+    batches = {b.id: b for b in session.scalars(select(BatchRecord).where(BatchRecord.id.in_(ids)))}
+    data: dict[str, dict[str, Any]] = {}
+    for event in events:
+        batch = batches.get(event.batch_id)
+        data[event.id] = {"id": event.batch_id} if batch is None else {
+            "id": event.batch_id,
+            "request_counts": RequestCounts(batch.request_total, batch.request_completed,
+                                            batch.request_failed).to_dict(),
+            "usage": Usage.from_dict(batch.usage or {}).to_dict(),
+        }
+    return data
 
 
 def backoff_s(attempts: int, first_s: float, cap_s: float = 3600.0) -> int:

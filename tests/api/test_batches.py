@@ -126,6 +126,35 @@ def test_list_pagination(start_service, tmp_path):
     assert client.batches.list().data[0].request_counts.total == 0
 
 
+def test_list_filters_by_status_metadata_and_creation_time(start_service, tmp_path):
+    service = start_service(worker=False)
+    client = service.client()
+    file_id = upload(client, tmp_path / "in.jsonl", rows(2))
+
+    def create(**metadata):
+        return client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
+                                     metadata=metadata or None).id
+
+    red, blue, plain = create(team="red", run="7"), create(team="blue"), create()
+    client.batches.cancel(blue)
+
+    def listed(**query) -> list[str]:  # the SDK reaches the extensions with extra_query, and pages over them
+        return [b.id for b in client.batches.list(limit=1, extra_query=query)]
+
+    assert listed(**{"metadata[team]": "red"}) == [red]
+    assert listed(**{"metadata[team]": "red", "metadata[run]": "8"}) == []
+    assert listed(status="cancelling") == [blue] and listed(status="validating") == [plain, red]
+    created = client.batches.retrieve(red).created_at
+    assert set(listed(created_after=created)) == {red, blue, plain} and listed(created_before=created) == []
+    with service.http() as http:
+        for query, param in (({"status": "done"}, "status"), ({"created_after": "-1"}, "created_after"),
+                             ({"created_before": str(2**71)}, "created_before"),
+                             ({"metadata[" + "k" * 65 + "]": "v"}, "metadata"), ({"metadata[k]": "v" * 513}, "metadata")):
+            response = http.get("/v1/batches", params=query)
+            assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+            assert len(response.text) < 1000  # the client's value is not echoed whole
+
+
 def test_keys_are_isolated_and_wrong_keys_refused(start_service, tmp_path):
     service = start_service(worker=False)
     a, b = service.client(KEY_A), service.client(KEY_B)

@@ -19,6 +19,7 @@ from batch_dagster.db.lifecycle import Observation, apply, changes, observe, run
 from batch_dagster.db.models import Base
 from batch_dagster.db.session import alembic_config
 from batch_dagster.storage import LocalStorage
+from tests.helpers import check_batch_filters
 
 
 @pytest.fixture
@@ -179,3 +180,7 @@ def test_the_end_is_registered_once_when_two_observers_race(store, tmp_path):
         assert theirs.status == "completed" and theirs.output_file_id == mine.output_file_id
         files = second.scalars(select(FileRecord).where(FileRecord.batch_id == batch_id)).all()
         assert sorted(f.filename for f in files) == [f"{batch_id}_error.jsonl", f"{batch_id}_output.jsonl"]
+
+
+def test_batch_list_filters_on_sqlite(store):
+    check_batch_filters(store)

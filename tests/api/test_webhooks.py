@@ -84,13 +84,20 @@ def test_terminal_batches_are_posted_signed_retried_and_never_held_up(start_serv
         event = json.loads(body)
         assert set(event) == {"id", "object", "type", "created_at", "data"} and event["object"] == "event"
         assert event["id"] == headers["webhook-id"] and event["id"].startswith("evt_")
-        assert event["data"] == {"id": event["data"]["id"]}
+        # OpenAI's data {id}, and the batch's final counts and usage (the same on every attempt).
+        batch = client.batches.retrieve(event["data"]["id"])
+        assert event["data"] == {"id": batch.id, "request_counts": batch.request_counts.model_dump(),
+                                 "usage": batch.usage.model_dump()}, event
+    by_id = {json.loads(body)["data"]["id"]: json.loads(body)["data"] for _, body, _ in good.posts}
+    assert by_id[completed.id]["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+    assert by_id[completed.id]["usage"]["output_tokens"] > 0 and by_id[failed.id]["usage"]["total_tokens"] == 0
     assert not verify("whsec_" + base64.b64encode(b"another secret of 32 bytes......").decode(), *good.posts[0][:2])
     # The openai SDK's own webhook verification accepts them, as it does OpenAI's batch events.
     sdk = OpenAI(api_key="unused", webhook_secret=SECRET)
     for headers, body, _ in good.posts:
         event = sdk.webhooks.unwrap(body.decode(), headers)
         assert event.type == expected[event.data.id]
+        assert event.data.model_extra["request_counts"] == by_id[event.data.id]["request_counts"]  # kept as extras
 
     # The flaky receiver failed twice per event, then got each: retried, with the same webhook-id each time.
     assert {e["data"]["id"]: e["type"] for e in flaky.events()} == expected

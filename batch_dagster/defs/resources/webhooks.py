@@ -32,10 +32,10 @@ def check_secret(secret: str) -> str | None:
     return None if len(key) >= 16 else "BATCH_WEBHOOK_SECRET must hold at least 16 bytes (24 base64 characters)."
 
 
-def event_body(event_id: str, event_type: str, created_at: int, batch_id: str) -> bytes:
-    """OpenAI's webhook event: {id, object: "event", type, created_at, data: {id}}."""
+def event_body(event_id: str, event_type: str, created_at: int, data: dict[str, Any]) -> bytes:
+    """OpenAI's webhook event: {id, object: "event", type, created_at, data: {id, ...}}."""
     return orjson.dumps({"id": event_id, "object": "event", "type": event_type, "created_at": created_at,
-                         "data": {"id": batch_id}})
+                         "data": data})
 
 
 class WebhookConfig(dg.ConfigurableResource):

@@ -29,7 +29,8 @@ def webhook_sensor(
         work = outbox.due(session)
         if not work:
             return dg.SkipReason("No webhook to deliver.")
-        posts = [(d.url, secret, e.id, event_body(e.id, e.type, e.created_at, e.batch_id)) for d, e, secret in work]
+        data = outbox.event_data(session, [e for _, e, _ in work])
+        posts = [(d.url, secret, e.id, event_body(e.id, e.type, e.created_at, data[e.id])) for d, e, secret in work]
         errors = webhooks.send_all(posts)
         for (delivery, event, _), error in zip(work, errors, strict=True):
             outbox.record(session, delivery, error, max_attempts=webhooks.max_attempts,
