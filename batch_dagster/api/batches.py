@@ -6,11 +6,13 @@ import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import QueryParams
 
 from batch_dagster.batchfile.contract import ENDPOINTS
 from batch_dagster.batchfile.folder import BatchFolder
+from batch_dagster.batchfile.results import committed_output
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, repo
@@ -191,6 +193,17 @@ def list_batches(
     rows, has_more = page
     data = [batch_object(r) for r in rows]
     return ListPage[Batch].of(data, has_more)
+
+
+@router.get("/batches/{batch_id}/partial_output", response_class=StreamingResponse,
+            responses={200: {"content": {"application/jsonl": {}},
+                             "description": "The output lines of the shards committed so far (JSONL)."}})
+def partial_output(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) -> StreamingResponse:
+    """Extension: while the batch runs (and after), the output lines of its committed shards, each custom_id
+    once: the lines its output file holds of them. Empty before the first shard commits."""
+    row = _owned_batch(session, owner, batch_id)
+    lines = committed_output(ctx.storage, BatchFolder(ctx.storage, row.id).results_prefix)
+    return StreamingResponse(lines, media_type="application/jsonl")
 
 
 @router.post("/batches/{batch_id}/cancel", response_model=Batch)

@@ -8,7 +8,7 @@ the rest.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,6 +104,17 @@ def committed_shards(storage: Storage, results_prefix: str) -> dict[int, ShardSu
         if index is not None and data is not None:
             found[index] = ShardSummary.from_dict(orjson.loads(data))
     return found
+
+
+def committed_output(storage: Storage, results_prefix: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The output lines of the shards committed so far, in shard order: the lines the merged output file holds
+    of them (each custom_id once, since a shard is committed once)."""
+    committed = sorted(i for key in storage.list(results_prefix)
+                       if (i := committed_index(key.rsplit("/", 1)[-1])) is not None)
+    for index in committed:
+        with storage.open(shard_keys(results_prefix, index)[0]) as f:
+            while chunk := f.read(chunk_bytes):
+                yield chunk
 
 
 @dataclass

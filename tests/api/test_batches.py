@@ -7,6 +7,7 @@ import threading
 import time
 
 import dagster as dg
+import httpx
 import openai
 import pytest
 
@@ -229,6 +230,14 @@ def test_cancel_mid_run_keeps_partial_results(start_service, tmp_path):
         "total": 6, "completed": 2, "failed": 0}
     assert running.usage.output_tokens > 0
 
+    # The committed shard's lines, readable while the rest runs (extension), the same as the output file's.
+    partial = client.get(f"/batches/{batch.id}/partial_output", cast_to=httpx.Response)
+    early = [json.loads(line) for line in partial.text.splitlines()]
+    assert partial.headers["content-type"] == "application/jsonl"
+    assert [line["custom_id"] for line in early] == [r["custom_id"] for r in requests[:2]]
+    with pytest.raises(openai.NotFoundError):
+        service.client(KEY_B).get(f"/batches/{batch.id}/partial_output", cast_to=httpx.Response)
+
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at is not None
     assert client.batches.retrieve(batch.id).status == "cancelling"
@@ -241,6 +250,9 @@ def test_cancel_mid_run_keeps_partial_results(start_service, tmp_path):
     out, err = lines(client, cancelled.output_file_id), lines(client, cancelled.error_file_id)
     assert sorted(line["custom_id"] for line in out + err) == sorted(r["custom_id"] for r in requests)
     assert len(out) == 4 and {e["error"]["code"] for e in err} == {"batch_cancelled"}
+    assert out[:2] == early  # the output holds the early lines, then the rest
+    final = client.get(f"/batches/{batch.id}/partial_output", cast_to=httpx.Response)
+    assert [json.loads(line) for line in final.text.splitlines()] == out
     assert cancelled.usage.output_tokens == sum(l["response"]["body"]["usage"]["completion_tokens"] for l in out)
     with pytest.raises(openai.BadRequestError):
         client.batches.cancel(batch.id)
