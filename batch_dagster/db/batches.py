@@ -93,13 +93,17 @@ def create_batch(
     launched: bool = False,
     batch_id: str | None = None,
     model: str | None = None,
+    parent: BatchRecord | None = None,
+    commit: bool = True,
 ) -> BatchRecord:
     """Put the batch's input, deadline and endpoint in its folder, then add its row (committed).
 
     `input_from`: a local file copied in now, a stored File copied in now, a URI the run fetches
     (dropped files), or None when the input is in the folder already. `completion_window_s` None: the batch
     never expires. `endpoint` None: the first request's url decides.
-    `launched`: the caller requests the run itself (else the API sensor launches it).
+    `launched`: the caller requests the run itself (else the API sensor launches it). `parent`: the batch this one
+    retries (db/retry.py only; it must have the same owner). `commit` False: the caller commits (or rolls back)
+    the row with its own.
     The batch's model (from its first request, or `model` for a dropped file, whose head the intake read) and,
     for a local file, its request count are recorded on the row: nothing after reads the input to know them.
     """
@@ -128,11 +132,22 @@ def create_batch(
         completion_window=COMPLETION_WINDOW, status=BatchStatus.VALIDATING, created_at=created_at,
         expires_at=expires_at,
         meta=metadata, output_expires_after=output_expires_after, launched_at=created_at if launched else None,
-        model=model, request_total=requests,
+        model=model, request_total=requests, parent_batch_id=_same_owner(parent, owner),
     )
     session.add(row)
-    session.commit()
+    if commit:
+        session.commit()
+    else:
+        session.flush()
     return row
+
+
+def _same_owner(parent: BatchRecord | None, owner: str) -> str | None:
+    if parent is None:
+        return None
+    if parent.owner != owner:
+        raise ValueError(f"A batch of one owner cannot retry another owner's batch ({parent.id}).")
+    return parent.id
 
 
 def register_dropped(session: Session, storage: Storage, dropped: DroppedFile, *, owner: str, deliver_to: str,
