@@ -147,3 +147,22 @@ def test_not_found_is_the_same_for_another_keys_object_and_for_none(start_servic
     assert len(file_lines(b, victim.output_file_id)) == 3 and b.batches.retrieve(victim.id).status == "completed"
     with service.http(KEY_B) as http:
         assert http.get(f"/v1/webhook_endpoints/{hook['id']}").status_code == 200
+
+
+def test_a_batch_of_ten_thousand_bad_lines_is_a_small_object(start_service, tmp_path):
+    """The validation report it is made from stays small with 20 MB of bad values too (tests/core/test_echo_bounds);
+    here the whole way through the API, with smaller values so that the test stays quick."""
+    service = start_service()
+    client = service.client()
+    value = "v" * 500
+    lines = [rows(1)[0] | {"custom_id": f"r{i}", "url": f"/v1/{value}"} for i in range(10_000)]
+    file_id = upload(client, tmp_path / "bad.jsonl", lines)
+    assert client.files.retrieve(file_id).bytes > 5_000_000
+    batch = client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h",
+                                  metadata={f"k{i}": "x" * 512 for i in range(16)})  # the most metadata allowed
+    failed = wait_for(client, batch.id, {"failed", "completed"}, timeout_s=120)
+    assert failed.status == "failed" and len(failed.errors.data) == 101
+    assert failed.errors.data[-1].code == "more_errors" and "9900 more" in failed.errors.data[-1].message
+    assert len(client.batches.retrieve(batch.id).to_json()) < 64 * 1024
+    with service.http() as http:
+        assert len(http.get("/v1/batches").content) < 64 * 1024
