@@ -166,3 +166,20 @@ def test_s3_keys_long_names_are_cut_and_too_long_keys_refused(tmp_path, db_url, 
     assert names == [len("ok.jsonl"), MAX_FILENAME_CHARS]
     assert len(json.loads(daemon.cursors["s3_upload_sensor"])["refused"]) == 1
     assert daemon.tick(s3_upload_sensor, run=False) == []
+
+
+def test_a_step_failure_is_quoted_short_in_the_batch_errors():
+    @dg.op
+    def echoes_its_input():
+        raise ValueError("bad value: " + "x" * 100_000)
+
+    @dg.job
+    def failing():
+        echoes_its_input()
+
+    with dg.instance_for_test() as instance:
+        result = failing.execute_in_process(instance=instance, raise_on_error=False)
+        run = instance.get_run_by_id(result.run_id)
+        message = api_batches.run_failure_message(instance, run)
+    assert message.startswith("The pipeline failed in step echoes_its_input: ValueError: bad value: xxx")
+    assert len(message) < api_batches.MAX_FAILURE_CHARS + 200

@@ -1,5 +1,6 @@
-"""The tenancy tests of the store and the sensors (tests/api/test_tenancy_store.py) on a real PostgreSQL 15, which
-enforces the column lengths SQLite ignores; and the parent-batch migration (0005) on it."""
+"""The tenancy tests on a real PostgreSQL 15, which enforces the column lengths SQLite ignores: the store's and the
+sensors' (tests/api/test_tenancy_store.py), the API's with two keys (tests/api/test_tenancy.py, the service's store
+on PostgreSQL through BATCH_TEST_DATABASE_URL), and the parent-batch migration (0005)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,15 @@ from sqlalchemy import select, text
 
 from batch_dagster.db import BatchRecord, Database
 from batch_dagster.db.session import alembic_config
+from tests.api.conftest import start_service  # noqa: F401  (the API tests' fixture)
+from tests.api.test_tenancy import (  # noqa: F401  (the tests, collected here again)
+    test_a_batch_of_ten_thousand_bad_lines_is_a_small_object,
+    test_a_gone_ancestor_is_named_by_its_id_not_by_where_it_was_stored,
+    test_a_merged_chain_stops_at_another_owners_batch,
+    test_a_retry_chain_of_ones_own_batches_still_merges,
+    test_metadata_cannot_name_a_retry_parent,
+    test_not_found_is_the_same_for_another_keys_object_and_for_none,
+)
 from tests.api.test_tenancy_store import (  # noqa: F401  (the tests, collected here again)
     store,
     test_a_drop_the_store_refuses_is_rolled_back_and_the_next_file_still_registers,
@@ -24,6 +34,12 @@ from tests.api.test_tenancy_store import (  # noqa: F401  (the tests, collected 
 @pytest.fixture
 def db_url(postgres_url) -> str:
     return postgres_url
+
+
+@pytest.fixture(autouse=True)
+def service_on_postgres(postgres_url, monkeypatch):
+    """The API service of start_service keeps its store on PostgreSQL (tests.helpers.database_url reads this)."""
+    monkeypatch.setenv("BATCH_TEST_DATABASE_URL", postgres_url)
 
 
 def test_the_parent_batch_migration_on_postgres(postgres_url):

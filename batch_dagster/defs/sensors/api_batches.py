@@ -24,6 +24,7 @@ RELAUNCH_AFTER_S = 120
 # Dagster tags a failed run `will_retry` just after it marks it failed; until then (at most this long)
 # the sensor waits rather than failing a batch that run retries are about to resume.
 RETRY_DECISION_WAIT_S = 60
+MAX_FAILURE_CHARS = 1000  # of a step's error message, as a failed batch's errors.data shows it
 _ENDED_BADLY = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 WORKER_GONE = ("The run's worker is gone with the code server that started it "
                "(serve was stopped or killed while it ran).")
@@ -84,7 +85,9 @@ def run_failure_message(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str
         if error is not None:
             while error.cause is not None:  # the step error wraps what the code raised
                 error = error.cause
-            return f"The pipeline failed in step {event.step_key}: {error.message.strip()} ({where})"
+            # Cut: the message may quote anything, and the batch object lists it.
+            message = error.message.strip()[:MAX_FAILURE_CHARS]
+            return f"The pipeline failed in step {event.step_key}: {message} ({where})"
     verb = "was canceled" if run.status == dg.DagsterRunStatus.CANCELED else "failed"
     reason = run_end_reason(instance, run)
     return f"The pipeline run {verb} ({where})" + (f": {reason}" if reason else "; see the Dagster UI.")
