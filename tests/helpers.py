@@ -416,7 +416,7 @@ BUCKET = "drops"
 class Daemon:
     """Plays the Dagster daemon for the drop sensors: evaluates them with their cursor, runs what they request."""
 
-    def __init__(self, tmp_path: Path, vllm: VLLMResource, storage_url: str = "", **intake):
+    def __init__(self, tmp_path: Path, vllm: VLLMResource, storage_url: str = "", db_url: str = "", **intake):
         from batch_dagster.defs.assets.delivery import delivered_results
         from batch_dagster.defs.jobs import deliver_results_job
         from batch_dagster.defs.resources import DatabaseResource, Intake
@@ -424,9 +424,9 @@ class Daemon:
         self.data_dir = tmp_path / "data"
         self.storage_url = storage_url
         self.storage = StorageResource(data_dir=str(self.data_dir), url=storage_url)
-        self.db_url = f"sqlite:///{self.data_dir / 'api.db'}"
-        self.intake = Intake(inbox_dir=str(tmp_path / "inbox"), outbox_dir=str(tmp_path / "outbox"),
-                             **{"s3_bucket": BUCKET, "settle_s": 0, **intake})
+        self.db_url = db_url or f"sqlite:///{self.data_dir / 'api.db'}"
+        self.intake = Intake(**{"inbox_dir": str(tmp_path / "inbox"), "outbox_dir": str(tmp_path / "outbox"),
+                                "s3_bucket": BUCKET, "settle_s": 0, **intake})
         base = make_defs(self.data_dir, vllm, storage_url=storage_url)
         self.resources = {**base.resources, "database": DatabaseResource(url=self.db_url), "intake": self.intake}
         self.defs = dg.Definitions(assets=[*base.assets, delivered_results], asset_checks=base.asset_checks,

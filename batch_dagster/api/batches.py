@@ -18,6 +18,7 @@ from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
+from batch_dagster.db.retry import RESERVED_METADATA
 from batch_dagster.storage import file_location
 
 from .deps import Context, DbSession, Owner
@@ -89,6 +90,10 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
         return
     if len(metadata) > MAX_METADATA_PAIRS:
         raise invalid(f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS} are allowed.", "metadata")
+    for key in RESERVED_METADATA:
+        if key in metadata:
+            raise invalid(f"metadata key {key!r} is reserved: the retry endpoint (POST /v1/batches/{{batch_id}}/retry) "
+                          "sets it on the batches it creates.", "metadata", code="reserved_metadata_key")
     for key, value in metadata.items():
         if len(key) > MAX_METADATA_KEY:
             raise invalid(f"metadata key {clip(key, 20)!r} is longer than {MAX_METADATA_KEY} characters.",

@@ -14,6 +14,13 @@ EMBEDDINGS = "/v1/embeddings"
 RESPONSES = "/v1/responses"
 ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 
+# The longest values the store keeps from a client (db/models.py sizes its columns by them). Each is checked
+# where it comes in (the API, validation, the drop intake), so no write of one tenant's value fails later.
+MAX_MODEL_CHARS = 255  # body.model, recorded on the batch and its run's tags
+MAX_FILENAME_CHARS = 255  # a File's name
+MAX_SOURCE_CHARS = 1024  # a dropped file's s3:// or file:// URI
+MAX_VERSION_CHARS = 255  # its ETag, or size and mtime
+
 
 def _first_request(head: bytes, whole: bool) -> dict[str, Any] | None:
     """A file's first request, from its first bytes; None when that line is cut off or not a JSON object.
@@ -43,7 +50,8 @@ def model_of_head(head: bytes, whole: bool = False) -> str | None:
     first = _first_request(head, whole)
     body = first.get("body") if first else None
     model = body.get("model") if isinstance(body, dict) else None
-    return model if isinstance(model, str) and model else None
+    # A longer name names no model here: validation reports it (line 1, body.model).
+    return model if isinstance(model, str) and 0 < len(model) <= MAX_MODEL_CHARS else None
 
 
 # Validation error codes (file-level and line-level).

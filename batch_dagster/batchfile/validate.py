@@ -35,8 +35,8 @@ OnRequest = Callable[[int, dict[str, Any]], None]
 MAX_ERRORS = 100
 # The code of the last entry of a capped list, which says how many errors are not listed.
 MORE_ERRORS = "more_errors"
-# A longer model name names no model: the report (and the batch it becomes) then names none.
-MAX_MODEL_CHARS = 256
+# A longer model name names no model: the line is an error, and the report names none.
+MAX_MODEL_CHARS = c.MAX_MODEL_CHARS
 
 
 @dataclass
@@ -279,6 +279,10 @@ def _check_request(request: dict[str, Any], line_no: int, endpoint: str | None, 
     model = body.get("model")
     if not isinstance(model, str) or not model:
         error(c.INVALID_REQUEST, "Field 'body.model' is missing or not a string.", line_no, "body.model")
+        return False
+    if len(model) > MAX_MODEL_CHARS:
+        error(c.INVALID_REQUEST, f"Field 'body.model' is {len(model)} characters long; the limit is "
+              f"{MAX_MODEL_CHARS}.", line_no, "body.model")
         return False
     name, must_be_list = _REQUIRED_BODY_FIELD[url]
     value = body.get(name)

@@ -12,7 +12,16 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.contract import CHAT, BatchError, RequestCounts, endpoint_of_head, model_of_head
+from batch_dagster.batchfile.contract import (
+    CHAT,
+    MAX_FILENAME_CHARS,
+    MAX_SOURCE_CHARS,
+    MAX_VERSION_CHARS,
+    BatchError,
+    RequestCounts,
+    endpoint_of_head,
+    model_of_head,
+)
 from batch_dagster.batchfile.folder import BatchFolder, file_key
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.storage import Storage
@@ -93,13 +102,17 @@ def create_batch(
     launched: bool = False,
     batch_id: str | None = None,
     model: str | None = None,
+    parent: BatchRecord | None = None,
+    commit: bool = True,
 ) -> BatchRecord:
     """Put the batch's input, deadline and endpoint in its folder, then add its row (committed).
 
     `input_from`: a local file copied in now, a stored File copied in now, a URI the run fetches
     (dropped files), or None when the input is in the folder already. `completion_window_s` None: the batch
     never expires. `endpoint` None: the first request's url decides.
-    `launched`: the caller requests the run itself (else the API sensor launches it).
+    `launched`: the caller requests the run itself (else the API sensor launches it). `parent`: the batch this one
+    retries (db/retry.py only; it must have the same owner). `commit` False: the caller commits (or rolls back)
+    the row with its own.
     The batch's model (from its first request, or `model` for a dropped file, whose head the intake read) and,
     for a local file, its request count are recorded on the row: nothing after reads the input to know them.
     """
@@ -128,27 +141,57 @@ def create_batch(
         completion_window=COMPLETION_WINDOW, status=BatchStatus.VALIDATING, created_at=created_at,
         expires_at=expires_at,
         meta=metadata, output_expires_after=output_expires_after, launched_at=created_at if launched else None,
-        model=model, request_total=requests,
+        model=model, request_total=requests, parent_batch_id=_same_owner(parent, owner),
     )
     session.add(row)
-    session.commit()
+    if commit:
+        session.commit()
+    else:
+        session.flush()
     return row
+
+
+def _same_owner(parent: BatchRecord | None, owner: str) -> str | None:
+    if parent is None:
+        return None
+    if parent.owner != owner:
+        raise ValueError(f"A batch of one owner cannot retry another owner's batch ({parent.id}).")
+    return parent.id
+
+
+def drop_problem(source: str, version: str) -> str | None:
+    """Why a dropped file cannot become a batch (what names it does not fit the store), or None."""
+    if len(source) > MAX_SOURCE_CHARS:
+        return f"its URI is {len(source)} characters long; the limit is {MAX_SOURCE_CHARS}"
+    if len(version) > MAX_VERSION_CHARS:
+        return f"its version (ETag) is {len(version)} characters long; the limit is {MAX_VERSION_CHARS}"
+    return None
 
 
 def register_dropped(session: Session, storage: Storage, dropped: DroppedFile, *, owner: str, deliver_to: str,
                      completion_window_s: int) -> BatchRecord:
-    """A dropped file's File, Batch and intake rows under `owner`; the sensor requests the run itself.
+    """A dropped file's File, Batch and intake rows under `owner`, in one transaction; the sensor requests the run.
 
-    Its bytes are fetched by the run (batch_input), so a sensor tick stays small whatever the file's size.
+    Its bytes are fetched by the run (batch_input), so a sensor tick stays small whatever the file's size. On any
+    error nothing stays behind (no row, no folder), so the file is simply tried again on a later tick.
     """
-    input_file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename=dropped.filename,
-                                size=dropped.bytes)
-    batch = create_batch(session, storage, owner=owner, endpoint=dropped.endpoint, input_file=input_file,
-                         input_from=dropped.source, completion_window_s=completion_window_s,
-                         metadata={"source": dropped.source[:512]}, launched=True, model=dropped.model)
-    session.add(IntakeRecord(source=dropped.source, version=dropped.version, batch_id=batch.id,
-                             deliver_to=deliver_to.rstrip("/") + f"/{batch.id}/", created_at=batch.created_at))
-    session.commit()
+    if problem := drop_problem(dropped.source, dropped.version):
+        raise ValueError(f"{dropped.source[:200]}: {problem}")
+    batch_id = repo.new_batch_id()
+    try:
+        input_file = add_input_file(session, owner=owner, file_id=repo.new_file_id(),
+                                    filename=dropped.filename[:MAX_FILENAME_CHARS], size=dropped.bytes)
+        batch = create_batch(session, storage, owner=owner, endpoint=dropped.endpoint, input_file=input_file,
+                             input_from=dropped.source, completion_window_s=completion_window_s,
+                             metadata={"source": dropped.source[:512]}, launched=True, model=dropped.model,
+                             batch_id=batch_id, commit=False)
+        session.add(IntakeRecord(source=dropped.source, version=dropped.version, batch_id=batch.id,
+                                 deliver_to=deliver_to.rstrip("/") + f"/{batch.id}/", created_at=batch.created_at))
+        session.commit()
+    except BaseException:
+        session.rollback()
+        storage.delete_folder(BatchFolder(storage, batch_id).prefix)
+        raise
     return batch
 
 

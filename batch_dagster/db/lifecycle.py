@@ -15,7 +15,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, update
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.contract import BatchError
+from batch_dagster.batchfile.contract import MAX_MODEL_CHARS, BatchError
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.results import RequestCounts, committed_shards
 from batch_dagster.batchfile.status import TERMINAL, WITH_FILES, BatchStatus
@@ -121,7 +121,8 @@ def changes(batch: BatchRecord, obs: Observation) -> dict[str, Any]:
                 values[f"request_{name}"] = value
     if obs.usage is not None and obs.usage.to_dict() != batch.usage:
         values["usage"] = obs.usage.to_dict()
-    if obs.model and obs.model != batch.model:
+    # Validation refuses a longer model (a line error); a document that holds one anyway is not copied.
+    if obs.model and len(obs.model) <= MAX_MODEL_CHARS and obs.model != batch.model:
         values["model"] = obs.model
     errors = None if obs.errors is None else [e.to_dict() for e in obs.errors]
     if errors is not None and errors != batch.errors:

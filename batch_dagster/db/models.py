@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from batch_dagster.batchfile.contract import MAX_FILENAME_CHARS, MAX_MODEL_CHARS, MAX_SOURCE_CHARS, MAX_VERSION_CHARS
 from batch_dagster.batchfile.status import TERMINAL
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere the key is a BIGINT.
@@ -44,7 +45,7 @@ class FileRecord(Base):
     bytes: Mapped[int]
     created_at: Mapped[int]
     expires_at: Mapped[int | None]
-    filename: Mapped[str] = mapped_column(String(255))
+    filename: Mapped[str] = mapped_column(String(MAX_FILENAME_CHARS))
     purpose: Mapped[str] = mapped_column(String(32))
     path: Mapped[str] = mapped_column(Text)
     batch_id: Mapped[str | None] = mapped_column(String(64))  # the batch that wrote an output file
@@ -79,12 +80,14 @@ class BatchRecord(Base):
     request_failed: Mapped[int] = mapped_column(default=0)
     # "metadata" is reserved on declarative classes; the column keeps the API's name.
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
-    model: Mapped[str | None] = mapped_column(String(255))
+    model: Mapped[str | None] = mapped_column(String(MAX_MODEL_CHARS))
     usage: Mapped[dict[str, Any] | None]
     errors: Mapped[list[dict[str, Any]] | None]
     output_expires_after: Mapped[int | None]  # seconds; applied to the output and error files
     launched_at: Mapped[int | None]
     run_id: Mapped[str | None] = mapped_column(String(64))
+    # The batch this one retries: set by the retry endpoint only (never from client metadata), same owner.
+    parent_batch_id: Mapped[str | None] = mapped_column(String(64))
 
 
 class IntakeRecord(Base):
@@ -98,8 +101,8 @@ class IntakeRecord(Base):
     __table_args__ = (UniqueConstraint("source", "version", name="uq_intake_source_version"),)
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
-    source: Mapped[str] = mapped_column(String(1024))  # s3://bucket/key or file:///path
-    version: Mapped[str] = mapped_column(String(255))
+    source: Mapped[str] = mapped_column(String(MAX_SOURCE_CHARS))  # s3://bucket/key or file:///path
+    version: Mapped[str] = mapped_column(String(MAX_VERSION_CHARS))
     batch_id: Mapped[str] = mapped_column(String(64), ForeignKey("batches.id"), unique=True)
     deliver_to: Mapped[str] = mapped_column(String(1024))  # where output, errors and summary are written
     created_at: Mapped[int]

@@ -17,7 +17,10 @@ from . import repo
 from .batches import OUTPUT_EXPIRES_AFTER_S, add_input_file, create_batch
 from .models import BatchRecord, FileRecord
 
+# The metadata key a retry batch shows its parent under. Only create_retry writes it (the API refuses it in a
+# client's metadata); what is followed is the batch's own parent_batch_id column, never the metadata.
 PARENT = "parent_batch_id"
+RESERVED_METADATA = (PARENT,)
 MAX_METADATA_PAIRS = 16
 
 
@@ -47,7 +50,7 @@ def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, com
         return create_batch(
             session, storage, owner=parent.owner, endpoint=parent.endpoint, input_file=input_file, input_from=path,
             completion_window_s=completion_window_s, metadata=metadata, launched=launched,
-            output_expires_after=parent.output_expires_after or OUTPUT_EXPIRES_AFTER_S,
+            output_expires_after=parent.output_expires_after or OUTPUT_EXPIRES_AFTER_S, parent=parent,
         )
 
 
@@ -62,12 +65,18 @@ def _lines(storage: Storage, file: FileRecord | None) -> Iterator[bytes]:
         yield from f
 
 
-def _batch(session: Session, batch_id: str) -> BatchRecord | None:
-    return session.scalar(select(BatchRecord).where(BatchRecord.id == batch_id))
+def _batch(session: Session, owner: str, batch_id: str | None) -> BatchRecord | None:
+    """The owner's batch `batch_id`: a chain never reaches another owner's batch, whatever a row says."""
+    if not batch_id:
+        return None
+    return session.scalar(select(BatchRecord).where(BatchRecord.owner == owner, BatchRecord.id == batch_id))
 
 
-def _file(session: Session, file_id: str | None) -> FileRecord | None:
-    return session.scalar(select(FileRecord).where(FileRecord.id == file_id)) if file_id else None
+def _file(session: Session, file_id: str | None, owner: str | None = None) -> FileRecord | None:
+    if not file_id:
+        return None
+    query = select(FileRecord).where(FileRecord.id == file_id)
+    return session.scalar(query if owner is None else query.where(FileRecord.owner == owner))
 
 
 def merged_content(session: Session, storage: Storage, file: FileRecord) -> Iterator[bytes] | None:
@@ -76,23 +85,27 @@ def merged_content(session: Session, storage: Storage, file: FileRecord) -> Iter
     Each ancestor contributes the lines of the requests its descendants did not run again, so
     every custom_id of the original batch appears once across the merged output and error files.
     """
-    batch = _batch(session, file.batch_id) if file.batch_id else None
-    if batch is None or not (batch.meta or {}).get(PARENT):
+    batch = _batch(session, file.owner, file.batch_id)
+    if batch is None or not batch.parent_batch_id:
         return None
     kind = "output_file_id" if batch.output_file_id == file.id else "error_file_id"
-    return _merged(session, storage, batch, kind)
+    return _merged(session, storage, batch, kind, seen=set())
 
 
-def _merged(session: Session, storage: Storage, batch: BatchRecord, kind: str) -> Iterator[bytes]:
-    own = _file(session, getattr(batch, kind))
+def _merged(session: Session, storage: Storage, batch: BatchRecord, kind: str, seen: set[str]) -> Iterator[bytes]:
+    """`batch`'s lines merged with its ancestors', each looked up under `batch`'s owner: a parent of another owner
+    (or one already on the chain) ends the chain as a missing one would."""
+    seen.add(batch.id)
+    own = _file(session, getattr(batch, kind), batch.owner)
     if own is None:
         raise CannotRetry(f"Batch {batch.id} has no {kind.removesuffix('_id').replace('_', ' ')} yet.")
     files, key = file_location(storage, own.path)
     if not files.exists(key):
-        raise FileNotFoundError(files.uri(key))
-    parent = _batch(session, (batch.meta or {}).get(PARENT) or "")
-    if parent is None:
+        # The file's id, never its storage URI: a client is not told where the store keeps its bytes.
+        raise FileNotFoundError(f"the content of file {own.id} is gone")
+    parent = _batch(session, batch.owner, batch.parent_batch_id)
+    if parent is None or parent.id in seen:
         return _lines(storage, own)
-    siblings = [_file(session, batch.output_file_id), _file(session, batch.error_file_id)]
+    siblings = [_file(session, batch.output_file_id, batch.owner), _file(session, batch.error_file_id, batch.owner)]
     child_ids = custom_ids_of(*(_lines(storage, f) for f in siblings))
-    return merged_lines(_merged(session, storage, parent, kind), _lines(storage, own), child_ids)
+    return merged_lines(_merged(session, storage, parent, kind, seen), _lines(storage, own), child_ids)

@@ -61,6 +61,37 @@ def test_the_webhook_endpoints_migration_keeps_the_outbox(tmp_path):
     old.dispose()
 
 
+def test_the_parent_batch_migration_keeps_only_same_owner_parents(tmp_path):
+    """0005: a retry's parent moves from its metadata to its own column, only where the parent is the owner's own."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    command.upgrade(alembic_config(url), "0004")
+    old = Database(url)
+    rows = {"a1": ("a", None), "a2": ("a", "a1"), "a3": ("a", "b1"), "a4": ("a", "nowhere"), "b1": ("b", None)}
+    with old.engine.begin() as connection:
+        connection.execute(text("INSERT INTO api_keys (owner, created_at) VALUES ('a', 1), ('b', 1)"))
+        for batch_id, (owner, parent) in rows.items():
+            meta = json.dumps({"job": "x"} | ({"parent_batch_id": parent} if parent else {}))
+            connection.execute(text(
+                "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, status, created_at, "
+                "request_total, request_completed, request_failed, metadata) VALUES "
+                "(:id, :owner, '/v1/chat/completions', 'file-x', '24h', 'completed', 1, 0, 0, 0, :meta)"),
+                {"id": batch_id, "owner": owner, "meta": meta})
+    old.upgrade()
+    with old.session() as session:
+        parents = dict(session.execute(select(BatchRecord.id, BatchRecord.parent_batch_id)).all())
+        assert parents == {"a1": None, "a2": "a1", "a3": None, "a4": None, "b1": None}
+        # The metadata is left as it was: shown, never followed.
+        assert session.scalar(select(BatchRecord.meta).where(BatchRecord.id == "a3")) == {
+            "job": "x", "parent_batch_id": "b1"}
+    with old.engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+    command.downgrade(alembic_config(url), "0004")
+    with old.engine.connect() as connection:
+        assert "parent_batch_id" not in {c["name"] for c in inspect(connection).get_columns("batches")}
+        assert connection.execute(text("SELECT count(*) FROM batches")).scalar() == 5
+    old.dispose()
+
+
 def test_migrations_render_for_postgres():
     out = io.StringIO()
     with redirect_stdout(out):

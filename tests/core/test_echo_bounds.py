@@ -76,3 +76,28 @@ def test_a_report_lists_max_errors_and_says_how_many_more(tmp_path):
 def test_a_report_within_the_cap_has_no_more_entry(tmp_path):
     report = report_of(tmp_path, [chat(url="/v1/nope")])
     assert [e["code"] for e in report.to_dict()["errors"]] == [c.INVALID_URL]
+
+
+def test_a_model_name_longer_than_the_store_keeps_is_a_line_error(tmp_path):
+    too_long = "m" * (c.MAX_MODEL_CHARS + 1)
+    report = report_of(tmp_path, [chat("a"), chat("b", body={**chat_body(), "model": too_long})])
+    [error] = report.errors
+    assert (error.code, error.line, error.param) == (c.INVALID_REQUEST, 2, "body.model")
+    assert str(c.MAX_MODEL_CHARS) in error.message and too_long not in error.message
+    first = report_of(tmp_path, [chat(body={**chat_body(), "model": too_long})])
+    assert first.model is None and [(e.line, e.param) for e in first.errors] == [(1, "body.model")]
+    # The longest name the store keeps is a name like any other.
+    fits = report_of(tmp_path, [chat(body={**chat_body(), "model": "m" * c.MAX_MODEL_CHARS})])
+    assert fits.valid and fits.model == "m" * c.MAX_MODEL_CHARS
+    assert c.model_of_head(orjson.dumps(chat(body={**chat_body(), "model": too_long})), whole=True) is None
+
+
+def test_ten_thousand_bad_lines_with_twenty_megabytes_of_values_make_a_small_report(tmp_path):
+    """What a batch object lists comes from this report: it stays small whatever the file holds."""
+    value = "v" * 2048  # 10,000 of them: 20 MB of client values, each echoed in an error
+    lines = [chat(f"r{i}", url=f"/v1/{value}") for i in range(10_000)]
+    report = report_of(tmp_path, lines)
+    assert report.error_count == 10_000
+    listed = report.to_dict()
+    assert len(listed["errors"]) == MAX_ERRORS + 1 and listed["errors"][-1]["code"] == MORE_ERRORS
+    assert len(json.dumps(listed)) < 32 * 1024

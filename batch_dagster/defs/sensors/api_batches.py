@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dagster as dg
+from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.status import TERMINAL
-from batch_dagster.db import repo
+from batch_dagster.batchfile.storage import Storage
+from batch_dagster.db import BatchRecord, repo
 from batch_dagster.db.labels import input_filenames, run_tags
 from batch_dagster.db.lifecycle import sync_batch
 from batch_dagster.defs.dagster_internals import run_end_reason, worker_gone
@@ -22,6 +24,7 @@ RELAUNCH_AFTER_S = 120
 # Dagster tags a failed run `will_retry` just after it marks it failed; until then (at most this long)
 # the sensor waits rather than failing a batch that run retries are about to resume.
 RETRY_DECISION_WAIT_S = 60
+MAX_FAILURE_CHARS = 1000  # of a step's error message, as a failed batch's errors.data shows it
 _ENDED_BADLY = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 WORKER_GONE = ("The run's worker is gone with the code server that started it "
                "(serve was stopped or killed while it ran).")
@@ -82,7 +85,9 @@ def run_failure_message(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str
         if error is not None:
             while error.cause is not None:  # the step error wraps what the code raised
                 error = error.cause
-            return f"The pipeline failed in step {event.step_key}: {error.message.strip()} ({where})"
+            # Cut: the message may quote anything, and the batch object lists it.
+            message = error.message.strip()[:MAX_FAILURE_CHARS]
+            return f"The pipeline failed in step {event.step_key}: {message} ({where})"
     verb = "was canceled" if run.status == dg.DagsterRunStatus.CANCELED else "failed"
     reason = run_end_reason(instance, run)
     return f"The pipeline run {verb} ({where})" + (f": {reason}" if reason else "; see the Dagster UI.")
@@ -99,6 +104,34 @@ def _retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     return ended is None or repo.now() - ended < RETRY_DECISION_WAIT_S
 
 
+def _follow(context: dg.SensorEvaluationContext, session: Session, folders: Storage, batch: BatchRecord,
+            followed: set[str]) -> None:
+    """Bring one batch up to date with its latest run (each change committed by itself: its own transaction)."""
+    instance = context.instance
+    run = latest_run(instance, batch.id)
+    if run is None:
+        # active_batches() returns launched batches only: launched_at is set (the check narrows its type).
+        if batch.launched_at is not None and repo.now() - batch.launched_at > RELAUNCH_AFTER_S:
+            context.log.warning(f"{batch.id}: no run since it was launched; requesting it again")
+            repo.unmark_launched(session, batch.id)
+        return
+    followed.add(run.run_id)
+    if batch.run_id != run.run_id:
+        batch.run_id = run.run_id
+        session.commit()
+    sync_batch(session, folders, batch)
+    if batch.status not in TERMINAL and worker_gone(run):
+        context.log.warning(f"{batch.id}: the code server of run {run.run_id} is gone; marking it failed")
+        instance.report_run_failed(run, WORKER_GONE)
+        return  # next tick: Dagster retries it (dagster.yaml run_retries), or the batch fails
+    if run.status in _ENDED_BADLY and batch.status not in TERMINAL:
+        # A retried run is a new run of the same partition: the next tick follows that one.
+        if _retry_pending(instance, run):
+            context.log.info(f"{batch.id}: run {run.run_id} failed; Dagster will retry it")
+            return
+        sync_batch(session, folders, batch, run_failure=run_failure_message(instance, run))
+
+
 @dg.sensor(
     minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
@@ -109,40 +142,20 @@ def api_batch_status_sensor(
     context: dg.SensorEvaluationContext, database: DatabaseResource, storage: StorageResource
 ) -> dg.SkipReason:
     instance, folders = context.instance, storage.storage()
-    moved, followed = 0, set()
+    moved, followed = 0, set[str]()
     with database.session() as session:
         for batch in repo.active_batches(session):
-            before = batch.status
-            run = latest_run(instance, batch.id)
-            if run is None:
-                # active_batches() returns launched batches only: launched_at is set (the check narrows its type).
-                if batch.launched_at is not None and repo.now() - batch.launched_at > RELAUNCH_AFTER_S:
-                    context.log.warning(f"{batch.id}: no run since it was launched; requesting it again")
-                    repo.unmark_launched(session, batch.id)
-                continue
-            followed.add(run.run_id)
-            if batch.run_id != run.run_id:
-                batch.run_id = run.run_id
-                session.commit()
+            batch_id, before = batch.id, batch.status
             try:
-                sync_batch(session, folders, batch)
-            except Exception as exc:  # a damaged document, the store unreachable: the other batches still move
+                _follow(context, session, folders, batch, followed)
+            except Exception as exc:  # a value the store refuses, a damaged document: the other batches still move
                 session.rollback()
-                context.log.error(f"{batch.id}: could not read its folder ({exc!r}); left as stored")
+                context.log.error(f"{batch_id}: could not be brought up to date ({str(exc)[:500]}); left as stored, "
+                                  "tried again on the next tick")
                 continue
-            if batch.status not in TERMINAL and worker_gone(run):
-                context.log.warning(f"{batch.id}: the code server of run {run.run_id} is gone; marking it failed")
-                instance.report_run_failed(run, WORKER_GONE)
-                continue  # next tick: Dagster retries it (dagster.yaml run_retries), or the batch fails
-            if run.status in _ENDED_BADLY and batch.status not in TERMINAL:
-                # A retried run is a new run of the same partition: the next tick follows that one.
-                if _retry_pending(instance, run):
-                    context.log.info(f"{batch.id}: run {run.run_id} failed; Dagster will retry it")
-                    continue
-                sync_batch(session, folders, batch, run_failure=run_failure_message(instance, run))
             if batch.status != before:
                 moved += 1
-                context.log.info(f"{batch.id}: {before} -> {batch.status}")
+                context.log.info(f"{batch_id}: {before} -> {batch.status}")
     # A stopped serve leaves the runs of ended batches (backfills) STARTED too. Until marked failed they keep their
     # place in the run queue's limits (dagster.yaml), and offline runs would wait for them for ever.
     for run in instance.get_runs(dg.RunsFilter(job_name=batch_job.name, statuses=[dg.DagsterRunStatus.STARTED])):

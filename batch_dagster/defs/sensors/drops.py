@@ -8,19 +8,20 @@ new: a (source, version) pair becomes a batch once, whatever happens to the curs
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile.contract import endpoint_of_head
 from batch_dagster.db import repo
-from batch_dagster.db.batches import HEAD_BYTES, DroppedFile, head_model, register_dropped
+from batch_dagster.db.batches import HEAD_BYTES, DroppedFile, drop_problem, head_model, register_dropped
 from batch_dagster.db.labels import run_tags
 from batch_dagster.defs.jobs import batch_job, deliver_results_job
 from batch_dagster.defs.partitions import batches
@@ -29,22 +30,41 @@ from batch_dagster.settings import Settings
 from batch_dagster.storage.transfer import s3_uri
 
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload")
+MAX_REFUSED = 1000  # refused files the cursor remembers, so that each is logged once (the oldest are forgotten)
 T = TypeVar("T")
+
+
+class Launched(NamedTuple):
+    """What a run request needs of a batch the tick registered."""
+
+    id: str
+    owner: str
+    model: str | None
 
 
 def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: DatabaseResource, storage: StorageResource,
           vllm: VLLMResource, new: Sequence[DroppedFile], *, scheme: str, deliver_to: str,
           cursor: dict[str, Any]) -> dg.SensorResult:
-    """Register the `new` files as batches, request their runs, and request deliveries for ended batches."""
+    """Register the `new` files as batches, request their runs, and request deliveries for ended batches.
+
+    Each file is registered in its own transaction: one that fails (the store refused a value, lost its
+    connection) is rolled back and logged, the others go on, and it is tried again on the next tick.
+    """
+    launched: list[tuple[DroppedFile, Launched]] = []
     with database.session() as session:
-        launched = [
-            register_dropped(session, storage.storage(), f, owner=intake.owner, deliver_to=deliver_to,
-                             completion_window_s=intake.completion_window_s)
-            for f in new
-        ]
+        for f in new:
+            try:
+                b = register_dropped(session, storage.storage(), f, owner=intake.owner, deliver_to=deliver_to,
+                                     completion_window_s=intake.completion_window_s)
+                # Read now: a later file's rollback expires the rows this session holds.
+                launched.append((f, Launched(b.id, b.owner, b.model)))
+            except Exception as exc:
+                session.rollback()
+                context.log.error(f"{f.source[:200]}: could not register it as a batch ({str(exc)[:500]}); "
+                                  "it is tried again on the next tick")
         ended = [i.batch_id for i in repo.undelivered(session, scheme)]
         repo.mark_delivery_requested(session, ended)
-    for f, batch in zip(new, launched, strict=True):
+    for f, batch in launched:
         context.log.info(f"{f.source} ({f.bytes} bytes) -> {batch.id}")
     for batch_id in ended:
         context.log.info(f"{batch_id} ended: delivering its results")
@@ -52,7 +72,7 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
         dg.RunRequest(job_name=batch_job.name, partition_key=b.id, run_key=b.id,
                       tags={**run_tags(b.id, source="s3" if scheme == "s3://" else "inbox", filename=f.filename,
                                        owner=b.owner, model=b.model, vllm=vllm), "input_uri": f.source[:255]})
-        for f, b in zip(new, launched, strict=True)
+        for f, b in launched
     ] + [
         dg.RunRequest(job_name=deliver_results_job.name, partition_key=b, run_key=f"{b}:delivery",
                       tags={"batch_id": b})
@@ -60,20 +80,35 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
     ]
     return dg.SensorResult(
         run_requests=runs,
-        dynamic_partitions_requests=[batches.build_add_request([b.id for b in launched])] if launched else [],
+        dynamic_partitions_requests=[batches.build_add_request([b.id for _, b in launched])] if launched else [],
         cursor=json.dumps(cursor),
         skip_reason=None if runs else "No new complete file, and no ended batch to deliver.",
     )
 
 
-def _unknown(database: DatabaseResource, candidates: list[tuple[str, str, T]]) -> list[T]:
+def _unknown(context: dg.SensorEvaluationContext, database: DatabaseResource, candidates: list[tuple[str, str, T]],
+             refused: list[str]) -> list[T]:
     """The items of (source, version, item) candidates that have not become batches yet, in order.
 
-    Checked before a file's head is read, so a tick reads nothing of the files it already knows.
+    Checked before a file's head is read, so a tick reads nothing of the files it already knows. A file whose URI
+    or version does not fit the store never becomes a batch: it is logged as refused once (`refused`, kept in
+    the cursor, holds its digest) and skipped from then on.
     """
+    admissible = []
+    for source, version, item in candidates:
+        problem = drop_problem(source, version)
+        if problem is None:
+            admissible.append((source, version, item))
+            continue
+        digest = hashlib.sha256(f"{source}\n{version}".encode()).hexdigest()[:16]
+        if digest not in refused:
+            refused.append(digest)
+            shown = source if len(source) <= 200 else f"{source[:200]}…"
+            context.log.error(f"Refused the dropped file {shown}: {problem}. Rename it to run it.")
+    del refused[:-MAX_REFUSED]
     with database.session() as session:
-        known = repo.known_sources(session, [source for source, _, _ in candidates])
-    return [item for source, version, item in candidates if (source, version) not in known]
+        known = repo.known_sources(session, [source for source, _, _ in admissible])
+    return [item for source, version, item in admissible if (source, version) not in known]
 
 
 def list_s3(client, intake: Intake, start_after: str) -> tuple[list[dict], str]:
@@ -108,9 +143,11 @@ def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3
         return dg.SkipReason("BATCH_S3_BUCKET is not set.")
     client = s3.get_client()
     cursor = json.loads(context.cursor or "{}")
+    refused = cursor.get("refused", [])
     objects, next_start = list_s3(client, intake, cursor.get("start_after", ""))
     found: list[DroppedFile] = []
-    for o in _unknown(database, [(s3_uri(intake.s3_bucket, o["Key"]), o["ETag"], o) for o in objects]):
+    for o in _unknown(context, database, [(s3_uri(intake.s3_bucket, o["Key"]), o["ETag"], o) for o in objects],
+                      refused):
         uri = s3_uri(intake.s3_bucket, o["Key"])
         if len(found) == intake.max_batches_per_tick:
             next_start = found[-1].source.removeprefix(f"s3://{intake.s3_bucket}/")  # the rest next tick
@@ -120,7 +157,7 @@ def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3
         found.append(DroppedFile(source=uri, version=o["ETag"], filename=o["Key"].rsplit("/", 1)[-1],
                                  bytes=o["Size"], endpoint=endpoint_of_head(head), model=head_model(head)))
     return _tick(context, intake, database, storage, vllm, found, scheme="s3://",
-                 deliver_to=intake.s3_results_uri(), cursor={"start_after": next_start})
+                 deliver_to=intake.s3_results_uri(), cursor={"start_after": next_start, "refused": refused})
 
 
 def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: float, now: float
@@ -153,6 +190,7 @@ def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, database: 
     inbox = Path(intake.inbox_dir)
     inbox.mkdir(parents=True, exist_ok=True)
     cursor = json.loads(context.cursor or "{}")
+    refused = cursor.get("refused", [])
     complete, seen = _complete_inbox_files(inbox, cursor.get("pending", {}), intake.settle_s, time.time())
     candidates = []
     for entry, st in complete:
@@ -160,10 +198,10 @@ def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, database: 
         candidates.append((source, version, (source, version, entry, st)))
     found = []
     # Files past this tick's cap stay pending: they are complete, and taken on the next ticks.
-    for source, version, entry, st in _unknown(database, candidates)[: intake.max_batches_per_tick]:
+    for source, version, entry, st in _unknown(context, database, candidates, refused)[: intake.max_batches_per_tick]:
         with open(entry.path, "rb") as f:
             head = f.read(HEAD_BYTES)
         found.append(DroppedFile(source=source, version=version, filename=entry.name, bytes=st.st_size,
                                  endpoint=endpoint_of_head(head), model=head_model(head)))
     return _tick(context, intake, database, storage, vllm, found, scheme="file://",
-                 deliver_to=Path(intake.outbox_dir).resolve().as_uri(), cursor={"pending": seen})
+                 deliver_to=Path(intake.outbox_dir).resolve().as_uri(), cursor={"pending": seen, "refused": refused})
