@@ -8,6 +8,7 @@ in it. Defaults work on a laptop.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -78,6 +79,31 @@ def _csv(text: str) -> tuple[str, ...]:
 
 def _limit(text: str) -> int | None:
     return int(text) or None  # 0: no limit
+
+
+KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def split_key(entry: str) -> tuple[str | None, str]:
+    """An entry of BATCH_API_KEYS as (name, key): `name:key`, or a bare `key` (no name)."""
+    name, colon, key = entry.partition(":")
+    return (name, key) if colon else (None, entry)
+
+
+def api_key_entries(text: str) -> tuple[str, ...]:
+    """BATCH_API_KEYS' entries, checked: names well formed, no key or name twice."""
+    entries = _csv(text)
+    names: set[str | None] = set()
+    keys: set[str] = set()
+    for entry in entries:
+        name, key = split_key(entry)
+        if name is not None and not KEY_NAME.fullmatch(name):
+            raise ValueError(f"key name {name[:64]!r} must be 1 to 64 letters, digits, '.', '_' or '-' (name:key)")
+        if not key or key in keys or (name is not None and name in names):
+            raise ValueError(f"entry {len(keys) + 1}: {'an empty key' if not key else 'a repeated key or name'}")
+        keys.add(key)
+        names.add(name)
+    return entries
 
 
 def _allow(text: str) -> tuple[str, ...]:
@@ -167,8 +193,15 @@ VARIABLES: tuple[Variable, ...] = (
              "API", parse=int),
     Variable("BATCH_COMPLETION_WINDOW_S", DAY_S, "Seconds after creation at which a batch expires "
              "(API and drop-folder batches).", "API", parse=int),
-    Variable("BATCH_API_KEYS", (), "Comma-separated API keys; unset: no authentication, loopback only.", "API",
-             parse=_csv),
+    Variable("BATCH_API_KEYS", (), "Comma-separated API keys, each `name:key` or a bare `key`; the name is the "
+             "owner the Dagster UI shows (a bare key shows as `key-` and a keyed hash). Unset: no authentication, "
+             "loopback only.", "API", parse=api_key_entries),
+    Variable("BATCH_KEY_MAX_ACTIVE_BATCHES", 100, "Batches one key may have unfinished at once (created, not "
+             "ended); past it creating a batch answers 429 `batch_limit_exceeded`. 0: no limit.", "API",
+             parse=_limit),
+    Variable("BATCH_KEY_MAX_STORED_BYTES", 100 << 30, "Bytes of files one key may keep stored (its uploads and "
+             "its batches' output and error files, until deleted or expired); past it an upload answers 429 "
+             "`storage_limit_exceeded`. 0: no limit.", "API", parse=_limit),
     Variable("BATCH_API_HOST", LOOPBACK, "The address `make serve` binds the API to.", "API"),
     Variable("BATCH_API_PORT", 8000, "The API's port under `make serve`.", "API", parse=int),
     Variable("BATCH_WEBHOOK_URLS", (), "Comma-separated endpoints that get a signed POST when a batch ends "
@@ -188,7 +221,7 @@ VARIABLES: tuple[Variable, ...] = (
              derive=lambda v: v["BATCH_INBOX_DIR"].parent / "outbox"),
     Variable("BATCH_INTAKE_API_KEY", "the first of BATCH_API_KEYS", "The key whose owner dropped files' batches "
              "are listed under in the API.", "Drop folders",
-             derive=lambda v: v["BATCH_API_KEYS"][0] if v["BATCH_API_KEYS"] else ""),
+             derive=lambda v: split_key(v["BATCH_API_KEYS"][0])[1] if v["BATCH_API_KEYS"] else ""),
     Variable("BATCH_WEBHOOK_ALLOW", (), "Comma-separated hosts or CIDRs that keys' own webhook endpoints may reach "
              "although not public (loopback, private, link-local); unset: public addresses only. BATCH_WEBHOOK_URLS "
              "are the operator's and always trusted.", "API", parse=_allow),
@@ -247,7 +280,9 @@ class Settings:
     max_upload_bytes: int
     max_json_body_bytes: int
     completion_window_s: int
-    api_keys: tuple[str, ...]
+    api_keys: tuple[str, ...]  # entries: `name:key` or `key` (split_key)
+    key_max_active_batches: int | None
+    key_max_stored_bytes: int | None
     api_host: str
     api_port: int
     webhook_urls: tuple[str, ...]
