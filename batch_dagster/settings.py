@@ -45,6 +45,7 @@ class Variable:
     parse: Callable[[str], Any] = str
     derive: Callable[[Mapping[str, Any]], Any] | None = None
     attr: str = ""  # the Settings field; empty: the name without BATCH_, lower case
+    secret: bool = False  # a credential: never quoted in a message
 
     @property
     def field(self) -> str:
@@ -70,7 +71,8 @@ class Variable:
         try:
             return self.parse(raw)
         except ValueError as exc:
-            raise ValueError(f"{self.name}={raw!r}: {exc}") from None
+            shown = "" if self.secret else f"={raw!r}"  # a secret's value stays out of the message (and the logs)
+            raise ValueError(f"{self.name}{shown}: {exc}") from None
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -95,12 +97,13 @@ def api_key_entries(text: str) -> tuple[str, ...]:
     entries = _csv(text)
     names: set[str | None] = set()
     keys: set[str] = set()
-    for entry in entries:
+    for number, entry in enumerate(entries, 1):  # the messages quote no part of an entry: it may be a key
         name, key = split_key(entry)
         if name is not None and not KEY_NAME.fullmatch(name):
-            raise ValueError(f"key name {name[:64]!r} must be 1 to 64 letters, digits, '.', '_' or '-' (name:key)")
+            raise ValueError(f"entry {number}: its key name (before the first ':') must be 1 to 64 letters, "
+                             "digits, '.', '_' or '-'")
         if not key or key in keys or (name is not None and name in names):
-            raise ValueError(f"entry {len(keys) + 1}: {'an empty key' if not key else 'a repeated key or name'}")
+            raise ValueError(f"entry {number}: {'an empty key' if not key else 'a repeated key or name'}")
         keys.add(key)
         names.add(name)
     return entries
@@ -195,7 +198,7 @@ VARIABLES: tuple[Variable, ...] = (
              "(API and drop-folder batches).", "API", parse=int),
     Variable("BATCH_API_KEYS", (), "Comma-separated API keys, each `name:key` or a bare `key`; the name is the "
              "owner the Dagster UI shows (a bare key shows as `key-` and a keyed hash). Unset: no authentication, "
-             "loopback only.", "API", parse=api_key_entries),
+             "loopback only.", "API", parse=api_key_entries, secret=True),
     Variable("BATCH_KEY_MAX_ACTIVE_BATCHES", 100, "Batches one key may have unfinished at once (created, not "
              "ended); past it creating a batch answers 429 `batch_limit_exceeded`. 0: no limit.", "API",
              parse=_limit),
