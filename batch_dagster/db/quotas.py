@@ -20,5 +20,5 @@ def unfinished_batches(session: Session, owner: str) -> int:
 
 def stored_bytes(session: Session, owner: str) -> int:
     """The bytes of the owner's files that are kept: uploads and its batches' output and error files, unexpired."""
-    return session.scalar(select(func.coalesce(func.sum(FileRecord.bytes), 0)).where(
-        FileRecord.owner == owner, FileRecord.expires_at.is_(None) | (FileRecord.expires_at > now()))) or 0
+    return int(session.scalar(select(func.coalesce(func.sum(FileRecord.bytes), 0)).where(
+        FileRecord.owner == owner, FileRecord.expires_at.is_(None) | (FileRecord.expires_at > now()))) or 0)
