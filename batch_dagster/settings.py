@@ -92,6 +92,11 @@ def split_key(entry: str) -> tuple[str | None, str]:
     return (name, key) if colon else (None, entry)
 
 
+def first_key(entries: tuple[str, ...]) -> str:
+    """The key of BATCH_API_KEYS' first entry ("" for none): BATCH_INTAKE_API_KEY's default."""
+    return split_key(entries[0])[1] if entries else ""
+
+
 def api_key_entries(text: str) -> tuple[str, ...]:
     """BATCH_API_KEYS' entries, checked: names well formed, no key or name twice."""
     entries = _csv(text)
@@ -151,7 +156,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_MODEL_CACHE", "$BATCH_DATA_DIR/models", "Where embedded models are prepared.", "Storage",
              parse=Path, attr="model_cache_dir"),
     Variable("BATCH_DATABASE_URL", "sqlite:///$BATCH_DATA_DIR/batch-api.db",
-             "The API's metadata store: any SQLAlchemy URL (e.g. postgresql+psycopg://...).", "Storage"),
+             "The API's metadata store: any SQLAlchemy URL (e.g. postgresql+psycopg://...).", "Storage", secret=True),
     Variable("BATCH_MODELS_FILE", CONFIG_DIR / "models.toml", "The model registry.", "Models", parse=Path),
     Variable("BATCH_PRICES_FILE", CONFIG_DIR / "prices.toml", "The price table (per million tokens, "
              "batch discount).", "Models", parse=Path),
@@ -159,7 +164,7 @@ VARIABLES: tuple[Variable, ...] = (
              "vLLM servers at BATCH_VLLM_SERVER_URLS.", "Engine"),
     Variable("BATCH_VLLM_SERVER_URLS", (), "Comma-separated base URLs of vLLM servers (server mode).", "Engine",
              parse=_csv),
-    Variable("BATCH_VLLM_API_KEY", None, "The key the vLLM servers expect, if any.", "Engine"),
+    Variable("BATCH_VLLM_API_KEY", None, "The key the vLLM servers expect, if any.", "Engine", secret=True),
     Variable("BATCH_VLLM_MAX_CONCURRENCY", 64, "Requests in flight to the servers at once (server mode).",
              "Engine", parse=int),
     Variable("BATCH_FLEET_REPLICAS", 1, "`make serve`: vLLM servers of the warm fleet (pinned one per core) behind "
@@ -211,7 +216,7 @@ VARIABLES: tuple[Variable, ...] = (
              "(batch.completed, batch.failed, batch.expired, batch.cancelled); unset: no webhooks.", "API",
              parse=_csv),
     Variable("BATCH_WEBHOOK_SECRET", "", "The Standard Webhooks secret (`whsec_` and base64) webhooks are signed "
-             "with; needed with BATCH_WEBHOOK_URLS.", "API"),
+             "with; needed with BATCH_WEBHOOK_URLS.", "API", secret=True),
     Variable("BATCH_S3_BUCKET", "", "The bucket the S3 drop sensor watches; unset: the sensor is off.",
              "Drop folders"),
     Variable("BATCH_S3_PREFIX", "incoming/", "Where in the bucket new .jsonl files are picked up.", "Drop folders"),
@@ -224,7 +229,7 @@ VARIABLES: tuple[Variable, ...] = (
              derive=lambda v: v["BATCH_INBOX_DIR"].parent / "outbox"),
     Variable("BATCH_INTAKE_API_KEY", "the first of BATCH_API_KEYS", "The key whose owner dropped files' batches "
              "are listed under in the API.", "Drop folders",
-             derive=lambda v: split_key(v["BATCH_API_KEYS"][0])[1] if v["BATCH_API_KEYS"] else ""),
+             derive=lambda v: first_key(v["BATCH_API_KEYS"]), secret=True),
     Variable("BATCH_WEBHOOK_ALLOW", (), "Comma-separated hosts or CIDRs that keys' own webhook endpoints may reach "
              "although not public (loopback, private, link-local); unset: public addresses only. BATCH_WEBHOOK_URLS "
              "are the operator's and always trusted.", "API", parse=_allow),

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from batch_dagster.db.labels import OwnerLabels
 from batch_dagster.db.repo import ANONYMOUS, owner_of_key
 from batch_dagster.db.session import Database, open_database
-from batch_dagster.settings import api_key_entries, split_key
+from batch_dagster.settings import api_key_entries, first_key, split_key
 
 
 class DatabaseResource(dg.ConfigurableResource):
@@ -40,6 +40,5 @@ class DatabaseResource(dg.ConfigurableResource):
 
     def intake_owner(self) -> str:
         """The owner dropped files' batches are listed under: BATCH_INTAKE_API_KEY's, else the first key's."""
-        entries = api_key_entries(self.api_keys)
-        key = self.intake_api_key or (split_key(entries[0])[1] if entries else "")
+        key = self.intake_api_key or first_key(api_key_entries(self.api_keys))
         return owner_of_key(key) if key else ANONYMOUS

@@ -1,5 +1,5 @@
 """Drop folders: where dropped files arrive (an S3 prefix, a local inbox) and where their results go. Who owns their
-batches is the store resource's `intake_owner` (BATCH_INTAKE_API_KEY), a secret kept out of this one."""
+batches follows from a key (BATCH_INTAKE_API_KEY): the store resource, which holds the keys, says (`intake_owner`)."""
 
 from __future__ import annotations
 

@@ -62,8 +62,8 @@ def api_batch_sensor(context: dg.SensorEvaluationContext, database: DatabaseReso
     context.log.info(f"Launching {len(waiting)} batch(es): {', '.join(waiting)}")
     return dg.SensorResult(
         run_requests=[
-            dg.RunRequest(partition_key=batch_id, run_key=run_key(context.instance, batch_id), tags=run_tags_)
-            for batch_id, run_tags_ in zip(waiting, tags, strict=True)
+            dg.RunRequest(partition_key=batch_id, run_key=run_key(context.instance, batch_id), tags=t)
+            for batch_id, t in zip(waiting, tags, strict=True)
         ],
         dynamic_partitions_requests=[batches.build_add_request(waiting)],
     )
