@@ -8,6 +8,7 @@ in it. Defaults work on a laptop.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class Variable:
     parse: Callable[[str], Any] = str
     derive: Callable[[Mapping[str, Any]], Any] | None = None
     attr: str = ""  # the Settings field; empty: the name without BATCH_, lower case
+    secret: bool = False  # a credential: never quoted in a message
 
     @property
     def field(self) -> str:
@@ -69,7 +71,8 @@ class Variable:
         try:
             return self.parse(raw)
         except ValueError as exc:
-            raise ValueError(f"{self.name}={raw!r}: {exc}") from None
+            shown = "" if self.secret else f"={raw!r}"  # a secret's value stays out of the message (and the logs)
+            raise ValueError(f"{self.name}{shown}: {exc}") from None
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -78,6 +81,37 @@ def _csv(text: str) -> tuple[str, ...]:
 
 def _limit(text: str) -> int | None:
     return int(text) or None  # 0: no limit
+
+
+KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def split_key(entry: str) -> tuple[str | None, str]:
+    """An entry of BATCH_API_KEYS as (name, key): `name:key`, or a bare `key` (no name)."""
+    name, colon, key = entry.partition(":")
+    return (name, key) if colon else (None, entry)
+
+
+def first_key(entries: tuple[str, ...]) -> str:
+    """The key of BATCH_API_KEYS' first entry ("" for none): BATCH_INTAKE_API_KEY's default."""
+    return split_key(entries[0])[1] if entries else ""
+
+
+def api_key_entries(text: str) -> tuple[str, ...]:
+    """BATCH_API_KEYS' entries, checked: names well formed, no key or name twice."""
+    entries = _csv(text)
+    names: set[str | None] = set()
+    keys: set[str] = set()
+    for number, entry in enumerate(entries, 1):  # the messages quote no part of an entry: it may be a key
+        name, key = split_key(entry)
+        if name is not None and not KEY_NAME.fullmatch(name):
+            raise ValueError(f"entry {number}: its key name (before the first ':') must be 1 to 64 letters, "
+                             "digits, '.', '_' or '-'")
+        if not key or key in keys or (name is not None and name in names):
+            raise ValueError(f"entry {number}: {'an empty key' if not key else 'a repeated key or name'}")
+        keys.add(key)
+        names.add(name)
+    return entries
 
 
 def _allow(text: str) -> tuple[str, ...]:
@@ -122,7 +156,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_MODEL_CACHE", "$BATCH_DATA_DIR/models", "Where embedded models are prepared.", "Storage",
              parse=Path, attr="model_cache_dir"),
     Variable("BATCH_DATABASE_URL", "sqlite:///$BATCH_DATA_DIR/batch-api.db",
-             "The API's metadata store: any SQLAlchemy URL (e.g. postgresql+psycopg://...).", "Storage"),
+             "The API's metadata store: any SQLAlchemy URL (e.g. postgresql+psycopg://...).", "Storage", secret=True),
     Variable("BATCH_MODELS_FILE", CONFIG_DIR / "models.toml", "The model registry.", "Models", parse=Path),
     Variable("BATCH_PRICES_FILE", CONFIG_DIR / "prices.toml", "The price table (per million tokens, "
              "batch discount).", "Models", parse=Path),
@@ -130,7 +164,7 @@ VARIABLES: tuple[Variable, ...] = (
              "vLLM servers at BATCH_VLLM_SERVER_URLS.", "Engine"),
     Variable("BATCH_VLLM_SERVER_URLS", (), "Comma-separated base URLs of vLLM servers (server mode).", "Engine",
              parse=_csv),
-    Variable("BATCH_VLLM_API_KEY", None, "The key the vLLM servers expect, if any.", "Engine"),
+    Variable("BATCH_VLLM_API_KEY", None, "The key the vLLM servers expect, if any.", "Engine", secret=True),
     Variable("BATCH_VLLM_MAX_CONCURRENCY", 64, "Requests in flight to the servers at once (server mode).",
              "Engine", parse=int),
     Variable("BATCH_FLEET_REPLICAS", 1, "`make serve`: vLLM servers of the warm fleet (pinned one per core) behind "
@@ -167,15 +201,22 @@ VARIABLES: tuple[Variable, ...] = (
              "API", parse=int),
     Variable("BATCH_COMPLETION_WINDOW_S", DAY_S, "Seconds after creation at which a batch expires "
              "(API and drop-folder batches).", "API", parse=int),
-    Variable("BATCH_API_KEYS", (), "Comma-separated API keys; unset: no authentication, loopback only.", "API",
-             parse=_csv),
+    Variable("BATCH_API_KEYS", (), "Comma-separated API keys, each `name:key` or a bare `key`; the name is the "
+             "owner the Dagster UI shows (a bare key shows as `key-` and a keyed hash). Unset: no authentication, "
+             "loopback only.", "API", parse=api_key_entries, secret=True),
+    Variable("BATCH_KEY_MAX_ACTIVE_BATCHES", 100, "Batches one key may have unfinished at once (created, not "
+             "ended); past it creating a batch answers 429 `batch_limit_exceeded`. 0: no limit.", "API",
+             parse=_limit),
+    Variable("BATCH_KEY_MAX_STORED_BYTES", 100 << 30, "Bytes of files one key may keep stored (its uploads and "
+             "its batches' output and error files, until deleted or expired); past it an upload answers 429 "
+             "`storage_limit_exceeded`. 0: no limit.", "API", parse=_limit),
     Variable("BATCH_API_HOST", LOOPBACK, "The address `make serve` binds the API to.", "API"),
     Variable("BATCH_API_PORT", 8000, "The API's port under `make serve`.", "API", parse=int),
     Variable("BATCH_WEBHOOK_URLS", (), "Comma-separated endpoints that get a signed POST when a batch ends "
              "(batch.completed, batch.failed, batch.expired, batch.cancelled); unset: no webhooks.", "API",
              parse=_csv),
     Variable("BATCH_WEBHOOK_SECRET", "", "The Standard Webhooks secret (`whsec_` and base64) webhooks are signed "
-             "with; needed with BATCH_WEBHOOK_URLS.", "API"),
+             "with; needed with BATCH_WEBHOOK_URLS.", "API", secret=True),
     Variable("BATCH_S3_BUCKET", "", "The bucket the S3 drop sensor watches; unset: the sensor is off.",
              "Drop folders"),
     Variable("BATCH_S3_PREFIX", "incoming/", "Where in the bucket new .jsonl files are picked up.", "Drop folders"),
@@ -188,7 +229,7 @@ VARIABLES: tuple[Variable, ...] = (
              derive=lambda v: v["BATCH_INBOX_DIR"].parent / "outbox"),
     Variable("BATCH_INTAKE_API_KEY", "the first of BATCH_API_KEYS", "The key whose owner dropped files' batches "
              "are listed under in the API.", "Drop folders",
-             derive=lambda v: v["BATCH_API_KEYS"][0] if v["BATCH_API_KEYS"] else ""),
+             derive=lambda v: first_key(v["BATCH_API_KEYS"]), secret=True),
     Variable("BATCH_WEBHOOK_ALLOW", (), "Comma-separated hosts or CIDRs that keys' own webhook endpoints may reach "
              "although not public (loopback, private, link-local); unset: public addresses only. BATCH_WEBHOOK_URLS "
              "are the operator's and always trusted.", "API", parse=_allow),
@@ -247,7 +288,9 @@ class Settings:
     max_upload_bytes: int
     max_json_body_bytes: int
     completion_window_s: int
-    api_keys: tuple[str, ...]
+    api_keys: tuple[str, ...]  # entries: `name:key` or `key` (split_key)
+    key_max_active_batches: int | None
+    key_max_stored_bytes: int | None
     api_host: str
     api_port: int
     webhook_urls: tuple[str, ...]

@@ -23,6 +23,7 @@ from batch_dagster.storage import file_location
 
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
+from .quotas import check_batches
 from .schemas import (
     COMPLETION_WINDOWS,
     MAX_METADATA_KEY,
@@ -117,6 +118,7 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
         raise invalid(f"Endpoint {clip(body.endpoint)!r} is not supported; use one of {', '.join(ENDPOINTS)}.",
                       param="endpoint", code="invalid_endpoint")
     _check_metadata(body.metadata)
+    check_batches(ctx.config, session, owner)
     source = repo.get_file(session, owner, body.input_file_id)
     if source is None:
         raise not_found("File", body.input_file_id, param="input_file_id")

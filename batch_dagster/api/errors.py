@@ -80,6 +80,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: _documented("No API key, or not a valid one."),
     404: _documented("No such object (for this key), or its content is gone."),
     413: _documented("The request body is larger than the limit."),
+    429: _documented("A limit of this key is reached: batches not yet ended, or bytes of files stored."),
 }
 
 

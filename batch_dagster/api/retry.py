@@ -10,6 +10,7 @@ from batch_dagster.db.retry import CannotRetry, create_retry
 from .batches import batch_object
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, invalid, not_found
+from .quotas import check_batches
 from .schemas import Batch, Text
 
 router = APIRouter(tags=["batches"], responses=ERROR_RESPONSES)
@@ -21,6 +22,7 @@ def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) 
     parent = repo.get_batch(session, owner, batch_id)
     if parent is None:
         raise not_found("Batch", batch_id, param="batch_id")
+    check_batches(ctx.config, session, owner)
     try:
         child = create_retry(session, ctx.storage, parent, completion_window_s=ctx.config.completion_window_s)
     except CannotRetry as exc:

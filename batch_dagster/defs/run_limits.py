@@ -5,13 +5,20 @@ A run whose model has no server holds a vLLM engine in its own process, so few o
 the model's servers, and only a per-model bound keeps one model's batches from taking every run slot. The
 limits are the run queue's `tag_concurrency_limits` (the daemon's QueuedRunCoordinator): a run waits in the
 queue, holding nothing, until it fits. A dead run stops counting as soon as it is marked failed.
+
+Keys share the queue fairly by `dagster/priority` (fair_priorities): one key's backlog waits behind the
+first batch of a key that arrives later, which waits for one run slot at most.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
 ENGINE_TAG = "batch/engine"
 MODEL_TAG = "batch/model"
 OFFLINE, SERVER = "offline", "server"
+PRIORITY_TAG = "dagster/priority"  # the run queue launches higher first, and in submission order among equals
 # The run queue's part of dagster.yaml lies between these lines; `batch-dagster instance` writes it from the settings.
 BEGIN = "# BEGIN run limits: written by `batch-dagster instance` from BATCH_OFFLINE_RUNS and BATCH_RUNS_PER_MODEL"
 END = "# END run limits"
@@ -54,3 +61,35 @@ def with_run_limits(config: str, offline_runs: int, runs_per_model: int) -> str:
     if not (begin and end):
         raise ValueError(f"the dagster.yaml has no run limits block (from {BEGIN!r} to {END!r})")
     return head + run_limits_yaml(offline_runs, runs_per_model) + tail
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A run the queue holds or runs: its owner's label, its priority, and whether it has left the queue."""
+
+    owner: str
+    priority: int
+    started: bool
+
+
+def fair_priorities(in_flight: Iterable[InFlight], owners: Sequence[str]) -> list[int]:
+    """The priorities of new runs of `owners` (in the order they are submitted), so the queue interleaves owners.
+
+    Start-time fair queueing: each run gets a rank, its priority's negative. The clock is the highest rank that has
+    started; a new run ranks at the clock, or one past its owner's last run in flight when that is later. So an
+    owner's runs keep their order, a backlog of n runs spreads over the next n ranks, and an owner with nothing in
+    flight goes ahead of every run of a rank past the clock: behind at most the runs in the slots it waits for.
+    """
+    runs = list(in_flight)
+    started = [-r.priority for r in runs if r.started]
+    clock = max(started) if started else min((-r.priority for r in runs), default=0)
+    last: dict[str, int] = {}
+    for r in runs:
+        last[r.owner] = max(last.get(r.owner, -r.priority), -r.priority)
+    priorities = []
+    for owner in owners:
+        rank = max(clock, last[owner] + 1) if owner in last else clock
+        last[owner] = rank
+        priorities.append(-rank)
+    return priorities
+

@@ -67,11 +67,16 @@ class CliBatch:
     def __init__(self, defs: Any, file: Path):
         from batch_dagster.db import repo
         from batch_dagster.db.batches import head_model, register_local, scan
+        from batch_dagster.db.labels import OwnerLabels
 
         storage = defs.resources["storage"]
-        self.storage, self.database = storage.storage(), defs.resources.get("database")
-        intake = defs.resources.get("intake")
-        self.owner = intake.owner if intake is not None else repo.ANONYMOUS
+        # Resolved as a run resolves it: its url and keys may be dg.EnvVars (kept out of the UI).
+        self.database = defs.resources.get("database")
+        if self.database is not None:
+            self.database = self.database.process_config_and_initialize()
+        self.storage = storage.storage()
+        self.owner = self.database.intake_owner() if self.database is not None else repo.ANONYMOUS
+        self.labels = self.database.labels() if self.database is not None else OwnerLabels()
         self.model: str | None  # the model of its first request, as the batch record holds it
         if self.database is None:  # no store: the batch folder alone
             self.batch_id = repo.new_batch_id()
@@ -137,7 +142,7 @@ def run_batch(
     # This run starts at once, without the run queue. Tagged as the sensors tag theirs, it counts against the
     # queue's limits while it runs: an offline engine here makes the daemon's offline runs wait.
     tags = run_tags(batch_id, source="cli", filename=file.name, owner=record.owner, model=record.model,
-                    vllm=defs.resources["vllm"])
+                    vllm=defs.resources["vllm"], labels=record.labels)
     log_file = log_dir / f"run-{batch_id}.log" if log_dir is not None else None
     with ExitStack() as stack:
         terminal = stack.enter_context(output_to_log(log_file)) if log_file is not None else None

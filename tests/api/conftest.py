@@ -29,13 +29,13 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
     def start(*, api_keys=(KEY_A, KEY_B), window_s: int = 86_400, shard_size: int = 2,
               max_upload_bytes: int = 10 * 1024 * 1024, max_json_body_bytes: int = 1 << 20,
               vllm: VLLMResource | None = None, engine: FakeEngine | None = None, worker: bool = True,
-              storage_url: str = "", webhook_allow: tuple[str, ...] = ()) -> Service:
+              storage_url: str = "", webhook_allow: tuple[str, ...] = (), **settings) -> Service:
         data_dir = tmp_path / "data"
         monkeypatch.setenv("BATCH_DATA_DIR", str(data_dir))
         config = replace(Settings.from_env(), api_keys=tuple(api_keys), database_url=database_url(data_dir),
                          storage_url=storage_url or str(data_dir), max_upload_bytes=max_upload_bytes,
                          completion_window_s=window_s, max_json_body_bytes=max_json_body_bytes,
-                         webhook_allow=tuple(webhook_allow))
+                         webhook_allow=tuple(webhook_allow), **settings)  # settings: any other Settings field
         engine = engine or FakeEngine()
         vllm = vllm or fake_vllm(f"api-{tmp_path.name}", engine)
         instance = stack.enter_context(dg.instance_for_test())

@@ -177,6 +177,7 @@ def test_an_invalid_dropped_file_gets_its_errors_beside_it(tmp_path):
 def test_configuration_from_the_environment(tmp_path, monkeypatch):
     from batch_dagster.db import repo
     from batch_dagster.defs.resources.drops import intake_from_env
+    from batch_dagster.defs.resources.from_env import database_from_env
     from batch_dagster.settings import Settings
 
     monkeypatch.setenv("BATCH_DATA_DIR", str(tmp_path / "data"))
@@ -186,10 +187,16 @@ def test_configuration_from_the_environment(tmp_path, monkeypatch):
     assert (default.s3_bucket, default.s3_prefix, default.s3_output_prefix) == ("", "incoming/", "results/")
     assert Path(default.inbox_dir) == tmp_path / "data" / "inbox"
     assert Path(default.outbox_dir) == tmp_path / "data" / "outbox"
-    assert default.owner == repo.ANONYMOUS
+
+    def owner() -> str:  # as a sensor sees it: the store resource's keys resolved from their variables
+        return database_from_env(Settings.from_env()).process_config_and_initialize().intake_owner()
+
+    assert owner() == repo.ANONYMOUS
     monkeypatch.setenv("BATCH_API_KEYS", "sk-first,sk-second")
-    assert intake_from_env(Settings.from_env()).owner == repo.owner_of_key("sk-first")  # the API lists them to that key
+    assert owner() == repo.owner_of_key("sk-first")  # the API lists them to that key
+    monkeypatch.setenv("BATCH_API_KEYS", "ops:sk-first,sk-second")
+    assert owner() == repo.owner_of_key("sk-first")  # a named key: the same owner, by its key
     monkeypatch.setenv("BATCH_INTAKE_API_KEY", "sk-second")
     monkeypatch.setenv("BATCH_S3_BUCKET", "in")
-    configured = intake_from_env(Settings.from_env())
-    assert configured.owner == repo.owner_of_key("sk-second") and configured.s3_results_uri() == "s3://in/results/"
+    assert owner() == repo.owner_of_key("sk-second")
+    assert intake_from_env(Settings.from_env()).s3_results_uri() == "s3://in/results/"

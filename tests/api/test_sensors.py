@@ -64,7 +64,8 @@ def test_a_waiting_batch_is_launched_once_and_followed(sensor_env):
     [run] = launch.run_requests
     # Its input file is not there: the model is unknown, and the run is queued as one that holds an engine.
     assert (run.partition_key, run.run_key, run.tags) == (batch_id, batch_id, {
-        "batch_id": batch_id, "source": "api", "owner": "a", "batch/engine": "offline"})
+        "batch_id": batch_id, "source": "api", "owner": "a", "batch/engine": "offline",
+        "dagster/priority": "0"})  # nothing else in flight: it launches first
     [partitions] = launch.dynamic_partitions_requests
     assert (partitions.partitions_def_name, list(partitions.partition_keys)) == ("batches", [batch_id])
     # Launched: the next tick does not request it again.

@@ -99,3 +99,16 @@ def test_derived_defaults(empty_env, monkeypatch, tmp_path):
     monkeypatch.setenv("BATCH_MAX_ENQUEUED_TOKENS", "0")
     s = settings.Settings.from_env()
     assert s.outbox_dir == tmp_path / "drops" / "outbox" and s.max_enqueued_tokens is None
+
+
+def test_api_keys_may_have_names_and_the_intake_takes_the_first_key(empty_env, monkeypatch):
+    monkeypatch.setenv("BATCH_API_KEYS", "acme:sk-a, sk-b ,ops.team_1:sk:c")
+    s = settings.Settings.from_env()
+    assert [settings.split_key(e) for e in s.api_keys] == [("acme", "sk-a"), (None, "sk-b"), ("ops.team_1", "sk:c")]
+    assert s.intake_api_key == "sk-a"  # the key, not its name
+    for bad, why in (("sk bad:secret", "key name"), ("a:sk-a,b:sk-a", "repeated"), ("a:sk-a,a:sk-b", "repeated"),
+                     ("a:", "empty key")):
+        monkeypatch.setenv("BATCH_API_KEYS", bad)
+        with pytest.raises(ValueError, match=f"BATCH_API_KEYS: entry .*{why}") as refused:
+            settings.Settings.from_env()
+        assert "sk" not in str(refused.value).replace("BATCH_API_KEYS", "")  # no part of a key in the message

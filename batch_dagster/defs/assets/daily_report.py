@@ -28,6 +28,7 @@ from batch_dagster.batchfile.daily_usage import (
 )
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, repo
+from batch_dagster.db.labels import OwnerLabels
 from batch_dagster.defs.partitions import daily
 from batch_dagster.defs.resources import DatabaseResource, StorageResource
 
@@ -41,10 +42,10 @@ def report_prefix(day: str) -> str:
     return f"reports/daily/{day}"
 
 
-def _finished(record: BatchRecord, storage: StorageResource) -> FinishedBatch:
+def _finished(record: BatchRecord, storage: StorageResource, labels: OwnerLabels) -> FinishedBatch:
     summary = storage.folder(record.id).summary()
     return finished_batch(
-        batch_id=record.id, owner=record.owner, status=record.status,
+        batch_id=record.id, owner=labels.label(record.owner), status=record.status,  # as the run tags show it
         finished_at=getattr(record, f"{record.status}_at"), model=record.model,
         request_counts={"total": record.request_total, "completed": record.request_completed,
                         "failed": record.request_failed},
@@ -75,7 +76,8 @@ def daily_usage_report(
     with database.session() as session:
         records = repo.finished_between(session, int(chart_start.timestamp()), int(window.end.timestamp()))
     context.log.info(f"{len(records)} batches finished in the {CHART_DAYS} days up to {day}")
-    batches = [_finished(r, storage) for r in records]
+    labels = database.labels()
+    batches = [_finished(r, storage, labels) for r in records]
 
     by_batch = batch_rows(b for b in batches if b.day == day)
     by_model = model_rows(by_batch)

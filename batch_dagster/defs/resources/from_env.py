@@ -10,10 +10,17 @@ from batch_dagster.settings import Settings
 
 from .database import DatabaseResource
 from .drops import intake_from_env
-from .pipeline import pipeline_config_from_env
+from .pipeline import env_or, pipeline_config_from_env
 from .storage import StorageResource
 from .vllm import VLLMResource
 from .webhooks import webhooks_from_env
+
+
+def database_from_env(settings: Settings) -> DatabaseResource:
+    """The store and the keys, each a `dg.EnvVar` when set: the UI shows the variable, never the password or a key."""
+    return DatabaseResource(url=env_or("BATCH_DATABASE_URL", settings.database_url),
+                            api_keys=env_or("BATCH_API_KEYS", ""),
+                            intake_api_key=env_or("BATCH_INTAKE_API_KEY", ""))
 
 
 def resources_from_env() -> dict[str, Any]:
@@ -29,12 +36,12 @@ def resources_from_env() -> dict[str, Any]:
             models_file=str(settings.models_file),
             model_cache_dir=str(settings.model_cache_dir),
             server_urls=list(settings.vllm_server_urls),
-            server_api_key=settings.vllm_api_key,
+            server_api_key=env_or("BATCH_VLLM_API_KEY", settings.vllm_api_key),
             max_concurrency=settings.vllm_max_concurrency,
             fleet_url=settings.fleet_url,
             fleet_model=settings.served_fleet_model() or "",
         ),
-        "database": DatabaseResource(url=settings.database_url),
+        "database": database_from_env(settings),
         "intake": intake_from_env(settings),
         "webhooks": webhooks_from_env(settings),
     }

@@ -8,12 +8,13 @@ from sqlalchemy.orm import Session
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, repo
-from batch_dagster.db.labels import input_filenames, run_tags
+from batch_dagster.db.labels import OWNER_TAG, input_filenames, run_tags
 from batch_dagster.db.lifecycle import sync_batch
 from batch_dagster.defs.dagster_internals import run_end_reason, worker_gone
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, StorageResource, VLLMResource
+from batch_dagster.defs.sensors.fairness import with_fair_priorities
 
 PARTITION_TAG = "dagster/partition"
 RETRY_NUMBER_TAG = "dagster/retry_number"
@@ -56,13 +57,16 @@ def api_batch_sensor(context: dg.SensorEvaluationContext, database: DatabaseReso
         repo.mark_launched(session, waiting)
         # The run waits in the run queue by the model its batch recorded at creation.
         filenames = input_filenames(session, rows)
-        tags = {b.id: run_tags(b.id, source="api", filename=filenames.get(b.id), owner=b.owner, model=b.model,
-                               vllm=vllm) for b in rows}
+        labels = database.labels()
+        tags = [run_tags(b.id, source="api", filename=filenames.get(b.id), owner=b.owner, model=b.model,
+                         vllm=vllm, labels=labels) for b in rows]
+    # Oldest first, and owners interleaved: the run queue launches by these priorities.
+    tags = with_fair_priorities(context.instance, batch_job.name, tags, OWNER_TAG)
     context.log.info(f"Launching {len(waiting)} batch(es): {', '.join(waiting)}")
     return dg.SensorResult(
         run_requests=[
-            dg.RunRequest(partition_key=batch_id, run_key=run_key(context.instance, batch_id), tags=tags[batch_id])
-            for batch_id in waiting
+            dg.RunRequest(partition_key=batch_id, run_key=run_key(context.instance, batch_id), tags=t)
+            for batch_id, t in zip(waiting, tags, strict=True)
         ],
         dynamic_partitions_requests=[batches.build_add_request(waiting)],
     )

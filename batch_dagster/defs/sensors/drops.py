@@ -22,10 +22,11 @@ from dagster_aws.s3 import S3Resource
 from batch_dagster.batchfile.contract import endpoint_of_head
 from batch_dagster.db import repo
 from batch_dagster.db.batches import HEAD_BYTES, DroppedFile, drop_problem, head_model, register_dropped
-from batch_dagster.db.labels import run_tags
+from batch_dagster.db.labels import OWNER_TAG, run_tags
 from batch_dagster.defs.jobs import batch_job, deliver_results_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, Intake, StorageResource, VLLMResource
+from batch_dagster.defs.sensors.fairness import with_fair_priorities
 from batch_dagster.settings import Settings
 from batch_dagster.storage.transfer import s3_uri
 
@@ -52,9 +53,10 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
     """
     launched: list[tuple[DroppedFile, Launched]] = []
     with database.session() as session:
+        owner = database.intake_owner()
         for f in new:
             try:
-                b = register_dropped(session, storage.storage(), f, owner=intake.owner, deliver_to=deliver_to,
+                b = register_dropped(session, storage.storage(), f, owner=owner, deliver_to=deliver_to,
                                      completion_window_s=intake.completion_window_s)
                 # Read now: a later file's rollback expires the rows this session holds.
                 launched.append((f, Launched(b.id, b.owner, b.model)))
@@ -68,11 +70,15 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
         context.log.info(f"{f.source} ({f.bytes} bytes) -> {batch.id}")
     for batch_id in ended:
         context.log.info(f"{batch_id} ended: delivering its results")
-    runs = [
-        dg.RunRequest(job_name=batch_job.name, partition_key=b.id, run_key=b.id,
-                      tags={**run_tags(b.id, source="s3" if scheme == "s3://" else "inbox", filename=f.filename,
-                                       owner=b.owner, model=b.model, vllm=vllm), "input_uri": f.source[:255]})
+    labels = database.labels()
+    tags = with_fair_priorities(context.instance, batch_job.name, [
+        {**run_tags(b.id, source="s3" if scheme == "s3://" else "inbox", filename=f.filename, owner=b.owner,
+                    model=b.model, vllm=vllm, labels=labels), "input_uri": f.source[:255]}
         for f, b in launched
+    ], OWNER_TAG) if launched else []
+    runs = [
+        dg.RunRequest(job_name=batch_job.name, partition_key=b.id, run_key=b.id, tags=t)
+        for (_, b), t in zip(launched, tags, strict=True)
     ] + [
         dg.RunRequest(job_name=deliver_results_job.name, partition_key=b, run_key=f"{b}:delivery",
                       tags={"batch_id": b})

@@ -1,0 +1,68 @@
+"""Fair sharing under the real daemon (issue #18): with one run slot (BATCH_OFFLINE_RUNS=1), a key's backlog of
+batches delays another key's batch by one run at most: B's batch runs right after A's first, ends while A's others
+are still queued, and A's keep their order. The engine is tests.daemon_defs' fake (3 s a call): what is under test
+is the launch order."""
+
+from __future__ import annotations
+
+import time
+
+import dagster as dg
+import pytest
+from openai import OpenAI
+
+from tests.helpers import EMBED_MODEL, Serve, batch_runs, write_jsonl
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
+KEY_A, KEY_B = "sk-tenant-a", "sk-tenant-b"
+
+
+def wait(client: OpenAI, batch_id: str, statuses: set[str], serve: Serve, timeout_s: float = 300):
+    deadline = time.time() + timeout_s
+    while (batch := client.batches.retrieve(batch_id)).status not in statuses:
+        assert time.time() < deadline and serve.proc.poll() is None, f"{batch_id}: {batch.status}\n{serve.logs()}"
+        time.sleep(0.5)
+    return batch
+
+
+def test_a_second_keys_batch_finishes_while_the_first_keys_backlog_waits(tmp_path):
+    rows = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+             "body": {"model": EMBED_MODEL, "input": f"sentence number {i}"}} for i in range(2)]
+    # 10 s an engine call: A's first run is still running when B's batch reaches the queue.
+    serve = Serve(tmp_path, module="tests.daemon_defs", BATCH_TEST_CALLS=str(tmp_path / "calls.jsonl"),
+                  BATCH_TEST_CALL_S="10", BATCH_OFFLINE_RUNS="1")
+    serve.env["BATCH_API_KEYS"] = f"tenant-a:{KEY_A},{KEY_B}"
+    with serve:
+        a, b = (OpenAI(base_url=f"http://127.0.0.1:{serve.api_port}/v1", api_key=key, max_retries=0, timeout=30)
+                for key in (KEY_A, KEY_B))
+
+        def create(client: OpenAI, name: str):
+            with open(write_jsonl(tmp_path / name, rows), "rb") as f:
+                file_id = client.files.create(file=f, purpose="batch").id
+            return client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
+
+        backlog = [create(a, f"a{i}.jsonl") for i in range(4)]
+        with serve.instance() as instance:  # A's first holds the one slot; the rest are queued
+            while not instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": backlog[0].id},
+                                                              statuses=[dg.DagsterRunStatus.STARTED])):
+                assert serve.proc.poll() is None, serve.logs()
+                time.sleep(0.2)
+        batch_b = create(b, "b.jsonl")
+        done = wait(b, batch_b.id, {"completed", "failed"}, serve)
+        a_when_b_ended = [a.batches.retrieve(x.id).status for x in backlog]
+        ended_a = [wait(a, x.id, {"completed", "failed"}, serve) for x in backlog]
+        with serve.instance() as instance:
+            [run_b] = batch_runs(instance, batch_b.id)
+            runs_a = [batch_runs(instance, x.id)[-1] for x in backlog]
+            records = {r.run_id: instance.get_run_record_by_id(r.run_id) for r in [run_b, *runs_a]}
+    start = {run_id: record.start_time or 0 for run_id, record in records.items()}
+
+    assert done.status == "completed" and [x.status for x in ended_a] == ["completed"] * 4, serve.logs()
+    # When B's batch ended, A's last two had not started: B waited for one run (A's first), not for A's backlog.
+    assert a_when_b_ended[0] == "completed" and a_when_b_ended[2:] == ["validating", "validating"], a_when_b_ended
+    assert min(start[r.run_id] for r in runs_a[2:]) > (records[run_b.run_id].end_time or 0)
+    order = sorted([run_b, *runs_a], key=lambda r: start[r.run_id])
+    assert [r.run_id for r in order] == [runs_a[0].run_id, run_b.run_id, *(r.run_id for r in runs_a[1:])]
+    # The owner as the run tags show it: the key's name, or a keyed hash; never the key's plain hash.
+    assert runs_a[0].tags["owner"] == "tenant-a" and run_b.tags["owner"].startswith("key-")
+    assert [int(r.tags["dagster/priority"]) for r in runs_a] == [0, -1, -2, -3] and run_b.tags["dagster/priority"] == "0"
