@@ -145,3 +145,51 @@ def test_serve_stopped_mid_run_then_every_retry_dying_fails_the_batch_with_the_r
     [error] = failed.errors.data
     assert error.code == "pipeline_error"
     assert f"Dagster run {runs[-1].run_id}, retry 2" in error.message and "signal 9 (SIGKILL)" in error.message
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(600)
+def test_a_killed_engine_core_fails_the_shard_within_seconds_and_the_step_retries(tmp_path, data_dir, instance):
+    # The in-process engine of this test process (batch_job's in-process executor), 6 shards of 4 requests of
+    # 40 tokens each. Once a shard is committed, the engine core itself (not its model worker) is killed mid-shard.
+    import threading
+
+    from batch_dagster.defs.runner import run_batch
+    from tests.helpers import make_defs, real_vllm, write_jsonl
+
+    rows = [chat_request(f"k{i:02d}", f"Say the number {i} and name a color.", max_tokens=40, min_tokens=40,
+                         temperature=0) for i in range(24)]
+    killed: dict[str, float] = {}
+
+    def kill_the_core_once_a_shard_is_committed() -> None:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            cores = [p for p in psutil.Process().children() if p.name().startswith("VLLM::EngineCor")]
+            if cores and list(data_dir.glob("batches/*/results/shard-*.json")):
+                [core] = cores
+                killed["workers"] = [w.pid for w in core.children(recursive=True)]
+                core.kill()
+                killed["at"] = time.time()
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_the_core_once_a_shard_is_committed, daemon=True)
+    killer.start()
+    defs = make_defs(data_dir, real_vllm(), shard_size=4)
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False, defs=defs,
+                        instance=instance).to_dict()
+    killer.join(1)
+    assert "at" in killed, "the engine core was never killed"
+    [run] = instance.get_runs()
+    [retry] = step_events(instance, run.run_id, dg.DagsterEventType.STEP_UP_FOR_RETRY, "shard_results")
+    # Noticed within seconds, as a crash of the engine (not hanging the step until someone kills the run).
+    assert retry.timestamp - killed["at"] < 10, retry.timestamp - killed["at"]
+    assert "EngineDeadError" in retry.event_log_entry.dagster_event.event_specific_data.error.message
+    # What the dead core left (its model worker) was killed, not left holding the model's memory.
+    assert not [pid for pid in killed["workers"] if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    # The retry, on a new engine, finished the batch: every request once, nothing lost.
+    assert summary["status"] == "completed"
+    assert summary["request_counts"] == {"total": 24, "completed": 24, "failed": 0}
+    out = read_jsonl(tmp_path / "out" / "output.jsonl")
+    assert sorted(x["custom_id"] for x in out) == sorted(r["custom_id"] for r in rows)
