@@ -141,6 +141,28 @@ def test_inbox_waits_for_a_file_to_be_completely_written(tmp_path):
         "source": "inbox", "filename": "todo.jsonl", "input_uri": path.resolve().as_uri(), "requests": "6"}
 
 
+def test_a_symbolic_link_in_the_inbox_is_never_followed(tmp_path, capfd):
+    from batch_dagster.storage.transfer import fetch
+
+    engine = FakeEngine()
+    daemon = Daemon(tmp_path, fake_vllm("inbox-link", engine))
+    inbox = Path(daemon.intake.inbox_dir)
+    inbox.mkdir(parents=True)
+    outside = tmp_path / "elsewhere" / "secret.jsonl"  # any file the daemon can read, valid batch lines here
+    outside.parent.mkdir()
+    outside.write_bytes(jsonl(rows(2)))
+    (inbox / "secret.jsonl").symlink_to(outside)
+    for _ in range(3):
+        assert daemon.tick(inbox_sensor) == []
+    assert engine.calls == [] and not list(daemon.data_dir.glob("batches/*"))
+    said = [line for line in capfd.readouterr().err.splitlines() if "symbolic link" in line]  # the sensor's log
+    assert len(said) == 1 and "secret.jsonl" in said[0]  # said once, with the reason, not on every tick
+    # A file swapped for a link after the sensor took it is refused when the run fetches it.
+    with pytest.raises(OSError):
+        fetch((inbox / "secret.jsonl").absolute().as_uri(), tmp_path / "copy.jsonl", s3=lambda: None)
+    assert not (tmp_path / "copy.jsonl").exists()
+
+
 def test_dropped_files_runs_are_tagged_for_the_run_queue_by_their_model(tmp_path):
     FAKES["inbox-queue"] = FakeEngine()
     vllm = FakeVLLM(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent",
