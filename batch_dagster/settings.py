@@ -186,9 +186,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_OUTBOX_DIR", "the inbox's sibling outbox/", "Where the inbox's results go: "
              "<outbox>/<batch_id>/.", "Drop folders", parse=Path,
              derive=lambda v: v["BATCH_INBOX_DIR"].parent / "outbox"),
-    Variable("BATCH_INTAKE_API_KEY", "the first of BATCH_API_KEYS", "The key whose owner dropped files' batches "
-             "are listed under in the API.", "Drop folders",
-             derive=lambda v: v["BATCH_API_KEYS"][0] if v["BATCH_API_KEYS"] else ""),
+    Variable("BATCH_INTAKE_API_KEY", "", "The key (one of BATCH_API_KEYS) whose owner dropped files' batches "
+             "belong to: listed under it in the API, its webhooks told. Unset while BATCH_API_KEYS is set: the drop "
+             "sensors take no file (each tick skips, saying so), since no key was chosen to own them. Unset with "
+             "no keys: the keyless loopback owner.", "Drop folders"),
     Variable("BATCH_WEBHOOK_ALLOW", (), "Comma-separated hosts or CIDRs that keys' own webhook endpoints may reach "
              "although not public (loopback, private, link-local); unset: public addresses only. BATCH_WEBHOOK_URLS "
              "are the operator's and always trusted.", "API", parse=_allow),

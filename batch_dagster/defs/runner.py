@@ -112,7 +112,7 @@ class CliBatch:
         storage = defs.resources["storage"]
         self.storage, self.database = storage.storage(), defs.resources.get("database")
         intake = defs.resources.get("intake")
-        self.owner = intake.owner if intake is not None else repo.ANONYMOUS
+        self.owner = (intake.owner if intake is not None else "") or repo.ANONYMOUS
         self.model: str | None  # the model of its first request, as the batch record holds it
         if self.database is None:  # no store: the batch folder alone
             self.batch_id = repo.new_batch_id()

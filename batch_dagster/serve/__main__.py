@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         check_bind(args.host, config)
     except UnsafeBind:
         return 2
+    if config.api_keys and not config.intake_api_key:
+        log.warning("BATCH_API_KEYS is set but BATCH_INTAKE_API_KEY is not: the drop folders (inbox, S3) take no "
+                    "file until it names the key that owns dropped files' batches")
     try:
         home = ensure_dagster_home()
     except ValueError as exc:  # a run limit below 1

@@ -163,6 +163,18 @@ def test_a_symbolic_link_in_the_inbox_is_never_followed(tmp_path, capfd):
     assert not (tmp_path / "copy.jsonl").exists()
 
 
+def test_with_api_keys_and_no_owner_named_the_drop_sensors_take_no_file_and_say_why(tmp_path):
+    engine = FakeEngine()
+    daemon = Daemon(tmp_path, fake_vllm("inbox-unowned", engine), owner="")
+    inbox = Path(daemon.intake.inbox_dir)
+    inbox.mkdir(parents=True)
+    (inbox / "todo.jsonl").write_bytes(jsonl(rows(2)))
+    for sensor in (inbox_sensor, s3_upload_sensor):
+        result = sensor(dg.build_sensor_context(instance=daemon.instance, resources=daemon.resources))
+        assert isinstance(result, dg.SkipReason) and "BATCH_INTAKE_API_KEY" in result.skip_message
+    assert engine.calls == [] and not list(daemon.data_dir.glob("batches/*"))
+
+
 def test_dropped_files_runs_are_tagged_for_the_run_queue_by_their_model(tmp_path):
     FAKES["inbox-queue"] = FakeEngine()
     vllm = FakeVLLM(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent",
@@ -209,8 +221,11 @@ def test_configuration_from_the_environment(tmp_path, monkeypatch):
     assert Path(default.inbox_dir) == tmp_path / "data" / "inbox"
     assert Path(default.outbox_dir) == tmp_path / "data" / "outbox"
     assert default.owner == repo.ANONYMOUS
+    assert default.no_owner() is None
     monkeypatch.setenv("BATCH_API_KEYS", "sk-first,sk-second")
-    assert intake_from_env(Settings.from_env()).owner == repo.owner_of_key("sk-first")  # the API lists them to that key
+    # With keys, no key is picked to own dropped files (not the first one, silently): the owner is to be named.
+    unowned = intake_from_env(Settings.from_env())
+    assert unowned.owner == "" and "BATCH_INTAKE_API_KEY" in unowned.no_owner()
     monkeypatch.setenv("BATCH_INTAKE_API_KEY", "sk-second")
     monkeypatch.setenv("BATCH_S3_BUCKET", "in")
     configured = intake_from_env(Settings.from_env())

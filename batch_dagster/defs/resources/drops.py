@@ -10,7 +10,8 @@ from batch_dagster.settings import Settings, default
 
 
 class Intake(dg.ConfigurableResource):
-    """The drop locations. `owner` is the hashed API key the batches are listed under (see intake_from_env)."""
+    """The drop locations. `owner` is the hashed API key the batches are listed under (see intake_from_env); empty
+    when API keys are configured and none was chosen to own dropped files: the drop sensors then take none."""
 
     s3_bucket: str = default("BATCH_S3_BUCKET")  # empty: the S3 sensor does nothing
     s3_prefix: str = default("BATCH_S3_PREFIX")
@@ -23,6 +24,13 @@ class Intake(dg.ConfigurableResource):
     max_batches_per_tick: int = 20
     max_keys_per_tick: int = 1000
 
+    def no_owner(self) -> str | None:
+        """Why the drop sensors take no file (no owner chosen for them), or None."""
+        if self.owner:
+            return None
+        return ("Dropped files are left where they are: BATCH_API_KEYS is set but BATCH_INTAKE_API_KEY is not. "
+                "Set it to the key whose owner the dropped files' batches belong to.")
+
     def s3_results_uri(self) -> str:
         return f"s3://{self.s3_bucket}/{self.s3_output_prefix}"
 
@@ -31,12 +39,14 @@ def intake_from_env(settings: Settings) -> Intake:
     """The drop locations and owner from the settings (BATCH_S3_*, BATCH_INBOX_DIR, BATCH_OUTBOX_DIR,
     BATCH_INTAKE_API_KEY)."""
     key = settings.intake_api_key
+    # With keys, dropped files belong to the key the operator names, never to one picked for them.
+    owner = repo.owner_of_key(key) if key else "" if settings.api_keys else repo.ANONYMOUS
     return Intake(
         s3_bucket=settings.s3_bucket,
         s3_prefix=settings.s3_prefix,
         s3_output_prefix=settings.s3_output_prefix,
         inbox_dir=str(settings.inbox_dir),
         outbox_dir=str(settings.outbox_dir),
-        owner=repo.owner_of_key(key) if key else repo.ANONYMOUS,
+        owner=owner,
         completion_window_s=settings.completion_window_s,
     )

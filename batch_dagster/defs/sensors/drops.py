@@ -106,6 +106,8 @@ def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3
                      storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
     if not intake.s3_bucket:
         return dg.SkipReason("BATCH_S3_BUCKET is not set.")
+    if reason := intake.no_owner():
+        return dg.SkipReason(reason)
     client = s3.get_client()
     cursor = json.loads(context.cursor or "{}")
     objects, next_start = list_s3(client, intake, cursor.get("start_after", ""))
@@ -154,6 +156,8 @@ def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: 
 )
 def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, database: DatabaseResource,
                  storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
+    if reason := intake.no_owner():
+        return dg.SkipReason(reason)
     inbox = Path(intake.inbox_dir)
     inbox.mkdir(parents=True, exist_ok=True)
     cursor = json.loads(context.cursor or "{}")
