@@ -138,8 +138,9 @@ VARIABLES: tuple[Variable, ...] = (
     # Empty until asked for (Settings.served_fleet_model): reading the registry is no part of reading the settings.
     Variable("BATCH_FLEET_MODEL", "the registry's first chat model", "`make serve`: the model the fleet serves; "
              "batches of other models run offline.", "Engine", derive=lambda v: ""),
-    Variable("BATCH_FLEET_PORT", 8200, "`make serve`: the fleet router's port; replicas take the next ports.",
-             "Engine", parse=int),
+    Variable("BATCH_FLEET_PORT", 0, "`make serve` and `batch-dagster fleet`: the fleet router's port; replicas "
+             "take the next ports. 0: a block of free ports chosen at start (logged), so two `serve`s on one "
+             "machine never collide; the daemon is told the router's URL.", "Engine", parse=int),
     Variable("BATCH_FLEET_POLICY", "cache_aware", "The router's load-balancing policy (vllm-router --policy).",
              "Engine", parse=_policy),
     Variable("BATCH_FLEET_URL", "", "The router (or server) of a running fleet for BATCH_FLEET_MODEL: its batches "

@@ -100,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         log.info("API on http://%s:%d/v1%s; DAGSTER_HOME=%s; Ctrl-C stops everything",
                  args.host, args.port, ui, home)
         while not stopping:
-            if dead := children.exited() + (fleet.heal() if fleet else []):
+            if fleet is not None:
+                fleet.heal()  # the fleet's processes are restarted; serve's own three are not
+            if dead := children.exited():
                 log.error("%s exited unexpectedly; stopping the rest", ", ".join(dead))
                 rc = 1
                 break
