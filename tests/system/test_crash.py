@@ -150,7 +150,7 @@ def test_serve_stopped_mid_run_then_every_retry_dying_fails_the_batch_with_the_r
 @pytest.mark.engine
 @pytest.mark.timeout(600)
 def test_a_killed_engine_core_fails_the_shard_within_seconds_and_the_step_retries(tmp_path, data_dir, instance):
-    # The in-process engine of this test process (batch_job's in-process executor), 6 shards of 4 requests of
+    # The in-process engine of this test process (batch_job's in-process executor), 3 shards of 4 requests of
     # 40 tokens each. Once a shard is committed, the engine core itself (not its model worker) is killed mid-shard.
     import threading
 
@@ -158,7 +158,7 @@ def test_a_killed_engine_core_fails_the_shard_within_seconds_and_the_step_retrie
     from tests.helpers import make_defs, real_vllm, write_jsonl
 
     rows = [chat_request(f"k{i:02d}", f"Say the number {i} and name a color.", max_tokens=40, min_tokens=40,
-                         temperature=0) for i in range(24)]
+                         temperature=0) for i in range(12)]
     killed: dict[str, float] = {}
 
     def kill_the_core_once_a_shard_is_committed() -> None:
@@ -184,13 +184,13 @@ def test_a_killed_engine_core_fails_the_shard_within_seconds_and_the_step_retrie
     [retry] = step_events(instance, run.run_id, dg.DagsterEventType.STEP_UP_FOR_RETRY, "shard_results")
     # Noticed within seconds, as a crash of the engine (not hanging the step until someone kills the run).
     assert retry.timestamp - killed["at"] < 10, retry.timestamp - killed["at"]
-    assert "EngineDeadError" in retry.event_log_entry.dagster_event.event_specific_data.error.message
+    assert "EngineDeadError" in retry.event_log_entry.dagster_event.event_specific_data.error.to_string()
     # What the dead core left (its model worker) was killed, not left holding the model's memory.
     assert not [pid for pid in killed["workers"] if psutil.pid_exists(pid)
                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     # The retry, on a new engine, finished the batch: every request once, nothing lost.
     assert summary["status"] == "completed"
-    assert summary["request_counts"] == {"total": 24, "completed": 24, "failed": 0}
+    assert summary["request_counts"] == {"total": 12, "completed": 12, "failed": 0}
     out = read_jsonl(tmp_path / "out" / "output.jsonl")
     assert sorted(x["custom_id"] for x in out) == sorted(r["custom_id"] for r in rows)
 
