@@ -178,10 +178,9 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     try:
         fleet.start()
         print(f"{fleet.url}/v1", flush=True)  # the router: point BATCH_VLLM_SERVER_URLS at it (without /v1)
-        while not (dead := fleet.heal()):
+        while True:  # until Ctrl-C or SIGTERM; a replica or the router that exits is restarted
+            fleet.heal()
             time.sleep(1)
-        print(f"batch-dagster fleet: {', '.join(dead)} exited; stopping the fleet", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 0
     finally:

@@ -92,11 +92,6 @@ def split_key(entry: str) -> tuple[str | None, str]:
     return (name, key) if colon else (None, entry)
 
 
-def first_key(entries: tuple[str, ...]) -> str:
-    """The key of BATCH_API_KEYS' first entry ("" for none): BATCH_INTAKE_API_KEY's default."""
-    return split_key(entries[0])[1] if entries else ""
-
-
 def api_key_entries(text: str) -> tuple[str, ...]:
     """BATCH_API_KEYS' entries, checked: names well formed, no key or name twice."""
     entries = _csv(text)
@@ -172,8 +167,9 @@ VARIABLES: tuple[Variable, ...] = (
     # Empty until asked for (Settings.served_fleet_model): reading the registry is no part of reading the settings.
     Variable("BATCH_FLEET_MODEL", "the registry's first chat model", "`make serve`: the model the fleet serves; "
              "batches of other models run offline.", "Engine", derive=lambda v: ""),
-    Variable("BATCH_FLEET_PORT", 8200, "`make serve`: the fleet router's port; replicas take the next ports.",
-             "Engine", parse=int),
+    Variable("BATCH_FLEET_PORT", 0, "`make serve` and `batch-dagster fleet`: the fleet router's port; replicas "
+             "take the next ports. 0: a block of free ports chosen at start (logged), so two `serve`s on one "
+             "machine never collide; the daemon is told the router's URL.", "Engine", parse=int),
     Variable("BATCH_FLEET_POLICY", "cache_aware", "The router's load-balancing policy (vllm-router --policy).",
              "Engine", parse=_policy),
     Variable("BATCH_FLEET_URL", "", "The router (or server) of a running fleet for BATCH_FLEET_MODEL: its batches "
@@ -227,9 +223,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_OUTBOX_DIR", "the inbox's sibling outbox/", "Where the inbox's results go: "
              "<outbox>/<batch_id>/.", "Drop folders", parse=Path,
              derive=lambda v: v["BATCH_INBOX_DIR"].parent / "outbox"),
-    Variable("BATCH_INTAKE_API_KEY", "the first of BATCH_API_KEYS", "The key whose owner dropped files' batches "
-             "are listed under in the API.", "Drop folders",
-             derive=lambda v: first_key(v["BATCH_API_KEYS"]), secret=True),
+    Variable("BATCH_INTAKE_API_KEY", "", "The key (one of BATCH_API_KEYS) whose owner dropped files' batches "
+             "belong to: listed under it in the API, its webhooks told. Unset while BATCH_API_KEYS is set: the drop "
+             "sensors take no file (each tick skips, saying so), since no key was chosen to own them. Unset with "
+             "no keys: the keyless loopback owner.", "Drop folders", secret=True),
     Variable("BATCH_WEBHOOK_ALLOW", (), "Comma-separated hosts or CIDRs that keys' own webhook endpoints may reach "
              "although not public (loopback, private, link-local); unset: public addresses only. BATCH_WEBHOOK_URLS "
              "are the operator's and always trusted.", "API", parse=_allow),

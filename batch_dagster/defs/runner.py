@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -20,6 +21,46 @@ from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder
 from batch_dagster.batchfile.results import committed_shards
 from batch_dagster.batchfile.summary import BatchSummary, RunSummary
 from batch_dagster.terminal import output_to_log
+
+# The CLI process running a batch's run (in that process: `execute_in_process`, no launcher): "host:pid:start time".
+# Dagster's run monitoring cannot tell that such a run's process died (the default launcher does not check run
+# workers), so a run whose CLI process was killed would stay STARTED, holding its run-queue slot, for ever.
+CLI_PROCESS_TAG = "batch/cli_process"
+CLI_GONE = "The `batch-dagster run` process that ran it is gone (killed while it ran)."
+
+
+def _process_label(pid: int) -> str | None:
+    import psutil
+
+    try:
+        return f"{socket.gethostname()}:{pid}:{psutil.Process(pid).create_time()}"
+    except psutil.NoSuchProcess:
+        return None
+
+
+def cli_process_gone(run: Any) -> bool:
+    """Whether an unfinished run was started by a `batch-dagster run` process of this machine that is gone."""
+    import dagster as dg
+
+    label = run.tags.get(CLI_PROCESS_TAG)
+    if not label or run.status not in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
+        return False
+    host, pid, _ = label.rsplit(":", 2)
+    # Another machine's process cannot be seen from here; a pid reused since has another start time.
+    return host == socket.gethostname() and pid.isdigit() and _process_label(int(pid)) != label
+
+
+def fail_runs_of_gone_cli_processes(instance: Any) -> list[str]:
+    """Mark failed the runs whose `batch-dagster run` process is gone (at the next CLI start); their run ids."""
+    import dagster as dg
+
+    failed = []
+    for run in instance.get_runs(dg.RunsFilter(job_name="batch_job", statuses=[dg.DagsterRunStatus.STARTING,
+                                                                               dg.DagsterRunStatus.STARTED])):
+        if cli_process_gone(run):
+            instance.report_run_failed(run, CLI_GONE)
+            failed.append(run.run_id)
+    return failed
 
 
 class ProgressBar(threading.Thread):
@@ -75,7 +116,8 @@ class CliBatch:
         if self.database is not None:
             self.database = self.database.process_config_and_initialize()
         self.storage = storage.storage()
-        self.owner = self.database.intake_owner() if self.database is not None else repo.ANONYMOUS
+        # A command-line batch belongs to the drop folders' owner, else (keys and none named) the keyless one.
+        self.owner = (self.database.intake_owner() if self.database is not None else "") or repo.ANONYMOUS
         self.labels = self.database.labels() if self.database is not None else OwnerLabels()
         self.model: str | None  # the model of its first request, as the batch record holds it
         if self.database is None:  # no store: the batch folder alone
@@ -134,6 +176,9 @@ def run_batch(
         ensure_dagster_home()
         instance = dg.DagsterInstance.get()
 
+    for run_id in fail_runs_of_gone_cli_processes(instance):
+        print(f"batch-dagster: run {run_id} was left STARTED by a killed `batch-dagster run`: marked failed",
+              file=sys.stderr)
     started = time.perf_counter()
     record = CliBatch(defs, file)
     batch_id = record.batch_id
@@ -143,6 +188,7 @@ def run_batch(
     # queue's limits while it runs: an offline engine here makes the daemon's offline runs wait.
     tags = run_tags(batch_id, source="cli", filename=file.name, owner=record.owner, model=record.model,
                     vllm=defs.resources["vllm"], labels=record.labels)
+    tags[CLI_PROCESS_TAG] = _process_label(os.getpid()) or ""
     log_file = log_dir / f"run-{batch_id}.log" if log_dir is not None else None
     with ExitStack() as stack:
         terminal = stack.enter_context(output_to_log(log_file)) if log_file is not None else None

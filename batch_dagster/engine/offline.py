@@ -14,7 +14,7 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.registry import ModelSpec
 
-from . import orphans
+from . import orphans, watchdog
 from . import translate as t
 from .base import EngineCrash, Line, OnProgress, ProgressTicker, Request, is_out_of_memory
 from .hardware import dtype_choice
@@ -74,6 +74,7 @@ class OfflineEngine:
     _llm: Any = field(default=None, init=False, repr=False)
     start_s: float = field(default=0.0, init=False)  # how long building the `vllm.LLM` took
     started_at: float | None = field(default=None, init=False)  # time.perf_counter() when it was ready
+    _watch: threading.Event | None = field(default=None, init=False, repr=False)
 
     def llm_kwargs(self) -> dict[str, Any]:
         s = self.spec
@@ -109,8 +110,11 @@ class OfflineEngine:
             self._llm = LLM(**self.llm_kwargs())
             self.started_at = time.perf_counter()
             self.start_s = round(self.started_at - t0, 3)
+            cores = sorted(_engine_processes() - before)
             # Killed, this process would leave its engine core running (vLLM does not watch its parent).
-            orphans.watch(sorted(_engine_processes() - before))
+            orphans.watch(cores)
+            # Killed itself, the engine core would leave a call waiting forever.
+            self._watch = watchdog.watch(cores, self._llm.llm_engine.engine_core)
             # multiprocessing's exit hook joins every child process, the engine core included,
             # which waits forever unless the engine was stopped first. A finalizer with an exit
             # priority runs before that join, in the main process and in a multiprocessing
@@ -123,6 +127,8 @@ class OfflineEngine:
     def shutdown(self) -> None:
         """Drop the engine (after a crash, so the next attempt starts a fresh one, or at the end)."""
         llm, self._llm = self._llm, None
+        if self._watch is not None:
+            self._watch.set()
         if llm is not None:
             try:
                 # No grace period, as vLLM's own run_batch stops its engine: nothing is in flight when an

@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         check_bind(args.host, config)
     except UnsafeBind:
         return 2
+    if config.api_keys and not config.intake_api_key:
+        log.warning("BATCH_API_KEYS is set but BATCH_INTAKE_API_KEY is not: the drop folders (inbox, S3) take no "
+                    "file until it names the key that owns dropped files' batches")
     try:
         home = ensure_dagster_home()
     except ValueError as exc:  # a run limit below 1
@@ -97,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         log.info("API on http://%s:%d/v1%s; DAGSTER_HOME=%s; Ctrl-C stops everything",
                  args.host, args.port, ui, home)
         while not stopping:
-            if dead := children.exited() + (fleet.heal() if fleet else []):
+            if fleet is not None:
+                fleet.heal()  # the fleet's processes are restarted; serve's own three are not
+            if dead := children.exited():
                 log.error("%s exited unexpectedly; stopping the rest", ", ".join(dead))
                 rc = 1
                 break

@@ -24,6 +24,31 @@ from batch_dagster.serve.processes import Children, signal_group
 log = logging.getLogger("batch_dagster.serve.fleet")
 
 
+def free_port_block(n: int, host: str) -> int:
+    """A port p such that p .. p+n-1 are free on `host` now: p is one the system picks, so that two fleets
+    started at the same moment on one machine get different blocks."""
+    import socket
+
+    for _ in range(100):
+        socks = []
+        try:
+            first = socket.socket()
+            socks.append(first)
+            first.bind((host, 0))
+            base = first.getsockname()[1]
+            for port in range(base + 1, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no block of {n} free ports on {host}")
+
+
 def cores() -> list[int]:
     """The CPU cores this process may run on."""
     return sorted(os.sched_getaffinity(0))
@@ -31,7 +56,7 @@ def cores() -> list[int]:
 
 @dataclass
 class Fleet:
-    """The replicas of one model on ports `port + 1 ...` and the router on `port`."""
+    """The replicas of one model on ports `port + 1 ...` and the router on `port` (0: a free block of ports)."""
 
     model: str
     replicas: int
@@ -42,6 +67,10 @@ class Fleet:
     log_dir: Path = Path("data/logs/fleet")
     children: Children = field(default_factory=Children)
     _should_stop: Callable[[], bool] = field(default=lambda: False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.port == 0:
+            self.port = free_port_block(self.replicas + 1, self.host)
 
     @property
     def url(self) -> str:
@@ -101,20 +130,18 @@ class Fleet:
             time.sleep(1)
         raise TimeoutError(f"{name} did not answer {url} in time; see {self.log_dir}")
 
-    def heal(self) -> list[str]:
-        """Restart replicas that died (the router sends their requests elsewhere meanwhile and takes each back
-        once it answers its health checks); the names of the fleet's processes that cannot be restarted."""
-        fatal = []
+    def heal(self) -> None:
+        """Restart the fleet's processes that died: a replica (the router sends its requests elsewhere meanwhile
+        and takes it back once it answers its health checks) or the router (the runs' engine client resends
+        what fails meanwhile, as for a router with no healthy replica)."""
         for name in self.children.exited():
-            if not name.startswith("vllm-"):
-                fatal.append(name)  # the router: without it nothing reaches the replicas
-                continue
-            index = int(name.removeprefix("vllm-"))
-            signal_group(self.children.procs[name].pid, signal.SIGKILL)  # what the dead server left behind
-            command, env = self.server_commands()[index]
+            signal_group(self.children.procs[name].pid, signal.SIGKILL)  # what the dead process left behind
             log.warning("%s exited (code %s); restarting it", name, self.children.procs[name].returncode)
+            if name == "router":
+                command, env = self.router_command(), dict(os.environ)
+            else:
+                command, env = self.server_commands()[int(name.removeprefix("vllm-"))]
             self.children.start(name, command, env, open(self.log_dir / f"{name}.log", "ab"))
-        return fatal
 
     def stop(self) -> None:
         self.children.stop()

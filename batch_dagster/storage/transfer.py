@@ -35,7 +35,10 @@ def fetch(uri: str, dest: Path, s3: Callable[[], S3Client]) -> int:
         bucket, key = split_s3(uri)
         s3().download_file(bucket, key, str(tmp))
     else:
-        shutil.copyfile(local_path(uri), tmp)
+        # O_NOFOLLOW: a dropped file swapped for a symbolic link after the inbox took it is refused, not followed.
+        fd = os.open(local_path(uri), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as src, open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
     tmp.replace(dest)
     return dest.stat().st_size
 

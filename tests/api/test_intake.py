@@ -15,6 +15,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from batch_dagster.defs.resources import DatabaseResource
 from batch_dagster.defs.sensors import inbox_sensor, s3_upload_sensor
 from batch_dagster.settings import Settings
 from tests.helpers import (
@@ -141,6 +142,41 @@ def test_inbox_waits_for_a_file_to_be_completely_written(tmp_path):
         "source": "inbox", "filename": "todo.jsonl", "input_uri": path.resolve().as_uri(), "requests": "6"}
 
 
+def test_a_symbolic_link_in_the_inbox_is_never_followed(tmp_path, capfd):
+    from batch_dagster.storage.transfer import fetch
+
+    engine = FakeEngine()
+    daemon = Daemon(tmp_path, fake_vllm("inbox-link", engine))
+    inbox = Path(daemon.intake.inbox_dir)
+    inbox.mkdir(parents=True)
+    outside = tmp_path / "elsewhere" / "secret.jsonl"  # any file the daemon can read, valid batch lines here
+    outside.parent.mkdir()
+    outside.write_bytes(jsonl(rows(2)))
+    (inbox / "secret.jsonl").symlink_to(outside)
+    for _ in range(3):
+        assert daemon.tick(inbox_sensor) == []
+    assert engine.calls == [] and not list(daemon.data_dir.glob("batches/*"))
+    said = [line for line in capfd.readouterr().err.splitlines() if "symbolic link" in line]  # the sensor's log
+    assert len(said) == 1 and "secret.jsonl" in said[0]  # said once, with the reason, not on every tick
+    # A file swapped for a link after the sensor took it is refused when the run fetches it.
+    with pytest.raises(OSError):
+        fetch((inbox / "secret.jsonl").absolute().as_uri(), tmp_path / "copy.jsonl", s3=lambda: None)
+    assert not (tmp_path / "copy.jsonl").exists()
+
+
+def test_with_api_keys_and_no_owner_named_the_drop_sensors_take_no_file_and_say_why(tmp_path):
+    engine = FakeEngine()
+    daemon = Daemon(tmp_path, fake_vllm("inbox-unowned", engine))
+    daemon.resources["database"] = DatabaseResource(url=daemon.db_url, api_keys="sk-a,sk-b")  # and no intake key
+    inbox = Path(daemon.intake.inbox_dir)
+    inbox.mkdir(parents=True)
+    (inbox / "todo.jsonl").write_bytes(jsonl(rows(2)))
+    for sensor in (inbox_sensor, s3_upload_sensor):
+        result = sensor(dg.build_sensor_context(instance=daemon.instance, resources=daemon.resources))
+        assert isinstance(result, dg.SkipReason) and "BATCH_INTAKE_API_KEY" in result.skip_message
+    assert engine.calls == [] and not list(daemon.data_dir.glob("batches/*"))
+
+
 def test_dropped_files_runs_are_tagged_for_the_run_queue_by_their_model(tmp_path):
     FAKES["inbox-queue"] = FakeEngine()
     vllm = FakeVLLM(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent",
@@ -188,15 +224,17 @@ def test_configuration_from_the_environment(tmp_path, monkeypatch):
     assert Path(default.inbox_dir) == tmp_path / "data" / "inbox"
     assert Path(default.outbox_dir) == tmp_path / "data" / "outbox"
 
-    def owner() -> str:  # as a sensor sees it: the store resource's keys resolved from their variables
-        return database_from_env(Settings.from_env()).process_config_and_initialize().intake_owner()
+    def store() -> DatabaseResource:  # as a sensor sees it: the store resource's keys resolved from their variables
+        return database_from_env(Settings.from_env()).process_config_and_initialize()
 
-    assert owner() == repo.ANONYMOUS
+    assert store().intake_owner() == repo.ANONYMOUS and store().no_intake_owner() is None
     monkeypatch.setenv("BATCH_API_KEYS", "sk-first,sk-second")
-    assert owner() == repo.owner_of_key("sk-first")  # the API lists them to that key
+    # With keys, no key is picked to own dropped files (not the first one, silently): the owner is to be named.
+    assert store().intake_owner() == "" and "BATCH_INTAKE_API_KEY" in store().no_intake_owner()
     monkeypatch.setenv("BATCH_API_KEYS", "ops:sk-first,sk-second")
-    assert owner() == repo.owner_of_key("sk-first")  # a named key: the same owner, by its key
+    monkeypatch.setenv("BATCH_INTAKE_API_KEY", "sk-first")
+    assert store().intake_owner() == repo.owner_of_key("sk-first")  # a named key: the same owner, by its key
     monkeypatch.setenv("BATCH_INTAKE_API_KEY", "sk-second")
     monkeypatch.setenv("BATCH_S3_BUCKET", "in")
-    assert owner() == repo.owner_of_key("sk-second")
+    assert store().intake_owner() == repo.owner_of_key("sk-second")
     assert intake_from_env(Settings.from_env()).s3_results_uri() == "s3://in/results/"

@@ -172,5 +172,5 @@ def test_settings_defaults_and_overrides(monkeypatch, tmp_path):
     monkeypatch.setenv("BATCH_API_KEYS", " sk-a, sk-b ,")
     monkeypatch.setenv("BATCH_MAX_BYTES", "1000")
     s = settings.Settings.from_env()
-    assert s.api_keys == ("sk-a", "sk-b") and s.intake_api_key == "sk-a"
+    assert s.api_keys == ("sk-a", "sk-b") and s.intake_api_key == ""  # no key picked to own dropped files
     assert s.limits.max_bytes == 1000 and s.max_upload_bytes == 1000

@@ -101,11 +101,11 @@ def test_derived_defaults(empty_env, monkeypatch, tmp_path):
     assert s.outbox_dir == tmp_path / "drops" / "outbox" and s.max_enqueued_tokens is None
 
 
-def test_api_keys_may_have_names_and_the_intake_takes_the_first_key(empty_env, monkeypatch):
+def test_api_keys_may_have_names_and_no_key_is_picked_to_own_dropped_files(empty_env, monkeypatch):
     monkeypatch.setenv("BATCH_API_KEYS", "acme:sk-a, sk-b ,ops.team_1:sk:c")
     s = settings.Settings.from_env()
     assert [settings.split_key(e) for e in s.api_keys] == [("acme", "sk-a"), (None, "sk-b"), ("ops.team_1", "sk:c")]
-    assert s.intake_api_key == "sk-a"  # the key, not its name
+    assert s.intake_api_key == ""  # the operator names it: never the first key, silently
     for bad, why in (("sk bad:secret", "key name"), ("a:sk-a,b:sk-a", "repeated"), ("a:sk-a,a:sk-b", "repeated"),
                      ("a:", "empty key")):
         monkeypatch.setenv("BATCH_API_KEYS", bad)

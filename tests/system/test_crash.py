@@ -145,3 +145,107 @@ def test_serve_stopped_mid_run_then_every_retry_dying_fails_the_batch_with_the_r
     [error] = failed.errors.data
     assert error.code == "pipeline_error"
     assert f"Dagster run {runs[-1].run_id}, retry 2" in error.message and "signal 9 (SIGKILL)" in error.message
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(600)
+def test_a_killed_engine_core_fails_the_shard_within_seconds_and_the_step_retries(tmp_path, data_dir, instance):
+    # The in-process engine of this test process (batch_job's in-process executor), 3 shards of 4 requests of
+    # 40 tokens each. Once a shard is committed, the engine core itself (not its model worker) is killed mid-shard.
+    import threading
+
+    from batch_dagster.defs.runner import run_batch
+    from tests.helpers import make_defs, real_vllm, write_jsonl
+
+    rows = [chat_request(f"k{i:02d}", f"Say the number {i} and name a color.", max_tokens=40, min_tokens=40,
+                         temperature=0) for i in range(12)]
+    killed: dict[str, float] = {}
+
+    def kill_the_core_once_a_shard_is_committed() -> None:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            cores = [p for p in psutil.Process().children() if p.name().startswith("VLLM::EngineCor")]
+            if cores and list(data_dir.glob("batches/*/results/shard-*.json")):
+                [core] = cores
+                killed["workers"] = [w.pid for w in core.children(recursive=True)]
+                core.kill()
+                killed["at"] = time.time()
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_the_core_once_a_shard_is_committed, daemon=True)
+    killer.start()
+    defs = make_defs(data_dir, real_vllm(), shard_size=4)
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False, defs=defs,
+                        instance=instance).to_dict()
+    killer.join(1)
+    assert "at" in killed, "the engine core was never killed"
+    [run] = instance.get_runs()
+    [retry] = step_events(instance, run.run_id, dg.DagsterEventType.STEP_UP_FOR_RETRY, "shard_results")
+    # Noticed within seconds, as a crash of the engine (not hanging the step until someone kills the run).
+    assert retry.timestamp - killed["at"] < 10, retry.timestamp - killed["at"]
+    assert "EngineDeadError" in retry.event_log_entry.dagster_event.event_specific_data.error.to_string()
+    # What the dead core left (its model worker) was killed, not left holding the model's memory.
+    assert not [pid for pid in killed["workers"] if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    # The retry, on a new engine, finished the batch: every request once, nothing lost.
+    assert summary["status"] == "completed"
+    assert summary["request_counts"] == {"total": 12, "completed": 12, "failed": 0}
+    out = read_jsonl(tmp_path / "out" / "output.jsonl")
+    assert sorted(x["custom_id"] for x in out) == sorted(r["custom_id"] for r in rows)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(300)
+def test_a_run_whose_batch_dagster_run_was_killed_is_marked_failed_at_the_next_start(tmp_path):
+    # `batch-dagster run` runs its batch in its own process (no launcher, no code server): killed -9 mid-run, it
+    # leaves the run STARTED, in the run queue's limits, unless something notices that the process is gone.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.helpers import MODEL_CACHE, write_jsonl
+
+    env = {**os.environ, "BATCH_DATA_DIR": str(tmp_path / "data"), "DAGSTER_HOME": str(tmp_path / "home"),
+           "BATCH_MODEL_CACHE": str(MODEL_CACHE)}
+    cli = str(Path(sys.executable).with_name("batch-dagster"))
+    rows = [chat_request(f"q{i}", f"Say one word about {i}.", max_tokens=8) for i in range(4)]
+    first = subprocess.Popen([cli, "run", str(write_jsonl(tmp_path / "in.jsonl", rows)), "--out",
+                              str(tmp_path / "out"), "--quiet"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def started_runs() -> list:
+        with dg.DagsterInstance.from_config(str(tmp_path / "home")) as instance:
+            return instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+
+    # Its run log is opened just before the run starts, once the instance's storage exists (not read before:
+    # two processes creating it at once collide).
+    deadline = time.time() + 120
+    while not list((tmp_path / "data" / "logs").glob("run-*.log")) and time.time() < deadline:
+        time.sleep(0.2)
+    while not (runs := started_runs()) and time.time() < deadline:
+        time.sleep(0.2)
+    [run] = runs
+    first.kill()  # SIGKILL: no exit handler runs
+    first.wait(10)
+    time.sleep(1)
+    [still] = started_runs()
+    assert still.run_id == run.run_id  # nothing else marks it failed
+
+    # The next `batch-dagster run` (here an invalid file, which ends at validation) marks it failed first.
+    (tmp_path / "bad.jsonl").write_text("{oops\n")
+    second = subprocess.run([cli, "run", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "out2")], env=env,
+                            capture_output=True, text=True, timeout=240)
+    assert second.returncode == 1, second.stderr[-3000:]
+    assert f"run {run.run_id} was left STARTED" in second.stderr
+    assert started_runs() == []
+    with dg.DagsterInstance.from_config(str(tmp_path / "home")) as instance:
+        failed = instance.get_run_by_id(run.run_id)
+        assert failed.status == dg.DagsterRunStatus.FAILURE
+        [end] = [r.event_log_entry.dagster_event for r in instance.get_records_for_run(
+            run.run_id, of_type={dg.DagsterEventType.RUN_FAILURE}).records]
+        assert "`batch-dagster run` process that ran it is gone" in end.message
+    # Its engine, if it had started one, went with it (engine/orphans.py).
+    assert not [p for p in psutil.process_iter(["name"]) if (p.info["name"] or "").startswith("VLLM")
+                and p.ppid() == 1 and p.pid > first.pid]

@@ -96,8 +96,20 @@ def test_a_replica_killed_mid_batch_costs_nothing_and_ctrl_c_leaves_no_process(t
     assert [p.pid for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
 
 
-def test_serve_with_defaults_runs_api_batches_on_the_warm_fleet(tmp_path):
-    with Serve(tmp_path, BATCH_FLEET_REPLICAS="1", BATCH_FLEET_PORT=str(free_port())) as serve:
+def _router(pid: int) -> psutil.Process | None:
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            # vllm-router names its process (setproctitle) "vllm::router".
+            if "vllm::router" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+                return p
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def test_serve_with_defaults_runs_api_batches_on_the_warm_fleet_and_restarts_a_router_that_exits(tmp_path):
+    # The fleet's ports are serve's default: a free block chosen at start, not a fixed 8200.
+    with Serve(tmp_path, BATCH_FLEET_REPLICAS="1") as serve:
         wait_http(f"http://127.0.0.1:{serve.api_port}/health", 30)
         deadline = time.time() + 300
         while "warm fleet:" not in serve.logs(20000) and time.time() < deadline:  # the daemon starts after it
@@ -111,3 +123,20 @@ def test_serve_with_defaults_runs_api_batches_on_the_warm_fleet(tmp_path):
         summary = BatchFolder(LocalStorage(serve.data_dir), batch.id).summary()
         assert summary is not None and summary.record["engine_mode"] == "server"
         assert summary.record["servers"][0].startswith("http://127.0.0.1:")
+
+        # The router killed: serve starts it again on its port, and the API, the daemon and the replica go on.
+        router = _router(serve.proc.pid)
+        assert router is not None
+        router_url = summary.record["servers"][0]
+        router.kill()
+        router.wait(10)
+        deadline = time.time() + 60
+        while not ((new := _router(serve.proc.pid)) and new.pid != router.pid) and time.time() < deadline:
+            time.sleep(0.2)
+        assert new is not None and new.pid != router.pid, serve.logs()
+        wait_http(router_url + "/v1/models", 60)
+        assert serve.proc.poll() is None and "router exited" in serve.logs(20000)
+        again = serve.wait_for(serve.create_batch(rows, name="again.jsonl").id, {"completed", "failed"}, 240)
+        assert again.status == "completed" and again.request_counts.completed == 3, serve.logs()
+        summary = BatchFolder(LocalStorage(serve.data_dir), again.id).summary()
+        assert summary is not None and summary.record["servers"] == [router_url]

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from batch_dagster.db.labels import OwnerLabels
 from batch_dagster.db.repo import ANONYMOUS, owner_of_key
 from batch_dagster.db.session import Database, open_database
-from batch_dagster.settings import api_key_entries, first_key, split_key
+from batch_dagster.settings import api_key_entries, split_key
 
 
 class DatabaseResource(dg.ConfigurableResource):
@@ -24,7 +24,7 @@ class DatabaseResource(dg.ConfigurableResource):
 
     url: str
     api_keys: str = ""  # BATCH_API_KEYS: `name:key` or `key` entries
-    intake_api_key: str = ""  # BATCH_INTAKE_API_KEY; empty: the first of api_keys
+    intake_api_key: str = ""  # BATCH_INTAKE_API_KEY; empty: see intake_owner
 
     def database(self) -> Database:
         return open_database(self.url)
@@ -39,6 +39,15 @@ class DatabaseResource(dg.ConfigurableResource):
         return OwnerLabels.of(map(split_key, api_key_entries(self.api_keys)), self.intake_api_key)
 
     def intake_owner(self) -> str:
-        """The owner dropped files' batches are listed under: BATCH_INTAKE_API_KEY's, else the first key's."""
-        key = self.intake_api_key or first_key(api_key_entries(self.api_keys))
-        return owner_of_key(key) if key else ANONYMOUS
+        """The owner dropped files' batches belong to: BATCH_INTAKE_API_KEY's; with API keys and none chosen, ""
+        (the drop sensors then take no file: never a key picked for the operator); with no keys, the keyless one."""
+        if self.intake_api_key:
+            return owner_of_key(self.intake_api_key)
+        return "" if api_key_entries(self.api_keys) else ANONYMOUS
+
+    def no_intake_owner(self) -> str | None:
+        """Why the drop sensors take no file (no owner chosen for them), or None."""
+        if self.intake_owner():
+            return None
+        return ("Dropped files are left where they are: BATCH_API_KEYS is set but BATCH_INTAKE_API_KEY is not. "
+                "Set it to the key whose owner the dropped files' batches belong to.")

@@ -9,7 +9,8 @@ from batch_dagster.settings import Settings, default
 
 
 class Intake(dg.ConfigurableResource):
-    """The drop locations."""
+    """The drop locations. Their owner is the store resource's to say (DatabaseResource.intake_owner): none
+    when API keys are configured and none was chosen to own dropped files, and the drop sensors then take none."""
 
     s3_bucket: str = default("BATCH_S3_BUCKET")  # empty: the S3 sensor does nothing
     s3_prefix: str = default("BATCH_S3_PREFIX")

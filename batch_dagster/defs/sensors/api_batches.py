@@ -14,6 +14,7 @@ from batch_dagster.defs.dagster_internals import run_end_reason, worker_gone
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, StorageResource, VLLMResource
+from batch_dagster.defs.runner import CLI_GONE, cli_process_gone
 from batch_dagster.defs.sensors.fairness import with_fair_priorities
 
 PARTITION_TAG = "dagster/partition"
@@ -29,6 +30,15 @@ MAX_FAILURE_CHARS = 1000  # of a step's error message, as a failed batch's error
 _ENDED_BADLY = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 WORKER_GONE = ("The run's worker is gone with the code server that started it "
                "(serve was stopped or killed while it ran).")
+
+
+def _gone(run: dg.DagsterRun) -> str | None:
+    """Why an unfinished run's process is gone with nothing left to mark it failed, if it is."""
+    if worker_gone(run):
+        return WORKER_GONE
+    if cli_process_gone(run):
+        return CLI_GONE
+    return None
 
 
 def _runs_filter(batch_id: str) -> dg.RunsFilter:
@@ -124,9 +134,9 @@ def _follow(context: dg.SensorEvaluationContext, session: Session, folders: Stor
         batch.run_id = run.run_id
         session.commit()
     sync_batch(session, folders, batch)
-    if batch.status not in TERMINAL and worker_gone(run):
-        context.log.warning(f"{batch.id}: the code server of run {run.run_id} is gone; marking it failed")
-        instance.report_run_failed(run, WORKER_GONE)
+    if batch.status not in TERMINAL and (gone := _gone(run)):
+        context.log.warning(f"{batch.id}: run {run.run_id}: {gone} Marking it failed")
+        instance.report_run_failed(run, gone)
         return  # next tick: Dagster retries it (dagster.yaml run_retries), or the batch fails
     if run.status in _ENDED_BADLY and batch.status not in TERMINAL:
         # A retried run is a new run of the same partition: the next tick follows that one.
@@ -163,7 +173,7 @@ def api_batch_status_sensor(
     # A stopped serve leaves the runs of ended batches (backfills) STARTED too. Until marked failed they keep their
     # place in the run queue's limits (dagster.yaml), and offline runs would wait for them for ever.
     for run in instance.get_runs(dg.RunsFilter(job_name=batch_job.name, statuses=[dg.DagsterRunStatus.STARTED])):
-        if run.run_id not in followed and worker_gone(run):
-            context.log.warning(f"The code server of run {run.run_id} is gone; marking it failed")
-            instance.report_run_failed(run, WORKER_GONE)
+        if run.run_id not in followed and (gone := _gone(run)):
+            context.log.warning(f"Run {run.run_id}: {gone} Marking it failed")
+            instance.report_run_failed(run, gone)
     return dg.SkipReason(f"{moved} batch(es) changed status.")

@@ -147,6 +147,8 @@ def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3
                      storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
     if not intake.s3_bucket:
         return dg.SkipReason("BATCH_S3_BUCKET is not set.")
+    if reason := database.no_intake_owner():
+        return dg.SkipReason(reason)
     client = s3.get_client()
     cursor = json.loads(context.cursor or "{}")
     refused = cursor.get("refused", [])
@@ -167,21 +169,25 @@ def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3
 
 
 def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: float, now: float
-                          ) -> tuple[list[tuple[os.DirEntry, os.stat_result]], dict[str, list[int]]]:
-    """The inbox's .jsonl files unchanged since the previous tick and for `settle_s`; the signatures seen now."""
-    complete, seen = [], {}
+                          ) -> tuple[list[tuple[os.DirEntry, os.stat_result]], dict[str, list[int]], list[str]]:
+    """The inbox's .jsonl files unchanged since the previous tick and for `settle_s`; the signatures seen now;
+    the symbolic links refused."""
+    complete, seen, links = [], {}, []
     with os.scandir(inbox) as entries:
         for entry in entries:
             name = entry.name
             if name.startswith(".") or not name.endswith(".jsonl") or name.endswith(IGNORED_SUFFIXES):
                 continue
-            if not entry.is_file():
+            if entry.is_symlink():  # never followed: it could lead anywhere the daemon can read
+                links.append(name)
                 continue
-            st = entry.stat()
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            st = entry.stat(follow_symlinks=False)
             seen[name] = [st.st_size, st.st_mtime_ns]
             if pending.get(name) == seen[name] and now - st.st_mtime >= settle_s:
                 complete.append((entry, st))
-    return complete, seen
+    return complete, seen, links
 
 
 @dg.sensor(
@@ -193,11 +199,15 @@ def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: 
 )
 def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, database: DatabaseResource,
                  storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
+    if reason := database.no_intake_owner():
+        return dg.SkipReason(reason)
     inbox = Path(intake.inbox_dir)
     inbox.mkdir(parents=True, exist_ok=True)
     cursor = json.loads(context.cursor or "{}")
     refused = cursor.get("refused", [])
-    complete, seen = _complete_inbox_files(inbox, cursor.get("pending", {}), intake.settle_s, time.time())
+    complete, seen, links = _complete_inbox_files(inbox, cursor.get("pending", {}), intake.settle_s, time.time())
+    for name in sorted(set(links) - set(cursor.get("links", []))):  # said once, not on every tick
+        context.log.warning(f"{inbox / name} is a symbolic link: ignored (the inbox takes regular files only)")
     candidates = []
     for entry, st in complete:
         source, version = Path(entry.path).resolve().as_uri(), f"{st.st_size}:{st.st_mtime_ns}"
@@ -210,4 +220,5 @@ def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, database: 
         found.append(DroppedFile(source=source, version=version, filename=entry.name, bytes=st.st_size,
                                  endpoint=endpoint_of_head(head), model=head_model(head)))
     return _tick(context, intake, database, storage, vllm, found, scheme="file://",
-                 deliver_to=Path(intake.outbox_dir).resolve().as_uri(), cursor={"pending": seen, "refused": refused})
+                 deliver_to=Path(intake.outbox_dir).resolve().as_uri(),
+                 cursor={"pending": seen, "refused": refused, "links": links})
