@@ -221,3 +221,4 @@ class BatchEstimate(BaseModel):
     throughput_batches: int | None = None
     queued_ahead: int
     queued_ahead_requests: int
+    queued_ahead_uncounted: int

@@ -37,7 +37,8 @@ class QueueAhead:
     """Batches of the same model queued or in progress, and their requests not yet finished."""
 
     batches: int = 0
-    requests: int = 0
+    requests: int = 0  # of the batches validation has counted
+    uncounted: int = 0  # batches not validated yet: each is taken as the size of the one estimated
 
 
 def max_output_tokens(endpoint: str, body: dict[str, Any], prompts: list[int], context_length: int) -> int | None:
@@ -57,6 +58,8 @@ def max_output_tokens(endpoint: str, body: dict[str, Any], prompts: list[int], c
         return None
     n = body.get("n", 1)
     choices = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+    if choices > 1 and body.get("temperature") == 0:  # vLLM: "n must be 1 when using greedy sampling"
+        return None
     return requested * choices * len(prompts)
 
 
@@ -114,12 +117,13 @@ class Estimate:
 
     def duration_s(self) -> dict[str, float] | None:
         """min: this batch's prompt tokens alone, on an idle engine; max: its prompt and most output tokens, after
-        the requests queued ahead, each counted as this batch's mean request at its most output."""
+        the requests queued ahead, each counted as this batch's mean request at its most output (and a batch not
+        validated yet as this whole batch)."""
         if self.throughput is None or self.throughput.tokens_per_s <= 0:
             return None
-        t = self.tally
+        t, q = self.tally, self.queue
         most = t.input_tokens + t.max_output_tokens
-        ahead = most / t.requests * self.queue.requests if t.requests else 0.0
+        ahead = (most / t.requests * q.requests if t.requests else 0.0) + most * q.uncounted
         rate = self.throughput.tokens_per_s
         return {"min": round(t.input_tokens / rate, 1), "max": round((most + ahead) / rate, 1)}
 
@@ -141,6 +145,7 @@ class Estimate:
             "throughput_batches": self.throughput.batches if valid and self.throughput else None,
             "queued_ahead": self.queue.batches,
             "queued_ahead_requests": self.queue.requests,
+            "queued_ahead_uncounted": self.queue.uncounted,
         }
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.estimate import QueueAhead, Throughput
@@ -35,10 +35,11 @@ def measured_throughput(session: Session, storage: Storage, model: str, default_
 
 
 def queue_ahead(session: Session, model: str) -> QueueAhead:
-    """Every owner's batches of `model` that have not ended (one engine serves them all), and their requests not
-    finished yet."""
+    """Every owner's batches of `model` that have not ended (one engine serves them all), their requests not
+    finished yet, and how many of them validation has not counted yet."""
     left = BatchRecord.request_total - BatchRecord.request_completed - BatchRecord.request_failed
-    batches, requests = session.execute(
-        select(func.count(), func.coalesce(func.sum(left), 0))
+    uncounted = case((BatchRecord.request_total == 0, 1), else_=0)  # validation counts a batch's requests
+    batches, requests, not_counted = session.execute(
+        select(func.count(), func.coalesce(func.sum(left), 0), func.coalesce(func.sum(uncounted), 0))
         .where(BatchRecord.model == model, BatchRecord.status.not_in(TERMINAL))).one()
-    return QueueAhead(int(batches), int(requests))
+    return QueueAhead(int(batches), int(requests), int(not_counted))

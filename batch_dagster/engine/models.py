@@ -79,4 +79,4 @@ class Models:
     def counter(self, model: str) -> tuple[CountTokens, int]:
         """How an estimate counts `model`'s prompt tokens, and the model's context length."""
         spec, tokenizer = self.spec(model), self.tokenizer(model)
-        return tokens.counter(tokenizer), tokens.context_length(spec.max_model_len, tokenizer, self.path(spec))
+        return tokens.counter(tokenizer), spec.max_model_len or tokens.stated_context_length(tokenizer, self.path(spec))

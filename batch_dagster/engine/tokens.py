@@ -55,11 +55,9 @@ def counter(tokenizer: Any) -> CountTokens:
     return count
 
 
-def context_length(max_model_len: int | None, tokenizer: Any, model_path: str) -> int:
-    """The model's context as vLLM sets it: the registry's max_model_len, else the model's config
-    (max_position_embeddings), else what its tokenizer states."""
-    if max_model_len:
-        return max_model_len
+def stated_context_length(tokenizer: Any, model_path: str) -> int:
+    """The context vLLM gives a model the registry sets no max_model_len for: its config's
+    max_position_embeddings, else what its tokenizer states."""
     try:
         stated = orjson.loads((Path(model_path) / "config.json").read_bytes()).get("max_position_embeddings")
     except (OSError, orjson.JSONDecodeError, AttributeError):
