@@ -3,8 +3,12 @@ engine's batches give it a measured throughput. Tokens are counted by a word tok
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
+
+from batch_dagster.cli import main
 
 from batch_dagster.batchfile.folder import BatchFolder, batch_ids
 from batch_dagster.engine.models import Models
@@ -26,12 +30,25 @@ def word_tokenizer(monkeypatch):
     monkeypatch.setattr(Models, "tokenizer", lambda self, model: WordTokenizer())
 
 
+def use_store(monkeypatch, database_url: str, storage_url: str) -> None:
+    monkeypatch.setenv("BATCH_DATABASE_URL", database_url)
+    monkeypatch.setenv("BATCH_STORAGE_URL", storage_url)
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return int(exited.value.code or 0), out, err
+
+
 def estimate(client: openai.OpenAI, file_id: str, **body) -> dict:
     create = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **body}
     return client.post("/batches/estimate", body=create, cast_to=object)
 
 
-def test_an_estimate_counts_what_the_batch_then_bills_and_learns_its_rate(start_service, tmp_path):
+def test_an_estimate_counts_what_the_batch_then_bills_and_learns_its_rate(start_service, tmp_path, monkeypatch,
+                                                                          capsys):
     service = start_service(shard_size=2)
     client = service.client()
     requests = rows(5, max_tokens=50)  # "question i word word ...": i + 2 words, far fewer than 50 out
@@ -55,6 +72,11 @@ def test_an_estimate_counts_what_the_batch_then_bills_and_learns_its_rate(start_
     assert again["throughput_batches"] == 1
     assert again["tokens_per_s"] == pytest.approx(summary.usage.total_tokens / summary.inference_s, abs=0.1)
     assert again["duration_s"]["min"] == pytest.approx(first["input_tokens"] / again["tokens_per_s"], abs=0.1)
+
+    # `batch-dagster estimate FILE --json` against the same store answers what the API answers.
+    use_store(monkeypatch, service.config.database_url, service.config.storage_url)
+    code, out, _ = cli(capsys, "estimate", str(tmp_path / "in.jsonl"), "--json")
+    assert code == 0 and json.loads(out) == again
 
 
 def test_an_estimate_is_the_callers_and_checks_what_create_checks(start_service, tmp_path):
@@ -87,3 +109,21 @@ def test_an_estimate_is_the_callers_and_checks_what_create_checks(start_service,
     assert not report["valid"] and report["input_tokens"] is None and report["cost"] is None
     assert [(e["code"], e["line"]) for e in report["errors"]["data"]] == [("invalid_json", 2),
                                                                          ("duplicate_custom_id", 3)]
+
+
+def test_the_estimate_command_prints_the_ranges_and_exits_1_when_invalid(tmp_path, monkeypatch, capsys):
+    use_store(monkeypatch, f"sqlite:///{tmp_path / 'store.db'}", str(tmp_path / "storage"))
+    good = tmp_path / "in.jsonl"
+    good.write_text("".join(json.dumps(r) + "\n" for r in rows(3, max_tokens=10)))
+    code, out, _ = cli(capsys, "estimate", str(good))
+    assert code == 0
+    assert out.splitlines()[:2] == [f"valid: 3 requests, model {CHAT_MODEL}, endpoint /v1/chat/completions",
+                                    "  tokens:   9 input, at most 30 output"]
+    assert "BATCH_ESTIMATE_TOKENS_PER_S default" in out and "0 batch(es) of this model ahead" in out
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(chat_request("a", "hi")) + "\n{oops\n")
+    code, out, err = cli(capsys, "estimate", str(bad))
+    assert code == 1 and out == "" and "line 2: [invalid_json]" in err
+    code, out, _ = cli(capsys, "estimate", str(bad), "--json")
+    assert code == 1 and json.loads(out)["valid"] is False and json.loads(out)["input_tokens"] is None
