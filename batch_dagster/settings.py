@@ -163,7 +163,8 @@ VARIABLES: tuple[Variable, ...] = (
              "limit.", "Limits", parse=_limit),
     Variable("BATCH_ESTIMATE_TOKENS_PER_S", 250.0, "Tokens (prompt and output) per second an estimate's duration "
              "assumes for a model with no completed batch yet; once it has some, their measured rate is used. "
-             "The default is about one CPU replica of SmolLM2-135M.", "Limits", parse=float),
+             "The default is about what one CPU replica of SmolLM2-135M generates (a low rate once prompt tokens count "
+             "too).", "Limits", parse=float),
     Variable("BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "Largest upload the API accepts (413 past it).", "API",
              parse=int),
     Variable("BATCH_MAX_JSON_BODY_BYTES", 1 << 20, "Largest JSON request body the API reads (413 past it).",

@@ -28,11 +28,13 @@ def estimate_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, o
     """Validate the caller's file as the batch would, count its tokens with the model's tokenizer, price it and
     time it against the model's measured throughput and queue. The same checks as create, the same 404s."""
     source = checked_source(body, ctx, session, owner)
+    path, size = source.path, source.bytes
+    session.rollback()  # no transaction stays open while the file is tokenized (the store is asked again after)
     config, models = ctx.config, Models.from_settings(ctx.config)
-    files, key = file_location(ctx.storage, source.path)
+    files, key = file_location(ctx.storage, path)
     with files.open(key) as f:
         estimate = estimate_stream(
-            f, size=source.bytes, limits=config.limits, endpoint=body.endpoint,
+            f, size=size, limits=config.limits, endpoint=body.endpoint,
             served=served_endpoints(models.registry()), counter=models.counter,
             prices=load_price_table(config.prices_file),
             throughput=lambda model: measured_throughput(session, ctx.storage, model, config.estimate_tokens_per_s),

@@ -8,9 +8,8 @@ import json
 import openai
 import pytest
 
-from batch_dagster.cli import main
-
 from batch_dagster.batchfile.folder import BatchFolder, batch_ids
+from batch_dagster.cli import main
 from batch_dagster.engine.models import Models
 from tests.helpers import CHAT_MODEL, KEY_B, chat_request, rows, upload, wait_for
 
