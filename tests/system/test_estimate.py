@@ -52,7 +52,9 @@ def test_the_estimate_counts_the_prompt_tokens_the_engine_bills(start_service, t
     client = service.client()
     file_id = upload(client, tmp_path / "in.jsonl", ROWS)
     create = {"input_file_id": file_id, "endpoint": c.CHAT, "completion_window": "24h"}
-    estimate = client.post("/batches/estimate", body=create, cast_to=object)
+    # The first estimate of a model loads its tokenizer (transformers and torch): longer than the client's 30 s
+    # on a loaded 2-core machine.
+    estimate = client.post("/batches/estimate", body=create, cast_to=object, options={"timeout": 300})
     assert estimate["object"] == "batch.estimate" and estimate["valid"] and estimate["refused_requests"] == 1
     assert estimate["max_output_tokens"] == 12 + 10 + 8 + 6 + 5 * 2 + 9
 
