@@ -1,4 +1,4 @@
-"""The `batch-dagster` command line: validate a file, run a batch through Dagster, run the demo."""
+"""The `batch-dagster` command line: validate or estimate a file, run a batch through Dagster, run the demo."""
 
 from __future__ import annotations
 
@@ -49,6 +49,54 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 field = f" ({e.param})" if e.param else ""
                 print(f"  {where}{field}: [{e.code}] {e.message}", file=sys.stderr)
     return 0 if report.valid else 1
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """What a batch of FILE would cost and take: tokens counted with the model's tokenizer, priced, timed against
+    the store's record of the model's recent batches and its queue (POST /v1/batches/estimate's answer)."""
+    from batch_dagster.batchfile.estimate import estimate_stream
+    from batch_dagster.batchfile.registry import served_endpoints
+    from batch_dagster.batchfile.usage import load_price_table
+    from batch_dagster.db import Database
+    from batch_dagster.db.estimate import measured_throughput, queue_ahead
+    from batch_dagster.engine.models import Models
+
+    settings = Settings.from_env()
+    models, storage, store = Models.from_settings(settings), settings.storage(), Database(settings.database_url)
+    store.upgrade()
+    try:
+        with store.session() as session, open(args.file, "rb", buffering=1 << 20) as f:
+            estimate = estimate_stream(
+                f, size=os.fstat(f.fileno()).st_size, limits=settings.limits, endpoint=args.endpoint,
+                served=served_endpoints(models.registry()), counter=models.counter,
+                prices=load_price_table(settings.prices_file),
+                throughput=lambda m: measured_throughput(session, storage, m, settings.estimate_tokens_per_s),
+                queue=lambda m: queue_ahead(session, m))
+    finally:
+        store.dispose()
+    data = estimate.to_dict()
+    if args.json:
+        _print_json(data)
+        return 0 if estimate.report.valid else 1
+    if not estimate.report.valid:
+        print(f"invalid: {estimate.report.error_count} error(s) in {data['total_requests']} requests", file=sys.stderr)
+        for e in estimate.report.listed_errors:
+            where = f"line {e.line}" if e.line is not None else "file"
+            print(f"  {where}{f' ({e.param})' if e.param else ''}: [{e.code}] {e.message}", file=sys.stderr)
+        return 1
+    cost, duration = data["cost"], data["duration_s"]
+    measured = (f"measured on {data['throughput_batches']} recent batch(es)" if data["throughput_batches"]
+                else "the BATCH_ESTIMATE_TOKENS_PER_S default")
+    print(f"valid: {data['total_requests']} requests, model {data['model']}, endpoint {data['endpoint']}")
+    if data["refused_requests"]:
+        print(f"  refused:  {data['refused_requests']} request(s) will end as error lines without running")
+    print(f"  tokens:   {data['input_tokens']} input, at most {data['max_output_tokens']} output")
+    print(f"  cost:     {cost['min']:.6f} to {cost['max']:.6f} {cost['currency']}")
+    print(f"  duration: {duration['min']:.1f} s to {duration['max']:.1f} s at {data['tokens_per_s']} tokens/s "
+          f"({measured})")
+    print(f"  queued:   {data['queued_ahead']} batch(es) of this model ahead, "
+          f"{data['queued_ahead_requests']} request(s) not finished")
+    return 0
 
 
 def _print_summary(run: RunSummary) -> None:
@@ -217,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-bytes", type=int)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("estimate", help="what a batch of a file would cost and take (nothing runs); exit 1 when "
+                       "invalid")
+    p.add_argument("file")
+    p.add_argument("--endpoint", help="the batch endpoint (default: the first line's url)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (POST /v1/batches/estimate's)")
+    p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser("run", help="run a batch file through the Dagster pipeline")
     p.add_argument("file")

@@ -191,6 +191,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_MAX_ENQUEUED_TOKENS", None, "Prompt tokens one owner may have enqueued per model (this batch "
              "plus the owner's unfinished ones); past it a batch fails with `token_limit_exceeded`. Unset: no "
              "limit.", "Limits", parse=_limit),
+    Variable("BATCH_ESTIMATE_TOKENS_PER_S", 250.0, "Tokens (prompt and output) per second an estimate's duration "
+             "assumes for a model with no completed batch yet; once it has some, their measured rate is used. "
+             "The default is about what one CPU replica of SmolLM2-135M generates (a low rate once prompt tokens count "
+             "too).", "Limits", parse=float),
     Variable("BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "Largest upload the API accepts (413 past it).", "API",
              parse=int),
     Variable("BATCH_MAX_JSON_BODY_BYTES", 1 << 20, "Largest JSON request body the API reads (413 past it).",
@@ -282,6 +286,7 @@ class Settings:
     max_bytes: int
     max_line_bytes: int
     max_enqueued_tokens: int | None
+    estimate_tokens_per_s: float
     max_upload_bytes: int
     max_json_body_bytes: int
     completion_window_s: int

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
+from sqlalchemy.orm import Session
 from starlette.datastructures import QueryParams
 
 from batch_dagster.batchfile.contract import ENDPOINTS
@@ -15,7 +16,7 @@ from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.results import committed_output
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
-from batch_dagster.db import BatchRecord, repo
+from batch_dagster.db import BatchRecord, FileRecord, repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
 from batch_dagster.db.retry import RESERVED_METADATA
@@ -111,6 +112,25 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
     Everything is checked before the first write, and a write that fails takes the batch's folder with it,
     so a create either succeeds or leaves nothing behind.
     """
+    source = checked_source(body, ctx, session, owner)
+    batch_id = repo.new_batch_id()
+    try:
+        row = store_create_batch(
+            session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source,
+            input_from=source, completion_window_s=ctx.config.completion_window_s,
+            metadata=body.metadata, batch_id=batch_id,
+            output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
+                                  else OUTPUT_EXPIRES_AFTER_S),
+        )
+    except BaseException:
+        session.rollback()
+        _remove_folder(ctx.storage, batch_id)
+        raise
+    return batch_object(row)
+
+
+def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, owner: str) -> FileRecord:
+    """The caller's input File of a create body, every field checked: create and estimate refuse the same."""
     if body.completion_window not in COMPLETION_WINDOWS:
         raise invalid(f"completion_window {clip(body.completion_window)!r} is not supported; use '24h'.",
                       param="completion_window", code="invalid_completion_window")
@@ -127,21 +147,7 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
                       "purpose 'batch'.", param="input_file_id", code="invalid_input_file")
     if not storage_has(ctx.storage, source.path):
         raise ApiError(404, f"The content of file {source.id} is gone.", param="input_file_id", code="not_found")
-
-    batch_id = repo.new_batch_id()
-    try:
-        row = store_create_batch(
-            session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source,
-            input_from=source, completion_window_s=ctx.config.completion_window_s,
-            metadata=body.metadata, batch_id=batch_id,
-            output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
-                                  else OUTPUT_EXPIRES_AFTER_S),
-        )
-    except BaseException:
-        session.rollback()
-        _remove_folder(ctx.storage, batch_id)
-        raise
-    return batch_object(row)
+    return source
 
 
 def storage_has(storage: Storage, path: str) -> bool:

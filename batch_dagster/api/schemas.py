@@ -190,3 +190,36 @@ class CreateWebhookEndpointRequest(BaseModel):
     url: Text = Field(max_length=MAX_WEBHOOK_URL)
     name: Text = Field(default="", max_length=MAX_WEBHOOK_NAME)
     event_types: list[WebhookEventType] | None = Field(default=None, min_length=1)
+
+
+# The estimate extension (POST /v1/batches/estimate): what a batch would cost and take, before it is created.
+class EstimateCost(BaseModel):
+    min: float
+    max: float
+    currency: str
+
+
+class EstimateDuration(BaseModel):
+    min: float
+    max: float
+
+
+class BatchEstimate(BaseModel):
+    """batchfile/estimate.py's Estimate.to_dict; the numbers are null for an invalid file."""
+
+    object: Literal["batch.estimate"] = "batch.estimate"
+    valid: bool
+    errors: BatchErrors
+    model: str | None = None
+    endpoint: str | None = None
+    total_requests: int
+    refused_requests: int | None = None
+    input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    cost: EstimateCost | None = None
+    duration_s: EstimateDuration | None = None
+    tokens_per_s: float | None = None
+    throughput_batches: int | None = None
+    queued_ahead: int
+    queued_ahead_requests: int
+    queued_ahead_uncounted: int

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batch_dagster.batchfile.estimate import CountTokens
 from batch_dagster.batchfile.registry import ModelSpec, default_chat_model, load_registry
 
+from . import tokens
 from .hardware import DtypeChoice, dtype_choice
 from .prepare import embedded_name, resolve_embedded
 
@@ -73,3 +75,8 @@ class Models:
     def tokenizer(self, model: str) -> Any:
         """The model's tokenizer (transformers), for counting prompt tokens before anything runs."""
         return _tokenizer(self.path(self.spec(model)))
+
+    def counter(self, model: str) -> tuple[CountTokens, int]:
+        """How an estimate counts `model`'s prompt tokens, and the model's context length."""
+        spec, tokenizer = self.spec(model), self.tokenizer(model)
+        return tokens.counter(tokenizer), spec.max_model_len or tokens.stated_context_length(tokenizer, self.path(spec))

@@ -122,3 +122,29 @@ def test_prompt_tokens_match_what_the_offline_engine_feeds_smollm2():
     for endpoint, body in bodies:
         counted = prompt_tokens(tokenizer, endpoint, body)
         assert counted == engine._prepare(endpoint, "x", body).prompt_tokens > 3, endpoint
+
+
+def test_the_estimate_counts_each_prompt_as_the_offline_engine_feeds_it():
+    from batch_dagster.engine.models import _tokenizer
+    from batch_dagster.engine.tokens import counter
+
+    path = smollm2_path(MODEL_CACHE, dtype_choice("auto").dtype)
+    if not (path / "tokenizer.json").exists():
+        pytest.skip(f"the SmolLM2 model is not prepared in {MODEL_CACHE} (make setup)")
+    tokenizer = _tokenizer(str(path))
+    engine = OfflineEngine(ModelSpec(name=CHAT_MODEL, source=str(path)), str(path))
+    engine._tokenizer, engine.max_model_len = tokenizer, 8192
+    count = counter(tokenizer)
+    turns = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2 + 2?"},
+             {"role": "assistant", "content": "4"}, {"role": "user", "content": [{"type": "text", "text": "x3?"}]}]
+    bodies = [
+        (c.CHAT, {"model": CHAT_MODEL, "messages": turns}),
+        (c.RESPONSES, {"model": CHAT_MODEL, "input": "Name three colors.", "instructions": "Be brief."}),
+        (c.COMPLETIONS, {"model": CHAT_MODEL, "prompt": ["Once upon a time", "In a land"]}),
+        (c.COMPLETIONS, {"model": CHAT_MODEL, "prompt": [1, 2, 3]}),
+    ]
+    for endpoint, body in bodies:
+        prepared = engine._prepare(endpoint, "x", body)
+        assert count(endpoint, body) == [len(p) for p in prepared.prompts], endpoint
+    # A body the engine cannot prepare is refused, not counted (and raises nothing).
+    assert count(c.CHAT, {"model": CHAT_MODEL, "messages": [{"content": "no role"}]}) is None
