@@ -4,6 +4,8 @@ other, under the real daemon: tests/system/test_run_queue.py.)"""
 
 from __future__ import annotations
 
+import os
+
 import dagster as dg
 import pytest
 
@@ -45,5 +47,6 @@ def test_a_cli_run_carries_the_queue_tags_it_counts_by(tmp_path, data_dir, insta
                             show_progress=False, defs=make_defs(data_dir, vllm), instance=instance).to_dict()
         run = instance.get_run_by_id(summary["run_id"])
         assert run is not None and summary["status"] == "completed"
-        assert {k: v for k, v in run.tags.items() if k.startswith("batch/")} == {
+        assert {k: v for k, v in run.tags.items() if k in ("batch/engine", "batch/model")} == {
             "batch/engine": engine, "batch/model": CHAT_MODEL}
+        assert run.tags["batch/cli_process"].split(":")[1] == str(os.getpid())  # the process a later start checks
