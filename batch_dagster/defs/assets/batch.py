@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.columnar import custom_ids, read_shard, validate_to_parquet, write_shards
+from batch_dagster.batchfile.columnar import read_shard, validate_to_parquet, write_shards
+from batch_dagster.batchfile.failure import not_run_lines
 from batch_dagster.batchfile.folder import (
     BatchFolder,
     Manifest,
@@ -333,11 +334,6 @@ def shard_results(
     )
 
 
-def _shard_ids(folder: BatchFolder, index: int) -> list[str]:
-    with folder.storage.local_copy(folder.shard_key(index)) as shard:
-        return custom_ids(shard)
-
-
 def _preview(output: Path) -> list[dict[str, str]]:
     """The first answers of an output file, for the asset's metadata."""
     preview = []
@@ -376,7 +372,7 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResour
         # The requests of shards that never ran still get a line each: nothing is dropped.
         code = c.BATCH_CANCELLED if stopped == BatchStatus.CANCELLED else c.BATCH_EXPIRED
         message = f"The batch was {stopped} before this request ran."
-        not_run = (c.not_run_line(cid, code, message) for i in missing for cid in _shard_ids(folder, i))
+        not_run = not_run_lines(folder, missing, code, message)
     with folder.storage.writing(folder.output_key) as out, folder.storage.writing(folder.error_key) as err:
         result = merge(folder.storage, folder.results_prefix, manifest.shard_count, out, err,
                        not_run=not_run, missing_ok=bool(stopped))

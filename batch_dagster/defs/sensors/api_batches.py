@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dagster as dg
 
+from batch_dagster.batchfile.failure import keep_finished
+from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.db import repo
 from batch_dagster.db.labels import input_filenames, run_tags
@@ -11,7 +13,7 @@ from batch_dagster.db.lifecycle import sync_batch
 from batch_dagster.defs.dagster_internals import run_end_reason, worker_gone
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.partitions import batches
-from batch_dagster.defs.resources import DatabaseResource, StorageResource, VLLMResource
+from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource, VLLMResource
 
 PARTITION_TAG = "dagster/partition"
 RETRY_NUMBER_TAG = "dagster/retry_number"
@@ -103,10 +105,12 @@ def _retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Brings the API's batches up to date with their runs: progress, the end, and runs that failed "
-    "for good (after Dagster's run retries) or whose process is gone with serve.",
+    "for good (after Dagster's run retries; the batch keeps the shards they finished) or whose process is gone "
+    "with serve.",
 )
 def api_batch_status_sensor(
-    context: dg.SensorEvaluationContext, database: DatabaseResource, storage: StorageResource
+    context: dg.SensorEvaluationContext, database: DatabaseResource, storage: StorageResource,
+    pipeline: PipelineConfig,
 ) -> dg.SkipReason:
     instance, folders = context.instance, storage.storage()
     moved, followed = 0, set()
@@ -139,7 +143,12 @@ def api_batch_status_sensor(
                 if _retry_pending(instance, run):
                     context.log.info(f"{batch.id}: run {run.run_id} failed; Dagster will retry it")
                     continue
-                sync_batch(session, folders, batch, run_failure=run_failure_message(instance, run))
+                failure = run_failure_message(instance, run)
+                try:
+                    keep_finished(BatchFolder(folders, batch.id), failure, pipeline.prices())
+                except Exception as exc:  # the store unreachable: the batch still ends, without its files
+                    context.log.error(f"{batch.id}: could not keep what its run finished ({exc!r})")
+                sync_batch(session, folders, batch, run_failure=failure)
             if batch.status != before:
                 moved += 1
                 context.log.info(f"{batch.id}: {before} -> {batch.status}")
