@@ -160,7 +160,9 @@ def fail_from_call(n: int):
     return hook
 
 
-def test_a_run_that_fails_for_good_keeps_the_committed_shards(tmp_path, data_dir, instance):
+def test_a_run_that_fails_for_good_keeps_the_committed_shards(tmp_path, data_dir, instance, capsys):
+    from batch_dagster.cli import _print_summary
+
     engine = FakeEngine(on_call=fail_from_call(2))  # shard 0 commits, then the run fails for good at shard 1
     defs = make_defs(data_dir, fake_vllm("fails-for-good", engine), shard_size=2)
     rows = [chat_request(f"r{i}", f"question {i} " + "pad " * i, max_tokens=8) for i in range(6)]
@@ -182,3 +184,7 @@ def test_a_run_that_fails_for_good_keeps_the_committed_shards(tmp_path, data_dir
     assert summary["usage"]["output_tokens"] > 0 and 0 < summary["cost"]["total_cost"]
     folder = StorageResource(data_dir=str(data_dir)).folder(summary["batch_id"])
     assert folder.summary().status == "failed" and folder.summary().errors[0].code == "pipeline_error"
+    _print_summary(run)  # what `batch-dagster run` prints: the failure, and what it kept
+    printed = capsys.readouterr()
+    assert "failed" in printed.out and "[pipeline_error]" in printed.err
+    assert "requests: 6 total, 2 completed, 4 failed" in printed.out and str(tmp_path / "out") in printed.out
