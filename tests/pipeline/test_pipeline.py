@@ -188,3 +188,18 @@ def test_a_run_that_fails_for_good_keeps_the_committed_shards(tmp_path, data_dir
     printed = capsys.readouterr()
     assert "failed" in printed.out and "[pipeline_error]" in printed.err
     assert "requests: 6 total, 2 completed, 4 failed" in printed.out and str(tmp_path / "out") in printed.out
+
+
+def test_a_terminated_run_stops_instead_of_retrying_the_step(tmp_path, data_dir, instance):
+    def terminated(call: int) -> None:
+        if call >= 2:  # what Dagster raises in the step when the run is terminated (the UI's Terminate, SIGTERM)
+            raise dg.DagsterExecutionInterruptedError()
+
+    engine = FakeEngine(on_call=terminated)
+    defs = make_defs(data_dir, fake_vllm("terminated", engine), shard_size=2)
+    rows = [chat_request(f"r{i}", f"q {i}") for i in range(6)]
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs, instance=instance).to_dict()
+    assert len(engine.calls) == 2  # not run on by the step's RetryPolicy
+    assert summary["status"] == "failed" and "terminated" in summary["errors"][0]["message"]
+    assert summary["request_counts"] == {"total": 6, "completed": 2, "failed": 4}

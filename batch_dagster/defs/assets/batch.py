@@ -7,6 +7,7 @@ Every asset is partitioned by batch and idempotent: a re-run reuses what is alre
 import hashlib
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -257,6 +258,16 @@ class _ShardProgress:
                           f"({100 * self.done // self.size}%){rate}{load}")
 
 
+@contextmanager
+def stops_when_terminated() -> Iterator[None]:
+    """A run that is terminated (the UI's Terminate, a SIGTERM) ends this step for good, keeping its committed
+    shards. Dagster 1.13 answers an interrupt with the step's RetryPolicy: the step would run the batch on."""
+    try:
+        yield
+    except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt) as exc:
+        raise dg.Failure("The run was terminated while it ran the batch's shards.", allow_retries=False) from exc
+
+
 def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) -> list[dict[str, Any]]:
     message = f"The engine failed on this shard after {INFERENCE_RETRIES + 1} attempts: {reason}"
     return [c.request_error_line(cid, c.ENGINE_ERROR, message, status_code=500) for cid, _ in requests]
@@ -287,7 +298,7 @@ def shard_results(
     ran_requests = 0
     ran_tokens = 0
     stopped = None
-    with dies_with_its_run(context):
+    with dies_with_its_run(context), stops_when_terminated():
         for index in todo:
             stopped = folder.stop_reason()
             if stopped:
