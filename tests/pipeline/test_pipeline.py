@@ -192,7 +192,9 @@ def test_a_run_that_fails_for_good_keeps_the_committed_shards(tmp_path, data_dir
 
 def test_a_terminated_run_stops_instead_of_retrying_the_step(tmp_path, data_dir, instance):
     def terminated(call: int) -> None:
-        if call >= 2:  # what Dagster raises in the step when the run is terminated (the UI's Terminate, SIGTERM)
+        if call >= 2:  # the UI's Terminate: the run is marked CANCELING, then Dagster interrupts the step
+            [run] = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+            instance.report_run_canceling(run)
             raise dg.DagsterExecutionInterruptedError()
 
     engine = FakeEngine(on_call=terminated)

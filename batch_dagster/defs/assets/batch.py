@@ -259,12 +259,16 @@ class _ShardProgress:
 
 
 @contextmanager
-def stops_when_terminated() -> Iterator[None]:
-    """A run that is terminated (the UI's Terminate, a SIGTERM) ends this step for good, keeping its committed
-    shards. Dagster 1.13 answers an interrupt with the step's RetryPolicy: the step would run the batch on."""
+def stops_when_terminated(context: dg.AssetExecutionContext) -> Iterator[None]:
+    """A run terminated on purpose (the UI's Terminate: the run is CANCELING) ends this step for good, keeping its
+    committed shards. Dagster 1.13 answers the interrupt with the step's RetryPolicy, so the step would run the
+    batch on. Any other interrupt (serve stopped, the process signalled) is Dagster's to handle, as before."""
     try:
         yield
     except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt) as exc:
+        run = context.instance.get_run_by_id(context.run.run_id)
+        if run is None or run.status != dg.DagsterRunStatus.CANCELING:
+            raise
         raise dg.Failure("The run was terminated while it ran the batch's shards.", allow_retries=False) from exc
 
 
@@ -298,7 +302,7 @@ def shard_results(
     ran_requests = 0
     ran_tokens = 0
     stopped = None
-    with dies_with_its_run(context), stops_when_terminated():
+    with dies_with_its_run(context), stops_when_terminated(context):
         for index in todo:
             stopped = folder.stop_reason()
             if stopped:
