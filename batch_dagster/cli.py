@@ -111,6 +111,9 @@ def _print_summary(run: RunSummary) -> None:
             print(f"  {where}{field}: [{e.code}] {e.message}", file=sys.stderr)
         if len(errors) > 20:
             print(f"  ... and {len(errors) - 20} more", file=sys.stderr)
+        if summary.usage is not None:  # it kept what its run finished
+            print(f"  requests: {rc.total} total, {rc.completed} completed, {rc.failed} failed")
+            print(f"  output:   {run.output_file}\n  errors:   {run.error_file}")
         if run.log_file:
             print(f"  log:      {run.log_file}", file=sys.stderr)
         return

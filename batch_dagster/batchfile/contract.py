@@ -74,6 +74,9 @@ CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 ENGINE_ERROR = "engine_error"
 BATCH_EXPIRED = "batch_expired"
 BATCH_CANCELLED = "batch_cancelled"
+BATCH_FAILED = "batch_failed"  # the batch's run failed for good before this request ran
+# The batch-level error (errors.data) of a batch whose pipeline run failed.
+PIPELINE_ERROR = "pipeline_error"
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ class FinishedBatch:
     requests: int = 0
     completed: int = 0
     failed: int = 0
-    not_run: int = 0  # requests that never reached the engine: an invalid file's, or a run that failed
+    not_run: int = 0  # requests in neither file: an invalid file's (a failed run writes a line for each)
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float = 0.0

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -178,7 +178,7 @@ class Merged(Document):
 
     TYPED = {"request_counts": RequestCounts.from_dict, "usage": Usage.from_dict}
 
-    status: str  # BatchStatus.COMPLETED, CANCELLED or EXPIRED
+    status: str  # BatchStatus.COMPLETED, CANCELLED or EXPIRED; FAILED when its run failed for good
     request_counts: RequestCounts
     usage: Usage
     error_codes: dict[str, int]
@@ -188,7 +188,8 @@ class Merged(Document):
 class Summary(Document):
     """The batch's end: usage, cost and the record of how it ran (written last)."""
 
-    TYPED = {"request_counts": RequestCounts.from_dict, "usage": Usage.from_dict, "cost": Cost.from_dict}
+    TYPED = {"request_counts": RequestCounts.from_dict, "usage": Usage.from_dict, "cost": Cost.from_dict,
+             "errors": BatchError.from_dict}
 
     batch_id: str
     status: str
@@ -204,6 +205,7 @@ class Summary(Document):
     output_file: str
     error_file: str
     completed_at: str
+    errors: list[BatchError] = field(default_factory=list)  # why a failed batch's run failed (its errors.data)
 
 
 class BatchFolder:
@@ -310,9 +312,13 @@ class BatchFolder:
         """Ask a running batch to stop before its next shard (reason: "cancelled" or "expired")."""
         self._write("stop.json", Stop(reason, time.time()))
 
+    def stop(self) -> Stop | None:
+        """The stop requested (a cancel, or the expiry sensor's), if any."""
+        return self._read("stop.json", Stop)
+
     def stop_reason(self) -> str | None:
         """Why the batch must stop now ("cancelled" or "expired"), or None to go on."""
-        stop = self._read("stop.json", Stop)
+        stop = self.stop()
         if stop is not None:
             return stop.reason
         deadline = self.deadline()

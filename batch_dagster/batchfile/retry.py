@@ -1,7 +1,8 @@
 """Retrying a batch's failed requests: which error lines are retryable, the child's input, merged results.
 
 A request is retried only when its failure was not its own: a 5xx line (engine_error, out_of_memory)
-or a request that never ran (batch_expired, batch_cancelled). A 4xx line would fail again the same way.
+or a request that never ran (batch_expired, batch_cancelled, or batch_failed: its batch's run failed
+first). A 4xx line would fail again the same way.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pyarrow.parquet as pq
 
 from . import contract as c
 
-NOT_RUN_CODES = (c.BATCH_EXPIRED, c.BATCH_CANCELLED)
+NOT_RUN_CODES = (c.BATCH_EXPIRED, c.BATCH_CANCELLED, c.BATCH_FAILED)
 
 
 def is_retryable(line: dict[str, Any]) -> bool:

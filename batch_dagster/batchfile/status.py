@@ -18,5 +18,3 @@ class BatchStatus(StrEnum):
 
 # The statuses a batch never leaves, in the order the webhook event types are listed.
 TERMINAL = (BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED)
-# The ends that have output and error files (a failed batch never ran).
-WITH_FILES = (BatchStatus.COMPLETED, BatchStatus.CANCELLED, BatchStatus.EXPIRED)

@@ -64,8 +64,8 @@ class BatchSummary:
     def of(cls, summary: Summary) -> BatchSummary:
         return cls(batch_id=summary.batch_id, status=summary.status, endpoint=summary.endpoint, model=summary.model,
                    request_counts=summary.request_counts, usage=summary.usage, cost=summary.cost,
-                   inference_s=summary.inference_s, output_tokens_per_s=summary.output_tokens_per_s,
-                   engine=EngineRun.of(summary.record))
+                   errors=summary.errors or None, inference_s=summary.inference_s,
+                   output_tokens_per_s=summary.output_tokens_per_s, engine=EngineRun.of(summary.record))
 
     @classmethod
     def failed(cls, batch_id: str, validation: Validation | None, errors: list[BatchError]) -> BatchSummary:

@@ -15,18 +15,16 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, update
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.contract import MAX_MODEL_CHARS, BatchError
+from batch_dagster.batchfile.contract import MAX_MODEL_CHARS, PIPELINE_ERROR, BatchError
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.results import RequestCounts, committed_shards
-from batch_dagster.batchfile.status import TERMINAL, WITH_FILES, BatchStatus
+from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.usage import Usage
 
 from .models import BatchRecord, FileRecord
 from .repo import new_file_id, now
 from .webhooks import add_event
-
-PIPELINE_ERROR = "pipeline_error"
 
 
 @dataclass
@@ -39,6 +37,7 @@ class Observation:
     usage: Usage | None = None
     model: str | None = None
     errors: list[BatchError] | None = None
+    has_files: bool = False  # the output and error files are written (the pipeline's summary.json is there)
 
 
 def observe(folder: BatchFolder) -> Observation:
@@ -67,6 +66,8 @@ def observe(folder: BatchFolder) -> Observation:
         obs.status = summary.status
         obs.timestamps[f"{obs.status}_at"] = folder.summary_modified_at()
         obs.request_counts, obs.usage, obs.model = summary.request_counts, summary.usage, summary.model
+        obs.errors = summary.errors or None  # why its run failed, when it did
+        obs.has_files = True
         return obs
 
     # Running: the counts move with every committed shard.
@@ -158,7 +159,7 @@ def apply(session: Session, folder: BatchFolder, batch: BatchRecord, obs: Observ
     if result.rowcount == 1 and values.get("status") in TERMINAL:
         # In the status's own transaction: exactly one event per batch that ends, whoever stored the end.
         add_event(session, batch.id, batch.owner, values["status"])
-    if result.rowcount == 1 and values.get("status") in WITH_FILES:
+    if result.rowcount == 1 and values.get("status") in TERMINAL and obs.has_files:
         output, error = _result_files(folder, batch, now())
         session.add_all([output, error])
         session.flush()

@@ -38,7 +38,8 @@ def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, com
     ids = retryable_ids(_lines(storage, error_file)) if error_file is not None else []
     if not ids or not storage.exists(folder.requests_key):
         raise CannotRetry(f"Batch {parent.id} has no request to retry: only requests that failed with a server "
-                          "error (5xx) or never ran (batch_expired, batch_cancelled) are retried, never 4xx.")
+                          "error (5xx) or never ran (batch_expired, batch_cancelled, batch_failed) are retried, "
+                          "never 4xx.")
     input_file = add_input_file(session, owner=parent.owner, file_id=repo.new_file_id(),
                                 filename=f"{parent.id}_retry.jsonl", size=0)
     with storage.local_copy(folder.requests_key) as requests, storage.writing(input_file.path) as path:

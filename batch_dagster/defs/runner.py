@@ -16,7 +16,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TextIO
 
-from batch_dagster.batchfile.contract import BatchError
+from batch_dagster.batchfile.contract import PIPELINE_ERROR, BatchError
+from batch_dagster.batchfile.failure import keep_finished
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder
 from batch_dagster.batchfile.results import committed_shards
 from batch_dagster.batchfile.summary import BatchSummary, RunSummary
@@ -165,7 +166,6 @@ def run_batch(
     import dagster as dg
 
     from batch_dagster.db.labels import run_tags
-    from batch_dagster.db.lifecycle import PIPELINE_ERROR
     from batch_dagster.defs.partitions import batches
 
     if defs is None:
@@ -211,10 +211,13 @@ def run_batch(
                 from batch_dagster.engine.offline import shutdown_all
 
                 shutdown_all()
-    record.sync(None if result.success else _failure_message(result))
+    failure = None if result.success else _failure_message(result)
+    if failure is not None:  # as the daemon ends a run that failed for good: what it finished is kept
+        keep_finished(folder, failure, defs.resources["pipeline"].prices())
+    record.sync(failure)
     out_dir.mkdir(parents=True, exist_ok=True)
     output_file, error_file = out_dir / OUTPUT, out_dir / ERRORS
-    done = folder.summary() if result.success else None
+    done = folder.summary()
     if done is not None:
         for key, dest in ((folder.output_key, output_file), (folder.error_key, error_file)):
             with folder.storage.open(key) as src, open(dest, "wb") as out:

@@ -40,10 +40,11 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
         vllm = vllm or fake_vllm(f"api-{tmp_path.name}", engine)
         instance = stack.enter_context(dg.instance_for_test())
         storage = StorageResource(data_dir=str(data_dir), url=storage_url)
-        resources = {"database": DatabaseResource(url=config.database_url), "storage": storage, "vllm": vllm}
+        defs = make_defs(data_dir, vllm, shard_size, storage_url)
+        resources = {"database": DatabaseResource(url=config.database_url), "storage": storage, "vllm": vllm,
+                     "pipeline": defs.resources["pipeline"]}
         server = stack.enter_context(ApiServer(create_app(config)))
-        service = Service(server.url, data_dir, config, engine, Worker(make_defs(data_dir, vllm, shard_size, storage_url), instance, resources),
-                          instance, storage)
+        service = Service(server.url, data_dir, config, engine, Worker(defs, instance, resources), instance, storage)
         services.append(service)
         if worker:
             service.start_worker()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import dagster as dg
 import openai
 import pytest
 
@@ -127,4 +128,39 @@ def test_retry_after_the_engine_crashed_on_a_shard_past_its_retries(start_servic
     assert sorted(x["custom_id"] for x in file_lines(client, child.output_file_id)) == sorted(e["custom_id"] for e in err)
     merged = file_lines(client, child.output_file_id, merged=True)
     assert sorted(x["custom_id"] for x in merged) == sorted(r["custom_id"] for r in requests)
+    assert file_lines(client, child.error_file_id, merged=True) == []
+
+
+def test_a_batch_whose_run_failed_for_good_keeps_its_shards_and_retries_the_rest(start_service, tmp_path):
+    def fail_from_the_second_shard(call: int) -> None:
+        if call >= 2:
+            raise dg.Failure("the batch store is unreachable (injected)", allow_retries=False)
+
+    engine = FakeEngine(on_call=fail_from_the_second_shard)
+    service = start_service(shard_size=2, engine=engine)
+    client = service.client()
+    requests = rows(6, max_tokens=8)
+    parent = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", requests), endpoint=CHAT,
+                                   completion_window="24h")
+    parent = wait_for(client, parent.id, {"failed", "completed"})
+
+    assert parent.status == "failed" and parent.failed_at is not None
+    assert parent.request_counts.model_dump() == {"total": 6, "completed": 2, "failed": 4}
+    [error] = parent.errors.data
+    assert error.code == "pipeline_error" and "injected" in error.message
+    out, err = file_lines(client, parent.output_file_id), file_lines(client, parent.error_file_id)
+    kept = engine.calls[0]
+    assert [x["custom_id"] for x in out] == kept  # the shard that committed before the run failed
+    assert sorted(x["custom_id"] for x in out + err) == sorted(r["custom_id"] for r in requests)  # each once
+    assert {e["error"]["code"] for e in err} == {"batch_failed"}
+    assert all("run failed" in e["error"]["message"] for e in err)
+    # Billed: the two answers only.
+    assert parent.usage.output_tokens == sum(x["response"]["body"]["usage"]["completion_tokens"] for x in out) > 0
+
+    engine.on_call = None
+    child = wait_for(client, retry(client, parent.id).id, "completed")
+    assert child.request_counts.model_dump() == {"total": 4, "completed": 4, "failed": 0}
+    assert sorted(engine.calls[-2] + engine.calls[-1]) == sorted(e["custom_id"] for e in err)  # only the rest ran
+    merged_out = file_lines(client, child.output_file_id, merged=True)
+    assert sorted(x["custom_id"] for x in merged_out) == sorted(r["custom_id"] for r in requests)
     assert file_lines(client, child.error_file_id, merged=True) == []

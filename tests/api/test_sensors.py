@@ -12,7 +12,7 @@ from batch_dagster.db import BatchRecord, repo
 from batch_dagster.db.batches import add_input_file, create_batch
 from batch_dagster.definitions import defs
 from batch_dagster.defs.dagster_internals import GRPC_INFO_TAG
-from batch_dagster.defs.resources import DatabaseResource, StorageResource
+from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource
 from batch_dagster.defs.sensors import api_batch_sensor, api_batch_status_sensor
 from tests.helpers import CHAT_MODEL, EMBED_MODEL, chat_request, free_port, real_vllm, write_jsonl
 
@@ -32,6 +32,7 @@ def sensor_env(tmp_path):
     storage = StorageResource(data_dir=str(tmp_path))
     # The chat model has a warm fleet (nothing listens there: no request is sent); other models run offline.
     resources = {"database": DatabaseResource(url=f"sqlite:///{tmp_path / 'api.db'}"), "storage": storage,
+                 "pipeline": PipelineConfig(),
                  "vllm": real_vllm(fleet_model=CHAT_MODEL, fleet_url=f"http://127.0.0.1:{free_port()}")}
     with dg.instance_for_test() as instance:
         yield instance, resources, storage

@@ -202,7 +202,7 @@ def test_the_end_is_registered_once_when_two_observers_race(store, tmp_path):
     folder = BatchFolder(LocalStorage(tmp_path), batch_id)
     for key in (folder.output_key, folder.error_key):
         folder.storage.write_bytes(key, b"")
-    end = Observation("completed", {"completed_at": 50}, RequestCounts(total=0, completed=0, failed=0))
+    end = Observation("completed", {"completed_at": 50}, RequestCounts(total=0, completed=0, failed=0), has_files=True)
     with store.session() as first, store.session() as second:
         # Both loaded the batch while it was still running; both see it end.
         mine, theirs = repo.get_batch(first, "a", batch_id), repo.get_batch(second, "a", batch_id)

@@ -150,3 +150,58 @@ def test_stopped_batch_keeps_finished_shards_and_accounts_for_the_rest(tmp_path,
     out, err = read_jsonl(tmp_path / "out" / "output.jsonl"), read_jsonl(tmp_path / "out" / "errors.jsonl")
     assert sorted(l["custom_id"] for l in out + err) == sorted(r["custom_id"] for r in rows)
     assert {e["error"]["code"] for e in err} == {code} and all(e["response"] is None for e in err)
+
+
+def fail_from_call(n: int):
+    """An engine hook that fails its `n`-th call and every later one, with an error that no step retry fixes."""
+    def hook(call: int) -> None:
+        if call >= n:
+            raise dg.Failure("the batch store is unreachable (injected)", allow_retries=False)
+    return hook
+
+
+def test_a_run_that_fails_for_good_keeps_the_committed_shards(tmp_path, data_dir, instance, capsys):
+    from batch_dagster.cli import _print_summary
+
+    engine = FakeEngine(on_call=fail_from_call(2))  # shard 0 commits, then the run fails for good at shard 1
+    defs = make_defs(data_dir, fake_vllm("fails-for-good", engine), shard_size=2)
+    rows = [chat_request(f"r{i}", f"question {i} " + "pad " * i, max_tokens=8) for i in range(6)]
+    run = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                    defs=defs, instance=instance)
+    summary = run.to_dict()
+
+    assert summary["status"] == "failed"
+    assert summary["request_counts"] == {"total": 6, "completed": 2, "failed": 4}
+    [error] = summary["errors"]
+    assert error["code"] == "pipeline_error" and "injected" in error["message"]
+    out, err = read_jsonl(tmp_path / "out" / "output.jsonl"), read_jsonl(tmp_path / "out" / "errors.jsonl")
+    assert [l["custom_id"] for l in out] == engine.calls[0]  # the committed shard's answers
+    assert sorted(l["custom_id"] for l in out + err) == sorted(r["custom_id"] for r in rows)  # each once
+    assert {e["error"]["code"] for e in err} == {"batch_failed"} and all(e["response"] is None for e in err)
+    assert all("run failed" in e["error"]["message"] and "injected" in e["error"]["message"] for e in err)
+    # Billed: the successful requests only.
+    assert summary["usage"]["output_tokens"] == sum(l["response"]["body"]["usage"]["completion_tokens"] for l in out)
+    assert summary["usage"]["output_tokens"] > 0 and 0 < summary["cost"]["total_cost"]
+    folder = StorageResource(data_dir=str(data_dir)).folder(summary["batch_id"])
+    assert folder.summary().status == "failed" and folder.summary().errors[0].code == "pipeline_error"
+    _print_summary(run)  # what `batch-dagster run` prints: the failure, and what it kept
+    printed = capsys.readouterr()
+    assert "failed" in printed.out and "[pipeline_error]" in printed.err
+    assert "requests: 6 total, 2 completed, 4 failed" in printed.out and str(tmp_path / "out") in printed.out
+
+
+def test_a_terminated_run_stops_instead_of_retrying_the_step(tmp_path, data_dir, instance):
+    def terminated(call: int) -> None:
+        if call >= 2:  # the UI's Terminate: the run is marked CANCELING, then Dagster interrupts the step
+            [run] = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+            instance.report_run_canceling(run)
+            raise dg.DagsterExecutionInterruptedError()
+
+    engine = FakeEngine(on_call=terminated)
+    defs = make_defs(data_dir, fake_vllm("terminated", engine), shard_size=2)
+    rows = [chat_request(f"r{i}", f"q {i}") for i in range(6)]
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs, instance=instance).to_dict()
+    assert len(engine.calls) == 2  # not run on by the step's RetryPolicy
+    assert summary["status"] == "failed" and "terminated" in summary["errors"][0]["message"]
+    assert summary["request_counts"] == {"total": 6, "completed": 2, "failed": 4}

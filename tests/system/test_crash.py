@@ -4,7 +4,7 @@ batch_job runs its steps in the run worker's own process (the in-process executo
 model worker killed) fails the shard: the step is retried in the same run (the op's RetryPolicy) with a new
 engine. A killed run worker is retried as a new run (`run_retries`), and its engine does not outlive it.
 Either way committed shards are kept, and every custom_id ends up in the output or error file exactly once.
-A batch whose runs keep dying fails, with the reason, once retries run out.
+A batch whose runs keep dying, or whose run is terminated, fails with the reason and keeps what it finished.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 import time
 
 import dagster as dg
+import openai
 import psutil
 import pytest
 
@@ -132,6 +133,7 @@ def test_serve_stopped_mid_run_then_every_retry_dying_fails_the_batch_with_the_r
         failed = serve.wait_for(batch.id, {"completed", "failed"}, 180)
         with serve.instance() as instance:
             runs = batch_runs(instance, batch.id)
+        out, err = lines(serve.client(), failed.output_file_id), lines(serve.client(), failed.error_file_id)
 
     assert [r.status for r in runs] == [dg.DagsterRunStatus.FAILURE] * 3
     assert [r.tags.get("dagster/retry_number") for r in runs] == [None, "1", "2"]
@@ -141,10 +143,57 @@ def test_serve_stopped_mid_run_then_every_retry_dying_fails_the_batch_with_the_r
     assert kept and not kept & {cid for c in engine_calls(calls)[calls_before:] for cid in c["custom_ids"]}
 
     assert failed.status == "failed" and failed.failed_at is not None
-    assert failed.request_counts.model_dump() == {"total": 10, "completed": 2 * len(stopped) // 3, "failed": 0}
+    # It keeps what it finished: the shards committed before serve stopped; every other request is an error line.
+    assert failed.request_counts.model_dump() == {"total": 10, "completed": len(kept), "failed": 10 - len(kept)}
     [error] = failed.errors.data
     assert error.code == "pipeline_error"
     assert f"Dagster run {runs[-1].run_id}, retry 2" in error.message and "signal 9 (SIGKILL)" in error.message
+    assert {x["custom_id"] for x in out} == kept
+    assert sorted(x["custom_id"] for x in out + err) == sorted(r["custom_id"] for r in rows)
+    assert {e["error"]["code"] for e in err} == {"batch_failed"}
+
+
+@pytest.mark.engine
+def test_a_run_terminated_after_a_shard_committed_keeps_it_and_retry_runs_the_rest(tmp_path):
+    # 8 shards of 4 requests of 40 tokens each: the run is still inferring when it is terminated.
+    rows = [chat_request(f"q{i:02d}", f"Say the number {i} and name a color.", max_tokens=40, min_tokens=40,
+                         temperature=0) for i in range(4 * SHARDS)]
+    with Serve(tmp_path, BATCH_SHARD_SIZE="4") as serve:
+        client = serve.client()
+        batch = serve.create_batch(rows)
+        results = serve.data_dir / "batches" / batch.id / "results"
+        wait_until(lambda: committed_in(results), 240, serve, "no shard committed")
+        with serve.instance() as instance:
+            [run] = instance.get_runs(dg.RunsFilter(job_name="batch_job", tags={"dagster/partition": batch.id}))
+            instance.run_coordinator.cancel_run(run.run_id)  # what the UI's Terminate does
+            [ended] = batch_runs(instance, batch.id, timeout_s=120)
+        failed = serve.wait_for(batch.id, {"completed", "failed", "cancelled"}, 120)
+        kept = {x["custom_id"] for p in committed_files(results) if p.name.endswith(".output.jsonl")
+                for x in read_jsonl(p)}
+        out, err = lines(client, failed.output_file_id), lines(client, failed.error_file_id)
+
+        retried = client.post(f"/batches/{batch.id}/retry", cast_to=openai.types.Batch)
+        child = serve.wait_for(retried.id, {"completed", "failed"}, 600)
+        child_out = lines(client, child.output_file_id)
+        merged = client.get(f"/files/{child.output_file_id}/content", cast_to=str, options={"params": {"merged": "true"}})
+
+    assert ended.status == dg.DagsterRunStatus.CANCELED
+    assert failed.status == "failed", failed
+    [error] = failed.errors.data
+    assert error.code == "pipeline_error" and run.run_id in error.message
+    # The shards committed before the run was terminated are its output; every other request an error line.
+    assert kept and {x["custom_id"] for x in out} == kept and len(out) == len(kept)
+    assert err and {e["error"]["code"] for e in err} == {"batch_failed"}
+    assert sorted(x["custom_id"] for x in out + err) == sorted(r["custom_id"] for r in rows)
+    assert failed.request_counts.model_dump() == {"total": len(rows), "completed": len(kept), "failed": len(err)}
+    assert failed.usage.output_tokens == 40 * len(kept)  # billed: the answers only
+
+    # The retry runs exactly the requests that never ran; merged with its parent, every request is answered.
+    assert child.status == "completed" and child.request_counts.total == len(err)
+    assert sorted(x["custom_id"] for x in child_out) == sorted(e["custom_id"] for e in err)
+    merged = merged if isinstance(merged, str) else merged.text
+    assert sorted(json.loads(x)["custom_id"] for x in merged.splitlines() if x.strip()) == sorted(
+        r["custom_id"] for r in rows)
 
 
 @pytest.mark.engine

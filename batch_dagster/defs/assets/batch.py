@@ -7,6 +7,7 @@ Every asset is partitioned by batch and idempotent: a re-run reuses what is alre
 import hashlib
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ import pyarrow.parquet as pq
 from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.columnar import custom_ids, read_shard, validate_to_parquet, write_shards
+from batch_dagster.batchfile.columnar import read_shard, validate_to_parquet, write_shards
+from batch_dagster.batchfile.failure import not_run_lines
 from batch_dagster.batchfile.folder import (
     BatchFolder,
     Manifest,
@@ -256,6 +258,20 @@ class _ShardProgress:
                           f"({100 * self.done // self.size}%){rate}{load}")
 
 
+@contextmanager
+def stops_when_terminated(context: dg.AssetExecutionContext) -> Iterator[None]:
+    """A run terminated on purpose (the UI's Terminate: the run is CANCELING) ends this step for good, keeping its
+    committed shards. Dagster 1.13 answers the interrupt with the step's RetryPolicy, so the step would run the
+    batch on. Any other interrupt (serve stopped, the process signalled) is Dagster's to handle, as before."""
+    try:
+        yield
+    except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt) as exc:
+        run = context.instance.get_run_by_id(context.run.run_id)
+        if run is None or run.status != dg.DagsterRunStatus.CANCELING:
+            raise
+        raise dg.Failure("The run was terminated while it ran the batch's shards.", allow_retries=False) from exc
+
+
 def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) -> list[dict[str, Any]]:
     message = f"The engine failed on this shard after {INFERENCE_RETRIES + 1} attempts: {reason}"
     return [c.request_error_line(cid, c.ENGINE_ERROR, message, status_code=500) for cid, _ in requests]
@@ -286,7 +302,7 @@ def shard_results(
     ran_requests = 0
     ran_tokens = 0
     stopped = None
-    with dies_with_its_run(context):
+    with dies_with_its_run(context), stops_when_terminated(context):
         for index in todo:
             stopped = folder.stop_reason()
             if stopped:
@@ -333,11 +349,6 @@ def shard_results(
     )
 
 
-def _shard_ids(folder: BatchFolder, index: int) -> list[str]:
-    with folder.storage.local_copy(folder.shard_key(index)) as shard:
-        return custom_ids(shard)
-
-
 def _preview(output: Path) -> list[dict[str, str]]:
     """The first answers of an output file, for the asset's metadata."""
     preview = []
@@ -376,7 +387,7 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResour
         # The requests of shards that never ran still get a line each: nothing is dropped.
         code = c.BATCH_CANCELLED if stopped == BatchStatus.CANCELLED else c.BATCH_EXPIRED
         message = f"The batch was {stopped} before this request ran."
-        not_run = (c.not_run_line(cid, code, message) for i in missing for cid in _shard_ids(folder, i))
+        not_run = not_run_lines(folder, missing, code, message)
     with folder.storage.writing(folder.output_key) as out, folder.storage.writing(folder.error_key) as err:
         result = merge(folder.storage, folder.results_prefix, manifest.shard_count, out, err,
                        not_run=not_run, missing_ok=bool(stopped))

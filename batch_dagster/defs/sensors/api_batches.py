@@ -5,15 +5,18 @@ from __future__ import annotations
 import dagster as dg
 from sqlalchemy.orm import Session
 
+from batch_dagster.batchfile.failure import keep_finished
+from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.batchfile.usage import PriceTable
 from batch_dagster.db import BatchRecord, repo
 from batch_dagster.db.labels import OWNER_TAG, input_filenames, run_tags
 from batch_dagster.db.lifecycle import sync_batch
 from batch_dagster.defs.dagster_internals import run_end_reason, worker_gone
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.partitions import batches
-from batch_dagster.defs.resources import DatabaseResource, StorageResource, VLLMResource
+from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.defs.runner import CLI_GONE, cli_process_gone
 from batch_dagster.defs.sensors.fairness import with_fair_priorities
 
@@ -119,7 +122,7 @@ def _retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
 
 
 def _follow(context: dg.SensorEvaluationContext, session: Session, folders: Storage, batch: BatchRecord,
-            followed: set[str]) -> None:
+            followed: set[str], prices: PriceTable) -> None:
     """Bring one batch up to date with its latest run (each change committed by itself: its own transaction)."""
     instance = context.instance
     run = latest_run(instance, batch.id)
@@ -143,25 +146,32 @@ def _follow(context: dg.SensorEvaluationContext, session: Session, folders: Stor
         if _retry_pending(instance, run):
             context.log.info(f"{batch.id}: run {run.run_id} failed; Dagster will retry it")
             return
-        sync_batch(session, folders, batch, run_failure=run_failure_message(instance, run))
+        failure = run_failure_message(instance, run)
+        try:
+            keep_finished(BatchFolder(folders, batch.id), failure, prices)
+        except Exception as exc:  # the store unreachable: the batch still ends, without its files
+            context.log.error(f"{batch.id}: could not keep what its run finished ({str(exc)[:500]})")
+        sync_batch(session, folders, batch, run_failure=failure)
 
 
 @dg.sensor(
     minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Brings the API's batches up to date with their runs: progress, the end, and runs that failed "
-    "for good (after Dagster's run retries) or whose process is gone with serve.",
+    "for good (after Dagster's run retries; the batch keeps the shards they finished) or whose process is gone "
+    "with serve.",
 )
 def api_batch_status_sensor(
-    context: dg.SensorEvaluationContext, database: DatabaseResource, storage: StorageResource
+    context: dg.SensorEvaluationContext, database: DatabaseResource, storage: StorageResource,
+    pipeline: PipelineConfig,
 ) -> dg.SkipReason:
-    instance, folders = context.instance, storage.storage()
+    instance, folders, prices = context.instance, storage.storage(), pipeline.prices()
     moved, followed = 0, set[str]()
     with database.session() as session:
         for batch in repo.active_batches(session):
             batch_id, before = batch.id, batch.status
             try:
-                _follow(context, session, folders, batch, followed)
+                _follow(context, session, folders, batch, followed, prices)
             except Exception as exc:  # a value the store refuses, a damaged document: the other batches still move
                 session.rollback()
                 context.log.error(f"{batch_id}: could not be brought up to date ({str(exc)[:500]}); left as stored, "

@@ -1,0 +1,96 @@
+"""A batch whose run failed for good keeps what it finished: the committed shards' lines, and an error line for
+every other request, so each custom_id is in the output or the error file exactly once and a retry runs again
+exactly those that never ran. It ends the way a cancel ends, with its own code (`batch_failed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from . import contract as c
+from .columnar import custom_ids
+from .folder import BatchFolder, Merged, Summary
+from .results import committed_shards, merge
+from .status import BatchStatus
+from .usage import PriceTable, cost_of
+
+# How much of the run's failure each error line repeats (the batch's errors.data holds a longer part).
+LINE_REASON_CHARS = 200
+ERROR_REASON_CHARS = 2000
+NOT_RUN_CODES = {BatchStatus.CANCELLED: c.BATCH_CANCELLED, BatchStatus.EXPIRED: c.BATCH_EXPIRED}
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` on one line, cut to `limit` characters with "…"."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def not_run_lines(folder: BatchFolder, shards: Iterable[int], code: str, message: str) -> Iterator[dict[str, Any]]:
+    """An error line for each request of `shards` (shards that never committed): nothing is dropped."""
+    for index in shards:
+        with folder.storage.local_copy(folder.shard_key(index)) as shard:
+            ids = custom_ids(shard)
+        for cid in ids:
+            yield c.not_run_line(cid, code, message)
+
+
+def _unfinished(folder: BatchFolder, code: str, message: str) -> tuple[int, Iterator[dict[str, Any]]]:
+    """The shard count to merge, and an error line for each request that is in no committed shard."""
+    manifest = folder.manifest()
+    if manifest is None:  # failed before its shards were cut: every validated request is unfinished
+        def every_request() -> Iterator[dict[str, Any]]:
+            with folder.storage.local_copy(folder.requests_key) as requests:
+                ids = custom_ids(requests)
+            for cid in ids:
+                yield c.not_run_line(cid, code, message)
+        return 0, every_request()
+    done = committed_shards(folder.storage, folder.results_prefix)
+    missing = [i for i in range(manifest.shard_count) if i not in done]
+    return manifest.shard_count, not_run_lines(folder, missing, code, message)
+
+
+def keep_finished(folder: BatchFolder, reason: str, prices: PriceTable) -> Summary | None:
+    """End a batch whose run failed for good (`reason`: how it failed) with what it finished.
+
+    Writes its output file (the committed shards' output lines), its error file (their error lines, then one
+    line per request that never ran), merged.json and summary.json: usage and cost count the successful
+    requests only. A batch asked to stop (cancel, expiry) ends as that stop would have ended it. None when
+    there is nothing to keep (the input was never validated, or was invalid); a batch that already has its
+    summary keeps it.
+    """
+    if (ended := folder.summary()) is not None:
+        return ended
+    validation = folder.validation()
+    if validation is None or not validation.valid or not validation.model or not validation.endpoint \
+            or not folder.storage.exists(folder.requests_key):
+        return None
+    stop = folder.stop()
+    if stop is not None and stop.reason in NOT_RUN_CODES:
+        status, code = BatchStatus(stop.reason), NOT_RUN_CODES[BatchStatus(stop.reason)]
+        message = f"The batch was {stop.reason} before this request ran."
+        errors = []
+    else:
+        status, code = BatchStatus.FAILED, c.BATCH_FAILED
+        message = f"The batch's run failed before this request ran: {clip(reason, LINE_REASON_CHARS)}"
+        errors = [c.BatchError(c.PIPELINE_ERROR, clip(reason, ERROR_REASON_CHARS))]
+    shard_count, not_run = _unfinished(folder, code, message)
+    with folder.storage.writing(folder.output_key) as out, folder.storage.writing(folder.error_key) as err:
+        result = merge(folder.storage, folder.results_prefix, shard_count, out, err, not_run=not_run, missing_ok=True)
+    folder.write_merged(Merged(status=status, request_counts=result.request_counts, usage=result.usage,
+                               error_codes=result.error_codes))
+    shards = committed_shards(folder.storage, folder.results_prefix).values()
+    inference_s = round(sum(s.duration_s for s in shards), 3)
+    summary = Summary(
+        batch_id=folder.batch_id, status=status, endpoint=validation.endpoint, model=validation.model,
+        request_counts=result.request_counts, usage=result.usage, cost=cost_of(result.usage, validation.model, prices),
+        error_codes=result.error_codes, inference_s=inference_s,
+        output_tokens_per_s=round(result.usage.output_tokens / inference_s, 1) if inference_s else 0.0,
+        record={"engine_start_s": round(sum(s.engine_start_s for s in shards), 3)},
+        output_file=folder.storage.uri(folder.output_key), error_file=folder.storage.uri(folder.error_key),
+        completed_at=datetime.now(UTC).isoformat(timespec="seconds"), errors=errors,
+    )
+    folder.write_summary(summary)  # last: it is what ends the batch
+    return summary
