@@ -18,7 +18,7 @@ from batch_dagster.batchfile.contract import CHAT, MAX_FILENAME_CHARS, MAX_MODEL
 from batch_dagster.batchfile.folder import Validation
 from batch_dagster.db import BatchRecord, Database, FileRecord, repo
 from batch_dagster.db.batches import add_input_file, create_batch
-from batch_dagster.defs.resources import DatabaseResource, StorageResource
+from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource
 from batch_dagster.defs.sensors import api_batch_status_sensor, api_batches, inbox_sensor, s3_upload_sensor
 from tests.helpers import BUCKET, Daemon, FakeEngine, chat_request, fake_vllm, jsonl, rows, write_jsonl
 
@@ -70,7 +70,7 @@ def test_one_batch_that_cannot_be_synced_stops_no_other(store, db_url, tmp_path,
             return real_message(instance, run)
 
         monkeypatch.setattr(api_batches, "run_failure_message", failing)
-        resources = {"database": DatabaseResource(url=db_url), "storage": storage}
+        resources = {"database": DatabaseResource(url=db_url), "storage": storage, "pipeline": PipelineConfig()}
         result = api_batch_status_sensor(dg.build_sensor_context(instance=instance, resources=resources))
         assert result.skip_message == "3 batch(es) changed status."
         with store.session() as session:
