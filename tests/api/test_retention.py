@@ -5,19 +5,26 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
+from dataclasses import replace
+from datetime import UTC, date, datetime
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import dagster as dg
 import openai
 import pytest
 from sqlalchemy import update
 
-from batch_dagster.db import BatchRecord, Database, FileRecord
+from batch_dagster.db import BatchRecord, Database, FileRecord, repo
+from batch_dagster.db.retention import first_batch_created_at
+from batch_dagster.defs.partitions import report_start
 from batch_dagster.defs.resources import Retention
 from batch_dagster.defs.sensors import file_expiry_sensor, history_retention_sensor
 from batch_dagster.defs.sensors import retention as retention_sensor
-from batch_dagster.settings import DAY_S
-from tests.helpers import rows, upload, wait_for
+from batch_dagster.settings import DAY_S, Settings
+from tests.helpers import check_retention_queries, rows, upload, wait_for
 
 CHAT = "/v1/chat/completions"
 EXPIRING = {"anchor": "created_at", "seconds": 3600}
@@ -38,10 +45,14 @@ def _run_db(instance: dg.DagsterInstance, run_id: str) -> Path:
 
 
 def _history(instance: dg.DagsterInstance, data_dir: Path, batch_id: str) -> dict:
-    """What Dagster and the folder hold of a batch: partition, runs, events, step logs, run databases, files."""
+    """What Dagster and the folder hold of a batch: partition, runs, events, check results, step logs, run databases,
+    files."""
     storage = Path(instance.root_directory) / "storage"
     runs = [r.run_id for r in _runs(instance, batch_id)]
+    check = dg.AssetCheckKey(dg.AssetKey("validated_requests"), "unique_custom_ids")
+    checked = instance.event_log_storage.get_asset_check_execution_history(check, limit=100)
     return {
+        "checks": [c.run_id for c in checked if c.run_id in runs],
         "partition": instance.has_dynamic_partition("batches", batch_id),
         "runs": runs,
         "events": sum(len(instance.all_logs(run_id)) for run_id in runs),
@@ -74,7 +85,7 @@ def test_retention_deletes_the_history_of_old_batches_and_nothing_else(start_ser
     before = {name: _history(instance, data_dir, batch_id) for name, batch_id in ids.items()}
     for name, history in before.items():  # everything the retention pass is to delete is there to begin with
         assert history["partition"] and history["runs"] and history["events"] > 10, name
-        assert history["step_logs"] == history["run_dbs"] == history["runs"], name
+        assert history["step_logs"] == history["run_dbs"] == history["checks"] == history["runs"], name
         assert {"requests.parquet", "shards/manifest.json", "summary.json", "output.jsonl"} <= history["folder"]
 
     # The two old batches ended 31 days ago; the expiring one's output files expired then too, and go first.
@@ -105,6 +116,9 @@ def test_retention_deletes_the_history_of_old_batches_and_nothing_else(start_ser
     for name in ("old_expiring", "old_kept"):
         history = after[name]
         assert not history["partition"] and history["runs"] == [], name
+        check = dg.AssetCheckKey(dg.AssetKey("validated_requests"), "unique_custom_ids")
+        checked = {c.run_id for c in instance.event_log_storage.get_asset_check_execution_history(check, limit=100)}
+        assert not checked & set(before[name]["runs"])
         storage = Path(instance.root_directory) / "storage"
         for run_id in before[name]["runs"]:
             assert instance.get_run_by_id(run_id) is None
@@ -145,3 +159,68 @@ def test_retention_sweeps_old_scratch_and_can_keep_history_for_ever(start_servic
                                                  "retention": Retention(history_retention_s=0)})
     assert history_retention_sensor(context).skip_message == "History is kept for ever; 2 leftover(s) swept."
     assert sorted(p.name for p in scratch.iterdir()) == ["tmpnew-output.jsonl"]
+
+
+def test_retention_queries_on_sqlite(tmp_path):
+    url = f"sqlite:///{tmp_path / 'api.db'}"
+    assert first_batch_created_at(url) is None and not (tmp_path / "api.db").exists()  # read, never created
+    store = Database(url)
+    store.upgrade()
+    try:
+        check_retention_queries(store)
+        assert first_batch_created_at(url) == 10
+    finally:
+        store.dispose()
+
+
+def test_the_daily_report_starts_at_the_setting_else_the_first_batch_else_today(tmp_path):
+    url = f"sqlite:///{tmp_path / 'api.db'}"
+    settings = replace(Settings.from_env(), database_url=url, report_start=None)
+    today = datetime.now(UTC).date()
+    assert report_start(settings) == today  # no store yet
+    store = Database(url)
+    store.upgrade()
+    assert report_start(settings) == today  # a store without a batch
+    first = int(datetime(2026, 5, 6, 23, 59, tzinfo=UTC).timestamp())
+    with store.session() as session:
+        repo.ensure_owners(session, ["a"])
+        session.add_all(BatchRecord(id=f"batch_{n}", owner="a", endpoint=CHAT, input_file_id="file-x",
+                                    completion_window="24h", status="completed", created_at=first + n * DAY_S)
+                        for n in (0, 1))
+        session.commit()
+    store.dispose()
+    assert report_start(settings) == date(2026, 5, 6)  # the UTC day of the first batch
+    assert report_start(replace(settings, report_start=date(2026, 2, 1))) == date(2026, 2, 1)
+    assert report_start(replace(settings, database_url="postgresql+psycopg://nobody@127.0.0.1:1/none")) == today
+
+
+class _Runs:
+    """An instance as sweep_staged_logs sees it: a cloud compute log manager (its local staging manager) and runs."""
+
+    def __init__(self, staging: Path, runs: dict):
+        from dagster._core.storage.local_compute_log_manager import LocalComputeLogManager
+
+        self.compute_log_manager = type("CloudLogs", (), {"local_manager": LocalComputeLogManager(str(staging))})()
+        self.runs = runs
+
+    def get_run_by_id(self, run_id: str):
+        return self.runs.get(run_id)
+
+
+def test_staged_step_logs_of_finished_or_gone_runs_are_swept(tmp_path):
+    finished, running, gone, fresh = (str(uuid.uuid4()) for _ in range(4))
+    for run_id in (finished, running, gone, fresh):
+        (tmp_path / run_id / "compute_logs").mkdir(parents=True)
+        (tmp_path / run_id / "compute_logs" / "step.err").write_text("staged")
+    (tmp_path / "other").mkdir()  # not a run's: the staging folder is /tmp by default
+    old = time.time() - 2 * DAY_S
+    for run_id in (finished, running, gone):
+        for path in (tmp_path / run_id).rglob("*"):
+            os.utime(path, (old, old))
+        os.utime(tmp_path / run_id, (old, old))
+    os.utime(tmp_path / "other", (old, old))
+    runs = {finished: SimpleNamespace(is_finished=True), running: SimpleNamespace(is_finished=False),
+            fresh: SimpleNamespace(is_finished=True)}
+    instance = cast(dg.DagsterInstance, _Runs(tmp_path, runs))
+    assert retention_sensor.sweep_staged_logs(instance, time.time() - DAY_S) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running, fresh, "other"])
