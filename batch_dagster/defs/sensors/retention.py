@@ -104,5 +104,6 @@ def history_retention_sensor(context: dg.SensorEvaluationContext, database: Data
         context.update_cursor(json.dumps({"ended_at": cursor[0], "pk": cursor[1]}))
     if purged:
         forget_partition_status(instance, BATCH_ASSETS)
-        context.log.info(f"Deleted the history of {len(purged)} batch(es): {', '.join(b.batch_id for b in purged)}")
+        shown = ", ".join(b.batch_id for b in purged[:10]) + (", ..." if len(purged) > 10 else "")
+        context.log.info(f"Deleted the history of {len(purged)} batch(es): {shown}")
     return dg.SkipReason(f"{len(purged)} batch(es) past retention deleted; {swept} leftover(s) swept.")
