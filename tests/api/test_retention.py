@@ -24,7 +24,7 @@ from batch_dagster.defs.resources import Retention
 from batch_dagster.defs.sensors import file_expiry_sensor, history_retention_sensor
 from batch_dagster.defs.sensors import retention as retention_sensor
 from batch_dagster.settings import DAY_S, Settings
-from tests.helpers import check_retention_queries, rows, upload, wait_for
+from tests.helpers import BUCKET, check_retention_queries, rows, upload, wait_for
 
 CHAT = "/v1/chat/completions"
 EXPIRING = {"anchor": "created_at", "seconds": 3600}
@@ -224,3 +224,28 @@ def test_staged_step_logs_of_finished_or_gone_runs_are_swept(tmp_path):
     instance = cast(dg.DagsterInstance, _Runs(tmp_path, runs))
     assert retention_sensor.sweep_staged_logs(instance, time.time() - DAY_S) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running, fresh, "other"])
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_clearing_a_folder_keeps_its_summary_and_the_served_files_only(where, tmp_path, request):
+    from batch_dagster.batchfile.folder import BatchFolder
+    from batch_dagster.storage import open_storage
+
+    if where == "s3":
+        request.getfixturevalue("bucket")
+    storage = open_storage(f"s3://{BUCKET}/tenant" if where == "s3" else str(tmp_path / "store"), tmp_path / "scratch")
+    folder, other = BatchFolder(storage, "batch_1"), BatchFolder(storage, "batch_10")
+    names = ["input.jsonl", "requests.parquet", "shards/shard-00000.parquet", "shards/manifest.json",
+             "results/shard-00000.json", "delivery/summary.json", "output.jsonl", "errors.jsonl", "summary.json"]
+    for name in names:
+        storage.write_bytes(folder.key(name), b"{}")
+        storage.write_bytes(other.key(name), b"{}")
+    folder.clear(keep={folder.output_key})
+    folder.clear(keep={folder.output_key})  # again: nothing more to delete, no error
+
+    def listing(f: BatchFolder) -> set[str]:
+        subs = storage.list_folders(f.prefix)
+        return {*storage.list(f.prefix), *(k for s in subs for k in storage.list(s))}
+
+    assert listing(folder) == {folder.summary_key, folder.output_key}
+    assert listing(other) == {other.key(n) for n in names}  # a folder whose name starts the same is not touched
