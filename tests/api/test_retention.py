@@ -249,3 +249,31 @@ def test_clearing_a_folder_keeps_its_summary_and_the_served_files_only(where, tm
 
     assert listing(folder) == {folder.summary_key, folder.output_key}
     assert listing(other) == {other.key(n) for n in names}  # a folder whose name starts the same is not touched
+
+
+def test_a_failed_delete_stops_the_tick_where_it_failed_and_the_next_tick_resumes_there(start_service, monkeypatch):
+    service = start_service(worker=False)
+    store = Database(service.config.database_url)
+    with store.session() as session:
+        repo.ensure_owners(session, ["a"])
+        session.add_all(BatchRecord(id=f"batch_f{n}", owner="a", endpoint=CHAT, input_file_id="file-x",
+                                    completion_window="24h", status="completed", created_at=0, completed_at=n)
+                        for n in (1, 2, 3))
+        session.commit()
+    store.dispose()
+    service.instance.add_dynamic_partitions("batches", ["batch_f1", "batch_f2", "batch_f3"])
+    purge = retention_sensor.purge_history
+
+    def unreachable_once(instance, batch_id):
+        if batch_id == "batch_f2" and not failed:
+            failed.append(batch_id)
+            raise ConnectionError("the storage is unreachable")
+        return purge(instance, batch_id)
+
+    failed: list[str] = []
+    monkeypatch.setattr(retention_sensor, "purge_history", unreachable_once)
+    message, cursor = _tick(service)
+    assert message.startswith("1 batch(es)") and json.loads(cursor or "{}")["ended_at"] == 1
+    assert service.instance.get_dynamic_partitions("batches") == ["batch_f2", "batch_f3"]
+    message, cursor = _tick(service, cursor)
+    assert message.startswith("2 batch(es)") and service.instance.get_dynamic_partitions("batches") == []

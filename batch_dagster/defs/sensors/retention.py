@@ -83,7 +83,11 @@ def history_retention_sensor(context: dg.SensorEvaluationContext, database: Data
                              storage: StorageResource, retention: Retention) -> dg.SkipReason:
     started, instance = time.monotonic(), context.instance
     swept_before = time.time() - retention.scratch_max_age_s
-    swept = scratch.sweep(storage.scratch_dir, swept_before) + sweep_staged_logs(instance, swept_before)
+    try:
+        swept = scratch.sweep(storage.scratch_dir, swept_before) + sweep_staged_logs(instance, swept_before)
+    except OSError as exc:  # a folder it may not read: the history is deleted all the same
+        context.log.warning(f"Could not sweep scratch and staged logs: {exc!r}")
+        swept = 0
     if retention.history_retention_s <= 0:
         return dg.SkipReason(f"History is kept for ever; {swept} leftover(s) swept.")
     cursor = _cursor(context.cursor)
@@ -93,12 +97,16 @@ def history_retention_sensor(context: dg.SensorEvaluationContext, database: Data
         for batch in due:
             if time.monotonic() - started > TICK_BUDGET_S:
                 break
-            if not purge_history(instance, batch.batch_id):
-                context.log.warning(f"{batch.batch_id}: a run of it has not finished; its history is left")
-            else:
-                folder = storage.folder(batch.batch_id)
-                folder.clear(keep=served_keys(session, folder))
-                purged.append(batch)
+            try:
+                if not purge_history(instance, batch.batch_id):
+                    context.log.warning(f"{batch.batch_id}: a run of it has not finished; its history is left")
+                else:
+                    folder = storage.folder(batch.batch_id)
+                    folder.clear(keep=served_keys(session, folder))
+                    purged.append(batch)
+            except Exception as exc:  # the storage or the instance unreachable: the next tick starts here again
+                context.log.error(f"{batch.batch_id}: could not delete its history ({exc!r}); retried next tick")
+                break
             cursor = (batch.ended_at, batch.pk)
     if cursor is not None:
         context.update_cursor(json.dumps({"ended_at": cursor[0], "pk": cursor[1]}))
