@@ -107,3 +107,46 @@ def test_retention_at_volume_deletes_the_old_batches_history_and_nothing_else(po
         rows = {b.id: (b.status, getattr(b, f"{b.status}_at")) for b in session.query(BatchRecord)}
     assert rows == ended
     database.dispose()
+
+
+def test_a_batchs_history_is_deleted_from_a_postgres_instance(tmp_path, data_dir, postgres_url, monkeypatch):
+    """On dagster-postgres' storage, the run, every event and check result of it, and the partition go."""
+    import os
+    import subprocess
+    import sys
+
+    import psycopg2
+
+    from batch_dagster.defs.runner import run_batch
+    from batch_dagster.defs.sensors.retention import purge_history
+    from tests.helpers import FakeEngine, fake_vllm, make_defs, rows, write_jsonl
+
+    home = tmp_path / "dagster_home"
+    env = {**os.environ, "DAGSTER_HOME": str(home), "DAGSTER_PG_URL": postgres_url}
+    subprocess.run([str(Path(sys.executable).with_name("batch-dagster")), "instance"], env=env, check=True,
+                   capture_output=True)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_PG_URL", postgres_url)
+
+    def count(cur, sql: str, *args) -> int:
+        cur.execute(sql, args)
+        return cur.fetchone()[0]
+
+    with dg.DagsterInstance.get() as instance:
+        defs = make_defs(data_dir, fake_vllm("postgres-retention", FakeEngine()), shard_size=2)
+        batch_id = run_batch(write_jsonl(tmp_path / "in.jsonl", rows(4)), tmp_path / "out", show_progress=False,
+                             defs=defs, instance=instance).to_dict()["batch_id"]
+        with psycopg2.connect(postgres_url.replace("+psycopg2", "")) as conn, conn.cursor() as cur:
+            cur.execute("SELECT run_id FROM runs")
+            (run_id,) = [row[0] for row in cur.fetchall()]
+            assert (home / "storage" / run_id).is_dir()  # its step logs
+            assert count(cur, "SELECT count(*) FROM event_logs WHERE run_id = %s", run_id) > 10
+            assert count(cur, "SELECT count(*) FROM asset_check_executions WHERE run_id = %s", run_id) > 0
+        assert purge_history(instance, batch_id)
+        with psycopg2.connect(postgres_url.replace("+psycopg2", "")) as conn, conn.cursor() as cur:
+            assert count(cur, "SELECT count(*) FROM runs") == 0
+            assert count(cur, "SELECT count(*) FROM run_tags WHERE run_id = %s", run_id) == 0
+            assert count(cur, "SELECT count(*) FROM event_logs WHERE run_id = %s", run_id) == 0
+            assert count(cur, "SELECT count(*) FROM asset_check_executions WHERE run_id = %s", run_id) == 0
+            assert count(cur, "SELECT count(*) FROM dynamic_partitions WHERE partition = %s", batch_id) == 0
+        assert not (home / "storage" / run_id).exists()
