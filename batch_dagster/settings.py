@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -115,6 +116,10 @@ def _allow(text: str) -> tuple[str, ...]:
     entries = _csv(text)
     Allow.parse(entries)  # refuses an entry that is neither a host nor a CIDR
     return entries
+
+
+def _day(text: str) -> date:
+    return date.fromisoformat(text)
 
 
 def _policy(text: str) -> str:
@@ -234,6 +239,16 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_WEBHOOK_ALLOW", (), "Comma-separated hosts or CIDRs that keys' own webhook endpoints may reach "
              "although not public (loopback, private, link-local); unset: public addresses only. BATCH_WEBHOOK_URLS "
              "are the operator's and always trusted.", "API", parse=_allow),
+    # Retention: how long a batch's working history is kept, and where the daily report starts.
+    Variable("BATCH_HISTORY_RETENTION_S", 30 * DAY_S, "Seconds after a batch ends at which its Dagster history "
+             "(partition, runs, event logs, step logs) and its folder's working files are deleted; the batch's row, "
+             "its summary.json and the files it still has stay. 0: kept for ever.", "Retention", parse=int),
+    Variable("BATCH_SCRATCH_MAX_AGE_S", DAY_S, "Age past which a scratch file (of a process killed while it held "
+             "it) or a staged step log of a finished run is swept by the retention sensor.", "Retention",
+             parse=int),
+    Variable("BATCH_REPORT_START", "the day of the store's first batch", "The first day (YYYY-MM-DD) of the daily "
+             "report's partitions; unset: the UTC day of the store's first batch, read when the definitions load "
+             "(today while there is none).", "Retention", parse=_day, derive=lambda v: None),
 )
 _BY_NAME = {v.name: v for v in VARIABLES}
 
@@ -304,6 +319,9 @@ class Settings:
     outbox_dir: Path
     intake_api_key: str
     webhook_allow: tuple[str, ...]  # hosts or CIDRs keys' own webhook endpoints may reach although internal
+    history_retention_s: int  # 0: kept for ever
+    scratch_max_age_s: int
+    report_start: date | None  # None: the store's first batch decides (defs/partitions.py)
 
     @property
     def limits(self) -> Limits:

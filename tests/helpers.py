@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
@@ -695,3 +695,49 @@ def check_batch_filters(database) -> None:
         assert ids(created_after=200, created_before=400) == ["batch_3", "batch_2"]
         assert ids(status="completed", metadata={"team": "red"}, created_after=100) == ["batch_1"]
         assert ids(limit=1, after="batch_5", status="completed") == ["batch_3"]  # paging over the matches
+
+
+def check_retention_queries(database) -> None:
+    """The retention queries on a store (SQLite or PostgreSQL): ended batches by their end (the timestamp of their
+    terminal status), then pk, after a cursor; the folder files a File still serves; the first batch's creation."""
+    from batch_dagster.batchfile.folder import BatchFolder
+    from batch_dagster.batchfile.storage import Storage
+    from batch_dagster.db import BatchRecord, FileRecord, repo
+    from batch_dagster.db.retention import ended_before, first_created_at, served_keys
+
+    # (id, status, created_at, its timestamps): a later completed_at does not count for a failed batch.
+    rows = [("batch_r1", "completed", 10, {"completed_at": 100}),
+            ("batch_r2", "failed", 20, {"failed_at": 50, "completed_at": 500}),
+            ("batch_r3", "expired", 30, {"expired_at": 100}),
+            ("batch_r4", "cancelled", 40, {"cancelling_at": 90, "cancelled_at": 300}),
+            ("batch_r5", "in_progress", 50, {"in_progress_at": 60}),
+            ("batch_r6", "cancelling", 60, {"cancelling_at": 70})]
+    with database.session() as s:
+        assert first_created_at(s) is None
+        repo.ensure_owners(s, ["a"])
+        s.add(FileRecord(id="file-r", owner="a", bytes=0, created_at=0, expires_at=None, filename="in.jsonl",
+                         purpose="batch", path="files/r"))
+        s.add_all(BatchRecord(id=i, owner="a", endpoint="/v1/chat/completions", input_file_id="file-r",
+                              completion_window="24h", status=st, created_at=t, request_total=0, request_completed=0,
+                              request_failed=0, **at) for i, st, t, at in rows)
+        s.commit()
+        pks = {b.id: b.pk for b in s.query(BatchRecord)}
+
+        def ids(cutoff=10_000, **kw) -> list[tuple[str, int]]:
+            return [(e.batch_id, e.ended_at) for e in ended_before(s, cutoff, **kw)]
+
+        assert ids() == [("batch_r2", 50), ("batch_r1", 100), ("batch_r3", 100), ("batch_r4", 300)]
+        assert ids(200) == [("batch_r2", 50), ("batch_r1", 100), ("batch_r3", 100)]
+        assert ids(limit=2) == [("batch_r2", 50), ("batch_r1", 100)]
+        assert ids(after=(100, pks["batch_r1"])) == [("batch_r3", 100), ("batch_r4", 300)]  # a tie: by pk
+        assert ids(after=(300, pks["batch_r4"])) == [] and ids(49) == []
+        assert first_created_at(s) == 10
+
+        folder = BatchFolder(cast(Storage, None), "batch_r1")
+        now = repo.now()
+        s.add_all([FileRecord(id=f"file-r{n}", owner="a", bytes=0, created_at=0, expires_at=expires, filename="x",
+                              purpose="batch_output", path=path, batch_id="batch_r1")
+                   for n, path, expires in ((1, folder.output_key, None), (2, folder.error_key, now - 1),
+                                            (3, folder.input_key, now + 3600))])
+        s.commit()
+        assert served_keys(s, folder) == {folder.output_key, folder.input_key}  # the expired error file is not

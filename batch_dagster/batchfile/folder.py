@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -367,3 +367,14 @@ class BatchFolder:
 
     def shard_committed_at(self, index: int) -> int | None:
         return self.modified_at(f"{RESULTS}/{shard_result_files(index)[2]}")
+
+    def clear(self, keep: Collection[str] = ()) -> None:
+        """Delete the folder's working files once its history is no longer kept: every object but summary.json
+        (what the daily report prices a batch by) and the keys in `keep` (files the store still serves).
+        Running it again deletes nothing more."""
+        kept = {self.summary_key, *keep}
+        for sub in self.storage.list_folders(self.prefix):
+            self.storage.delete_folder(sub)
+        for key in self.storage.list(self.prefix):
+            if key not in kept:
+                self.storage.delete(key)

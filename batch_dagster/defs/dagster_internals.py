@@ -6,12 +6,15 @@ upgrading Dagster. The rest of the project uses Dagster's public API only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import dagster as dg
 
@@ -94,3 +97,44 @@ def worker_gone(run: dg.DagsterRun) -> bool:
         cause = exc.__cause__
         return isinstance(cause, grpc.RpcError) and cause.code() == grpc.StatusCode.UNAVAILABLE
     return False
+
+
+def delete_run_leftovers(instance: dg.DagsterInstance, run_id: str) -> None:
+    """What `instance.delete_run` leaves of a deleted run in Dagster 1.13: its asset check executions (a table
+    keyed by run id that delete_events does not touch) and, on SQLite event-log storage, the run's own database
+    file `<run_id>.db` (emptied, not removed). Uses the private table definition and storage classes."""
+    from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable
+    from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+    from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+
+    storage = instance.event_log_storage
+    if isinstance(storage, SqlEventLogStorage) and storage.has_table(AssetCheckExecutionsTable.name):
+        with storage.index_connection() as conn:
+            conn.execute(AssetCheckExecutionsTable.delete().where(AssetCheckExecutionsTable.c.run_id == run_id))
+    if isinstance(storage, SqliteEventLogStorage):
+        shard = storage.path_for_shard(run_id)
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(shard + suffix)
+
+
+def forget_partition_status(instance: dg.DagsterInstance, asset_keys: list[dg.AssetKey]) -> None:
+    """Drop the assets' cached partition status, which keeps the keys of deleted partitions: the next read rebuilds
+    it from the materializations that remain. `wipe_asset_cached_status` is not public in Dagster 1.13."""
+    instance.wipe_asset_cached_status(asset_keys)
+
+
+def staged_logs(instance: dg.DagsterInstance) -> tuple[Any, Path] | None:
+    """The local manager and folder where a cloud compute log manager (dagster-aws's S3ComputeLogManager) stages
+    step logs before uploading them, or None when the logs are kept locally (those are the logs themselves).
+
+    A step's staged files are removed once uploaded; a process killed mid-step leaves them. Relies on Dagster 1.13's
+    private LocalComputeLogManager class and on its file layout (`<folder>/<run_id>/compute_logs/...`).
+    """
+    from dagster._core.storage.local_compute_log_manager import LocalComputeLogManager
+
+    manager = instance.compute_log_manager
+    local = getattr(manager, "local_manager", None)
+    if isinstance(manager, LocalComputeLogManager) or not isinstance(local, LocalComputeLogManager):
+        return None
+    return local, Path(local.get_captured_local_path(["probe"], "out")).parent

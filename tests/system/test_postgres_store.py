@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from batch_dagster.db import Database
-from tests.helpers import check_batch_filters
+from batch_dagster.db.retention import first_batch_created_at
+from tests.helpers import check_batch_filters, check_retention_queries
 
 
 def test_batch_list_filters_on_postgres(postgres_url):
@@ -11,5 +12,15 @@ def test_batch_list_filters_on_postgres(postgres_url):
     database.upgrade()
     try:
         check_batch_filters(database)
+    finally:
+        database.dispose()
+
+
+def test_retention_queries_on_postgres(postgres_url):
+    database = Database(postgres_url)
+    database.upgrade()
+    try:
+        check_retention_queries(database)
+        assert first_batch_created_at(postgres_url) == 10  # read at definitions load, without the schema upgrade
     finally:
         database.dispose()

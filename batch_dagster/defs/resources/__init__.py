@@ -1,9 +1,10 @@
-"""Dagster resources: batch folders, the pipeline's knobs, the engine, the metadata store, the drop folders."""
+"""Dagster resources: batch folders, the pipeline's knobs, the engine, the store, the drop folders, retention."""
 
 from .database import DatabaseResource
 from .drops import Intake
 from .pipeline import PipelineConfig
+from .retention import Retention
 from .storage import StorageResource
 from .vllm import VLLMResource
 
-__all__ = ["DatabaseResource", "StorageResource", "Intake", "PipelineConfig", "VLLMResource"]
+__all__ = ["DatabaseResource", "StorageResource", "Intake", "PipelineConfig", "Retention", "VLLMResource"]

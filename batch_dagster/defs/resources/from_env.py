@@ -11,6 +11,7 @@ from batch_dagster.settings import Settings
 from .database import DatabaseResource
 from .drops import intake_from_env
 from .pipeline import env_or, pipeline_config_from_env
+from .retention import retention_from_env
 from .storage import StorageResource
 from .vllm import VLLMResource
 from .webhooks import webhooks_from_env
@@ -44,4 +45,5 @@ def resources_from_env() -> dict[str, Any]:
         "database": database_from_env(settings),
         "intake": intake_from_env(settings),
         "webhooks": webhooks_from_env(settings),
+        "retention": retention_from_env(settings),
     }

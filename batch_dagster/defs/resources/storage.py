@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dagster as dg
 
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.storage import Storage
-from batch_dagster.settings import open_batch_storage
+from batch_dagster.settings import open_batch_storage, storage_location
 
 
 class StorageResource(dg.ConfigurableResource):
@@ -20,6 +22,11 @@ class StorageResource(dg.ConfigurableResource):
 
     def storage(self) -> Storage:
         return open_batch_storage(self.data_dir, self.url)
+
+    @property
+    def scratch_dir(self) -> Path:
+        """This process's local scratch (used by a remote store)."""
+        return storage_location(self.data_dir, self.url)[1]
 
     def folder(self, batch_id: str) -> BatchFolder:
         return BatchFolder(self.storage(), batch_id)
