@@ -188,6 +188,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_EXECUTOR", "in_process", "How batch_job runs its steps: `in_process` (one after the other in the "
              "run's process), `multiprocess` (a process per step) or `k8s` (dagster-k8s' k8s_job_executor: a pod per "
              "step, the inference step's pod asking for a GPU by its tags).", "Engine"),
+    Variable("BATCH_STEP_RETRY_DELAY_S", 2.0, "Seconds before the inference step's first retry after an engine "
+             "crash (doubling for the next); read when the definitions load.", "Engine", parse=float),
     Variable("BATCH_SHARD_SIZE", 1000, "Requests per shard: the unit of commit, resume and progress.",
              "Limits", parse=int),
     Variable("BATCH_MAX_REQUESTS", Limits.max_requests, "Requests per input file.", "Limits", parse=int),
@@ -296,6 +298,7 @@ class Settings:
     offline_runs: int
     runs_per_model: int
     executor: str
+    step_retry_delay_s: float
     shard_size: int
     max_requests: int
     max_bytes: int

@@ -27,6 +27,9 @@ TESTS = Path(__file__).resolve().parent
 # The daily report's partitions start where the tests' days are, not at the first batch of whatever store the
 # environment names (batch_dagster/defs/partitions.py reads it when the definitions load).
 os.environ.setdefault("BATCH_REPORT_START", "2026-01-01")
+# A step retried after an engine crash waits this long (2 s, doubling, by default): the tests check what happens,
+# not the wait (the processes they start inherit it).
+os.environ.setdefault("BATCH_STEP_RETRY_DELAY_S", "0.05")
 TIERS = ("core", "pipeline", "api", "system")
 
 

@@ -38,6 +38,7 @@ from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.engine.base import EngineCrash
+from batch_dagster.settings import Settings
 from batch_dagster.storage import file_location
 from batch_dagster.storage.transfer import fetch
 
@@ -283,7 +284,8 @@ def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) 
     kinds={"vllm"},
     deps=[batch_shards],
     op_tags=GPU_STEP_TAGS,
-    retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=2, backoff=dg.Backoff.EXPONENTIAL),
+    retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=Settings.from_env().step_retry_delay_s,
+                                backoff=dg.Backoff.EXPONENTIAL),
     description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
 )
 def shard_results(
