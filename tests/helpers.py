@@ -267,12 +267,20 @@ KEY_A, KEY_B = "sk-test-a", "sk-test-b"
 class Worker(threading.Thread):
     """Plays the Dagster daemon: ticks the sensors and runs each requested partition of batch_job."""
 
-    def __init__(self, defs: dg.Definitions, instance: dg.DagsterInstance, resources: dict, interval_s: float = 0.2):
+    def __init__(self, defs: dg.Definitions, instance: dg.DagsterInstance | Callable[[], dg.DagsterInstance],
+                 resources: dict, interval_s: float = 0.2):
         super().__init__(daemon=True, name="dagster-worker")
-        self.defs, self.instance, self.resources, self.interval_s = defs, instance, resources, interval_s
+        self.defs, self.resources, self.interval_s = defs, resources, interval_s
+        self._instance = instance  # or how to open it: opened when first needed (many API tests never need it)
         self.stopping = threading.Event()
         self.ran: list[str] = []
         self.errors: list[BaseException] = []
+
+    @property
+    def instance(self) -> dg.DagsterInstance:
+        if not isinstance(self._instance, dg.DagsterInstance):
+            self._instance = self._instance()
+        return self._instance
 
     def tick(self) -> None:
         from batch_dagster.defs.sensors import api_batch_sensor
@@ -344,9 +352,12 @@ class Service:
     config: Settings
     engine: FakeEngine
     worker: Worker
-    instance: dg.DagsterInstance
     storage: StorageResource
     clients: list[OpenAI] = field(default_factory=list)
+
+    @property
+    def instance(self) -> dg.DagsterInstance:
+        return self.worker.instance
 
     def client(self, api_key: str = KEY_A) -> OpenAI:
         from openai import OpenAI
@@ -363,6 +374,7 @@ class Service:
 
     def start_worker(self) -> None:
         if not self.worker.is_alive():
+            assert self.worker.instance is not None  # opened here, in the test's thread, not in the worker's
             self.worker.start()
 
 

@@ -38,13 +38,14 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
                          webhook_allow=tuple(webhook_allow), **settings)  # settings: any other Settings field
         engine = engine or FakeEngine()
         vllm = vllm or fake_vllm(f"api-{tmp_path.name}", engine)
-        instance = stack.enter_context(dg.instance_for_test())
         storage = StorageResource(data_dir=str(data_dir), url=storage_url)
         defs = make_defs(data_dir, vllm, shard_size, storage_url)
         resources = {"database": DatabaseResource(url=config.database_url), "storage": storage, "vllm": vllm,
                      "pipeline": defs.resources["pipeline"]}
         server = stack.enter_context(ApiServer(create_app(config)))
-        service = Service(server.url, data_dir, config, engine, Worker(defs, instance, resources), instance, storage)
+        # The Dagster instance is opened when first used (a third of a second): many tests only need the API.
+        worker = Worker(defs, lambda: stack.enter_context(dg.instance_for_test()), resources)
+        service = Service(server.url, data_dir, config, engine, worker, storage)
         services.append(service)
         if worker:
             service.start_worker()

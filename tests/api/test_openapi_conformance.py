@@ -45,7 +45,7 @@ def exercise(operation, mode: GenerationMode) -> None:
     checks = CHECKS if mode is GenerationMode.POSITIVE else [*CHECKS, negative_data_rejection]
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(max_examples=25, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=15, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     def answers_match(case):
         case.call_and_validate(headers={"Authorization": f"Bearer {KEY_A}"}, checks=checks)
