@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from batch_dagster.serve import fleet
 from bench.measure import tree_sample, wait_for_quiet
 
 URL_LINE = re.compile(r"^(http://\S+)/v1$")
@@ -41,24 +42,7 @@ def shards_of(input_path: Path, work: Path, model: str, shard_size: int) -> list
 
 def free_port_block(n: int) -> int:
     """A port p such that p .. p+n-1 are free on loopback now (the router and its replicas)."""
-    import random
-    import socket
-
-    for _ in range(200):
-        base = random.randint(20000, 60000 - n)
-        try:
-            socks = []
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
+    return fleet.free_port_block(n, "127.0.0.1")
 
 
 class _Sampler(threading.Thread):
