@@ -211,6 +211,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_API_KEYS", (), "Comma-separated API keys, each `name:key` or a bare `key`; the name is the "
              "owner the Dagster UI shows (a bare key shows as `key-` and a keyed hash). Unset: no authentication, "
              "loopback only.", "API", parse=api_key_entries, secret=True),
+    Variable("BATCH_KEY_MAX_PRIORITY", 10, "The highest `priority` (-10..10) a key's batch may ask at create; "
+             "above it the create answers 400 `priority_not_allowed`. 0: keys may only lower theirs.", "API",
+             parse=int),
     Variable("BATCH_KEY_MAX_ACTIVE_BATCHES", 100, "Batches one key may have unfinished at once (created, not "
              "ended); past it creating a batch answers 429 `batch_limit_exceeded`. 0: no limit.", "API",
              parse=_limit),
@@ -309,6 +312,7 @@ class Settings:
     max_json_body_bytes: int
     completion_window_s: int
     api_keys: tuple[str, ...]  # entries: `name:key` or `key` (split_key)
+    key_max_priority: int
     key_max_active_batches: int | None
     key_max_stored_bytes: int | None
     api_host: str

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import traceback
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager
@@ -309,8 +310,9 @@ class Worker(threading.Thread):
         while not self.stopping.is_set():
             try:
                 self.tick()
-            except BaseException as exc:  # surfaced by the fixture's teardown
+            except BaseException as exc:  # surfaced by the fixture's teardown, and said now (a test then waits)
                 self.errors.append(exc)
+                traceback.print_exc()
                 return
             self.stopping.wait(self.interval_s)
 

@@ -58,7 +58,7 @@ def batch_object(row: BatchRecord) -> Batch:
         cancelled_at=row.cancelled_at,
         request_counts=BatchRequestCounts(total=row.request_total, completed=row.request_completed,
                                           failed=row.request_failed),
-        metadata=_shown_metadata(row.meta), model=row.model, usage=_shown_usage(row.usage),
+        metadata=_shown_metadata(row.meta), model=row.model, usage=_shown_usage(row.usage), priority=row.priority,
     )
 
 
@@ -118,7 +118,7 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
         row = store_create_batch(
             session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source,
             input_from=source, completion_window_s=ctx.config.completion_window_s,
-            metadata=body.metadata, batch_id=batch_id,
+            metadata=body.metadata, batch_id=batch_id, priority=body.priority,
             output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
                                   else OUTPUT_EXPIRES_AFTER_S),
         )
@@ -138,6 +138,9 @@ def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, own
         raise invalid(f"Endpoint {clip(body.endpoint)!r} is not supported; use one of {', '.join(ENDPOINTS)}.",
                       param="endpoint", code="invalid_endpoint")
     _check_metadata(body.metadata)
+    if body.priority > ctx.config.key_max_priority:
+        raise invalid(f"priority {body.priority} is above {ctx.config.key_max_priority}, the highest a key may ask "
+                      "(BATCH_KEY_MAX_PRIORITY).", param="priority", code="priority_not_allowed")
     check_batches(ctx.config, session, owner)
     source = repo.get_file(session, owner, body.input_file_id)
     if source is None:

@@ -14,6 +14,7 @@ from batch_dagster.db.webhooks import EVENT_TYPES
 T = TypeVar("T")
 COMPLETION_WINDOWS = ("24h",)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+MIN_PRIORITY, MAX_PRIORITY = -10, 10  # a batch's `priority` (extension)
 MAX_UNIX_S = 2**31 - 1  # a timestamp the store's integer columns hold (PostgreSQL's integer: 2038)
 
 
@@ -129,6 +130,7 @@ class Batch(BaseModel):
     metadata: dict[str, str] | None = None
     model: str | None = None
     usage: BatchUsage
+    priority: int = 0  # extension: see CreateBatchRequest
 
 
 class ExpiresAfter(BaseModel):
@@ -148,6 +150,8 @@ class CreateBatchRequest(BaseModel):
     completion_window: Text = Field(json_schema_extra={"enum": list(COMPLETION_WINDOWS)})
     metadata: Metadata | None = None
     output_expires_after: ExpiresAfter | None = None
+    # Extension: the launch order across the queue, higher first (the SDK sends it with extra_body).
+    priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY)
 
 
 # Webhook endpoints: OpenAI's webhook_endpoint objects (the openai SDK's client.webhooks), for batch events only.

@@ -104,6 +104,7 @@ def create_batch(
     model: str | None = None,
     parent: BatchRecord | None = None,
     commit: bool = True,
+    priority: int = 0,
 ) -> BatchRecord:
     """Put the batch's input, deadline and endpoint in its folder, then add its row (committed).
 
@@ -141,7 +142,7 @@ def create_batch(
         completion_window=COMPLETION_WINDOW, status=BatchStatus.VALIDATING, created_at=created_at,
         expires_at=expires_at,
         meta=metadata, output_expires_after=output_expires_after, launched_at=created_at if launched else None,
-        model=model, request_total=requests, parent_batch_id=_same_owner(parent, owner),
+        model=model, request_total=requests, parent_batch_id=_same_owner(parent, owner), priority=priority,
     )
     session.add(row)
     if commit:

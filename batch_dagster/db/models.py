@@ -88,6 +88,8 @@ class BatchRecord(Base):
     run_id: Mapped[str | None] = mapped_column(String(64))
     # The batch this one retries: set by the retry endpoint only (never from client metadata), same owner.
     parent_batch_id: Mapped[str | None] = mapped_column(String(64))
+    # Its place in the launch order (PRIORITIES; the run queue's dagster/priority, defs/run_limits.py).
+    priority: Mapped[int] = mapped_column(default=0, server_default="0")
 
 
 class IntakeRecord(Base):

@@ -19,6 +19,10 @@ ENGINE_TAG = "batch/engine"
 MODEL_TAG = "batch/model"
 OFFLINE, SERVER = "offline", "server"
 PRIORITY_TAG = "dagster/priority"  # the run queue launches higher first, and in submission order among equals
+# The fair part of a run's priority (fair_priorities), kept beside the whole: a batch's own priority (-10..10) counts
+# PRIORITY_STEP each, more than fair ranks ever span, so a higher priority goes first and equals interleave owners.
+RANK_TAG = "fair_rank"
+PRIORITY_STEP = 1_000_000
 # The run queue's part of dagster.yaml lies between these lines; `batch-dagster instance` writes it from the settings.
 BEGIN = "# BEGIN run limits: written by `batch-dagster instance` from BATCH_OFFLINE_RUNS and BATCH_RUNS_PER_MODEL"
 END = "# END run limits"
@@ -63,9 +67,14 @@ def with_run_limits(config: str, offline_runs: int, runs_per_model: int) -> str:
     return head + run_limits_yaml(offline_runs, runs_per_model) + tail
 
 
+def launch_priority(rank: int, priority: int) -> int:
+    """A run's dagster/priority: its batch's own priority first, then its fair rank (fair_priorities)."""
+    return priority * PRIORITY_STEP + rank
+
+
 @dataclass(frozen=True)
 class InFlight:
-    """A run the queue holds or runs: its owner's label, its priority, and whether it has left the queue."""
+    """A run the queue holds or runs: its owner's label, its fair rank's priority, and whether it has left the queue."""
 
     owner: str
     priority: int

@@ -156,6 +156,25 @@ def test_list_filters_by_status_metadata_and_creation_time(start_service, tmp_pa
             assert len(response.text) < 1000  # the client's value is not echoed whole
 
 
+def test_a_batchs_priority_is_bounded_and_shown(start_service, tmp_path):
+    service = start_service(worker=False, key_max_priority=3)
+    client = service.client()
+    file_id = upload(client, tmp_path / "in.jsonl", rows(2))
+
+    def create(**extra):
+        return client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
+                                     extra_body=extra)
+
+    assert create().model_extra["priority"] == 0
+    urgent = create(priority=3)
+    assert urgent.model_extra["priority"] == 3 and client.batches.retrieve(urgent.id).model_extra["priority"] == 3
+    assert create(priority=-10).model_extra["priority"] == -10  # any key may lower its own
+    for priority, code in ((4, "priority_not_allowed"), (11, "invalid_request"), (-11, "invalid_request")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            create(priority=priority)
+        assert refused.value.code == code and refused.value.param == "priority", refused.value
+
+
 def test_keys_are_isolated_and_wrong_keys_refused(start_service, tmp_path):
     service = start_service(worker=False)
     a, b = service.client(KEY_A), service.client(KEY_B)

@@ -66,7 +66,7 @@ def test_a_waiting_batch_is_launched_once_and_followed(sensor_env):
     # Its input file is not there: the model is unknown, and the run is queued as one that holds an engine.
     assert (run.partition_key, run.run_key, run.tags) == (batch_id, batch_id, {
         "batch_id": batch_id, "source": "api", "owner": "a", "batch/engine": "offline",
-        "dagster/priority": "0"})  # nothing else in flight: it launches first
+        "fair_rank": "0", "dagster/priority": "0"})  # nothing else in flight: it launches first
     [partitions] = launch.dynamic_partitions_requests
     assert (partitions.partitions_def_name, list(partitions.partition_keys)) == ("batches", [batch_id])
     # Launched: the next tick does not request it again.
@@ -134,3 +134,23 @@ def test_a_run_of_an_ended_batch_left_started_by_a_stopped_serve_is_marked_faile
     tick(api_batch_status_sensor, instance, resources)
     assert instance.get_run_by_id(gone.run_id).status == dg.DagsterRunStatus.FAILURE
     assert instance.get_run_by_id(running.run_id).status == dg.DagsterRunStatus.STARTED
+
+
+def test_a_batchs_own_priority_goes_before_the_fair_order_and_equals_interleave(sensor_env):
+    from batch_dagster.defs.run_limits import PRIORITY_TAG, RANK_TAG
+
+    instance, resources, _ = sensor_env
+    with resources["database"].session() as session:
+        repo.ensure_owners(session, ["a", "b"])
+        for i, (owner, priority) in enumerate((("a", 0), ("a", 0), ("a", 0), ("b", 0), ("a", 5), ("b", -2))):
+            session.add(BatchRecord(id=f"batch_{i}", owner=owner, endpoint="/v1/chat/completions",
+                                    input_file_id="file-x", completion_window="24h", status="validating",
+                                    created_at=repo.now(), priority=priority))
+        session.commit()
+    requested = tick(api_batch_sensor, instance, resources).run_requests
+    tags = {r.partition_key: r.tags for r in requested}
+    order = sorted(tags, key=lambda k: -int(tags[k][PRIORITY_TAG]))  # as the run queue launches them (stable)
+    # The priority-5 batch first; then the fair order (a's backlog interleaved with b); the lowered one last.
+    assert order == ["batch_4", "batch_0", "batch_3", "batch_1", "batch_2", "batch_5"], order
+    # The fair part is its own tag: later launches rank against it, not against a batch's own priority.
+    assert [tags[f"batch_{i}"][RANK_TAG] for i in range(6)] == ["0", "-1", "-2", "0", "-3", "-1"]

@@ -36,10 +36,11 @@ def test_a_second_keys_batch_finishes_while_the_first_keys_backlog_waits(tmp_pat
         a, b = (OpenAI(base_url=f"http://127.0.0.1:{serve.api_port}/v1", api_key=key, max_retries=0, timeout=30)
                 for key in (KEY_A, KEY_B))
 
-        def create(client: OpenAI, name: str):
+        def create(client: OpenAI, name: str, **extra):
             with open(write_jsonl(tmp_path / name, rows), "rb") as f:
                 file_id = client.files.create(file=f, purpose="batch").id
-            return client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
+            return client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h",
+                                         extra_body=extra or None)
 
         backlog = [create(a, f"a{i}.jsonl") for i in range(4)]
         with serve.instance() as instance:  # A's first holds the one slot; the rest are queued
@@ -50,11 +51,15 @@ def test_a_second_keys_batch_finishes_while_the_first_keys_backlog_waits(tmp_pat
         batch_b = create(b, "b.jsonl")
         done = wait(b, batch_b.id, {"completed", "failed"}, serve)
         a_when_b_ended = [a.batches.retrieve(x.id).status for x in backlog]
+        # An urgent batch (issue #21's priority), submitted behind A's two still queued: it starts before them.
+        urgent = create(a, "urgent.jsonl", priority=5)
         ended_a = [wait(a, x.id, {"completed", "failed"}, serve) for x in backlog]
+        assert wait(a, urgent.id, {"completed", "failed"}, serve).status == "completed"
         with serve.instance() as instance:
             [run_b] = batch_runs(instance, batch_b.id)
+            [run_urgent] = batch_runs(instance, urgent.id)
             runs_a = [batch_runs(instance, x.id)[-1] for x in backlog]
-            records = {r.run_id: instance.get_run_record_by_id(r.run_id) for r in [run_b, *runs_a]}
+            records = {r.run_id: instance.get_run_record_by_id(r.run_id) for r in [run_b, run_urgent, *runs_a]}
     start = {run_id: record.start_time or 0 for run_id, record in records.items()}
 
     assert done.status == "completed" and [x.status for x in ended_a] == ["completed"] * 4, serve.logs()
@@ -63,6 +68,8 @@ def test_a_second_keys_batch_finishes_while_the_first_keys_backlog_waits(tmp_pat
     assert min(start[r.run_id] for r in runs_a[2:]) > (records[run_b.run_id].end_time or 0)
     order = sorted([run_b, *runs_a], key=lambda r: start[r.run_id])
     assert [r.run_id for r in order] == [runs_a[0].run_id, run_b.run_id, *(r.run_id for r in runs_a[1:])]
+    assert start[run_b.run_id] < start[run_urgent.run_id] < min(start[r.run_id] for r in runs_a[2:])
+    assert int(run_urgent.tags["dagster/priority"]) > 4_000_000  # its own priority outranks every fair rank
     # The owner as the run tags show it: the key's name, or a keyed hash; never the key's plain hash.
     assert runs_a[0].tags["owner"] == "tenant-a" and run_b.tags["owner"].startswith("key-")
     assert [int(r.tags["dagster/priority"]) for r in runs_a] == [0, -1, -2, -3] and run_b.tags["dagster/priority"] == "0"

@@ -7,23 +7,27 @@ from collections.abc import Mapping, Sequence
 
 import dagster as dg
 
-from batch_dagster.defs.run_limits import PRIORITY_TAG, InFlight, fair_priorities
+from batch_dagster.defs.run_limits import PRIORITY_TAG, RANK_TAG, InFlight, fair_priorities, launch_priority
 
 
 def with_fair_priorities(instance: dg.DagsterInstance, job_name: str, tags: Sequence[dict[str, str]],
-                         owner_tag: str) -> list[dict[str, str]]:
-    """`tags` (of new runs of `job_name`, in submission order) each with the priority fair_priorities gives it, from
-    the runs of the job the queue holds or runs now."""
+                         owner_tag: str, priorities: Sequence[int] | None = None) -> list[dict[str, str]]:
+    """`tags` (of new runs of `job_name`, in submission order) each with its fair rank (fair_priorities, from the runs
+    of the job the queue holds or runs now) and its launch priority: the batch's own `priorities` (0 each when not
+    given) first, then that rank."""
     waiting = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED)
     runs = instance.get_runs(dg.RunsFilter(job_name=job_name, statuses=[*waiting, dg.DagsterRunStatus.STARTING,
                                                                         dg.DagsterRunStatus.STARTED]))
-    in_flight = [InFlight(r.tags.get(owner_tag, ""), _priority(r.tags), r.status not in waiting) for r in runs]
-    priorities = fair_priorities(in_flight, [t.get(owner_tag, "") for t in tags])
-    return [{**t, PRIORITY_TAG: str(p)} for t, p in zip(tags, priorities, strict=True)]
+    in_flight = [InFlight(r.tags.get(owner_tag, ""), _rank(r.tags), r.status not in waiting) for r in runs]
+    ranks = fair_priorities(in_flight, [t.get(owner_tag, "") for t in tags])
+    own = priorities if priorities is not None else [0] * len(tags)
+    return [{**t, RANK_TAG: str(rank), PRIORITY_TAG: str(launch_priority(rank, p))}
+            for t, rank, p in zip(tags, ranks, own, strict=True)]
 
 
-def _priority(tags: Mapping[str, str]) -> int:
+def _rank(tags: Mapping[str, str]) -> int:
+    """A run's fair rank: its own tag, else (a run tagged before batch priorities) its whole priority."""
     try:
-        return int(tags.get(PRIORITY_TAG, "0"))
+        return int(tags.get(RANK_TAG, tags.get(PRIORITY_TAG, "0")))
     except ValueError:  # as the run queue reads it
         return 0
