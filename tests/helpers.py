@@ -15,8 +15,8 @@ import socket
 import subprocess
 import sys
 import threading
-import traceback
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
