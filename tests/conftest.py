@@ -17,6 +17,7 @@ that the core tier loads none.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,14 @@ os.environ.setdefault("BATCH_REPORT_START", "2026-01-01")
 # not the wait (the processes they start inherit it).
 os.environ.setdefault("BATCH_STEP_RETRY_DELAY_S", "0.05")
 TIERS = ("core", "pipeline", "api", "system")
+
+# A job started in the background (`make test &`, nohup, some CI runners) inherits SIGINT ignored. Dagster maps
+# SIGTERM to SIGINT's handler when it runs a job (setup_interrupt_handlers), so SIGTERM becomes ignored too, and
+# the compute-log `tail` processes it starts per step inherit that: each step then waits 30 s for them to stop.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
