@@ -138,3 +138,16 @@ def staged_logs(instance: dg.DagsterInstance) -> tuple[Any, Path] | None:
     if isinstance(manager, LocalComputeLogManager) or not isinstance(local, LocalComputeLogManager):
         return None
     return local, Path(local.get_captured_local_path(["probe"], "out")).parent
+
+
+def interruptible() -> None:
+    """Undo a background job's ignored SIGINT (`nohup batch-dagster run FILE &`) before a run executes here.
+
+    Dagster 1.13 maps SIGTERM to SIGINT's handler when it executes a job (dagster._utils.interrupts
+    setup_interrupt_handlers), so SIGTERM would be ignored too, and the compute-log `tail` processes it starts for
+    each step inherit that: they ignore terminate(), and each step waits 30 s for them (compute_logs.py).
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -161,6 +161,9 @@ def run_batch(
     reaches the terminal.
     """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from batch_dagster.defs.dagster_internals import interruptible
+
+    interruptible()  # a run started in the background must still stop its steps' helper processes
     # vLLM logs to stdout by default; stdout belongs to the results (--json).
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     import dagster as dg

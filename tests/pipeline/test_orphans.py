@@ -73,3 +73,22 @@ def test_the_watcher_leaves_once_the_engine_is_stopped_and_spares_the_holder():
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_run_started_in_the_background_keeps_sigterm_for_its_steps_helpers():
+    import signal
+
+    from dagster._utils.interrupts import setup_interrupt_handlers
+
+    from batch_dagster.defs.dagster_internals import interruptible
+
+    saved = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `nohup ... &` starts a process
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        interruptible()
+        setup_interrupt_handlers()  # what Dagster does when it executes a job
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # children can still be terminated
+    finally:
+        signal.signal(signal.SIGINT, saved[0])
+        signal.signal(signal.SIGTERM, saved[1])
