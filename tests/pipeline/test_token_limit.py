@@ -105,7 +105,9 @@ def test_alone_a_batch_is_held_to_the_limit_too(tmp_path, data_dir, instance):
     assert summary["status"] == "failed" and summary["errors"][0]["code"] == "token_limit_exceeded"
 
 
-def test_prompt_tokens_match_what_the_offline_engine_feeds_smollm2():
+@pytest.fixture
+def smollm2():
+    """SmolLM2's tokenizer, and an offline engine holding it (no vLLM started): what the engine feeds the model."""
     from batch_dagster.engine.models import _tokenizer
 
     path = smollm2_path(MODEL_CACHE, dtype_choice("auto").dtype)
@@ -114,6 +116,11 @@ def test_prompt_tokens_match_what_the_offline_engine_feeds_smollm2():
     tokenizer = _tokenizer(str(path))
     engine = OfflineEngine(ModelSpec(name=CHAT_MODEL, source=str(path)), str(path))
     engine._tokenizer, engine.max_model_len = tokenizer, 8192
+    return tokenizer, engine
+
+
+def test_prompt_tokens_match_what_the_offline_engine_feeds_smollm2(smollm2):
+    tokenizer, engine = smollm2
     bodies = [
         (c.CHAT, chat_request("a", "What is the capital of France?")["body"]),
         (c.RESPONSES, {"model": CHAT_MODEL, "input": "Name three colors.", "instructions": "Be brief."}),
@@ -124,16 +131,10 @@ def test_prompt_tokens_match_what_the_offline_engine_feeds_smollm2():
         assert counted == engine._prepare(endpoint, "x", body).prompt_tokens > 3, endpoint
 
 
-def test_the_estimate_counts_each_prompt_as_the_offline_engine_feeds_it():
-    from batch_dagster.engine.models import _tokenizer
+def test_the_estimate_counts_each_prompt_as_the_offline_engine_feeds_it(smollm2):
     from batch_dagster.engine.tokens import counter
 
-    path = smollm2_path(MODEL_CACHE, dtype_choice("auto").dtype)
-    if not (path / "tokenizer.json").exists():
-        pytest.skip(f"the SmolLM2 model is not prepared in {MODEL_CACHE} (make setup)")
-    tokenizer = _tokenizer(str(path))
-    engine = OfflineEngine(ModelSpec(name=CHAT_MODEL, source=str(path)), str(path))
-    engine._tokenizer, engine.max_model_len = tokenizer, 8192
+    tokenizer, engine = smollm2
     count = counter(tokenizer)
     turns = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2 + 2?"},
              {"role": "assistant", "content": "4"}, {"role": "user", "content": [{"type": "text", "text": "x3?"}]}]
