@@ -9,7 +9,6 @@ from batch_dagster.batchfile.failure import keep_finished
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
-from batch_dagster.batchfile.usage import PriceTable
 from batch_dagster.db import BatchRecord, repo
 from batch_dagster.db.labels import OWNER_TAG, input_filenames, run_tags
 from batch_dagster.db.lifecycle import sync_batch
@@ -123,7 +122,7 @@ def _retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
 
 
 def _follow(context: dg.SensorEvaluationContext, session: Session, folders: Storage, batch: BatchRecord,
-            followed: set[str], prices: PriceTable) -> None:
+            followed: set[str], pipeline: PipelineConfig) -> None:
     """Bring one batch up to date with its latest run (each change committed by itself: its own transaction)."""
     instance = context.instance
     run = latest_run(instance, batch.id)
@@ -149,7 +148,7 @@ def _follow(context: dg.SensorEvaluationContext, session: Session, folders: Stor
             return
         failure = run_failure_message(instance, run)
         try:
-            keep_finished(BatchFolder(folders, batch.id), failure, prices)
+            keep_finished(BatchFolder(folders, batch.id), failure, pipeline.prices())  # read when one is needed
         except Exception as exc:  # the store unreachable: the batch still ends, without its files
             context.log.error(f"{batch.id}: could not keep what its run finished ({str(exc)[:500]})")
         sync_batch(session, folders, batch, run_failure=failure)
@@ -166,13 +165,13 @@ def api_batch_status_sensor(
     context: dg.SensorEvaluationContext, database: DatabaseResource, storage: StorageResource,
     pipeline: PipelineConfig,
 ) -> dg.SkipReason:
-    instance, folders, prices = context.instance, storage.storage(), pipeline.prices()
+    instance, folders = context.instance, storage.storage()
     moved, followed = 0, set[str]()
     with database.session() as session:
         for batch in repo.active_batches(session):
             batch_id, before = batch.id, batch.status
             try:
-                _follow(context, session, folders, batch, followed, prices)
+                _follow(context, session, folders, batch, followed, pipeline)
             except Exception as exc:  # a value the store refuses, a damaged document: the other batches still move
                 session.rollback()
                 context.log.error(f"{batch_id}: could not be brought up to date ({str(exc)[:500]}); left as stored, "
