@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
-from sqlalchemy import ColumnElement, CursorResult, exists, func, or_, select, update
+from sqlalchemy import ColumnElement, CursorResult, case, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.folder import BatchFolder
@@ -181,13 +181,16 @@ def delete_file(session: Session, storage: Storage, row: FileRecord) -> None:
         files.delete(key)
 
 
+def ended_at() -> ColumnElement[int]:
+    """A batch's end: the timestamp of its terminal status (NULL while it has not ended)."""
+    return case(*((BatchRecord.status == status, getattr(BatchRecord, f"{status}_at")) for status in TERMINAL))
+
+
 def finished_between(session: Session, start: int, end: int) -> list[BatchRecord]:
-    """Batches whose end (the timestamp of their terminal status) is in [start, end), in creation order."""
-    matches = []
-    for status in TERMINAL:
-        at = getattr(BatchRecord, f"{status}_at")
-        matches.append((BatchRecord.status == status) & (at >= start) & (at < end))
-    return list(session.scalars(select(BatchRecord).where(or_(*matches)).order_by(BatchRecord.pk)))
+    """Batches whose end is in [start, end), in creation order."""
+    at = ended_at()
+    query = select(BatchRecord).where(BatchRecord.status.in_(TERMINAL), at >= start, at < end)
+    return list(session.scalars(query.order_by(BatchRecord.pk)))
 
 
 def known_sources(session: Session, sources: Sequence[str]) -> set[tuple[str, str]]:

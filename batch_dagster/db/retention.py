@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import ColumnElement, and_, case, create_engine, make_url, or_, select
+from sqlalchemy import and_, create_engine, make_url, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -20,11 +20,6 @@ from batch_dagster.batchfile.status import TERMINAL
 
 from . import repo
 from .models import BatchRecord, FileRecord
-
-
-def ended_at() -> ColumnElement[int]:
-    """A batch's end: the timestamp of its terminal status (NULL while it has not ended)."""
-    return case(*((BatchRecord.status == status, getattr(BatchRecord, f"{status}_at")) for status in TERMINAL))
 
 
 @dataclass(frozen=True)
@@ -39,7 +34,7 @@ class Ended:
 def ended_before(session: Session, cutoff: int, *, after: tuple[int, int] | None = None,
                  limit: int = 100) -> list[Ended]:
     """Batches that ended at or before `cutoff`, after the (ended_at, pk) `after`, the earliest end first."""
-    end = ended_at()
+    end = repo.ended_at()
     query = select(BatchRecord.id, end, BatchRecord.pk).where(BatchRecord.status.in_(TERMINAL), end <= cutoff)
     if after is not None:
         query = query.where(or_(end > after[0], and_(end == after[0], BatchRecord.pk > after[1])))
