@@ -63,7 +63,12 @@ def test_the_webhook_endpoints_migration_keeps_the_outbox(tmp_path):
 
 def test_the_parent_batch_migration_keeps_only_same_owner_parents(tmp_path):
     """0005: a retry's parent moves from its metadata to its own column, only where the parent is the owner's own."""
-    url = f"sqlite:///{tmp_path / 'old.db'}"
+    check_the_parent_batch_migration(f"sqlite:///{tmp_path / 'old.db'}")
+
+
+def check_the_parent_batch_migration(url: str) -> None:
+    """The 0005 migration on the store at `url` (tests/system/test_tenancy_postgres.py runs it on PostgreSQL)."""
+    meta_value = ":meta" if url.startswith("sqlite") else "CAST(:meta AS json)"
     command.upgrade(alembic_config(url), "0004")
     old = Database(url)
     rows = {"a1": ("a", None), "a2": ("a", "a1"), "a3": ("a", "b1"), "a4": ("a", "nowhere"), "b1": ("b", None)}
@@ -74,7 +79,7 @@ def test_the_parent_batch_migration_keeps_only_same_owner_parents(tmp_path):
             connection.execute(text(
                 "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, status, created_at, "
                 "request_total, request_completed, request_failed, metadata) VALUES "
-                "(:id, :owner, '/v1/chat/completions', 'file-x', '24h', 'completed', 1, 0, 0, 0, :meta)"),
+                f"(:id, :owner, '/v1/chat/completions', 'file-x', '24h', 'completed', 1, 0, 0, 0, {meta_value})"),
                 {"id": batch_id, "owner": owner, "meta": meta})
     old.upgrade()
     with old.session() as session:

@@ -4,15 +4,10 @@ on PostgreSQL through BATCH_TEST_DATABASE_URL), and the parent-batch migration (
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from alembic import command
-from sqlalchemy import select, text
 
-from batch_dagster.db import BatchRecord, Database
-from batch_dagster.db.session import alembic_config
 from tests.api.conftest import start_service  # noqa: F401  (the API tests' fixture)
+from tests.api.test_store import check_the_parent_batch_migration
 from tests.api.test_tenancy import (  # noqa: F401  (the tests, collected here again)
     test_a_batch_of_ten_thousand_bad_lines_is_a_small_object,
     test_a_gone_ancestor_is_named_by_its_id_not_by_where_it_was_stored,
@@ -43,20 +38,4 @@ def service_on_postgres(postgres_url, monkeypatch):
 
 
 def test_the_parent_batch_migration_on_postgres(postgres_url):
-    command.upgrade(alembic_config(postgres_url), "0004")
-    old = Database(postgres_url)
-    with old.engine.begin() as connection:
-        connection.execute(text("INSERT INTO api_keys (owner, created_at) VALUES ('a', 1), ('b', 1)"))
-        for batch_id, owner, parent in (("a1", "a", None), ("a2", "a", "a1"), ("a3", "a", "b1"), ("b1", "b", None)):
-            meta = json.dumps({"parent_batch_id": parent}) if parent else None
-            connection.execute(text(
-                "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, status, created_at, "
-                "request_total, request_completed, request_failed, metadata) VALUES "
-                "(:id, :owner, '/v1/chat/completions', 'file-x', '24h', 'completed', 1, 0, 0, 0, CAST(:meta AS json))"),
-                {"id": batch_id, "owner": owner, "meta": meta})
-    old.upgrade()
-    with old.session() as session:
-        assert dict(session.execute(select(BatchRecord.id, BatchRecord.parent_batch_id)).all()) == {
-            "a1": None, "a2": "a1", "a3": None, "b1": None}
-    command.downgrade(alembic_config(postgres_url), "0004")
-    old.dispose()
+    check_the_parent_batch_migration(postgres_url)
