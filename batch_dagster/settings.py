@@ -7,6 +7,7 @@ in it. Defaults work on a laptop.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -82,6 +83,13 @@ def _csv(text: str) -> tuple[str, ...]:
 
 def _limit(text: str) -> int | None:
     return int(text) or None  # 0: no limit
+
+
+def _budget(text: str) -> float | None:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be a finite number, 0 or more")
+    return value or None  # 0: no budget
 
 
 KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -214,6 +222,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_KEY_MAX_PRIORITY", 10, "The highest `priority` (-10..10) a key's batch may ask at create; "
              "above it the create answers 400 `priority_not_allowed`. 0: keys may only lower theirs.", "API",
              parse=int),
+    Variable("BATCH_KEY_DAILY_BUDGET", None, "What one key's batches may cost per UTC day, in the price table's "
+             "currency (successful requests, at the batch price; batches created that day count). A batch whose "
+             "upper-bound cost is past what is left fails validation with `cost_limit_exceeded`; a running one stops "
+             "there before its next shard. Unset or 0: no budget.", "API", parse=_budget),
     Variable("BATCH_KEY_MAX_ACTIVE_BATCHES", 100, "Batches one key may have unfinished at once (created, not "
              "ended); past it creating a batch answers 429 `batch_limit_exceeded`. 0: no limit.", "API",
              parse=_limit),
@@ -313,6 +325,7 @@ class Settings:
     completion_window_s: int
     api_keys: tuple[str, ...]  # entries: `name:key` or `key` (split_key)
     key_max_priority: int
+    key_daily_budget: float | None
     key_max_active_batches: int | None
     key_max_stored_bytes: int | None
     api_host: str

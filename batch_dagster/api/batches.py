@@ -59,6 +59,7 @@ def batch_object(row: BatchRecord) -> Batch:
         request_counts=BatchRequestCounts(total=row.request_total, completed=row.request_completed,
                                           failed=row.request_failed),
         metadata=_shown_metadata(row.meta), model=row.model, usage=_shown_usage(row.usage), priority=row.priority,
+        max_cost=row.max_cost,
     )
 
 
@@ -118,7 +119,7 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
         row = store_create_batch(
             session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source,
             input_from=source, completion_window_s=ctx.config.completion_window_s,
-            metadata=body.metadata, batch_id=batch_id, priority=body.priority,
+            metadata=body.metadata, batch_id=batch_id, priority=body.priority, max_cost=body.max_cost,
             output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
                                   else OUTPUT_EXPIRES_AFTER_S),
         )

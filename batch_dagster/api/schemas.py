@@ -7,7 +7,7 @@ from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
 from pydantic import AfterValidator, BaseModel, Field
 
-from batch_dagster.batchfile.contract import ENDPOINTS
+from batch_dagster.batchfile.contract import ENDPOINTS, MAX_COST
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.db.webhooks import EVENT_TYPES
 
@@ -131,6 +131,7 @@ class Batch(BaseModel):
     model: str | None = None
     usage: BatchUsage
     priority: int = 0  # extension: see CreateBatchRequest
+    max_cost: float | None = None  # extension: see CreateBatchRequest
 
 
 class ExpiresAfter(BaseModel):
@@ -152,6 +153,8 @@ class CreateBatchRequest(BaseModel):
     output_expires_after: ExpiresAfter | None = None
     # Extension: the launch order across the queue, higher first (the SDK sends it with extra_body).
     priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY)
+    # Extension: the cost cap, in the price table's currency (batchfile/cost_cap.py).
+    max_cost: float | None = Field(default=None, gt=0, le=MAX_COST, allow_inf_nan=False, strict=True)
 
 
 # Webhook endpoints: OpenAI's webhook_endpoint objects (the openai SDK's client.webhooks), for batch events only.

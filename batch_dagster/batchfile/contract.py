@@ -20,6 +20,7 @@ MAX_MODEL_CHARS = 255  # body.model, recorded on the batch and its run's tags
 MAX_FILENAME_CHARS = 255  # a File's name
 MAX_SOURCE_CHARS = 1024  # a dropped file's s3:// or file:// URI
 MAX_VERSION_CHARS = 255  # its ETag, or size and mtime
+MAX_COST = 1e9  # a batch's max_cost, in the price table's currency
 
 
 def _first_request(head: bytes, whole: bool) -> dict[str, Any] | None:
@@ -68,6 +69,9 @@ DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
 MIXED_MODELS = "mixed_models"
 MODEL_NOT_FOUND = "model_not_found"
 TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"  # the owner's enqueued prompt tokens for the model
+# The batch's cost cap (max_cost, the key's daily budget): at validation, in errors.data; while it runs, on the
+# error lines of the requests it did not run (batchfile/cost_cap.py).
+COST_LIMIT_EXCEEDED = "cost_limit_exceeded"
 
 # Request-level error codes written to the error file.
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"

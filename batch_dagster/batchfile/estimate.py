@@ -93,6 +93,12 @@ class Tally:
         self.input_tokens += sum(prompts)
         self.max_output_tokens += bound
 
+    def cost(self, model: str, prices: PriceTable) -> dict[str, Any]:
+        """The cost range of these requests (Estimate.cost; the cost cap checks its max)."""
+        low = cost_of(Usage(input_tokens=self.input_tokens), model, prices)
+        high = cost_of(Usage(input_tokens=self.input_tokens, output_tokens=self.max_output_tokens), model, prices)
+        return {"min": low.total_cost, "max": high.total_cost, "currency": high.currency}
+
 
 @dataclass
 class Estimate:
@@ -108,12 +114,7 @@ class Estimate:
         """min: every request that runs succeeds with no output (failed requests are not billed, so failures
         only lower it); max: every one succeeds with its most output."""
         model = self.report.model
-        if model is None:
-            return None
-        low = cost_of(Usage(input_tokens=self.tally.input_tokens), model, self.prices)
-        high = cost_of(Usage(input_tokens=self.tally.input_tokens, output_tokens=self.tally.max_output_tokens),
-                       model, self.prices)
-        return {"min": low.total_cost, "max": high.total_cost, "currency": high.currency}
+        return None if model is None else self.tally.cost(model, self.prices)
 
     def duration_s(self) -> dict[str, float] | None:
         """min: this batch's prompt tokens alone, on an idle engine; max: its prompt and most output tokens, after

@@ -1,15 +1,17 @@
 """A batch whose run failed for good keeps what it finished: the committed shards' lines, and an error line for
 every other request, so each custom_id is in the output or the error file exactly once and a retry runs again
-exactly those that never ran. It ends the way a cancel ends, with its own code (`batch_failed`).
+exactly those that never ran. It ends the way a cancel ends, with its own code (`batch_failed`); `stopped_ending`
+says how a batch asked to stop (cancel, expiry, its cost cap) ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import contract as c
+from . import cost_cap
 from .columnar import custom_ids
 from .folder import BatchFolder, Merged, Summary
 from .results import committed_shards, merge
@@ -20,6 +22,25 @@ from .usage import PriceTable, cost_of
 LINE_REASON_CHARS = 200
 ERROR_REASON_CHARS = 2000
 NOT_RUN_CODES = {BatchStatus.CANCELLED: c.BATCH_CANCELLED, BatchStatus.EXPIRED: c.BATCH_EXPIRED}
+STOP_REASONS = (BatchStatus.CANCELLED, BatchStatus.EXPIRED, cost_cap.COST_LIMIT)  # Stop.reason's values
+
+
+class Ending(NamedTuple):
+    """How a batch asked to stop ends: its status, the code and message of its not-run lines, its errors.data."""
+
+    status: BatchStatus
+    code: str
+    message: str
+    errors: list[c.BatchError]
+
+
+def stopped_ending(reason: str) -> Ending:
+    """The end of a batch stopped for `reason` (a Stop.reason): a cancel or an expiry ends with that status; its
+    cost cap fails it with errors.data saying so (OpenAI has no status of its own for that)."""
+    if reason == cost_cap.COST_LIMIT:
+        return Ending(BatchStatus.FAILED, c.COST_LIMIT_EXCEEDED, cost_cap.NOT_RUN_MESSAGE, [cost_cap.STOP_ERROR])
+    status = BatchStatus(reason)
+    return Ending(status, NOT_RUN_CODES[status], f"The batch was {reason} before this request ran.", [])
 
 
 def clip(text: str, limit: int) -> str:
@@ -68,10 +89,8 @@ def keep_finished(folder: BatchFolder, reason: str, prices: PriceTable) -> Summa
             or not folder.storage.exists(folder.requests_key):
         return None
     stop = folder.stop()
-    if stop is not None and stop.reason in NOT_RUN_CODES:
-        status, code = BatchStatus(stop.reason), NOT_RUN_CODES[BatchStatus(stop.reason)]
-        message = f"The batch was {stop.reason} before this request ran."
-        errors = []
+    if stop is not None and stop.reason in STOP_REASONS:
+        status, code, message, errors = stopped_ending(stop.reason)
     else:
         status, code = BatchStatus.FAILED, c.BATCH_FAILED
         message = f"The batch's run failed before this request ran: {clip(reason, LINE_REASON_CHARS)}"

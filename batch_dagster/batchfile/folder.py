@@ -7,7 +7,7 @@ way through it, in the order of the listing below; each internal JSON document i
       batch.json          Declared: the endpoint the batch was created for (API batches)
       source.json         Source: where a dropped file is fetched from, and its File's key
       deadline.json       Deadline: when the batch expires (no shard starts after it)
-      stop.json           Stop: a request to stop before the next shard (cancel)
+      stop.json           Stop: a request to stop before the next shard (cancel, expiry, cost cap)
       input.jsonl         the input file as uploaded
       validation.json     Validation: the validation report
       requests.parquet    the validated requests, one row per request
@@ -131,7 +131,7 @@ class Deadline(Document):
 
 @dataclass
 class Stop(Document):
-    reason: str  # BatchStatus.CANCELLED or EXPIRED
+    reason: str  # BatchStatus.CANCELLED or EXPIRED, or cost_cap.COST_LIMIT (failure.STOP_REASONS)
     at: float
 
 
@@ -309,7 +309,8 @@ class BatchFolder:
         return self._read("deadline.json", Deadline)
 
     def request_stop(self, reason: str) -> None:
-        """Ask a running batch to stop before its next shard (reason: "cancelled" or "expired")."""
+        """Ask a running batch to stop before its next shard (reason: "cancelled", "expired" or
+        "cost_limit_exceeded")."""
         self._write("stop.json", Stop(reason, time.time()))
 
     def stop(self) -> Stop | None:

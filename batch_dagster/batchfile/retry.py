@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from . import contract as c
 
-NOT_RUN_CODES = (c.BATCH_EXPIRED, c.BATCH_CANCELLED, c.BATCH_FAILED)
+NOT_RUN_CODES = (c.BATCH_EXPIRED, c.BATCH_CANCELLED, c.BATCH_FAILED, c.COST_LIMIT_EXCEEDED)  # a retry runs them
 
 
 def is_retryable(line: dict[str, Any]) -> bool:

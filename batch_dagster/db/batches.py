@@ -105,6 +105,7 @@ def create_batch(
     parent: BatchRecord | None = None,
     commit: bool = True,
     priority: int = 0,
+    max_cost: float | None = None,
 ) -> BatchRecord:
     """Put the batch's input, deadline and endpoint in its folder, then add its row (committed).
 
@@ -143,6 +144,7 @@ def create_batch(
         expires_at=expires_at,
         meta=metadata, output_expires_after=output_expires_after, launched_at=created_at if launched else None,
         model=model, request_total=requests, parent_batch_id=_same_owner(parent, owner), priority=priority,
+        max_cost=max_cost,
     )
     session.add(row)
     if commit:

@@ -90,6 +90,8 @@ class BatchRecord(Base):
     parent_batch_id: Mapped[str | None] = mapped_column(String(64))
     # Its place in the launch order (PRIORITIES; the run queue's dagster/priority, defs/run_limits.py).
     priority: Mapped[int] = mapped_column(default=0, server_default="0")
+    # The most its successful requests may cost, in the price table's currency (the cost cap; None: uncapped).
+    max_cost: Mapped[float | None]
 
 
 class IntakeRecord(Base):

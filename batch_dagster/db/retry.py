@@ -52,7 +52,7 @@ def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, com
             session, storage, owner=parent.owner, endpoint=parent.endpoint, input_file=input_file, input_from=path,
             completion_window_s=completion_window_s, metadata=metadata, launched=launched,
             output_expires_after=parent.output_expires_after or OUTPUT_EXPIRES_AFTER_S, parent=parent,
-            priority=parent.priority,
+            priority=parent.priority, max_cost=parent.max_cost,
         )
 
 

@@ -39,7 +39,9 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
         engine = engine or FakeEngine()
         vllm = vllm or fake_vllm(f"api-{tmp_path.name}", engine)
         storage = StorageResource(data_dir=str(data_dir), url=storage_url)
-        defs = make_defs(data_dir, vllm, shard_size, storage_url)
+        # The pipeline reads the API's store, as under serve (the cost cap asks it what a key spent).
+        defs = make_defs(data_dir, vllm, shard_size, storage_url, store_url=config.database_url,
+                         key_daily_budget=config.key_daily_budget)
         resources = {"database": DatabaseResource(url=config.database_url), "storage": storage, "vllm": vllm,
                      "pipeline": defs.resources["pipeline"]}
         server = stack.enter_context(ApiServer(create_app(config)))

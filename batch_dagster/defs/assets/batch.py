@@ -19,7 +19,8 @@ from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.columnar import read_shard, validate_to_parquet, write_shards
-from batch_dagster.batchfile.failure import not_run_lines
+from batch_dagster.batchfile.cost_cap import COST_LIMIT
+from batch_dagster.batchfile.failure import not_run_lines, stopped_ending
 from batch_dagster.batchfile.folder import (
     BatchFolder,
     Manifest,
@@ -42,6 +43,7 @@ from batch_dagster.settings import Settings
 from batch_dagster.storage import file_location
 from batch_dagster.storage.transfer import fetch
 
+from .cost_cap import apply_cost_cap, cost_cap_reached
 from .token_limit import apply_token_limit
 
 GROUP = "batch_lifecycle"
@@ -143,10 +145,11 @@ def validated_requests(
         )
         elapsed = time.perf_counter() - started
         prompt_tokens = apply_token_limit(folder, out, report, pipeline, vllm)
+        apply_cost_cap(folder, out, report, pipeline, vllm)
         head = (pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5)
                 .to_pylist() if report.valid else [])
         if not report.valid:
-            out.unlink(missing_ok=True)  # over the token limit: valid rows, but the batch is refused
+            out.unlink(missing_ok=True)  # over the token limit or the cost cap: valid rows, but the batch is refused
     folder.write_validation(Validation(
         valid=report.valid, total_requests=report.total_requests, model=report.shown_model, endpoint=report.endpoint,
         error_count=report.error_count, errors=report.listed_errors, validated_at=_now(), prompt_tokens=prompt_tokens))
@@ -289,7 +292,7 @@ def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) 
     description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
 )
 def shard_results(
-    context: dg.AssetExecutionContext, storage: StorageResource, vllm: VLLMResource
+    context: dg.AssetExecutionContext, storage: StorageResource, vllm: VLLMResource, pipeline: PipelineConfig
 ) -> dg.MaterializeResult:
     folder = storage.folder(context.partition_key)
     manifest = _manifest(folder)
@@ -307,6 +310,9 @@ def shard_results(
     with dies_with_its_run(context), stops_when_terminated(context):
         for index in todo:
             stopped = folder.stop_reason()
+            if not stopped and cost_cap_reached(folder, manifest.model, done.values(), pipeline):
+                folder.request_stop(COST_LIMIT)  # as a cancel stops it: the status follows from the files
+                stopped = COST_LIMIT
             if stopped:
                 context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
                 break
@@ -385,16 +391,16 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResour
     missing = [i for i in range(manifest.shard_count) if i not in done]
     stopped = folder.stop_reason() if missing else None
     not_run: Any = []
-    if stopped:
+    ending = stopped_ending(stopped) if stopped else None
+    if ending:
         # The requests of shards that never ran still get a line each: nothing is dropped.
-        code = c.BATCH_CANCELLED if stopped == BatchStatus.CANCELLED else c.BATCH_EXPIRED
-        message = f"The batch was {stopped} before this request ran."
-        not_run = not_run_lines(folder, missing, code, message)
+        not_run = not_run_lines(folder, missing, ending.code, ending.message)
     with folder.storage.writing(folder.output_key) as out, folder.storage.writing(folder.error_key) as err:
         result = merge(folder.storage, folder.results_prefix, manifest.shard_count, out, err,
                        not_run=not_run, missing_ok=bool(stopped))
         preview = _preview(out)
-    folder.write_merged(Merged(status=stopped or BatchStatus.COMPLETED, request_counts=result.request_counts,
+    folder.write_merged(Merged(status=ending.status if ending else BatchStatus.COMPLETED,
+                               request_counts=result.request_counts,
                                usage=result.usage, error_codes=result.error_codes))
     return dg.MaterializeResult(
         metadata={
@@ -444,6 +450,9 @@ def batch_usage(
         output_file=folder.storage.uri(folder.output_key),
         error_file=folder.storage.uri(folder.error_key),
         completed_at=_now(),
+        # Why a batch its cost cap stopped failed (a cancelled or expired one has no errors.data).
+        errors=stopped_ending(stop.reason).errors if merged.status != BatchStatus.COMPLETED
+        and (stop := folder.stop()) is not None else [],
     )
     folder.write_summary(summary)
     context.log.info(

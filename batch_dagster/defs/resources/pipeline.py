@@ -25,7 +25,8 @@ class PipelineConfig(dg.ConfigurableResource):
     max_line_bytes: int = s.default("BATCH_MAX_LINE_BYTES")
     prices_file: str = str(s.default("BATCH_PRICES_FILE"))
     max_enqueued_tokens: int | None = s.default("BATCH_MAX_ENQUEUED_TOKENS")  # per owner and model; 0, None: no limit
-    store_url: str = ""  # the metadata store whose unfinished batches count toward that limit
+    store_url: str = ""  # the metadata store whose unfinished batches count toward that limit (and the cost cap)
+    key_daily_budget: float | None = s.default("BATCH_KEY_DAILY_BUDGET")  # the cost cap's; None: no budget
 
     @property
     def limits(self) -> Limits:
@@ -53,4 +54,5 @@ def pipeline_config_from_env(settings: s.Settings) -> PipelineConfig:
         max_enqueued_tokens=dg.EnvVar.int("BATCH_MAX_ENQUEUED_TOKENS") if s.is_set("BATCH_MAX_ENQUEUED_TOKENS")
         else settings.max_enqueued_tokens,
         store_url=env_or("BATCH_DATABASE_URL", settings.database_url),
+        key_daily_budget=settings.key_daily_budget,  # a float: EnvVar reads strings and ints only
     )
