@@ -90,6 +90,12 @@ class BatchRecord(Base):
     parent_batch_id: Mapped[str | None] = mapped_column(String(64))
     # Its place in the launch order (PRIORITIES; the run queue's dagster/priority, defs/run_limits.py).
     priority: Mapped[int] = mapped_column(default=0, server_default="0")
+    # Queue position and ETA (batchfile/eta.py): the estimate once validated; the run's dagster/priority once
+    # launched; the place and end the daemon's queue_eta_sensor stores while the batch has not ended.
+    estimate: Mapped[dict[str, Any] | None]
+    launch_priority: Mapped[int | None]
+    queue_position: Mapped[int | None]
+    estimated_completion_at: Mapped[int | None]
 
 
 class IntakeRecord(Base):

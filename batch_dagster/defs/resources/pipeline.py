@@ -26,6 +26,7 @@ class PipelineConfig(dg.ConfigurableResource):
     prices_file: str = str(s.default("BATCH_PRICES_FILE"))
     max_enqueued_tokens: int | None = s.default("BATCH_MAX_ENQUEUED_TOKENS")  # per owner and model; 0, None: no limit
     store_url: str = ""  # the metadata store whose unfinished batches count toward that limit
+    estimate_tokens_per_s: float = s.default("BATCH_ESTIMATE_TOKENS_PER_S")  # a validated batch's estimate
 
     @property
     def limits(self) -> Limits:
@@ -53,4 +54,5 @@ def pipeline_config_from_env(settings: s.Settings) -> PipelineConfig:
         max_enqueued_tokens=dg.EnvVar.int("BATCH_MAX_ENQUEUED_TOKENS") if s.is_set("BATCH_MAX_ENQUEUED_TOKENS")
         else settings.max_enqueued_tokens,
         store_url=env_or("BATCH_DATABASE_URL", settings.database_url),
+        estimate_tokens_per_s=settings.estimate_tokens_per_s,
     )
