@@ -66,3 +66,15 @@ def test_the_work_is_the_estimates_bounded_tokens():
     assert bounded_work({"input_tokens": 10, "max_output_tokens": 40}) == 50
     assert bounded_work({"input_tokens": None, "max_output_tokens": None}) is None  # an invalid file's estimate
     assert bounded_work(None) is None
+
+
+def test_the_progress_bar_shows_the_end_on_the_clock(monkeypatch):
+    import time
+
+    from batch_dagster.defs.runner import Eta
+
+    monkeypatch.setattr(time, "time", lambda: NOW)
+    eta = Eta.of({"input_tokens": 100, "max_output_tokens": 900, "tokens_per_s": 10.0})
+    assert eta.clock(0.0, 0.0) == time.strftime("%H:%M:%S", time.localtime(NOW + 100))
+    assert eta.clock(0.5, 10.0) == time.strftime("%H:%M:%S", time.localtime(NOW + 0.5 * 10 + 0.5 * 50))
+    assert Eta.of(None).clock(0.0, 0.0) == "?"  # no estimate and nothing done: nothing to say yet
