@@ -154,14 +154,16 @@ class Receiver:
 
 # Definitions.
 
-def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storage_url: str = "") -> dg.Definitions:
-    """batch_job over `data_dir` (or batch folders at `storage_url`) on `vllm`, cutting shards of `shard_size`."""
+def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storage_url: str = "",
+              store_url: str = "") -> dg.Definitions:
+    """batch_job over `data_dir` (or batch folders at `storage_url`) on `vllm`, cutting shards of `shard_size`;
+    with `store_url` (the API's store), validation estimates each batch too (its tokenizer: slower)."""
     return dg.Definitions(
         assets=lifecycle_assets,
         asset_checks=lifecycle_checks,
         jobs=[batch_job],
         resources={"storage": StorageResource(data_dir=str(data_dir), url=storage_url), "vllm": vllm, "s3": S3Resource(),
-                   "pipeline": PipelineConfig(shard_size=shard_size)},
+                   "pipeline": PipelineConfig(shard_size=shard_size, store_url=store_url)},
     )
 
 

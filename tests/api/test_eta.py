@@ -9,7 +9,7 @@ import pytest
 
 from batch_dagster.engine.models import Models
 from tests.api.test_estimate import WordTokenizer, estimate
-from tests.helpers import rows, upload, wait_for
+from tests.helpers import make_defs, rows, upload, wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -20,6 +20,9 @@ def word_tokenizer(monkeypatch):
 def test_a_batch_shows_its_place_and_end_while_queued_and_running_and_its_estimate_once_validated(start_service,
                                                                                                    tmp_path):
     service = start_service(worker=False, shard_size=2)
+    # Validation estimates a batch against the API's store (its queue and rate): the pipeline is given it.
+    service.worker.defs = make_defs(service.data_dir, service.worker.defs.resources["vllm"], 2,
+                                    store_url=service.config.database_url)
     client = service.client()
     file_id = upload(client, tmp_path / "in.jsonl", rows(5, max_tokens=50))
     expected = estimate(client, file_id)

@@ -11,7 +11,7 @@ from typing import Any
 
 import dagster as dg
 
-from batch_dagster.batchfile.estimate import QueueAhead, Throughput, estimate_stream
+from batch_dagster.batchfile.estimate import estimate_stream
 from batch_dagster.batchfile.eta import bounded_work, running_remaining_s
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.registry import served_endpoints
@@ -23,26 +23,21 @@ from batch_dagster.defs.resources import PipelineConfig, VLLMResource
 def write_estimate(context: dg.AssetExecutionContext, folder: BatchFolder, pipeline: PipelineConfig,
                    vllm: VLLMResource) -> dict[str, Any] | None:
     """Estimate the validated batch as the estimate endpoint would and write it; None (logged) when it cannot be
-    made: the batch runs without one. A re-run keeps the one made first."""
+    made: the batch runs without one. A re-run keeps the one made first. Without the API's store (definitions
+    that have none, as the fast tests') there is no queue and no rate to time it against: none is made."""
     if (made := folder.estimate()) is not None:
         return made
+    if not pipeline.store_url:
+        return None
     try:
         models = vllm.models
         size = folder.storage.size(folder.input_key) or 0
-
-        def make(throughput: Any, queue: Any) -> dict[str, Any]:
-            with folder.storage.open(folder.input_key) as f:
-                return estimate_stream(f, size=size, limits=pipeline.limits, endpoint=folder.endpoint(),
-                                       served=served_endpoints(models.registry()), counter=models.counter,
-                                       prices=pipeline.prices(), throughput=throughput, queue=queue).to_dict()
-
-        if pipeline.store_url:
-            with open_database(pipeline.store_url).session() as session:
-                estimate = make(
-                    lambda m: measured_throughput(session, folder.storage, m, pipeline.estimate_tokens_per_s),
-                    lambda m: queue_ahead(session, m, exclude=folder.batch_id))
-        else:
-            estimate = make(lambda m: Throughput(pipeline.estimate_tokens_per_s), lambda m: QueueAhead())
+        with open_database(pipeline.store_url).session() as session, folder.storage.open(folder.input_key) as f:
+            estimate = estimate_stream(
+                f, size=size, limits=pipeline.limits, endpoint=folder.endpoint(),
+                served=served_endpoints(models.registry()), counter=models.counter, prices=pipeline.prices(),
+                throughput=lambda m: measured_throughput(session, folder.storage, m, pipeline.estimate_tokens_per_s),
+                queue=lambda m: queue_ahead(session, m, exclude=folder.batch_id)).to_dict()
     except Exception as exc:  # a tokenizer or store failure: the batch is valid and runs; it shows no estimate
         context.log.warning(f"No estimate for this batch: {str(exc)[:500]}")
         return None
