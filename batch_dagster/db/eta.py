@@ -71,10 +71,11 @@ def refresh_queue(session: Session, *, slots: int, default_tokens_per_s: float, 
         for b, _ in batches:
             place = places[b.id]
             if (b.queue_position, b.estimated_completion_at) != (place.queue_position, place.estimated_completion_at):
+                # Noted before the update, which refreshes `b` in the session.
+                moved.append(Moved(b.id, b.run_id, place, b.queue_position != place.queue_position))
                 session.execute(update(BatchRecord).where(BatchRecord.id == b.id, BatchRecord.status.in_(NOT_ENDED))
                                 .values(queue_position=place.queue_position,
                                         estimated_completion_at=place.estimated_completion_at))
-                moved.append(Moved(b.id, b.run_id, place, b.queue_position != place.queue_position))
     session.commit()
     return moved
 
