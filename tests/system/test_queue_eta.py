@@ -1,15 +1,17 @@
 """Queue position and ETA under serve on the real engine, through the openai SDK: with one run of the model at a time
 (BATCH_RUNS_PER_MODEL=1), a batch behind another shows queue_position 1 while the first runs at 0, both with a
-plausible estimated_completion_at; both null once ended; the validated batch carries the estimate POST /estimate
+plausible estimated_completion_at; both null once ended; the waiting one's run is tagged with its place; the validated batch carries the estimate POST /estimate
 answered, its input_tokens the engine's."""
 
 from __future__ import annotations
 
 import time
 
+import dagster as dg
 import pytest
 from openai import OpenAI
 
+from batch_dagster.defs.sensors.eta import ETA_TAG, POSITION_TAG
 from tests.helpers import SERVE_API_KEY, Serve, chat_request, write_jsonl
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -37,13 +39,18 @@ def test_a_batch_waits_in_place_and_both_end_near_their_eta(tmp_path, vllm_serve
         expected = client.post("/batches/estimate", cast_to=object, options={"timeout": 300}, body={
             "input_file_id": second_file, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
         first, second = create(first_file), create(second_file)
-        seen = []
+        seen, tags = [], {}
         deadline = time.time() + 600
         while (second := client.batches.retrieve(second.id)).status not in ("completed", "failed"):
             assert time.time() < deadline and serve.proc.poll() is None, serve.logs()
             first = client.batches.retrieve(first.id)
             seen.append((time.time(), first.status, first.queue_position, second.status, second.queue_position,
                          first.estimated_completion_at, second.estimated_completion_at))
+            if second.queue_position == 1 and POSITION_TAG not in tags:  # its queued run's tags show it too
+                with serve.instance() as instance:
+                    runs = instance.get_runs(dg.RunsFilter(job_name="batch_job",
+                                                           tags={"dagster/partition": second.id}), limit=1)
+                    tags = dict(runs[0].tags) if runs else {}
             time.sleep(0.3)
         first = client.batches.retrieve(first.id)
 
@@ -51,6 +58,7 @@ def test_a_batch_waits_in_place_and_both_end_near_their_eta(tmp_path, vllm_serve
     waiting = [s for s in seen if s[1] == "in_progress" and s[2] == 0 and s[3] == "validating" and s[4] == 1]
     assert waiting, seen
     at, *_, first_eta, second_eta = waiting[-1]
+    assert tags[POSITION_TAG] == "1" and ETA_TAG in tags, tags
     assert at - 5 <= first_eta <= second_eta <= at + 3600, waiting[-1]
     # Once ended: no place, no end; the estimate is the one POST /estimate made, in the engine's own tokens.
     for batch in (first, second):
