@@ -2,14 +2,14 @@
 
 A batch's work is its estimate's bounded tokens (input tokens and most output tokens, batchfile/estimate.py);
 before validation (a queued batch is validated when its run starts) its input file's bytes times the tokens per
-byte of the model's recent batches. The rate is that same work per second of the model's recent batches, from
-validated to completed, so the bound's slack (requests that stop early) and the pipeline's own time are in it.
+byte of the model's recent batches. The rate is that same work per second of the model's recent batches, over the
+time one of them at least was running (from validated to completed), so the bound's slack (requests that stop
+early) and the pipeline's own time are in it; the batches running at once share it.
 The store gathers the numbers (db/eta.py); the daemon's queue_eta_sensor stores what this computes.
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ DEFAULT_TOKENS_PER_BYTE = 0.5
 class Rate:
     """A model's pace: bounded tokens per second of a batch's run, and bounded tokens per input byte."""
 
-    tokens_per_s: float
+    tokens_per_s: float  # of the model's engine, shared by the batches running at once
     tokens_per_byte: float = DEFAULT_TOKENS_PER_BYTE
     batches: int = 0  # the recent batches measured; 0: the defaults
 
@@ -62,39 +62,69 @@ def launch_order(priority: int, launch_priority: int | None, pk: int) -> tuple[i
 
 
 def running_remaining_s(work: float, rate: float, done: float, elapsed_s: float) -> float:
-    """Seconds left of a running batch: its remaining work at `rate`, blended with its own pace so far (elapsed
-    over the fraction done), which counts more the further it is."""
+    """Seconds left of a running batch that has `rate` to itself: its remaining work at that rate, blended with its
+    own pace so far (elapsed over the fraction done), which counts more the further it is. Nothing visible done
+    yet (progress comes a shard or a few requests at a time): its work less what the time elapsed should have
+    done, at least a twentieth of it."""
     done = min(max(done, 0.0), 1.0)
-    by_tokens = work * (1 - done) / rate if rate > 0 else 0.0
+    if rate <= 0:
+        return elapsed_s * (1 - done) / done if done > 0 else 0.0
     if done <= 0 or elapsed_s <= 0:
-        return by_tokens
+        return max(work - elapsed_s * rate, work / 20) / rate
     by_pace = elapsed_s * (1 - done) / done
-    return done * by_pace + (1 - done) * by_tokens
+    return done * by_pace + (1 - done) * work * (1 - done) / rate
+
+
+def share_ends(running: list[float], waiting: list[float], rate: float, slots: int, now: float) -> list[float]:
+    """When each batch ends when the model's engine works through `rate` tokens a second, shared evenly by the
+    batches running at once (vLLM batches their requests together): the running ones' remaining work, then the
+    waiting ones' in order, each starting once fewer than `slots` run. The ends of `running`
+    then of `waiting`, in their order."""
+    left = [*running, *waiting]
+    ends = [now] * len(left)
+    active = list(range(len(running)))
+    queue = list(range(len(running), len(left)))
+    t = now
+    while active or queue:
+        while queue and len(active) < max(slots, 1):
+            active.append(queue.pop(0))
+        share = rate / len(active)
+        first = min(active, key=lambda i: left[i])
+        step = left[first] / share
+        t += step
+        for i in active:
+            left[i] -= step * share
+        active.remove(first)
+        ends[first] = t
+    return ends
 
 
 def plan(entries: list[Entry], rate: Rate, slots: int, now: float) -> dict[str, Place]:
-    """Each batch's place and estimated end: the running ones from their progress; then the waiting ones in
-    launch order, each taking the first of the model's `slots` (BATCH_RUNS_PER_MODEL) to come free."""
+    """Each batch's place and estimated end: the running ones from their progress (share_ends gives them their
+    share of the engine); then the waiting ones in launch order, as the model's `slots` (BATCH_RUNS_PER_MODEL) come
+    free."""
     speed = max(rate.tokens_per_s, 1e-9)
 
     def work(e: Entry) -> float:
         return e.work if e.work is not None else e.input_bytes * rate.tokens_per_byte
 
-    places: dict[str, Place] = {}
-    free: list[float] = []
-    for e in entries:
-        if e.running:
-            elapsed = now - e.in_progress_at if e.in_progress_at is not None else 0.0
-            end = now + running_remaining_s(work(e), speed, e.done, elapsed)
-            places[e.batch_id] = Place(0, round(end))
-            free.append(end)
-    free.sort()
-    free = free[len(free) - slots:] if len(free) >= slots else [now] * (slots - len(free)) + free
-    heapq.heapify(free)
+    running = [e for e in entries if e.running]
+    share = speed / max(min(len(running), max(slots, 1)), 1)
+    remaining = [share * running_remaining_s(
+        work(e), share, e.done, now - e.in_progress_at if e.in_progress_at is not None else 0.0) for e in running]
     waiting = sorted((e for e in entries if not e.running), key=lambda e: e.order)
-    for position, e in enumerate(waiting, start=1):
-        start = max(heapq.heappop(free), now)
-        end = start + work(e) / speed
-        heapq.heappush(free, end)
+    ends = share_ends(remaining, [work(e) for e in waiting], speed, slots, now)
+    places = {e.batch_id: Place(0, round(end)) for e, end in zip(running, ends, strict=False)}
+    for position, (e, end) in enumerate(zip(waiting, ends[len(running):], strict=True), start=1):
         places[e.batch_id] = Place(position, round(end))
     return places
+
+
+def busy_s(intervals: list[tuple[float, float]]) -> float:
+    """The seconds at least one of the intervals (start, end) covers."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.eta import Entry, Place, Rate, bounded_work, launch_order, plan
+from batch_dagster.batchfile.eta import Entry, Place, Rate, bounded_work, busy_s, launch_order, plan
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 
 from .estimate import RECENT_BATCHES
@@ -20,8 +20,8 @@ NOT_ENDED = tuple(s for s in BatchStatus if s not in TERMINAL)
 
 
 def model_rate(session: Session, model: str | None, default_tokens_per_s: float) -> Rate:
-    """The model's pace over its recent completed batches that carry an estimate: bounded tokens per second from
-    validated (in_progress_at) to completed, and per input byte; the defaults when it has none."""
+    """The model's pace over its recent completed batches that carry an estimate: bounded tokens per second that
+    one of them at least was running (validated to completed), and per input byte; the defaults when it has none."""
     rows = session.execute(
         select(BatchRecord.estimate, BatchRecord.in_progress_at, BatchRecord.completed_at, FileRecord.bytes)
         .join(FileRecord, FileRecord.id == BatchRecord.input_file_id)
@@ -29,15 +29,16 @@ def model_rate(session: Session, model: str | None, default_tokens_per_s: float)
                BatchRecord.estimate.is_not(None), BatchRecord.in_progress_at.is_not(None))
         .order_by(BatchRecord.completed_at.desc(), BatchRecord.pk.desc())
         .limit(RECENT_BATCHES)).all()
-    work, seconds, size, measured = 0.0, 0.0, 0, 0
+    work, size, spans = 0.0, 0, []
     for estimate, started, ended, nbytes in rows:
         tokens = bounded_work(estimate)
         if tokens is None or ended is None:
             continue
-        work, seconds, size, measured = work + tokens, seconds + max(ended - started, 1), size + nbytes, measured + 1
-    if not measured:
+        work, size = work + tokens, size + nbytes
+        spans.append((float(started), float(max(ended, started + 1))))
+    if not spans:
         return Rate(default_tokens_per_s)
-    return Rate(work / seconds, work / size if size else Rate(0).tokens_per_byte, measured)
+    return Rate(work / busy_s(spans), work / size if size else Rate(0).tokens_per_byte, len(spans))
 
 
 @dataclass(frozen=True)

@@ -35,17 +35,20 @@ def add(s, batch_id: str, status: str, *, model: str = "m", file: str = "f1000",
 
 def test_the_rate_is_bounded_work_per_second_of_the_models_recent_batches(session):
     assert model_rate(session, "m", 250.0).tokens_per_s == 250.0 and model_rate(session, "m", 250.0).batches == 0
-    for i in range(2):  # 1,000 tokens in 100 s from validated to completed, 1,000 bytes of input each
+    # 1,000 tokens and 1,000 bytes of input each; one alone for 200 s, then two together for 100 s: 300 s in all.
+    add(session, "done0", "completed", estimate=ESTIMATE, in_progress_at=NOW - 500, completed_at=NOW - 300)
+    for i in (1, 2):
         add(session, f"done{i}", "completed", estimate=ESTIMATE, in_progress_at=NOW - 200, completed_at=NOW - 100)
     add(session, "failed", "failed", estimate=ESTIMATE, in_progress_at=NOW - 200, completed_at=NOW - 199)
     rate = model_rate(session, "m", 250.0)
-    assert (rate.tokens_per_s, rate.tokens_per_byte, rate.batches) == (10.0, 1.0, 2)
+    assert (rate.tokens_per_s, rate.tokens_per_byte, rate.batches) == (10.0, 1.0, 3)
     assert model_rate(session, "other", 250.0).batches == 0
 
 
 def test_every_unfinished_batch_is_placed_and_only_what_moved_is_written(session):
-    for i in range(2):
-        add(session, f"done{i}", "completed", estimate=ESTIMATE, in_progress_at=NOW - 200, completed_at=NOW - 100)
+    for i in range(2):  # 1,000 tokens in 100 s each, one after the other: 10 tokens/s
+        add(session, f"done{i}", "completed", estimate=ESTIMATE, in_progress_at=NOW - 200 * (i + 1),
+            completed_at=NOW - 200 * (i + 1) + 100)
     add(session, "running", "in_progress", estimate=ESTIMATE, in_progress_at=NOW - 50, request_total=10,
         request_completed=4, request_failed=1, run_id="run-1")
     add(session, "later", "validating", file="f2000", run_id="run-2")  # not validated: its 2,000 bytes of input
