@@ -61,7 +61,7 @@ clean:
 	rm -rf $(VENV) .dagster_home data
 
 # Benchmarks (see docs/performance.md). BENCH_REQUESTS / BENCH_MODEL size and pick the workload.
-.PHONY: bench bench-cpu bench-api bench-fleet
+.PHONY: bench bench-cpu bench-api bench-fleet bench-eta
 bench: setup
 	$(PY) -m bench.run_bench
 
@@ -76,3 +76,8 @@ bench-api: setup
 # requests, and a 3-request API batch against run_batch. Writes bench/results/fleet.json, prints the table.
 bench-fleet: setup
 	$(PY) -m bench.fleet_bench
+
+# The ETA's error against the real end on a queue of batches through serve and its warm fleet
+# (BENCH_ETA_BATCHES x BENCH_ETA_REQUESTS, after BENCH_ETA_WARMUP). Writes bench/results/eta.json, prints the table.
+bench-eta: setup
+	$(PY) -m bench.eta

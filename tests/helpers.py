@@ -304,9 +304,10 @@ class Worker(threading.Thread):
     def follow(self) -> None:
         """A tick of the status sensor alone: the daemon ticks it while runs go on, which this worker's runs,
         executed in its own thread, otherwise hold up until they end."""
-        from batch_dagster.defs.sensors import api_batch_status_sensor
+        from batch_dagster.defs.sensors import api_batch_status_sensor, queue_eta_sensor
 
         api_batch_status_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))
+        queue_eta_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))
 
     def run(self) -> None:
         while not self.stopping.is_set():
@@ -472,9 +473,10 @@ class Daemon:
 
     def follow(self) -> None:
         """The API's status sensor: brings the stored batches up to date with their runs."""
-        from batch_dagster.defs.sensors import api_batch_status_sensor
+        from batch_dagster.defs.sensors import api_batch_status_sensor, queue_eta_sensor
 
         api_batch_status_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))
+        queue_eta_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))
 
     def until_delivered(self, sensor: dg.SensorDefinition) -> list[tuple[str, str]]:
         """Run a dropped file's whole life: launch, follow to the end, deliver. All the runs requested."""

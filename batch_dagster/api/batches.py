@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
@@ -34,6 +34,7 @@ from .schemas import (
     Batch,
     BatchError,
     BatchErrors,
+    BatchEstimate,
     BatchRequestCounts,
     BatchUsage,
     CreateBatchRequest,
@@ -60,7 +61,21 @@ def batch_object(row: BatchRecord) -> Batch:
                                           failed=row.request_failed),
         metadata=_shown_metadata(row.meta), model=row.model, usage=_shown_usage(row.usage), priority=row.priority,
         max_cost=row.max_cost,
+        **_queue_place(row),
     )
+
+
+def _queue_place(row: BatchRecord) -> dict[str, Any]:
+    """Queue position and ETA as the daemon's queue_eta_sensor stored them (null once the batch has ended), and the
+    estimate validation made."""
+    ended = row.status in TERMINAL
+    try:
+        estimate = BatchEstimate.model_validate(row.estimate) if row.estimate is not None else None
+    except ValidationError:
+        log.warning("Stored estimate that is not an estimate object: %.200r", row.estimate)
+        estimate = None
+    return {"queue_position": None if ended else row.queue_position,
+            "estimated_completion_at": None if ended else row.estimated_completion_at, "estimate": estimate}
 
 
 def _shown_metadata(meta: object) -> dict[str, str] | None:

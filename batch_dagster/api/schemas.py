@@ -132,6 +132,11 @@ class Batch(BaseModel):
     usage: BatchUsage
     priority: int = 0  # extension: see CreateBatchRequest
     max_cost: float | None = None  # extension: see CreateBatchRequest
+    # Extensions (docs/http-api.md, "Queue position and ETA"): null once the batch has ended; the estimate once
+    # it is validated.
+    queue_position: int | None = None
+    estimated_completion_at: int | None = None
+    estimate: BatchEstimate | None = None
 
 
 class ExpiresAfter(BaseModel):
@@ -230,3 +235,6 @@ class BatchEstimate(BaseModel):
     queued_ahead: int
     queued_ahead_requests: int
     queued_ahead_uncounted: int
+
+
+Batch.model_rebuild()  # its `estimate` is a BatchEstimate, defined after it

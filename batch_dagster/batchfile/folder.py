@@ -43,6 +43,7 @@ OUTPUT = "output.jsonl"
 ERRORS = "errors.jsonl"
 SUMMARY = "summary.json"
 REQUESTS = "requests.parquet"
+ESTIMATE = "estimate.json"  # the valid batch's estimate, written by validation
 RESULTS = "results"
 _SHARD_SUMMARY = re.compile(r"^shard-(\d{5,})\.json$")
 
@@ -332,6 +333,14 @@ class BatchFolder:
 
     def write_validation(self, validation: Validation) -> None:
         self._write(self.VALIDATION, validation)
+
+    def estimate(self) -> dict[str, Any] | None:
+        """The valid batch's estimate as validation made it: a `batch.estimate` object (batchfile/estimate.py)."""
+        data = self.storage.read_bytes(self.key(ESTIMATE))
+        return None if data is None else orjson.loads(data)
+
+    def write_estimate(self, estimate: dict[str, Any]) -> None:
+        self.storage.write_bytes(self.key(ESTIMATE), orjson.dumps(estimate, option=orjson.OPT_INDENT_2))
 
     def manifest(self) -> Manifest | None:
         return self._read(self.MANIFEST, Manifest)

@@ -34,12 +34,14 @@ def measured_throughput(session: Session, storage: Storage, model: str, default_
     return Throughput(round(tokens / seconds, 1), measured)
 
 
-def queue_ahead(session: Session, model: str) -> QueueAhead:
+def queue_ahead(session: Session, model: str, exclude: str | None = None) -> QueueAhead:
     """Every owner's batches of `model` that have not ended (one engine serves them all), their requests not
-    finished yet, and how many of them validation has not counted yet."""
+    finished yet, and how many of them validation has not counted yet; without the batch `exclude` (the one
+    validation estimates)."""
     left = BatchRecord.request_total - BatchRecord.request_completed - BatchRecord.request_failed
     uncounted = case((BatchRecord.request_total == 0, 1), else_=0)  # validation counts a batch's requests
     batches, requests, not_counted = session.execute(
         select(func.count(), func.coalesce(func.sum(left), 0), func.coalesce(func.sum(uncounted), 0))
-        .where(BatchRecord.model == model, BatchRecord.status.not_in(TERMINAL))).one()
+        .where(BatchRecord.model == model, BatchRecord.status.not_in(TERMINAL),
+               BatchRecord.id != (exclude or ""))).one()
     return QueueAhead(int(batches), int(requests), int(not_counted))

@@ -38,6 +38,7 @@ class Observation:
     model: str | None = None
     errors: list[BatchError] | None = None
     has_files: bool = False  # the output and error files are written (the pipeline's summary.json is there)
+    estimate: dict[str, Any] | None = None  # validation's estimate (read while the record has none)
 
 
 def observe(folder: BatchFolder) -> Observation:
@@ -125,6 +126,8 @@ def changes(batch: BatchRecord, obs: Observation) -> dict[str, Any]:
     # Validation refuses a longer model (a line error); a document that holds one anyway is not copied.
     if obs.model and len(obs.model) <= MAX_MODEL_CHARS and obs.model != batch.model:
         values["model"] = obs.model
+    if obs.estimate is not None and batch.estimate is None:
+        values["estimate"] = obs.estimate
     errors = None if obs.errors is None else [e.to_dict() for e in obs.errors]
     if errors is not None and errors != batch.errors:
         values["errors"] = errors
@@ -181,6 +184,8 @@ def sync_batch(
         return batch
     folder = BatchFolder(storage, batch.id)
     obs = observe(folder)
+    if batch.estimate is None and obs.status != BatchStatus.VALIDATING:  # read once: then the record has it
+        obs.estimate = folder.estimate()
     if run_failure is not None:
         obs = run_failed(obs, run_failure)
     return apply(session, folder, batch, obs)

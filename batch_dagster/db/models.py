@@ -92,6 +92,12 @@ class BatchRecord(Base):
     priority: Mapped[int] = mapped_column(default=0, server_default="0")
     # The most its successful requests may cost, in the price table's currency (the cost cap; None: uncapped).
     max_cost: Mapped[float | None]
+    # Queue position and ETA (batchfile/eta.py): the estimate once validated; the run's dagster/priority once
+    # launched; the place and end the daemon's queue_eta_sensor stores while the batch has not ended.
+    estimate: Mapped[dict[str, Any] | None]
+    launch_priority: Mapped[int | None]
+    queue_position: Mapped[int | None]
+    estimated_completion_at: Mapped[int | None]
 
 
 class IntakeRecord(Base):

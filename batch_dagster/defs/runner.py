@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from batch_dagster.batchfile.contract import PIPELINE_ERROR, BatchError
+from batch_dagster.batchfile.eta import bounded_work, running_remaining_s
 from batch_dagster.batchfile.failure import keep_finished
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder
 from batch_dagster.batchfile.results import committed_shards
@@ -77,7 +78,7 @@ class ProgressBar(threading.Thread):
             return
         from tqdm import tqdm
 
-        bar, shown = None, None
+        bar, shown, started, eta = None, None, time.time(), Eta()
         while True:
             stopping = self.stop.wait(0.5)  # once more after the stop, so the bar ends on the final counts
             manifest = self.folder.manifest()
@@ -85,6 +86,7 @@ class ProgressBar(threading.Thread):
                 if bar is None:
                     bar = tqdm(total=manifest.total_requests, unit="req", desc="requests",
                                file=self.stream or sys.stderr)
+                    started, eta = time.time(), Eta.of(self.folder.estimate())
                 shards = committed_shards(self.folder.storage, self.folder.results_prefix)
                 done = sum(s.request_counts.total for s in shards.values())
                 failed = sum(s.request_counts.failed for s in shards.values())
@@ -94,12 +96,32 @@ class ProgressBar(threading.Thread):
                 state = (done, failed, len(shards))
                 if state != shown:  # redraw only on change: a log file gets one line per step, not per tick
                     shown = state
-                    bar.set_postfix(failed=failed, shards=f"{len(shards)}/{manifest.shard_count}", refresh=False)
+                    bar.set_postfix(failed=failed, shards=f"{len(shards)}/{manifest.shard_count}",
+                                    eta=eta.clock(done / max(manifest.total_requests, 1), time.time() - started),
+                                    refresh=False)
                     bar.update(done - bar.n)
             if stopping:
                 break
         if bar is not None:
             bar.close()
+
+
+class Eta:
+    """The bar's estimated end, as the clock will show it: the run's pace blended with its estimate's tokens at the
+    estimate's rate (batchfile/eta.py), the same arithmetic as the API's estimated_completion_at."""
+
+    def __init__(self, work: float = 0.0, tokens_per_s: float = 0.0):
+        self.work, self.tokens_per_s = work, tokens_per_s
+
+    @classmethod
+    def of(cls, estimate: dict[str, Any] | None) -> Eta:
+        return cls(bounded_work(estimate) or 0.0, float((estimate or {}).get("tokens_per_s") or 0.0))
+
+    def clock(self, done: float, elapsed_s: float) -> str:
+        if done <= 0 and self.tokens_per_s <= 0:
+            return "?"
+        left = running_remaining_s(self.work, self.tokens_per_s, done, elapsed_s)
+        return time.strftime("%H:%M:%S", time.localtime(time.time() + left))
 
 
 class CliBatch:

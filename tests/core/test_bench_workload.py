@@ -181,3 +181,20 @@ def test_bench_workload_comes_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("BENCH_WORKLOAD", "nope")
     with pytest.raises(ValueError, match="mixed or docqa"):
         workload_from_env("m")
+
+
+def test_the_eta_bench_measures_each_moments_first_eta_against_the_batchs_whole_time():
+    from bench.eta import errors_of, summarize
+
+    def sample(at, status, eta, position=None, done=0):
+        return {"at": at, "status": status, "eta": eta, "queue_position": position, "total": 10, "done": done}
+
+    samples = [sample(0, "validating", None), sample(10, "validating", 110, position=2),
+               sample(20, "validating", 150, position=1), sample(40, "in_progress", 130),
+               sample(70, "in_progress", 95, done=5), sample(80, "in_progress", 100, done=8)]
+    errors = errors_of(samples, created_at=0, completed_at=100)
+    # Each moment's first ETA, off by 10, 30 and 5 s of the batch's 100 s.
+    assert errors == {"queued": 0.1, "validated": 0.3, "mid_run": 0.05}
+    summary = summarize([errors, {"queued": 0.3}])
+    assert summary["queued"] == {"batches": 2, "median": 0.2, "worst": 0.3}
+    assert summary["mid_run"]["batches"] == 1

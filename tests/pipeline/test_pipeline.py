@@ -20,7 +20,7 @@ def test_project_definitions_load():
     assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == lifecycle
     assert keys >= lifecycle | {"delivered_results"}
     sensors = {s.name for s in project_defs.sensors}
-    assert sensors >= {"api_batch_sensor", "api_batch_status_sensor", "s3_upload_sensor", "inbox_sensor"}
+    assert sensors >= {"api_batch_sensor", "api_batch_status_sensor", "s3_upload_sensor", "inbox_sensor", "queue_eta_sensor"}
     assert job.partitions_def.name == "batches"
     checks = {k.name for k in project_defs.resolve_asset_graph().asset_check_keys}
     assert checks == {"unique_custom_ids", "every_custom_id_exactly_once", "usage_equals_output_lines"}

@@ -44,6 +44,7 @@ from batch_dagster.storage import file_location
 from batch_dagster.storage.transfer import fetch
 
 from .cost_cap import apply_cost_cap, cost_cap_reached
+from .eta import RunEta, estimate_metadata, write_estimate
 from .token_limit import apply_token_limit
 
 GROUP = "batch_lifecycle"
@@ -172,6 +173,7 @@ def validated_requests(
         return
     _tag_run(context, report.model, report.total_requests, "valid")
     context.log.info(f"{report.total_requests} valid requests for {report.model} at {report.endpoint}")
+    estimate = write_estimate(context, folder, pipeline, vllm)
     preview = [{"custom_id": r["custom_id"], "prompt_chars": r["prompt_chars"], "body": r["body"][:100]} for r in head]
     yield dg.MaterializeResult(
         metadata={
@@ -183,6 +185,7 @@ def validated_requests(
             "endpoint": report.endpoint,
             "validation_s": round(elapsed, 3),
             "validation_mb_s": round(size / 1e6 / max(elapsed, 1e-9), 1),
+            **estimate_metadata(estimate),
             "path": dg.MetadataValue.path(folder.storage.uri(folder.requests_key)),
         }
     )
@@ -307,6 +310,7 @@ def shard_results(
     ran_requests = 0
     ran_tokens = 0
     stopped = None
+    eta = RunEta(folder, manifest.total_requests, sum(s.request_counts.total for s in done.values()))
     with dies_with_its_run(context), stops_when_terminated(context):
         for index in todo:
             stopped = folder.stop_reason()
@@ -334,6 +338,7 @@ def shard_results(
             summary = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
                                    engine_start_s=vllm.engine_start_s(manifest.model, t0))
             done[index] = summary
+            context.log_event(eta.observation(context, sum(s.request_counts.total for s in done.values())))
             ran_requests += summary.request_counts.total
             ran_tokens += summary.usage.output_tokens
             context.log.info(

@@ -25,8 +25,10 @@ class PipelineConfig(dg.ConfigurableResource):
     max_line_bytes: int = s.default("BATCH_MAX_LINE_BYTES")
     prices_file: str = str(s.default("BATCH_PRICES_FILE"))
     max_enqueued_tokens: int | None = s.default("BATCH_MAX_ENQUEUED_TOKENS")  # per owner and model; 0, None: no limit
-    store_url: str = ""  # the metadata store whose unfinished batches count toward that limit (and the cost cap)
+    # The metadata store: its unfinished batches count toward that limit; the cost cap and the estimate read it too.
+    store_url: str = ""
     key_daily_budget: float | None = s.default("BATCH_KEY_DAILY_BUDGET")  # the cost cap's; None: no budget
+    estimate_tokens_per_s: float = s.default("BATCH_ESTIMATE_TOKENS_PER_S")  # a validated batch's estimate
 
     @property
     def limits(self) -> Limits:
@@ -55,4 +57,5 @@ def pipeline_config_from_env(settings: s.Settings) -> PipelineConfig:
         else settings.max_enqueued_tokens,
         store_url=env_or("BATCH_DATABASE_URL", settings.database_url),
         key_daily_budget=settings.key_daily_budget,  # a float: EnvVar reads strings and ints only
+        estimate_tokens_per_s=settings.estimate_tokens_per_s,
     )

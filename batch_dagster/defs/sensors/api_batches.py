@@ -10,12 +10,14 @@ from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, repo
+from batch_dagster.db.eta import set_launch_priorities
 from batch_dagster.db.labels import OWNER_TAG, input_filenames, run_tags
 from batch_dagster.db.lifecycle import sync_batch
 from batch_dagster.defs.dagster_internals import run_end_reason, worker_gone
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.defs.run_limits import PRIORITY_TAG
 from batch_dagster.defs.runner import CLI_GONE, cli_process_gone
 from batch_dagster.defs.sensors.fairness import with_fair_priorities
 
@@ -75,6 +77,8 @@ def api_batch_sensor(context: dg.SensorEvaluationContext, database: DatabaseReso
         priorities = [b.priority for b in rows]
     # Higher priority first; among equals, oldest first and owners interleaved: the run queue launches by these.
     tags = with_fair_priorities(context.instance, batch_job.name, tags, OWNER_TAG, priorities)
+    with database.session() as session:  # each batch's place in the launch order, for its queue_position
+        set_launch_priorities(session, {b: int(t[PRIORITY_TAG]) for b, t in zip(waiting, tags, strict=True)})
     context.log.info(f"Launching {len(waiting)} batch(es): {', '.join(waiting)}")
     return dg.SensorResult(
         run_requests=[

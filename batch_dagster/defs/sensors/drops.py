@@ -22,10 +22,12 @@ from dagster_aws.s3 import S3Resource
 from batch_dagster.batchfile.contract import endpoint_of_head
 from batch_dagster.db import repo
 from batch_dagster.db.batches import HEAD_BYTES, DroppedFile, drop_problem, head_model, register_dropped
+from batch_dagster.db.eta import set_launch_priorities
 from batch_dagster.db.labels import OWNER_TAG, run_tags
 from batch_dagster.defs.jobs import batch_job, deliver_results_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, Intake, StorageResource, VLLMResource
+from batch_dagster.defs.run_limits import PRIORITY_TAG
 from batch_dagster.defs.sensors.fairness import with_fair_priorities
 from batch_dagster.settings import Settings
 from batch_dagster.storage.transfer import s3_uri
@@ -76,6 +78,10 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
                     model=b.model, vllm=vllm, labels=labels), "input_uri": f.source[:255]}
         for f, b in launched
     ], OWNER_TAG) if launched else []
+    if launched:
+        with database.session() as session:  # each batch's place in the launch order, for its queue_position
+            set_launch_priorities(session, {b.id: int(t[PRIORITY_TAG])
+                                            for (_, b), t in zip(launched, tags, strict=True)})
     runs = [
         dg.RunRequest(job_name=batch_job.name, partition_key=b.id, run_key=b.id, tags=t)
         for (_, b), t in zip(launched, tags, strict=True)

@@ -1,0 +1,39 @@
+"""Queue position and ETA: every batch not ended gets its place among its model's batches and its estimated end
+(batchfile/eta.py), stored on its record for the API, and on its run's tags for the Dagster UI."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import dagster as dg
+
+from batch_dagster.db.eta import refresh_queue
+from batch_dagster.defs.resources import DatabaseResource, PipelineConfig
+from batch_dagster.settings import Settings
+
+POSITION_TAG, ETA_TAG = "batch/queue_position", "batch/estimated_completion_at"
+
+
+@dg.sensor(
+    minimum_interval_seconds=5,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Keeps each unfinished batch's queue_position and estimated_completion_at up to date (the API "
+    "shows them); a run's tags show its batch's place while it waits in the run queue.",
+)
+def queue_eta_sensor(context: dg.SensorEvaluationContext, database: DatabaseResource,
+                     pipeline: PipelineConfig) -> dg.SkipReason:
+    with database.session() as session:
+        moved = refresh_queue(session, slots=Settings.from_env().runs_per_model,
+                              default_tokens_per_s=pipeline.estimate_tokens_per_s, now=time.time())
+    tagged = 0
+    for m in moved:
+        if m.run_id is None or not m.new_position:
+            continue  # the tags follow the place (the end moves on every tick while a batch runs)
+        eta = datetime.fromtimestamp(m.place.estimated_completion_at, UTC).isoformat(timespec="seconds")
+        try:
+            context.instance.add_run_tags(m.run_id, {POSITION_TAG: str(m.place.queue_position), ETA_TAG: eta})
+            tagged += 1
+        except Exception as exc:  # a run deleted meanwhile: the record holds the place anyway
+            context.log.warning(f"{m.batch_id}: could not tag run {m.run_id} ({str(exc)[:300]})")
+    return dg.SkipReason(f"{len(moved)} batch(es) moved in the queue or in time; {tagged} run(s) tagged.")

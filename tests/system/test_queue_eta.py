@@ -1,0 +1,69 @@
+"""Queue position and ETA under serve on the real engine, through the openai SDK: with one run of the model at a time
+(BATCH_RUNS_PER_MODEL=1), a batch behind another shows queue_position 1 while the first runs at 0, both with a
+plausible estimated_completion_at; both null once ended; the waiting one's run is tagged with its place; the validated batch carries the estimate POST /estimate
+answered, its input_tokens the engine's."""
+
+from __future__ import annotations
+
+import time
+
+import dagster as dg
+import pytest
+from openai import OpenAI
+
+from batch_dagster.defs.sensors.eta import ETA_TAG, POSITION_TAG
+from tests.helpers import SERVE_API_KEY, Serve, chat_request, write_jsonl
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+
+
+def test_a_batch_waits_in_place_and_both_end_near_their_eta(tmp_path, vllm_server):
+    serve = Serve(tmp_path, BATCH_ENGINE_MODE="server", BATCH_VLLM_SERVER_URLS=vllm_server, BATCH_SHARD_SIZE="2",
+                  BATCH_RUNS_PER_MODEL="1")
+    with serve:
+        client = OpenAI(base_url=f"http://127.0.0.1:{serve.api_port}/v1", api_key=SERVE_API_KEY, max_retries=0,
+                        timeout=30)
+
+        def upload(name: str, n: int) -> str:
+            rows = [chat_request(f"{name}{i}", f"Write a short story about the number {i}.", max_tokens=32,
+                                 temperature=0) for i in range(n)]
+            with open(write_jsonl(tmp_path / f"{name}.jsonl", rows), "rb") as f:
+                return client.files.create(file=f, purpose="batch").id
+
+        def create(file_id: str):
+            return client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                         completion_window="24h")
+
+        first_file, second_file = upload("a", 12), upload("b", 3)
+        # The first estimate of a model loads its tokenizer in the API (transformers and torch): past 30 s here.
+        expected = client.post("/batches/estimate", cast_to=object, options={"timeout": 300}, body={
+            "input_file_id": second_file, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+        first, second = create(first_file), create(second_file)
+        seen, tags = [], {}
+        deadline = time.time() + 600
+        while (second := client.batches.retrieve(second.id)).status not in ("completed", "failed"):
+            assert time.time() < deadline and serve.proc.poll() is None, serve.logs()
+            first = client.batches.retrieve(first.id)
+            seen.append((time.time(), first.status, first.queue_position, second.status, second.queue_position,
+                         first.estimated_completion_at, second.estimated_completion_at))
+            if second.queue_position == 1 and POSITION_TAG not in tags:  # its queued run's tags show it too
+                with serve.instance() as instance:
+                    runs = instance.get_runs(dg.RunsFilter(job_name="batch_job",
+                                                           tags={"dagster/partition": second.id}), limit=1)
+                    tags = dict(runs[0].tags) if runs else {}
+            time.sleep(0.3)
+        first = client.batches.retrieve(first.id)
+
+    # While the first ran, the second waited first in line, each with an end in the future.
+    waiting = [s for s in seen if s[1] == "in_progress" and s[2] == 0 and s[3] == "validating" and s[4] == 1]
+    assert waiting, seen
+    at, *_, first_eta, second_eta = waiting[-1]
+    assert tags[POSITION_TAG] == "1" and ETA_TAG in tags, tags
+    assert at - 5 <= first_eta <= second_eta <= at + 3600, waiting[-1]
+    # Once ended: no place, no end; the estimate is the one POST /estimate made, in the engine's own tokens.
+    for batch in (first, second):
+        assert batch.status == "completed", serve.logs()
+        assert batch.queue_position is None and batch.estimated_completion_at is None
+    assert second.estimate["input_tokens"] == expected["input_tokens"] == second.usage.input_tokens
+    assert second.estimate["max_output_tokens"] == expected["max_output_tokens"] == 3 * 32
+    assert first.estimate["total_requests"] == 12
