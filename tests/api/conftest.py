@@ -16,8 +16,26 @@ import pytest
 
 from batch_dagster.api.app import create_app
 from batch_dagster.defs.resources import DatabaseResource, StorageResource, VLLMResource
+from batch_dagster.engine.models import Models
 from batch_dagster.settings import Settings
 from tests.helpers import KEY_A, KEY_B, ApiServer, FakeEngine, Service, Worker, database_url, fake_vllm, make_defs
+
+
+class WordTokenizer:
+    """Counts what the fake engine bills: the words of the (single) message, or of the prompt."""
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt, **kwargs):
+        return " ".join(m["content"] for m in messages)
+
+    def encode(self, text, add_special_tokens=True):
+        return text.split()
+
+
+@pytest.fixture(autouse=True)
+def word_tokenizer(monkeypatch):
+    """Every model's tokens are counted as the fake engine counts them (the estimate, the cost cap and the token
+    limit count them at validation): exact for these tests, and no tokenizer to load."""
+    monkeypatch.setattr(Models, "tokenizer", lambda self, model: WordTokenizer())
 
 
 @pytest.fixture

@@ -15,16 +15,11 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.usage import Usage
 from batch_dagster.db.models import BatchRecord
 from batch_dagster.db.session import open_database
-from batch_dagster.engine.models import Models
-from tests.api.test_estimate import WordTokenizer, estimate
+from tests.api.test_estimate import estimate
 from tests.helpers import CHAT_MODEL, KEY_B, rows, upload, wait_for
 
 CREATE = {"endpoint": "/v1/chat/completions", "completion_window": "24h"}
 
-
-@pytest.fixture(autouse=True)
-def words(monkeypatch):
-    monkeypatch.setattr(Models, "tokenizer", lambda self, model: WordTokenizer())
 
 
 def lines(client: openai.OpenAI, file_id: str | None) -> list[str]:

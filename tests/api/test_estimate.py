@@ -10,23 +10,7 @@ import pytest
 
 from batch_dagster.batchfile.folder import BatchFolder, batch_ids
 from batch_dagster.cli import main
-from batch_dagster.engine.models import Models
 from tests.helpers import CHAT_MODEL, KEY_B, chat_request, rows, upload, wait_for
-
-
-class WordTokenizer:
-    """Counts what the fake engine bills: the words of the (single) message, or of the prompt."""
-
-    def apply_chat_template(self, messages, tokenize, add_generation_prompt, **kwargs):
-        return " ".join(m["content"] for m in messages)
-
-    def encode(self, text, add_special_tokens=True):
-        return text.split()
-
-
-@pytest.fixture(autouse=True)
-def word_tokenizer(monkeypatch):
-    monkeypatch.setattr(Models, "tokenizer", lambda self, model: WordTokenizer())
 
 
 def use_store(monkeypatch, database_url: str, storage_url: str) -> None:

@@ -5,16 +5,8 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
-from batch_dagster.engine.models import Models
-from tests.api.test_estimate import WordTokenizer, estimate
+from tests.api.test_estimate import estimate
 from tests.helpers import make_defs, rows, upload, wait_for
-
-
-@pytest.fixture(autouse=True)
-def word_tokenizer(monkeypatch):
-    monkeypatch.setattr(Models, "tokenizer", lambda self, model: WordTokenizer())
 
 
 def test_a_batch_shows_its_place_and_end_while_queued_and_running_and_its_estimate_once_validated(start_service,
