@@ -32,12 +32,12 @@ from pathlib import Path
 import dagster as dg
 from sqlalchemy import insert
 
-from bench.postgres import TempPostgres
 from batch_dagster.batchfile.folder import BatchFolder, Manifest, Validation
 from batch_dagster.batchfile.results import commit_shard
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import Database, repo
-from batch_dagster.db.models import ApiKey, BatchRecord, FileRecord
+from batch_dagster.db.models import BatchRecord, FileRecord
+from bench.postgres import TempPostgres
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "results" / "scale.json"
@@ -91,7 +91,8 @@ def seed_batches(store: Database, owners: list[str], n: int, *, status: str = "c
         for i in range(first, min(first + CHUNK, start + n)):
             owner, file_id, batch_id = owners[i % len(owners)], f"file-scale{i:08d}", f"batch_scale{i:08d}"
             files.append({"id": file_id, "owner": owner, "bytes": 100, "created_at": now, "expires_at": None,
-                          "filename": f"in-{i}.jsonl", "purpose": "batch", "path": f"files/{file_id}", "batch_id": None})
+                          "filename": f"in-{i}.jsonl", "purpose": "batch", "path": f"files/{file_id}",
+                          "batch_id": None})
             batches.append({"id": batch_id, "owner": owner, "endpoint": CHAT, "input_file_id": file_id,
                             "completion_window": "24h", "status": status, "created_at": now,
                             "expires_at": now + 86_400, "launched_at": now if launched else None, "request_total": 3,
@@ -320,7 +321,7 @@ def bench_growth(s: Stores, sizes: Sizes) -> dict:
                 instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
             for r in result.run_requests or []:  # tagged as the daemon tags a sensor's run
                 job.execute_in_process(partition_key=r.partition_key, instance=instance, raise_on_error=False,
-                                       tags={**r.tags, "dagster/run_key": r.run_key})
+                                       tags={**(r.tags or {}), "dagster/run_key": r.run_key or ""})
             api_batch_status_sensor(dg.build_sensor_context(instance=instance, resources=resources))
         runs = instance.get_runs(dg.RunsFilter(job_name="batch_job"))
         events, event_bytes = 0, 0
@@ -406,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = [p for p in args.parts.split(",") if p]
     dbs = ("sqlite", "postgres") if args.db == "both" else (args.db,)
     started = time.perf_counter()
-    results = {"sizes": sizes.__dict__, "runs": [run_parts(db, parts, sizes) for db in dbs]}
+    results: dict = {"sizes": sizes.__dict__, "runs": [run_parts(db, parts, sizes) for db in dbs]}
     results["wall_s"] = round(time.perf_counter() - started, 1)
     from bench.scale_report import print_table
 

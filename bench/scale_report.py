@@ -47,9 +47,10 @@ def rows(results: dict) -> list[tuple[str, list[str]]]:
                 queries = {n.split(".", 1)[1]: q for n, q in ui.get("queries_s", {}).items()
                            if n.startswith(f"{page}.")}
                 slowest = max(queries, key=lambda n: queries[n]) if queries else None
-                cells = {f"UI {count}: {page} rendered s": f"{rendered}"[:20],
-                         f"UI {count}: {page} slowest query s": f"{queries[slowest]} {slowest}"[:40] if slowest else "-"}
-                for label, cell in cells.items():
+                worst = f"{queries[slowest]} {slowest}"[:40] if slowest else "-"
+                labelled = {f"UI {count}: {page} rendered s": f"{rendered}"[:20],
+                         f"UI {count}: {page} slowest query s": worst}
+                for label, cell in labelled.items():
                     found = next((r for r in out if r[0] == label), None)
                     if found is None:
                         found = (label, ["-"] * len(runs))

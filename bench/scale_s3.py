@@ -11,16 +11,17 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import dagster as dg
 import httpx
 from sqlalchemy import update
 
-from bench.postgres import _free_port
-from bench.scale import Sizes, Stores, keys_and_owners, seed_batches, sensor_resources, tick, write_in_progress
 from batch_dagster.db import Database
 from batch_dagster.db.models import BatchRecord
+from bench.postgres import _free_port
+from bench.scale import Sizes, Stores, keys_and_owners, seed_batches, sensor_resources, tick, write_in_progress
 
 BUCKET = "scale-bench"
 SHARDS = (2, 8)  # shard counts compared: half of each batch's shards committed
@@ -60,11 +61,11 @@ def counted_calls() -> Iterator[Counter]:
         calls[operation_name] += 1
         return original(self, operation_name, api_params)
 
-    BaseClient._make_api_call = counting  # type: ignore[method-assign]
+    BaseClient._make_api_call = counting
     try:
         yield calls
     finally:
-        BaseClient._make_api_call = original  # type: ignore[method-assign]
+        BaseClient._make_api_call = original
 
 
 def bench_s3(s: Stores, sizes: Sizes) -> dict:
@@ -93,9 +94,9 @@ def bench_s3(s: Stores, sizes: Sizes) -> dict:
                                     .values(status="completed"))
                     session.commit()
                 active = seed_batches(store, owners, sizes.s3_active, status="in_progress", start=round_ * 1_000_000)
+                write = partial(write_in_progress, folders, shards=shards, committed=shards // 2)
                 with ThreadPoolExecutor(8) as pool:
-                    list(pool.map(lambda b: write_in_progress(folders, b[1], shards=shards, committed=shards // 2),
-                                  active))
+                    list(pool.map(write, [batch_id for _, batch_id in active]))
                 with s.instance() as instance:
                     for _, batch_id in active:
                         instance.add_run(dg.DagsterRun(job_name="batch_job", status=dg.DagsterRunStatus.STARTED,
