@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.api_load import OWN_PREFIXES
 from bench.postgres import _free_port
 from bench.scale import REPO, Sizes, Stores
 
@@ -44,7 +45,7 @@ PAGES = {  # name -> path; the launch-backfill dialog is opened from the job's p
 def webserver(s: Stores) -> Iterator[str]:
     """dagster-webserver on a free loopback port over `s`'s instance and store; yields its URL."""
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATCH_", "DAGSTER_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}  # the caller's own are not passed
     env.update(DAGSTER_HOME=str(s.dagster_home), BATCH_DATABASE_URL=s.store_url, BATCH_DATA_DIR=str(s.data_dir),
                PYTHONPATH=str(REPO))
     log = open(s.dagster_home / "webserver.log", "w")
