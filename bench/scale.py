@@ -37,13 +37,14 @@ from batch_dagster.batchfile.results import commit_shard
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import Database, repo
 from batch_dagster.db.models import BatchRecord, FileRecord
+from batch_dagster.defs.instance import PG_DRIVER_SCHEME
 from bench.postgres import TempPostgres
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "results" / "scale.json"
 CHAT = "/v1/chat/completions"
 INTERVAL_S = 3  # api_batch_sensor's minimum_interval_seconds: the daemon starts its ticks no closer than this
-SENSOR_TICKS = 5  # timed status-sensor ticks per measurement
+SENSOR_TICKS = 3  # timed status-sensor ticks per measurement
 CHUNK = 5000  # rows per bulk INSERT
 
 
@@ -147,7 +148,9 @@ def stores(db: str, workdir: Path) -> Iterator[Stores]:
             with psycopg.connect(pg.url.replace("+psycopg", ""), autocommit=True) as conn:
                 conn.execute("CREATE DATABASE dagster")
             dagster_url = pg.url.replace("+psycopg", "").rsplit("/", 1)[0] + "/dagster"
-            config += f"storage:\n  postgres:\n    postgres_url: {dagster_url}\n"
+            # dagster-postgres speaks psycopg2, which SQLAlchemy 2.1 only picks when named (defs/instance.py).
+            driver_url = PG_DRIVER_SCHEME + dagster_url.removeprefix("postgresql")
+            config += f"storage:\n  postgres:\n    postgres_url: {driver_url}\n"
             found = Stores(db, pg.url, home, data, dagster_url)
         (home / "dagster.yaml").write_text(config)
         Database(found.store_url).upgrade()
@@ -371,9 +374,10 @@ def _dagster_disk_bytes(s: Stores) -> int:
 PARTS = {"api": bench_api, "sensors": bench_sensors, "growth": bench_growth}
 
 
-def run_parts(db: str, parts: list[str], sizes: Sizes) -> dict:
-    """Each part on fresh stores of its own (so one part's rows do not weigh on another's)."""
-    results: dict = {"database": db}
+def run_parts(db: str, parts: list[str], sizes: Sizes, results: dict, save) -> dict:
+    """Each part on fresh stores of its own (so one part's rows do not weigh on another's) into `results`, saved
+    after each part (a part that fails leaves the others' numbers)."""
+    results["database"] = db
     for part in parts:
         with tempfile.TemporaryDirectory(prefix=f"batch-scale-{part}-") as tmp:
             started = time.perf_counter()
@@ -392,6 +396,7 @@ def run_parts(db: str, parts: list[str], sizes: Sizes) -> dict:
                     results[part] = PARTS[part](s, sizes)
             results[part]["wall_s"] = round(time.perf_counter() - started, 1)
             print(f"  {db} {part}: {results[part]['wall_s']} s", flush=True)
+            save()
     return results
 
 
@@ -407,13 +412,20 @@ def main(argv: list[str] | None = None) -> int:
     parts = [p for p in args.parts.split(",") if p]
     dbs = ("sqlite", "postgres") if args.db == "both" else (args.db,)
     started = time.perf_counter()
-    results: dict = {"sizes": sizes.__dict__, "runs": [run_parts(db, parts, sizes) for db in dbs]}
-    results["wall_s"] = round(time.perf_counter() - started, 1)
+    results: dict = {"sizes": sizes.__dict__, "runs": []}
+
+    def save() -> None:
+        results["wall_s"] = round(time.perf_counter() - started, 1)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+    for db in dbs:
+        results["runs"].append({})
+        run_parts(db, parts, sizes, results["runs"][-1], save)
     from bench.scale_report import print_table
 
+    save()
     print_table(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 

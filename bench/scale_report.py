@@ -1,4 +1,4 @@
-"""The table of `make bench-scale` (bench/scale.py): one column per database."""
+"""The table of `make bench-scale` (bench/scale.py): one row per measurement, one column per database."""
 
 from __future__ import annotations
 
@@ -59,11 +59,15 @@ def rows(results: dict) -> list[tuple[str, list[str]]]:
     return out
 
 
-def print_table(results: dict) -> None:
+def markdown(results: dict) -> str:
+    """The table as markdown, one column per database, for docs/performance.md."""
     names = [run["database"] for run in results["runs"]]
-    table = rows(results)
-    width = max(len(label) for label, _ in table) + 2
-    print(f"\n{'':<{width}}" + "".join(f"{n:>42}" for n in names))
-    for label, cells in table:
-        print(f"{label:<{width}}" + "".join(f"{c:>42}" for c in cells))
-    print(f"sizes: {results['sizes']}; {results['wall_s']} s in all")
+    lines = ["| measurement | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows(results)]
+    return "\n".join(lines)
+
+
+def print_table(results: dict) -> None:
+    print()
+    print(markdown(results))
+    print(f"\nsizes: {results['sizes']}; {results['wall_s']} s in all")
