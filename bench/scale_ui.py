@@ -85,7 +85,8 @@ def recording_proxy(target: str, log: list[dict]):
     from starlette.responses import Response
     from starlette.routing import Route, WebSocketRoute
 
-    client = httpx.AsyncClient(base_url=target, timeout=600)
+    # No kept-alive connections: the webserver closes idle ones after 5 s, and a reused closed one fails the request.
+    client = httpx.AsyncClient(base_url=target, timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
     dropped = ("host", "content-length", "accept-encoding")
 
     async def forward(request):
