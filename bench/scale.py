@@ -249,7 +249,7 @@ def bench_sensors(s: Stores, sizes: Sizes) -> dict:
     _, owners = keys_and_owners(sizes.keys)
     store = Database(s.store_url)
     resources = sensor_resources(s)
-    # A year of finished history under the backlog, as a real store has (SCALE_BATCHES/10 keeps this part quick).
+    # Finished history under the backlog, as a real store has (a tenth of SCALE_BATCHES, to keep this part quick).
     seed_batches(store, owners, sizes.batches // 10, start=10_000_000)
     burst = seed_batches(store, owners, sizes.active, status="validating", launched=False)
     with s.instance() as instance:
