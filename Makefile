@@ -61,7 +61,7 @@ clean:
 	rm -rf $(VENV) .dagster_home data
 
 # Benchmarks (see docs/performance.md). BENCH_REQUESTS / BENCH_MODEL size and pick the workload.
-.PHONY: bench bench-cpu bench-api bench-fleet bench-eta
+.PHONY: bench bench-cpu bench-api bench-fleet bench-eta bench-scale
 bench: setup
 	$(PY) -m bench.run_bench
 
@@ -81,3 +81,12 @@ bench-fleet: setup
 # (BENCH_ETA_BATCHES x BENCH_ETA_REQUESTS, after BENCH_ETA_WARMUP). Writes bench/results/eta.json, prints the table.
 bench-eta: setup
 	$(PY) -m bench.eta
+# The control plane at volume, without inference (fake engine): the API over 100,000 stored batches, the API sensors
+# over 2,000 active ones, growth per batch, S3 calls per tick (moto) and the Dagster UI at 1,000 to 100,000
+# partitions (dagster-webserver, headless Chromium), on SQLite and PostgreSQL 15. SCALE_* size it (bench/scale.py).
+# It needs Playwright's Python package (installed here when missing; not part of setup) and /usr/bin/chromium.
+bench-scale: setup
+	$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install -q "playwright>=1.45"
+	@test -x /usr/bin/chromium || { if [ "$$(id -u)" = 0 ]; then apt-get install -y chromium; else \
+		echo "bench-scale needs /usr/bin/chromium: apt-get install -y chromium (as root)"; exit 1; fi; }
+	$(PY) -m bench.scale --db both --out bench/results/scale.json
