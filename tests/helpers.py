@@ -236,6 +236,17 @@ class FakeEngine:
 FAKES: dict[str, FakeEngine] = {}
 
 
+class WordTokenizer:
+    """One token per word of the prompt text, as the fake engine bills: counts exactly for it, and loads instantly
+    (set as Models.tokenizer by the tests that count tokens)."""
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt, **kwargs):
+        return " ".join(m["content"] for m in messages)
+
+    def encode(self, text, add_special_tokens=True):
+        return text.split()
+
+
 class FakeVLLM(VLLMResource):
     """The vLLM resource with the engine swapped for `FAKES[fake]`."""
 

@@ -30,14 +30,6 @@ def _prompts(tokenizer: Any, endpoint: str, body: dict[str, Any]) -> list[int]:
     return [len(p) if isinstance(p, list) else len(tokenizer.encode(p)) for p in t.prompt_list(body, field)]
 
 
-def prompt_tokens(tokenizer: Any, endpoint: str, body: dict[str, Any]) -> int:
-    """The prompt's token count (0 for a body the engine will reject anyway: it never runs)."""
-    try:
-        return sum(_prompts(tokenizer, endpoint, body))
-    except t.RequestError:
-        return 0
-
-
 def counter(tokenizer: Any) -> CountTokens:
     """The estimate's count: each prompt's tokens, or None for a body the engine refuses before it runs."""
     from jinja2 import TemplateError

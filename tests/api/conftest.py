@@ -18,17 +18,18 @@ from batch_dagster.api.app import create_app
 from batch_dagster.defs.resources import DatabaseResource, StorageResource, VLLMResource
 from batch_dagster.engine.models import Models
 from batch_dagster.settings import Settings
-from tests.helpers import KEY_A, KEY_B, ApiServer, FakeEngine, Service, Worker, database_url, fake_vllm, make_defs
-
-
-class WordTokenizer:
-    """Counts what the fake engine bills: the words of the (single) message, or of the prompt."""
-
-    def apply_chat_template(self, messages, tokenize, add_generation_prompt, **kwargs):
-        return " ".join(m["content"] for m in messages)
-
-    def encode(self, text, add_special_tokens=True):
-        return text.split()
+from tests.helpers import (
+    KEY_A,
+    KEY_B,
+    ApiServer,
+    FakeEngine,
+    Service,
+    WordTokenizer,
+    Worker,
+    database_url,
+    fake_vllm,
+    make_defs,
+)
 
 
 @pytest.fixture(autouse=True)

@@ -45,7 +45,7 @@ from batch_dagster.storage.transfer import fetch
 
 from .cost_cap import apply_cost_cap, cost_cap_reached
 from .eta import RunEta, estimate_metadata, write_estimate
-from .token_limit import apply_token_limit
+from .token_limit import apply_token_limit, count_tokens
 
 GROUP = "batch_lifecycle"
 INFERENCE_RETRIES = 2
@@ -145,8 +145,9 @@ def validated_requests(
             models=served_endpoints(vllm.registry()),
         )
         elapsed = time.perf_counter() - started
-        prompt_tokens = apply_token_limit(folder, out, report, pipeline, vllm)
-        apply_cost_cap(folder, out, report, pipeline, vllm)
+        tally = count_tokens(out, report, pipeline, vllm, context.log)  # the limit, the cap, the estimate
+        prompt_tokens = apply_token_limit(folder, report, pipeline, tally)
+        apply_cost_cap(folder, report, pipeline, tally)
         head = (pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5)
                 .to_pylist() if report.valid else [])
         if not report.valid:
@@ -173,7 +174,7 @@ def validated_requests(
         return
     _tag_run(context, report.model, report.total_requests, "valid")
     context.log.info(f"{report.total_requests} valid requests for {report.model} at {report.endpoint}")
-    estimate = write_estimate(context, folder, pipeline, vllm)
+    estimate = write_estimate(context, folder, report, tally, pipeline)
     preview = [{"custom_id": r["custom_id"], "prompt_chars": r["prompt_chars"], "body": r["body"][:100]} for r in head]
     yield dg.MaterializeResult(
         metadata={

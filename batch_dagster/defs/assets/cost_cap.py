@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from pathlib import Path
 
-from batch_dagster.batchfile.columnar import read_shard
 from batch_dagster.batchfile.cost_cap import Cap
 from batch_dagster.batchfile.estimate import Tally
 from batch_dagster.batchfile.folder import BatchFolder
@@ -16,7 +14,7 @@ from batch_dagster.batchfile.usage import Usage, cost_of
 from batch_dagster.batchfile.validate import ValidationReport
 from batch_dagster.db.cost_cap import batch_cap
 from batch_dagster.db.session import open_database
-from batch_dagster.defs.resources import PipelineConfig, VLLMResource
+from batch_dagster.defs.resources import PipelineConfig
 
 
 def _cap(folder: BatchFolder, model: str, pipeline: PipelineConfig) -> Cap | None:
@@ -29,19 +27,18 @@ def _cap(folder: BatchFolder, model: str, pipeline: PipelineConfig) -> Cap | Non
                          pipeline.key_daily_budget, time.time())
 
 
-def apply_cost_cap(folder: BatchFolder, requests: Path, report: ValidationReport, pipeline: PipelineConfig,
-                   vllm: VLLMResource) -> None:
-    """Over its cap, an error in the valid `report`: the batch's upper-bound cost (its validated `requests` counted
-    with the model's tokenizer, each at its most output: the estimate's cost.max) is more than it may spend."""
-    if not report.valid or report.model is None or report.endpoint is None:
+def apply_cost_cap(folder: BatchFolder, report: ValidationReport, pipeline: PipelineConfig,
+                   tally: Tally | None) -> None:
+    """Over its cap, an error in the valid `report`: the batch's upper-bound cost (its `tally` priced, each request
+    at its most output: the estimate's cost.max) is more than it may spend."""
+    if not report.valid or report.model is None:
         return
     cap = _cap(folder, report.model, pipeline)
     if cap is None:
         return
-    count, context_length = vllm.models.counter(report.model)
-    tally = Tally()
-    for _, body in read_shard(requests):
-        tally.add(report.endpoint, body, count, context_length)
+    if tally is None:  # its tokenizer failed (count_tokens logged why): no cap is checked by guessing
+        raise RuntimeError(f"The batch has a cost cap, and its tokens could not be counted with {report.model}'s "
+                           "tokenizer; see the warning above.")
     error = cap.refusal(tally.cost(report.model, pipeline.prices())["max"])
     if error is not None:
         report.errors.append(error)

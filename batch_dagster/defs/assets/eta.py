@@ -11,36 +11,34 @@ from typing import Any
 
 import dagster as dg
 
-from batch_dagster.batchfile.estimate import estimate_stream
+from batch_dagster.batchfile.estimate import Estimate, Tally
 from batch_dagster.batchfile.eta import bounded_work, running_remaining_s
 from batch_dagster.batchfile.folder import BatchFolder
-from batch_dagster.batchfile.registry import served_endpoints
+from batch_dagster.batchfile.validate import ValidationReport
 from batch_dagster.db.estimate import measured_throughput, queue_ahead
 from batch_dagster.db.session import open_database
-from batch_dagster.defs.resources import PipelineConfig, VLLMResource
+from batch_dagster.defs.resources import PipelineConfig
 
 
-def write_estimate(context: dg.AssetExecutionContext, folder: BatchFolder, pipeline: PipelineConfig,
-                   vllm: VLLMResource) -> dict[str, Any] | None:
-    """Estimate the validated batch as the estimate endpoint would and write it; None (logged) when it cannot be
-    made: the batch runs without one. A re-run keeps the one made first. Without the API's store (definitions
-    that have none, as the fast tests') there is no queue and no rate to time it against: none is made."""
+def write_estimate(context: dg.AssetExecutionContext, folder: BatchFolder, report: ValidationReport,
+                   tally: Tally | None, pipeline: PipelineConfig) -> dict[str, Any] | None:
+    """The valid batch's estimate, as the estimate endpoint answers for its file (validation's `report` and `tally`,
+    the model's measured rate, the queue without the batch itself), written to its folder; a re-run keeps the one
+    made first. None without a tally or a store (no queue, no rate: definitions without one, as the fast tests'), or
+    when the store fails (logged): the batch runs without one."""
     if (made := folder.estimate()) is not None:
         return made
-    if not pipeline.store_url:
+    if tally is None or report.model is None or not pipeline.store_url:
         return None
+    model = report.model
     try:
-        models = vllm.models
-        size = folder.storage.size(folder.input_key) or 0
-        with open_database(pipeline.store_url).session() as session, folder.storage.open(folder.input_key) as f:
-            estimate = estimate_stream(
-                f, size=size, limits=pipeline.limits, endpoint=folder.endpoint(),
-                served=served_endpoints(models.registry()), counter=models.counter, prices=pipeline.prices(),
-                throughput=lambda m: measured_throughput(session, folder.storage, m, pipeline.estimate_tokens_per_s),
-                queue=lambda m: queue_ahead(session, m, exclude=folder.batch_id)).to_dict()
-    except Exception as exc:  # a tokenizer or store failure: the batch is valid and runs; it shows no estimate
+        with open_database(pipeline.store_url).session() as session:
+            throughput = measured_throughput(session, folder.storage, model, pipeline.estimate_tokens_per_s)
+            queue = queue_ahead(session, model, exclude=folder.batch_id)
+    except Exception as exc:  # the store unreachable: the batch is valid and runs; it shows no estimate
         context.log.warning(f"No estimate for this batch: {str(exc)[:500]}")
         return None
+    estimate = Estimate(report, tally, pipeline.prices(), throughput, queue).to_dict()
     folder.write_estimate(estimate)
     return estimate
 

@@ -91,9 +91,6 @@ class VLLMResource(dg.ConfigurableResource):
     def model_path(self, spec: ModelSpec) -> str:
         return self.models.path(spec)
 
-    def tokenizer(self, model: str) -> Any:
-        return self.models.tokenizer(model)
-
     def server_urls_for(self, model: str) -> list[str] | None:
         """Where a model's requests go in server mode (its fleet first), or None when it runs offline."""
         if self.fleet_url and model == self.fleet_model:
