@@ -60,7 +60,7 @@ def refresh_queue(session: Session, *, slots: int, default_tokens_per_s: float, 
     by_model: dict[str | None, list[tuple[BatchRecord, int]]] = defaultdict(list)
     for batch, nbytes in rows:
         by_model[batch.model].append((batch, nbytes))
-    moved = []
+    moved, changes = [], []
     for model, batches in by_model.items():
         entries = [Entry(
             batch_id=b.id, running=b.status != BatchStatus.VALIDATING,
@@ -72,11 +72,13 @@ def refresh_queue(session: Session, *, slots: int, default_tokens_per_s: float, 
         for b, _ in batches:
             place = places[b.id]
             if (b.queue_position, b.estimated_completion_at) != (place.queue_position, place.estimated_completion_at):
-                # Noted before the update, which refreshes `b` in the session.
                 moved.append(Moved(b.id, b.run_id, place, b.queue_position != place.queue_position))
-                session.execute(update(BatchRecord).where(BatchRecord.id == b.id, BatchRecord.status.in_(NOT_ENDED))
-                                .values(queue_position=place.queue_position,
-                                        estimated_completion_at=place.estimated_completion_at))
+                changes.append({"pk": b.pk, "queue_position": place.queue_position,
+                                "estimated_completion_at": place.estimated_completion_at})
+    if changes:
+        # One statement for all (executemany by primary key): a batch that ended meanwhile keeps a stale place,
+        # which the API does not show once it has ended.
+        session.execute(update(BatchRecord), changes)
     session.commit()
     return moved
 
