@@ -44,10 +44,10 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
                      "pipeline": defs.resources["pipeline"]}
         server = stack.enter_context(ApiServer(create_app(config)))
         # The Dagster instance is opened when first used (a third of a second): many tests only need the API.
-        worker = Worker(defs, lambda: stack.enter_context(dg.instance_for_test()), resources)
-        service = Service(server.url, data_dir, config, engine, worker, storage)
+        daemon = Worker(defs, lambda: stack.enter_context(dg.instance_for_test()), resources)
+        service = Service(server.url, data_dir, config, engine, daemon, storage)
         services.append(service)
-        if worker:
+        if worker:  # (`worker=False`: the test starts it when it wants, or never)
             service.start_worker()
         return service
 
