@@ -17,9 +17,11 @@ that the core tier loads none.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,26 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+RAM_TMP = Path("/dev/shm")
+
+
+def pytest_configure(config):
+    """A run of the fast tiers alone keeps its temporary files in RAM (/dev/shm, when it is there with room).
+
+    Their time went mostly to SQLite's and the folders' fsyncs, not to work: every in-process run writes a Dagster
+    instance (a database per run) and a store under tmp_path. What they assert does not depend on the disk. The
+    system tier keeps the disk (a vLLM engine uses /dev/shm itself), and a TMPDIR of one's own is left alone.
+    """
+    system = TESTS / "system"
+    paths = [Path(str(arg).split("::")[0]).resolve() for arg in config.args]
+    if any(system.is_relative_to(p) or p.is_relative_to(system) for p in paths) or os.environ.get("TMPDIR"):
+        return
+    if not (RAM_TMP.is_dir() and os.access(RAM_TMP, os.W_OK) and shutil.disk_usage(RAM_TMP).free > 2 << 30):
+        return
+    os.environ["TMPDIR"] = str(RAM_TMP)  # the processes tests start, and Dagster's instance_for_test
+    tempfile.tempdir = str(RAM_TMP)  # tmp_path, read when first used (after this hook)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker

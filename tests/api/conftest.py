@@ -7,9 +7,10 @@ a test passes another vLLM resource. The pieces are in tests/helpers.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -39,9 +40,9 @@ def word_tokenizer(monkeypatch):
     monkeypatch.setattr(Models, "tokenizer", lambda self, model: WordTokenizer())
 
 
-@pytest.fixture
-def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
-    """Start the API (and, unless told not to, the worker) with the given configuration."""
+@contextmanager
+def serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Service]]:
+    """How to start the API (and, unless told not to, the worker) with a configuration; all stopped at the end."""
     stack = ExitStack()
     services: list[Service] = []
 
@@ -65,10 +66,10 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
                      "pipeline": defs.resources["pipeline"]}
         server = stack.enter_context(ApiServer(create_app(config)))
         # The Dagster instance is opened when first used (a third of a second): many tests only need the API.
-        worker = Worker(defs, lambda: stack.enter_context(dg.instance_for_test()), resources)
-        service = Service(server.url, data_dir, config, engine, worker, storage)
+        daemon = Worker(defs, lambda: stack.enter_context(dg.instance_for_test()), resources)
+        service = Service(server.url, data_dir, config, engine, daemon, storage)
         services.append(service)
-        if worker:
+        if worker:  # (`worker=False`: the test starts it when it wants, or never)
             service.start_worker()
         return service
 
@@ -83,3 +84,28 @@ def start_service(tmp_path, monkeypatch) -> Callable[..., Service]:
     for service in services:
         if service.worker.errors:
             raise service.worker.errors[0]
+
+
+@pytest.fixture
+def start_service(tmp_path, monkeypatch) -> Iterator[Callable[..., Service]]:
+    """Start the API (and, unless told not to, the worker) with the given configuration."""
+    with serving(tmp_path, monkeypatch) as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def shared_service(tmp_path_factory) -> Iterator[Callable[..., Service]]:
+    """The API without a worker, one per configuration, shared by a module's tests that only send requests and read
+    the answers, leaving nothing that another test reads (a test per refused input, say): starting the API and its
+    store was most of such a test's time."""
+    started: dict[str, Service] = {}
+    with pytest.MonkeyPatch.context() as monkeypatch, ExitStack() as stack:
+
+        def get(**config) -> Service:
+            key = repr(sorted(config.items()))
+            if key not in started:
+                start = stack.enter_context(serving(tmp_path_factory.mktemp("shared-api"), monkeypatch))
+                started[key] = start(worker=False, **config)
+            return started[key]
+
+        yield get

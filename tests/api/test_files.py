@@ -95,8 +95,8 @@ def test_upload_over_the_limit_is_413(start_service):
     ("latin1.jsonl", '{"custom_id": "é"}\n'.encode("latin-1"), "batch", "file"),
     ("tune.jsonl", b'{"a": 1}\n', "fine-tune", "purpose"),
 ])
-def test_uploads_that_are_not_batch_jsonl_are_refused(start_service, filename, content, purpose, param):
-    client = start_service(worker=False).client()
+def test_uploads_that_are_not_batch_jsonl_are_refused(shared_service, filename, content, purpose, param):
+    client = shared_service().client()
     with pytest.raises(openai.BadRequestError) as refused:
         client.files.create(file=(filename, io.BytesIO(content)), purpose=purpose)
     assert refused.value.param == param

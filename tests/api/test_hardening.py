@@ -57,8 +57,8 @@ def test_json_bodies_past_the_limit_are_413_declared_or_chunked(start_service):
 
 @pytest.mark.parametrize("path", ["/v1/files", "/v1/batches"])
 @pytest.mark.parametrize("auth", [b"", b"Authorization: Bearer sk-wrong\r\n"])
-def test_a_request_without_a_right_key_is_refused_before_its_body_is_read(start_service, path, auth):
-    service = start_service(worker=False)
+def test_a_request_without_a_right_key_is_refused_before_its_body_is_read(shared_service, path, auth):
+    service = shared_service()
     # 300 MB declared, none of it sent: the 401 comes from the headers alone (a server reading the body first
     # would wait for it until the socket times out).
     head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=x\r\n"
@@ -255,8 +255,8 @@ BIG = 150 * 1024 * 1024
     (f"Authorization: Bearer {KEY_A}\r\n".encode(), f"Content-Length: {BIG}", b"413"),
     (f"Authorization: Bearer {KEY_A}\r\n".encode(), "Transfer-Encoding: chunked", b"413"),
 ], ids=["401-declared", "401-chunked", "413-declared", "413-chunked"])
-def test_a_refused_body_is_not_read_past_a_small_bound(start_service, auth, framing, status):
-    service = start_service(worker=False, max_upload_bytes=1 << 20)
+def test_a_refused_body_is_not_read_past_a_small_bound(shared_service, auth, framing, status):
+    service = shared_service(max_upload_bytes=1 << 20)
     port = int(service.url.rsplit(":", 1)[1])
     head = (f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=x\r\n"
             f"{framing}\r\n").encode() + auth + b"\r\n"

@@ -39,9 +39,9 @@ REFUSED = ["http://127.0.0.1/h", "http://localhost.:80/", "http://[::1]:8080/h",
 
 
 @pytest.mark.parametrize("url", REFUSED)
-def test_an_endpoint_at_an_internal_address_is_refused_at_create(start_service, resolver, url):
+def test_an_endpoint_at_an_internal_address_is_refused_at_create(shared_service, resolver, url):
     resolver["localhost"] = ["127.0.0.1"]
-    service = start_service(worker=False)
+    service = shared_service()
     with service.http(KEY_A) as http:
         response = http.post("/v1/webhook_endpoints", json={"url": url})
         assert response.status_code == 400, response.text

@@ -171,8 +171,8 @@ def test_subscriptions_and_deletion(start_service, tmp_path, receiver):
 @pytest.mark.parametrize("url", ["ftp://example.com/hook", "example.com/hook", "http://", "https:///path",
                                  "http://[::1/hook", "http://example.com:99999/", "javascript:alert(1)", "",
                                  "http://exa mple.com/", "http://example.com/\n", "https://" + "a" * 1030])
-def test_a_url_must_be_http_or_https_with_a_host(start_service, url):
-    service = start_service(worker=False)
+def test_a_url_must_be_http_or_https_with_a_host(shared_service, url):
+    service = shared_service(webhook_allow=ALLOW)
     with service.http(KEY_A) as http:
         response = http.post("/v1/webhook_endpoints", json={"url": url, "name": "x"})
         assert response.status_code == 400, response.text
