@@ -237,7 +237,7 @@ def changed_runs(instance: dg.DagsterInstance, after: float | None) -> tuple[lis
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Brings the API's batches up to date with their runs: progress, the end, and runs that failed "
     "for good (after Dagster's run retries; the batch keeps the shards they finished) or whose process is gone "
-    "with serve. Follows the runs that changed since its cursor, and sweeps every active batch once a minute.",
+    f"with serve. Follows the runs that changed since its cursor; sweeps every active batch every {SWEEP_EVERY_S} s.",
 )
 def api_batch_status_sensor(
     context: dg.SensorEvaluationContext, database: DatabaseResource, storage: StorageResource,
