@@ -104,14 +104,14 @@ def test_a_tick_follows_only_the_batch_whose_run_changed(env, monkeypatch):
     assert not [k for k in calls if k.startswith(tuple(STORAGE_CALLS))], calls
     assert sum(n for k, n in calls.items() if k.endswith(":runs")) == 2
 
-    # One run ends badly: only its batch is read, with one query for its latest run besides the tick's two (and
-    # its failure's events).
+    # One run ends badly: only its batch is read; the run that changed is the one it records, so no query for its
+    # latest run is needed besides the tick's two (and its failure's events).
     instance.report_run_failed(runs["batch_07"], "the run worker died")
     calls.clear()
     message, cursor = tick(instance, resources, cursor)
     assert message == "1 batch(es) changed status."
     assert {k.split(":", 1)[1] for k in calls if k.startswith(tuple(STORAGE_CALLS))} == {"batches/batch_07"}
-    assert (calls["get_run_records:runs"], calls["get_runs:runs"]) == (1, 2)
+    assert (calls["get_run_records:runs"], calls["get_runs:runs"]) == (1, 1)
     with resources["database"].session() as session:
         failed = repo.get_batch(session, "a", "batch_07")
         assert failed.status == "failed" and "the run worker died" in failed.errors[0]["message"]
@@ -193,3 +193,20 @@ def test_a_run_waiting_on_its_retry_decision_is_followed_again_whatever_its_runs
     later = StatusCursor(**{**state, "runs_after": state["runs_after"] + 60}).dumps()  # no run change since
     message, cursor = tick(instance, resources, later)
     assert message == "1 batch(es) changed status." and json.loads(cursor)["watch"] == []
+
+
+def test_a_retry_run_is_followed_in_place_of_the_run_the_batch_recorded(env):
+    instance, resources, storage, calls = env
+    _in_progress(resources, storage, "batch_retried")
+    first = _run(instance, "batch_retried")
+    _, cursor = tick(instance, resources)
+    # The first run's worker died; Dagster retries it as a new run of the partition.
+    instance.report_run_failed(first, "the run worker died")
+    instance.add_run_tags(first.run_id, {"dagster/will_retry": "true"})
+    retry = _run(instance, "batch_retried")
+    calls.clear()
+    _, cursor = tick(instance, resources, cursor)
+    assert calls["get_runs:runs"] == 2  # the runs going on, and the batch's latest (not the one it recorded)
+    with resources["database"].session() as session:
+        batch = repo.get_batch(session, "a", "batch_retried")
+        assert (batch.status, batch.run_id) == ("in_progress", retry.run_id)

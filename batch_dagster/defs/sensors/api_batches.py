@@ -146,7 +146,7 @@ def latest_runs(instance: dg.DagsterInstance, batch_ids: Collection[str], chunk:
 
 def _follow(context: dg.SensorEvaluationContext, session: Session, folders: Storage, batch: BatchRecord,
             run: dg.DagsterRun | None, followed: set[str], pipeline: PipelineConfig) -> bool:
-    """Bring one batch up to date with its latest run (each change committed by itself: its own transaction).
+    """Bring one batch up to date with its latest run (each change of its status committed by itself).
     True when it waits on Dagster (a run retry to be decided), to be followed again next tick."""
     instance = context.instance
     if run is None:
@@ -156,11 +156,14 @@ def _follow(context: dg.SensorEvaluationContext, session: Session, folders: Stor
             repo.unmark_launched(session, batch.id)
         return False
     followed.add(run.run_id)
+    if run.status in _NOT_STARTED:
+        # Nothing of this run is in the folder yet, and its start is a change the cursor sees. Its id is stored with
+        # the tick's other waiting runs' (a burst of thousands), in one commit.
+        batch.run_id = run.run_id
+        return False
     if batch.run_id != run.run_id:
         batch.run_id = run.run_id
         session.commit()
-    if run.status in _NOT_STARTED:
-        return False  # nothing of this run is in the folder yet, and its start is a change the cursor sees
     sync_batch(session, folders, batch)
     if batch.status not in TERMINAL and (gone := _gone(run)):
         context.log.warning(f"{batch.id}: run {run.run_id}: {gone} Marking it failed")
@@ -252,7 +255,12 @@ def api_batch_status_sensor(
         cursor.sweep_after, cursor.swept_at = 0, started_at  # a pass starts: a launch with no run, a change missed
     # Followed whole: the batches whose runs changed, those to watch, and the sweep's. The others whose runs go on:
     # by their progress document.
-    whole = {r.dagster_run.tags.get(PARTITION_TAG, "") for r in changed} | set(cursor.watch)
+    newest = dict[str, dg.RunRecord]()  # of each batch, its newest changed run
+    for record in changed:
+        batch_id = record.dagster_run.tags.get(PARTITION_TAG, "")
+        if batch_id not in newest or record.storage_id > newest[batch_id].storage_id:
+            newest[batch_id] = record
+    whole = newest.keys() | set(cursor.watch)
     going_on: dict[tuple[str, str | None], dg.DagsterRun] = {
         (r.tags.get(PARTITION_TAG, ""), r.run_id): r for r in running}
     moved, followed, watch = 0, set[str](), list[str]()
@@ -264,9 +272,14 @@ def api_batch_status_sensor(
         found = {b.id: b for b in swept}
         others = (whole | {batch_id for batch_id, _ in going_on}) - found.keys()
         found.update((b.id, b) for b in repo.active_batches_by_id(session, others))
-        whole |= {b.id for b in swept}
+        swept_ids = {b.id for b in swept}
+        whole |= swept_ids
         whole |= {b.id for b in found.values() if b.id not in whole and (b.id, b.run_id) not in going_on}
-        latest = latest_runs(instance, whole & found.keys())
+        # A batch's newest changed run is its latest when it is the one it records (a later one would have changed
+        # since too); the others' latest runs are queried, in one query per 500.
+        known = {b.id: newest[b.id].dagster_run for b in found.values()
+                 if b.id in newest and newest[b.id].dagster_run.run_id == b.run_id and b.id not in swept_ids}
+        latest = {**latest_runs(instance, (whole & found.keys()) - known.keys()), **known}
         for batch in sorted(found.values(), key=lambda b: b.pk):
             batch_id, before = batch.id, batch.status
             try:
@@ -284,6 +297,7 @@ def api_batch_status_sensor(
             if batch.status != before:
                 moved += 1
                 context.log.info(f"{batch_id}: {before} -> {batch.status}")
+        session.commit()  # the ids of the runs waiting to start
     # A stopped serve leaves the runs of ended batches (backfills) STARTED too. Until marked failed they keep their
     # place in the run queue's limits (dagster.yaml), and offline runs would wait for them for ever.
     for run in running:
