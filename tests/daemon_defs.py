@@ -22,7 +22,7 @@ from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import VLLMResource
 from batch_dagster.defs.resources.from_env import resources_from_env
-from batch_dagster.defs.sensors import api_batch_sensor, api_batch_status_sensor
+from batch_dagster.defs.sensors import api_batch_sensor, api_batch_status_sensor, history_retention_sensor
 from batch_dagster.settings import Settings
 from tests.helpers import FakeEngine, FakeVLLM
 
@@ -63,7 +63,7 @@ defs = dg.Definitions(
     assets=lifecycle_assets,
     asset_checks=lifecycle_checks,
     jobs=[batch_job],
-    sensors=[api_batch_sensor, api_batch_status_sensor],
+    sensors=[api_batch_sensor, api_batch_status_sensor, history_retention_sensor],  # as the project's serve runs
     resources={
         **resources_from_env(),
         "vllm": LoggedVLLM(models_file=str(settings.models_file), model_cache_dir="/nonexistent",

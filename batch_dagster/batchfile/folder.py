@@ -12,7 +12,8 @@ way through it, in the order of the listing below; each internal JSON document i
       validation.json     Validation: the validation report
       requests.parquet    the validated requests, one row per request
       shards/shard-NNNNN.parquet, shards/manifest.json (Manifest, written last)
-      results/shard-NNNNN.{output.jsonl,errors.jsonl,json}, results/progress.json (Progress)
+      results/shard-NNNNN.{output.jsonl,errors.jsonl,json}  a shard's lines, and its summary (the commit marker)
+      results/progress.json   Progress: the committed shards' totals and the live shard's count (after each marker)
       merged.json         Merged: counts and usage of the merged files
       output.jsonl, errors.jsonl
       summary.json        Summary: usage, cost and how the batch ran (written last)
@@ -167,10 +168,42 @@ class Manifest(Document):
 
 @dataclass
 class Progress(Document):
-    """Requests finished so far in the shard being inferred (the live part of request_counts)."""
+    """How far inference is, in one small document: what the status sensor reads of a running batch, in place of
+    listing and reading its shard markers.
 
-    shard: int
-    done: int
+    The inference step rewrites it as a shard goes on (`shard`, `done`: the live part, approximate) and right after
+    each shard's commit marker (the committed totals), so it never counts a shard its marker does not hold; a
+    process killed between the two leaves it behind, until the step's next attempt rewrites it at its start.
+    `request_counts.total` is the batch's; its `completed` and `failed`, and `usage`, are the committed shards'.
+    """
+
+    TYPED = {"request_counts": RequestCounts.from_dict, "usage": Usage.from_dict}
+
+    shard: int | None = None  # the shard being inferred; None between shards
+    done: int = 0  # of its requests, those finished so far (not committed yet)
+    shard_count: int | None = None  # the manifest's; None in a document written before the committed totals
+    shards_committed: int = 0
+    request_counts: RequestCounts = field(default_factory=RequestCounts)
+    usage: Usage = field(default_factory=Usage)
+    committed_at: float | None = None  # when the last shard committed (epoch seconds)
+    updated_at: float | None = None  # when this document was written (epoch seconds)
+
+    @property
+    def has_totals(self) -> bool:
+        """Whether it holds the committed totals (not only the live part, as documents written before did)."""
+        return self.shard_count is not None
+
+    @property
+    def all_committed(self) -> bool:
+        return self.shard_count is not None and self.shards_committed >= self.shard_count
+
+    def counts(self) -> RequestCounts:
+        """The batch's request_counts so far: the committed shards', and the live shard's finished requests as
+        completed (an approximation until it commits)."""
+        counts = RequestCounts(self.request_counts.total, self.request_counts.completed, self.request_counts.failed)
+        if self.shard is not None:
+            counts.completed = min(counts.completed + self.done, counts.total - counts.failed)
+        return counts
 
 
 @dataclass
@@ -214,6 +247,7 @@ class BatchFolder:
 
     # Documents whose time of writing the API reports (status timestamps).
     VALIDATION, MANIFEST, MERGED = "validation.json", "shards/manifest.json", "merged.json"
+    PROGRESS = f"{RESULTS}/progress.json"
 
     def __init__(self, storage: Storage, batch_id: str):
         self.storage, self.batch_id = storage, batch_id
@@ -349,10 +383,10 @@ class BatchFolder:
         self._write(self.MANIFEST, manifest)
 
     def progress(self) -> Progress | None:
-        return self._read("results/progress.json", Progress)
+        return self._read(self.PROGRESS, Progress)
 
     def write_progress(self, progress: Progress) -> None:
-        self._write("results/progress.json", progress)
+        self._write(self.PROGRESS, progress)
 
     def merged(self) -> Merged | None:
         return self._read(self.MERGED, Merged)

@@ -8,6 +8,7 @@ the rest.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ import orjson
 
 from . import contract as c
 from .contract import RequestCounts
-from .folder import committed_index, shard_result_files
+from .folder import Progress, committed_index, shard_result_files
 from .storage import Storage
 from .usage import Usage
 
@@ -104,6 +105,20 @@ def committed_shards(storage: Storage, results_prefix: str) -> dict[int, ShardSu
         if index is not None and data is not None:
             found[index] = ShardSummary.from_dict(orjson.loads(data))
     return found
+
+
+def progress_of(shards: dict[int, ShardSummary], total_requests: int, shard_count: int | None,
+                committed_at: float | None = None) -> Progress:
+    """The progress document of a batch whose committed shards are `shards`, between two shards (nothing live);
+    `committed_at`: when the last of them committed (default: now, as written right after its marker)."""
+    counts, usage = RequestCounts(total=total_requests), Usage()
+    for shard in shards.values():
+        counts.completed += shard.request_counts.completed
+        counts.failed += shard.request_counts.failed
+        usage += shard.usage
+    at = time.time()
+    return Progress(shard_count=shard_count, shards_committed=len(shards), request_counts=counts, usage=usage,
+                    committed_at=committed_at if committed_at is not None or not shards else at, updated_at=at)
 
 
 def committed_output(storage: Storage, results_prefix: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:

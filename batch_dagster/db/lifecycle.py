@@ -1,7 +1,8 @@
 """How a batch's API status follows its Dagster run: read from the files the pipeline writes, then persisted.
 
 The pipeline writes, in order: validation.json (valid or not), shard summaries as each shard
-commits, merged.json once the output and error files are merged, summary.json at the end. Each
+commits and the progress document after each (their totals, so that a running batch is followed by
+one read), merged.json once the output and error files are merged, summary.json at the end. Each
 file's presence moves the status on; its modification time is when that happened, so the
 timestamps are right whoever looks first (the status sensor, or the CLI at its run's end). The API
 reads what they stored.
@@ -16,8 +17,8 @@ from sqlalchemy import CursorResult, update
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.contract import MAX_MODEL_CHARS, PIPELINE_ERROR, BatchError
-from batch_dagster.batchfile.folder import BatchFolder
-from batch_dagster.batchfile.results import RequestCounts, committed_shards
+from batch_dagster.batchfile.folder import BatchFolder, Progress
+from batch_dagster.batchfile.results import RequestCounts, committed_shards, progress_of
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.usage import Usage
@@ -71,24 +72,45 @@ def observe(folder: BatchFolder) -> Observation:
         obs.has_files = True
         return obs
 
-    # Running: the counts move with every committed shard.
+    # Running: the counts move with every committed shard (and the live one's finished requests).
+    progress = folder.progress()
+    if progress is None or not progress.has_totals:  # inference not started, or a document written before totals
+        progress = _progress_from_markers(folder, validation.total_requests, progress)
+    _running(obs, progress)
+    return obs
+
+
+def _progress_from_markers(folder: BatchFolder, total_requests: int, live: Progress | None) -> Progress:
+    """The progress a folder's shard markers say (one listing, and a read per marker): for a folder whose inference
+    step has not written the progress document's totals yet."""
     shards = committed_shards(folder.storage, folder.results_prefix)
-    counts, usage = RequestCounts(total=validation.total_requests), Usage()
-    for shard in shards.values():
-        counts.completed += shard.request_counts.completed
-        counts.failed += shard.request_counts.failed
-        usage += shard.usage
-    # The shard being inferred counts too (approximately: its finished requests, as completed) until it commits.
-    live = folder.progress()
-    if live is not None and live.shard not in shards:
-        counts.completed = min(counts.completed + live.done, counts.total - counts.failed)
-    obs.request_counts, obs.usage = counts, usage
     manifest = folder.manifest()
-    if obs.status == BatchStatus.IN_PROGRESS and manifest is not None and len(shards) >= manifest.shard_count:
+    count = manifest.shard_count if manifest else None
+    at = None
+    if count is not None and len(shards) >= count:  # when the last committed: the batch's finalizing_at
+        at = max((t for t in map(folder.shard_committed_at, shards) if t is not None), default=None)
+    progress = progress_of(shards, total_requests, count, at)
+    if live is not None and live.shard is not None and live.shard not in shards:
+        progress.shard, progress.done = live.shard, live.done
+    return progress
+
+
+def _running(obs: Observation, progress: Progress) -> None:
+    """A running batch's counts and usage so far, and `finalizing` once every shard has committed."""
+    obs.request_counts, obs.usage = progress.counts(), progress.usage
+    if obs.status == BatchStatus.IN_PROGRESS and progress.all_committed:
         obs.status = BatchStatus.FINALIZING
-        obs.timestamps["finalizing_at"] = max(
-            (t for t in map(folder.shard_committed_at, shards) if t is not None), default=now()
-        )
+        obs.timestamps["finalizing_at"] = int(progress.committed_at) if progress.committed_at else now()
+
+
+def observe_progress(folder: BatchFolder) -> Observation | None:
+    """What an in_progress batch's progress document says (one read): its counts so far, `finalizing` once every
+    shard has committed. None when there is no such document yet: nothing to say."""
+    progress = folder.progress()
+    if progress is None or not progress.has_totals:
+        return None
+    obs = Observation(BatchStatus.IN_PROGRESS)
+    _running(obs, progress)
     return obs
 
 
@@ -174,6 +196,17 @@ def apply(session: Session, folder: BatchFolder, batch: BatchRecord, obs: Observ
     session.commit()
     session.refresh(batch)
     return batch
+
+
+def sync_progress(session: Session, storage: Storage, batch: BatchRecord) -> BatchRecord:
+    """Bring a running batch's counts up to date from its progress document alone (one storage read): what the
+    status sensor does on every tick for a batch whose run goes on. Only an in_progress (or cancelling) batch
+    moves by it; the others wait for their run's next change."""
+    if batch.status not in (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING):
+        return batch
+    folder = BatchFolder(storage, batch.id)
+    obs = observe_progress(folder)
+    return batch if obs is None else apply(session, folder, batch, obs)
 
 
 def sync_batch(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -119,15 +119,12 @@ def list_batches(
     return page(session, BatchRecord, owner, after, limit, extra=where.where(session.get_bind().dialect.name))
 
 
-def _unfinished(session: Session, *, launched: bool, limit: int) -> list[BatchRecord]:
+def _unfinished(session: Session, *, launched: bool, limit: int, after: int | None = None) -> list[BatchRecord]:
     launch = BatchRecord.launched_at.is_not(None) if launched else BatchRecord.launched_at.is_(None)
-    query = (
-        select(BatchRecord)
-        .where(launch, BatchRecord.status.not_in(TERMINAL))
-        .order_by(BatchRecord.pk)
-        .limit(limit)
-    )
-    return list(session.scalars(query))
+    query = select(BatchRecord).where(launch, BatchRecord.status.not_in(TERMINAL))
+    if after is not None:
+        query = query.where(BatchRecord.pk > after)
+    return list(session.scalars(query.order_by(BatchRecord.pk).limit(limit)))
 
 
 def batches_to_launch(session: Session, limit: int = 100) -> list[BatchRecord]:
@@ -145,9 +142,19 @@ def unmark_launched(session: Session, batch_id: str) -> None:
     session.commit()
 
 
-def active_batches(session: Session, limit: int = 1000) -> list[BatchRecord]:
-    """Launched batches that have not reached a terminal status."""
-    return _unfinished(session, launched=True, limit=limit)
+def active_batches(session: Session, limit: int = 1000, after: int | None = None) -> list[BatchRecord]:
+    """Launched batches that have not reached a terminal status, oldest first (after the one whose pk is `after`)."""
+    return _unfinished(session, launched=True, limit=limit, after=after)
+
+
+def active_batches_by_id(session: Session, batch_ids: Collection[str], chunk: int = 500) -> list[BatchRecord]:
+    """Those of `batch_ids` that are launched batches and have not reached a terminal status, oldest first."""
+    ids, found = sorted(batch_ids), list[BatchRecord]()
+    for i in range(0, len(ids), chunk):  # a bounded IN list per query, whatever the store's parameter limit
+        found += session.scalars(select(BatchRecord).where(
+            BatchRecord.id.in_(ids[i:i + chunk]), BatchRecord.launched_at.is_not(None),
+            BatchRecord.status.not_in(TERMINAL)))
+    return sorted(found, key=lambda b: b.pk)
 
 
 def request_cancel(session: Session, batch: BatchRecord, at: int | None = None) -> bool:

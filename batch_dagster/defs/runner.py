@@ -19,8 +19,7 @@ from typing import Any, TextIO
 from batch_dagster.batchfile.contract import PIPELINE_ERROR, BatchError
 from batch_dagster.batchfile.eta import bounded_work, running_remaining_s
 from batch_dagster.batchfile.failure import keep_finished
-from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder
-from batch_dagster.batchfile.results import committed_shards
+from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder, Progress
 from batch_dagster.batchfile.summary import BatchSummary, RunSummary
 from batch_dagster.terminal import output_to_log
 
@@ -87,16 +86,15 @@ class ProgressBar(threading.Thread):
                     bar = tqdm(total=manifest.total_requests, unit="req", desc="requests",
                                file=self.stream or sys.stderr)
                     started, eta = time.time(), Eta.of(self.folder.estimate())
-                shards = committed_shards(self.folder.storage, self.folder.results_prefix)
-                done = sum(s.request_counts.total for s in shards.values())
-                failed = sum(s.request_counts.failed for s in shards.values())
-                live = self.folder.progress()
-                if live is not None and live.shard not in shards:
-                    done += live.done
-                state = (done, failed, len(shards))
+                # The progress document: the committed shards' totals and the live shard's count, in one read.
+                progress = self.folder.progress() or Progress()
+                counts = progress.request_counts
+                done = counts.completed + counts.failed + (progress.done if progress.shard is not None else 0)
+                failed, committed = counts.failed, progress.shards_committed
+                state = (done, failed, committed)
                 if state != shown:  # redraw only on change: a log file gets one line per step, not per tick
                     shown = state
-                    bar.set_postfix(failed=failed, shards=f"{len(shards)}/{manifest.shard_count}",
+                    bar.set_postfix(failed=failed, shards=f"{committed}/{manifest.shard_count}",
                                     eta=eta.clock(done / max(manifest.total_requests, 1), time.time() - started),
                                     refresh=False)
                     bar.update(done - bar.n)

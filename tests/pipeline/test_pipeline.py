@@ -5,7 +5,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from batch_dagster.batchfile.folder import Progress
+from batch_dagster.batchfile.contract import RequestCounts
+from batch_dagster.batchfile.folder import batch_ids
 from batch_dagster.batchfile.results import committed_shards, shard_keys
 from batch_dagster.definitions import defs as project_defs
 from batch_dagster.defs.resources import StorageResource
@@ -48,8 +49,12 @@ def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, 
     assert len(engine.calls) == 3  # 11 requests in shards of 4
 
     batch_id = summary["batch_id"]
-    # Live progress inside a shard is written for the progress bar and live request counts.
-    assert StorageResource(data_dir=str(data_dir)).folder(batch_id).progress() == Progress(shard=2, done=3)
+    # The progress document (what the status sensor reads of a running batch) holds the committed totals after the
+    # last shard's marker, nothing live.
+    progress = StorageResource(data_dir=str(data_dir)).folder(batch_id).progress()
+    assert (progress.shard, progress.done, progress.shards_committed, progress.shard_count) == (None, 0, 3, 3)
+    assert progress.request_counts == RequestCounts(total=11, completed=10, failed=1)
+    assert progress.usage.output_tokens == summary["usage"]["output_tokens"] and progress.committed_at is not None
     assert batch_id in instance.get_dynamic_partitions("batches")
     for key in ("batch_input", "validated_requests", "batch_shards", "shard_results", "batch_output_files", "batch_usage"):
         assert instance.get_latest_materialization_event(dg.AssetKey(key)) is not None, key
@@ -77,6 +82,40 @@ def test_rerun_skips_committed_shards(tmp_path, data_dir, instance):
     assert sorted(committed_shards(folder.storage, folder.results_prefix)) == [0, 1, 2]
     ids = [l["custom_id"] for l in read_jsonl(local_file(folder, folder.output_key))]
     assert sorted(ids) == sorted(r["custom_id"] for r in rows)  # rewritten whole, not doubled
+
+
+def test_the_progress_document_counts_the_committed_shards_never_ahead_of_their_markers(tmp_path, data_dir,
+                                                                                        instance):
+    # What the status sensor reads of a running batch, in place of its markers: at every finished request, the
+    # committed totals are the markers' own, beside the live shard's count.
+    storage = StorageResource(data_dir=str(data_dir))
+    seen = []
+
+    def check(done_in_shard: int) -> None:
+        [batch_id] = batch_ids(storage.storage())
+        folder = storage.folder(batch_id)
+        progress = folder.progress()
+        markers = committed_shards(folder.storage, folder.results_prefix)
+        assert (progress.shards_committed, progress.request_counts.completed) == (
+            len(markers), sum(s.request_counts.completed for s in markers.values()))
+        seen.append((progress.shard, progress.done, progress.shards_committed, progress.counts().completed))
+
+    engine = FakeEngine(on_request=check)
+    defs = make_defs(data_dir, fake_vllm("progress", engine), shard_size=3)
+    rows = [chat_request(f"r{i}", f"q {i}") for i in range(7)]
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
+                        defs=defs, instance=instance).to_dict()
+    assert seen == [(0, 1, 0, 1), (0, 2, 0, 2), (0, 3, 0, 3), (1, 1, 1, 4), (1, 2, 1, 5), (1, 3, 1, 6), (2, 1, 2, 7)]
+    folder = storage.folder(summary["batch_id"])
+    assert folder.progress().shards_committed == 3
+
+    # A marker lost (the run died before it): the document said more, and the next attempt rewrites it first.
+    folder.storage.delete(shard_keys(folder.results_prefix, 1)[2])
+    seen.clear()
+    assert defs.resolve_job_def("batch_job").execute_in_process(partition_key=summary["batch_id"],
+                                                                instance=instance).success
+    assert seen == [(1, 1, 2, 5), (1, 2, 2, 6), (1, 3, 2, 7)]
+    assert (folder.progress().shards_committed, folder.progress().request_counts.completed) == (3, 7)
 
 
 def test_invalid_file_fails_the_batch_and_runs_nothing(tmp_path, data_dir, instance):

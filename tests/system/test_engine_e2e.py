@@ -17,7 +17,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from batch_dagster.batchfile.folder import Progress
+from batch_dagster.batchfile.folder import BatchFolder, Progress
 from batch_dagster.db import repo
 from batch_dagster.db.session import open_database
 from tests.helpers import (
@@ -125,7 +125,7 @@ def test_chat_batch_of_40_through_the_cli(tmp_path):
         assert runs[0].is_success
 
 
-def test_completions_batch(tmp_path, data_dir, instance):
+def test_completions_batch(tmp_path, data_dir, instance, monkeypatch):
     rows = [
         {"custom_id": "c1", "method": "POST", "url": "/v1/completions",
          "body": {"model": CHAT_MODEL, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}},
@@ -134,6 +134,14 @@ def test_completions_batch(tmp_path, data_dir, instance):
         {"custom_id": "c3", "method": "POST", "url": "/v1/completions",
          "body": {"model": CHAT_MODEL, "prompt": "x " * 3000, "max_tokens": 4}},
     ]
+    written: list[Progress] = []
+    write_progress = BatchFolder.write_progress
+
+    def recorded(folder: BatchFolder, progress: Progress) -> None:
+        written.append(progress)
+        write_progress(folder, progress)
+
+    monkeypatch.setattr(BatchFolder, "write_progress", recorded)
     summary, out, err = run_on_real_engine(tmp_path, data_dir, instance, rows)
     assert summary["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
     b1 = out["c1"]["response"]["body"]
@@ -143,8 +151,11 @@ def test_completions_batch(tmp_path, data_dir, instance):
     assert err["c3"]["response"]["body"]["error"]["code"] == "context_length_exceeded"
     # vLLM reported each finished prompt to the live progress (c1, and c2's two prompts), capped at
     # the shard's size: an approximate count while the shard runs, exact once it commits.
+    assert max(p.done for p in written if p.shard == 0) == 3
     storage = make_defs(data_dir, real_vllm()).resources["storage"]
-    assert storage.folder(summary["batch_id"]).progress() == Progress(shard=0, done=3)
+    final = storage.folder(summary["batch_id"]).progress()  # after the marker: the committed counts, nothing live
+    assert (final.shard, final.shards_committed, final.counts().to_dict()) == (
+        None, 1, {"total": 3, "completed": 2, "failed": 1})
 
 
 def _cos(a, b):

@@ -8,6 +8,7 @@ import hashlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from batch_dagster.batchfile.folder import (
     Validation,
 )
 from batch_dagster.batchfile.registry import served_endpoints
-from batch_dagster.batchfile.results import commit_shard, committed_shards, merge
+from batch_dagster.batchfile.results import commit_shard, committed_shards, merge, progress_of
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import cost_of
 from batch_dagster.defs.dagster_internals import dies_with_its_run
@@ -226,14 +227,15 @@ def batch_shards(
 
 
 class _ShardProgress:
-    """Counts a shard's finished requests: writes them to storage (the API's live request_counts read them)
-    at most once a second or every 5% of the shard; logs them with the engine's load every 5 s and every 10%."""
+    """Counts a shard's finished requests: writes them to the progress document beside the committed totals
+    (`base`; the API's live request_counts read them) at most once a second or every 5% of the shard; logs them
+    with the engine's load every 5 s and every 10%."""
 
     WRITE_EVERY_S = 1.0
     LOG_EVERY_S = 5.0
 
-    def __init__(self, folder: BatchFolder, index: int, size: int, log: Any = None):
-        self.folder, self.index, self.size, self.log = folder, index, size, log
+    def __init__(self, folder: BatchFolder, base: Progress, index: int, size: int, log: Any = None):
+        self.folder, self.base, self.index, self.size, self.log = folder, base, index, size, log
         self.done = 0
         self.written_at = 0.0
         self.written_done = 0
@@ -253,7 +255,7 @@ class _ShardProgress:
         if (now - self.written_at >= self.WRITE_EVERY_S or self.done - self.written_done >= step
                 or self.done == self.size):
             self.written_at, self.written_done = now, self.done
-            self.folder.write_progress(Progress(self.index, self.done))
+            self.folder.write_progress(replace(self.base, shard=self.index, done=self.done, updated_at=time.time()))
         decile = 10 * self.done // self.size
         if self.first is None:  # the rate counts from the first finished request: the engine's start is not in it
             self.first = (now, self.done)
@@ -306,6 +308,10 @@ def shard_results(
         f"{len(done)} of {manifest.shard_count} shards already committed; running {len(todo)} "
         f"(attempt {context.retry_number + 1})"
     )
+    # Rewritten first: an attempt killed between a shard's marker and the document left it behind.
+    before = folder.progress()
+    base = progress_of(done, manifest.total_requests, manifest.shard_count, before.committed_at if before else None)
+    folder.write_progress(base)
     engine = None  # built at the first shard that runs: a stopped batch never loads the model
     started = time.perf_counter()
     ran_requests = 0
@@ -326,7 +332,7 @@ def shard_results(
             engine = engine or vllm.engine(manifest.model)
             t0 = time.perf_counter()
             try:
-                progress = _ShardProgress(folder, index, len(requests), context.log)
+                progress = _ShardProgress(folder, base, index, len(requests), context.log)
                 lines = engine.run(manifest.endpoint, requests, on_progress=progress)
             except EngineCrash as exc:
                 vllm.reset(manifest.model)
@@ -339,6 +345,8 @@ def shard_results(
             summary = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
                                    engine_start_s=vllm.engine_start_s(manifest.model, t0))
             done[index] = summary
+            base = progress_of(done, manifest.total_requests, manifest.shard_count)  # after the marker
+            folder.write_progress(base)
             context.log_event(eta.observation(context, sum(s.request_counts.total for s in done.values())))
             ran_requests += summary.request_counts.total
             ran_tokens += summary.usage.output_tokens

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Collection
+from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
+
 import dagster as dg
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.failure import keep_finished
 from batch_dagster.batchfile.folder import BatchFolder
-from batch_dagster.batchfile.status import TERMINAL
+from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, repo
 from batch_dagster.db.eta import set_launch_priorities
 from batch_dagster.db.labels import OWNER_TAG, input_filenames, run_tags
-from batch_dagster.db.lifecycle import sync_batch
+from batch_dagster.db.lifecycle import sync_batch, sync_progress
 from batch_dagster.defs.dagster_internals import run_end_reason, worker_gone
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.partitions import batches
@@ -31,7 +37,19 @@ RELAUNCH_AFTER_S = 120
 # the sensor waits rather than failing a batch that run retries are about to resume.
 RETRY_DECISION_WAIT_S = 60
 MAX_FAILURE_CHARS = 1000  # of a step's error message, as a failed batch's errors.data shows it
+# The status sensor follows the runs changed since its cursor (the run storage's update times), reads one progress
+# document per batch whose run goes on, and walks every active batch only in a sweep, for what no run change shows:
+# a launch with no run, a change it missed. A pass starts every SWEEP_EVERY_S and sweeps SWEEP_CHUNK batches a tick.
+SWEEP_EVERY_S = 60
+SWEEP_CHUNK = 500
+# Runs changed this long before the cursor are read again: Dagster stores a run's creation time to the second, and
+# a write can commit after a later one. Following a batch again changes nothing.
+RUN_CURSOR_OVERLAP_S = 5.0
+CHANGED_RUNS_PER_TICK = 5000  # past it, the rest waits for the next tick (and a sweep pass starts)
+WATCH_LIMIT = 1000  # batches the cursor names to follow again (past it, the sweep does)
 _ENDED_BADLY = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+_NOT_STARTED = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED)
+_RUNNING = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
 WORKER_GONE = ("The run's worker is gone with the code server that started it "
                "(serve was stopped or killed while it ran).")
 
@@ -89,11 +107,6 @@ def api_batch_sensor(context: dg.SensorEvaluationContext, database: DatabaseReso
     )
 
 
-def latest_run(instance: dg.DagsterInstance, batch_id: str) -> dg.DagsterRun | None:
-    records = instance.get_run_records(_runs_filter(batch_id), limit=1)
-    return records[0].dagster_run if records else None
-
-
 def run_failure_message(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
     """The first step failure of a run, else how the run ended (e.g. its process was killed)."""
     retries = run.tags.get(RETRY_NUMBER_TAG)
@@ -125,18 +138,33 @@ def _retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     return ended is None or repo.now() - ended < RETRY_DECISION_WAIT_S
 
 
+def latest_runs(instance: dg.DagsterInstance, batch_ids: Collection[str], chunk: int = 500) -> dict[str, dg.DagsterRun]:
+    """The latest run of each of `batch_ids` that has one: one run query per `chunk` batches."""
+    ids, latest = sorted(batch_ids), dict[str, dg.DagsterRun]()
+    for i in range(0, len(ids), chunk):
+        # Newest first (by storage id): the first run seen of a partition is its latest.
+        for run in instance.get_runs(dg.RunsFilter(job_name=batch_job.name, tags={PARTITION_TAG: ids[i:i + chunk]})):
+            latest.setdefault(run.tags.get(PARTITION_TAG, ""), run)
+    return latest
+
+
 def _follow(context: dg.SensorEvaluationContext, session: Session, folders: Storage, batch: BatchRecord,
-            followed: set[str], pipeline: PipelineConfig) -> None:
-    """Bring one batch up to date with its latest run (each change committed by itself: its own transaction)."""
+            run: dg.DagsterRun | None, followed: set[str], pipeline: PipelineConfig) -> bool:
+    """Bring one batch up to date with its latest run (each change of its status committed by itself).
+    True when it waits on Dagster (a run retry to be decided), to be followed again next tick."""
     instance = context.instance
-    run = latest_run(instance, batch.id)
     if run is None:
         # active_batches() returns launched batches only: launched_at is set (the check narrows its type).
         if batch.launched_at is not None and repo.now() - batch.launched_at > RELAUNCH_AFTER_S:
             context.log.warning(f"{batch.id}: no run since it was launched; requesting it again")
             repo.unmark_launched(session, batch.id)
-        return
+        return False
     followed.add(run.run_id)
+    if run.status in _NOT_STARTED:
+        # Nothing of this run is in the folder yet, and its start is a change the cursor sees. Its id is stored with
+        # the tick's other waiting runs' (a burst of thousands), in one commit.
+        batch.run_id = run.run_id
+        return False
     if batch.run_id != run.run_id:
         batch.run_id = run.run_id
         session.commit()
@@ -144,18 +172,71 @@ def _follow(context: dg.SensorEvaluationContext, session: Session, folders: Stor
     if batch.status not in TERMINAL and (gone := _gone(run)):
         context.log.warning(f"{batch.id}: run {run.run_id}: {gone} Marking it failed")
         instance.report_run_failed(run, gone)
-        return  # next tick: Dagster retries it (dagster.yaml run_retries), or the batch fails
+        return False  # a change of its run: next tick, Dagster retries it (dagster.yaml run_retries), or it fails
     if run.status in _ENDED_BADLY and batch.status not in TERMINAL:
-        # A retried run is a new run of the same partition: the next tick follows that one.
+        # A retried run is a new run of the same partition: a later tick follows that one.
         if _retry_pending(instance, run):
             context.log.info(f"{batch.id}: run {run.run_id} failed; Dagster will retry it")
-            return
+            return True
         failure = run_failure_message(instance, run)
         try:
             keep_finished(BatchFolder(folders, batch.id), failure, pipeline.prices())  # read when one is needed
         except Exception as exc:  # the store unreachable: the batch still ends, without its files
             context.log.error(f"{batch.id}: could not keep what its run finished ({str(exc)[:500]})")
         sync_batch(session, folders, batch, run_failure=failure)
+    return False
+
+
+def _follow_progress(context: dg.SensorEvaluationContext, session: Session, folders: Storage, batch: BatchRecord,
+                     run: dg.DagsterRun, followed: set[str]) -> None:
+    """A batch whose run goes on unchanged: its counts from its progress document (or, validating, its validation
+    report): one read, whatever its shard count. Its run is checked for a process gone with nothing to say so."""
+    followed.add(run.run_id)
+    if batch.status == BatchStatus.VALIDATING:
+        sync_batch(session, folders, batch)
+    else:
+        sync_progress(session, folders, batch)
+    if batch.status not in TERMINAL and (gone := _gone(run)):
+        context.log.warning(f"{batch.id}: run {run.run_id}: {gone} Marking it failed")
+        instance = context.instance
+        instance.report_run_failed(run, gone)
+
+
+@dataclass
+class StatusCursor:
+    """Where the status sensor is: the runs it has seen change, its sweep over every active batch, and the batches
+    it follows again whatever their runs do (one that could not be brought up to date, one waiting on a retry)."""
+
+    runs_after: float | None = None  # the latest update time (epoch s) of the runs seen; None: not read yet
+    swept_at: float = 0.0  # when the last sweep pass started (epoch s)
+    sweep_after: int | None = None  # the pk of the last batch the pass under way swept; None: no pass under way
+    watch: list[str] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, text: str | None) -> StatusCursor:
+        """The cursor a tick stored (none, or one it cannot read: from scratch, which starts with a sweep)."""
+        try:
+            data = json.loads(text) if text else {}
+            return cls(**{k: v for k, v in data.items() if k in {f.name for f in fields(cls)}})
+        except (ValueError, TypeError):
+            return cls()
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+
+def changed_runs(instance: dg.DagsterInstance, after: float | None) -> tuple[list[dg.RunRecord], float, bool]:
+    """batch_job's runs changed since `after` (from RUN_CURSOR_OVERLAP_S before it), oldest change first; the latest
+    change time seen; whether there were more than a tick reads. With no `after`: none, and the latest change time
+    of all (a sweep then follows every batch once)."""
+    if after is None:
+        records = instance.get_run_records(dg.RunsFilter(job_name=batch_job.name), limit=1, order_by="update_timestamp")
+        return [], records[0].update_timestamp.timestamp() if records else 0.0, False
+    since = datetime.fromtimestamp(max(after - RUN_CURSOR_OVERLAP_S, 0.0), tz=UTC)
+    records = list(instance.get_run_records(dg.RunsFilter(job_name=batch_job.name, updated_after=since),
+                                            limit=CHANGED_RUNS_PER_TICK, order_by="update_timestamp", ascending=True))
+    latest = max([after, *(r.update_timestamp.timestamp() for r in records)])
+    return records, latest, len(records) >= CHANGED_RUNS_PER_TICK
 
 
 @dg.sensor(
@@ -163,31 +244,70 @@ def _follow(context: dg.SensorEvaluationContext, session: Session, folders: Stor
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Brings the API's batches up to date with their runs: progress, the end, and runs that failed "
     "for good (after Dagster's run retries; the batch keeps the shards they finished) or whose process is gone "
-    "with serve.",
+    f"with serve. Follows the runs that changed since its cursor; sweeps every active batch every {SWEEP_EVERY_S} s.",
 )
 def api_batch_status_sensor(
     context: dg.SensorEvaluationContext, database: DatabaseResource, storage: StorageResource,
     pipeline: PipelineConfig,
 ) -> dg.SkipReason:
     instance, folders = context.instance, storage.storage()
-    moved, followed = 0, set[str]()
+    cursor, started_at = StatusCursor.parse(context.cursor), time.time()
+    changed, latest_change, truncated = changed_runs(instance, cursor.runs_after)
+    running = instance.get_runs(dg.RunsFilter(job_name=batch_job.name, statuses=list(_RUNNING)))
+    if cursor.sweep_after is None and (cursor.runs_after is None or truncated
+                                       or started_at - cursor.swept_at >= SWEEP_EVERY_S):
+        cursor.sweep_after, cursor.swept_at = 0, started_at  # a pass starts: a launch with no run, a change missed
+    # Followed whole: the batches whose runs changed, those to watch, and the sweep's. The others whose runs go on:
+    # by their progress document.
+    newest = dict[str, dg.RunRecord]()  # of each batch, its newest changed run
+    for record in changed:
+        batch_id = record.dagster_run.tags.get(PARTITION_TAG, "")
+        if batch_id not in newest or record.storage_id > newest[batch_id].storage_id:
+            newest[batch_id] = record
+    whole = newest.keys() | set(cursor.watch)
+    going_on: dict[tuple[str, str | None], dg.DagsterRun] = {
+        (r.tags.get(PARTITION_TAG, ""), r.run_id): r for r in running}
+    moved, followed, watch = 0, set[str](), list[str]()
     with database.session() as session:
-        for batch in repo.active_batches(session):
+        swept = []
+        if cursor.sweep_after is not None:
+            swept = repo.active_batches(session, limit=SWEEP_CHUNK, after=cursor.sweep_after)
+            cursor.sweep_after = swept[-1].pk if len(swept) == SWEEP_CHUNK else None
+        found = {b.id: b for b in swept}
+        others = (whole | {batch_id for batch_id, _ in going_on}) - found.keys()
+        found.update((b.id, b) for b in repo.active_batches_by_id(session, others))
+        swept_ids = {b.id for b in swept}
+        whole |= swept_ids
+        whole |= {b.id for b in found.values() if b.id not in whole and (b.id, b.run_id) not in going_on}
+        # A batch's newest changed run is its latest when it is the one it records (a later one would have changed
+        # since too); the others' latest runs are queried, in one query per 500.
+        known = {b.id: newest[b.id].dagster_run for b in found.values()
+                 if b.id in newest and newest[b.id].dagster_run.run_id == b.run_id and b.id not in swept_ids}
+        latest = {**latest_runs(instance, (whole & found.keys()) - known.keys()), **known}
+        for batch in sorted(found.values(), key=lambda b: b.pk):
             batch_id, before = batch.id, batch.status
             try:
-                _follow(context, session, folders, batch, followed, pipeline)
+                if batch_id in whole:
+                    if _follow(context, session, folders, batch, latest.get(batch_id), followed, pipeline):
+                        watch.append(batch_id)
+                else:
+                    _follow_progress(context, session, folders, batch, going_on[(batch_id, batch.run_id)], followed)
             except Exception as exc:  # a value the store refuses, a damaged document: the other batches still move
                 session.rollback()
                 context.log.error(f"{batch_id}: could not be brought up to date ({str(exc)[:500]}); left as stored, "
                                   "tried again on the next tick")
+                watch.append(batch_id)
                 continue
             if batch.status != before:
                 moved += 1
                 context.log.info(f"{batch_id}: {before} -> {batch.status}")
+        session.commit()  # the ids of the runs waiting to start
     # A stopped serve leaves the runs of ended batches (backfills) STARTED too. Until marked failed they keep their
     # place in the run queue's limits (dagster.yaml), and offline runs would wait for them for ever.
-    for run in instance.get_runs(dg.RunsFilter(job_name=batch_job.name, statuses=[dg.DagsterRunStatus.STARTED])):
-        if run.run_id not in followed and (gone := _gone(run)):
+    for run in running:
+        if run.run_id not in followed and run.status == dg.DagsterRunStatus.STARTED and (gone := _gone(run)):
             context.log.warning(f"Run {run.run_id}: {gone} Marking it failed")
             instance.report_run_failed(run, gone)
+    cursor.runs_after, cursor.watch = latest_change, watch[:WATCH_LIMIT]
+    context.update_cursor(cursor.dumps())
     return dg.SkipReason(f"{moved} batch(es) changed status.")
