@@ -33,7 +33,7 @@ import dagster as dg
 from sqlalchemy import insert
 
 from batch_dagster.batchfile.folder import BatchFolder, Manifest, Validation
-from batch_dagster.batchfile.results import commit_shard
+from batch_dagster.batchfile.results import commit_shard, progress_of
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import Database, repo
 from batch_dagster.db.models import BatchRecord, FileRecord
@@ -113,8 +113,8 @@ def write_in_progress(storage: Storage, batch_id: str, shards: int, committed: i
                                        error_count=0, errors=[]))
     folder.write_manifest(Manifest(batch_id=batch_id, endpoint=CHAT, model="scale-model", total_requests=shards * 2,
                                    shard_size=2, shard_count=shards, shard_sizes=[2] * shards))
-    for index in range(committed):
-        commit_shard(folder.storage, folder.results_prefix, index, [])
+    done = {index: commit_shard(folder.storage, folder.results_prefix, index, []) for index in range(committed)}
+    folder.write_progress(progress_of(done, shards * 2, shards))  # as the inference step writes it after a marker
 
 
 # The stores: SQLite files, or two databases on one throwaway PostgreSQL 15 (the batch store and Dagster's).
