@@ -62,17 +62,18 @@ def launch_order(priority: int, launch_priority: int | None, pk: int) -> tuple[i
 
 
 def running_remaining_s(work: float, rate: float, done: float, elapsed_s: float) -> float:
-    """Seconds left of a running batch that has `rate` to itself: its remaining work at that rate, blended with its
-    own pace so far (elapsed over the fraction done), which counts more the further it is. Nothing visible done
-    yet (progress comes a shard or a few requests at a time): its work less what the time elapsed should have
-    done, at least a twentieth of it."""
+    """Seconds left of a running batch that has `rate` to itself: what its work less what the time elapsed should
+    have done (at least a twentieth of it), blended with its work less the fraction done, which counts as much as that
+    fraction. The count lags the engine: progress comes a shard or a few requests at a time, and the engine batches
+    the requests of every batch running together, so they finish late and together; an extrapolation of the pace so
+    far (elapsed over the fraction done) overshot the end by up to 0.9 of the batch's whole time in the bench
+    (docs/performance.md, Queue ETA)."""
     done = min(max(done, 0.0), 1.0)
     if rate <= 0:
         return elapsed_s * (1 - done) / done if done > 0 else 0.0
-    if done <= 0 or elapsed_s <= 0:
-        return max(work - elapsed_s * rate, work / 20) / rate
-    by_pace = elapsed_s * (1 - done) / done
-    return done * by_pace + (1 - done) * work * (1 - done) / rate
+    by_time = max(work - max(elapsed_s, 0.0) * rate, work / 20)
+    by_count = work * (1 - done)
+    return ((1 - done) * by_time + done * by_count) / rate
 
 
 def share_ends(running: list[float], waiting: list[float], rate: float, slots: int, now: float) -> list[float]:

@@ -105,8 +105,9 @@ class ProgressBar(threading.Thread):
 
 
 class Eta:
-    """The bar's estimated end, as the clock will show it: the run's pace blended with its estimate's tokens at the
-    estimate's rate (batchfile/eta.py), the same arithmetic as the API's estimated_completion_at."""
+    """The bar's estimated end, as the clock will show it: the run's time and its fraction done, against its
+    estimate's tokens at the estimate's rate (batchfile/eta.py), the same arithmetic as the API's
+    estimated_completion_at."""
 
     def __init__(self, work: float = 0.0, tokens_per_s: float = 0.0):
         self.work, self.tokens_per_s = work, tokens_per_s

@@ -17,13 +17,13 @@ def waiting(batch_id: str, work: float | None, *, priority: int = 0, rank: int |
                  input_bytes=input_bytes)
 
 
-def test_a_running_batch_blends_its_own_pace_with_its_remaining_tokens():
-    # Half done in 20 s: its pace says 20 s more; its 500 tokens left at 10/s say 50 s; half each.
-    assert running_remaining_s(1000, 10, 0.5, 20) == pytest.approx(35)
+def test_a_running_batch_blends_the_time_it_ran_with_the_fraction_done():
+    # Half done in 20 s at 10 tokens/s: by time 800 tokens left, by count 500, each counting a half.
+    assert running_remaining_s(1000, 10, 0.5, 20) == pytest.approx(65)
     # Nothing visible done yet: its tokens less what 20 s should have done; overdue, a twentieth of them.
     assert running_remaining_s(1000, 10, 0.0, 20) == pytest.approx(80)
     assert running_remaining_s(1000, 10, 0.0, 500) == pytest.approx(5)
-    assert running_remaining_s(1000, 10, 0.9, 90) == pytest.approx(0.9 * 10 + 0.1 * 10)
+    assert running_remaining_s(1000, 10, 0.9, 90) == pytest.approx(0.1 * 10 + 0.9 * 10)
     assert running_remaining_s(1000, 10, 1.0, 90) == 0
 
 
@@ -81,7 +81,8 @@ def test_the_progress_bar_shows_the_end_on_the_clock(monkeypatch):
     monkeypatch.setattr(time, "time", lambda: NOW)
     eta = Eta.of({"input_tokens": 100, "max_output_tokens": 900, "tokens_per_s": 10.0})
     assert eta.clock(0.0, 0.0) == time.strftime("%H:%M:%S", time.localtime(NOW + 100))
-    assert eta.clock(0.5, 10.0) == time.strftime("%H:%M:%S", time.localtime(NOW + 0.5 * 10 + 0.5 * 50))
+    # Half done after 10 s: by time 900 tokens left, by count 500, half each, at 10 tokens/s.
+    assert eta.clock(0.5, 10.0) == time.strftime("%H:%M:%S", time.localtime(NOW + (0.5 * 900 + 0.5 * 500) / 10))
     assert Eta.of(None).clock(0.0, 0.0) == "?"  # no estimate and nothing done: nothing to say yet
 
 

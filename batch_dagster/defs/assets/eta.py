@@ -66,7 +66,8 @@ class RunEta:
     def observation(self, context: dg.AssetExecutionContext, done: int) -> dg.AssetObservation:
         now = time.time()
         share = max(1 - self.done_before / self.total, 1e-9)  # the part of the batch this step runs
-        # Its pace counts from this step's start, over the requests it finished (not those committed before).
+        # Its time counts from this step's start, its fraction over the requests it finished (not those committed
+        # before).
         ran = (done - self.done_before) / self.total / share
         left = running_remaining_s(self.work * share, self.rate, ran, now - self.started)
         return dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata={
