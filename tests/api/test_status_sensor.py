@@ -210,3 +210,29 @@ def test_a_retry_run_is_followed_in_place_of_the_run_the_batch_recorded(env):
     with resources["database"].session() as session:
         batch = repo.get_batch(session, "a", "batch_retried")
         assert (batch.status, batch.run_id) == ("in_progress", retry.run_id)
+
+
+def test_a_burst_of_runs_ending_at_once_spreads_over_ticks_and_every_batch_ends(env, monkeypatch):
+    """Past the tick's budget the batches to follow whole wait for the next tick, each tick moving at least its
+    minimum: a burst of thousands costs several short ticks, never one of minutes, and none is lost."""
+    instance, resources, storage, _ = env
+    monkeypatch.setattr(api_batches, "RUN_CURSOR_OVERLAP_S", 0.0)
+    monkeypatch.setattr(api_batches, "FOLLOW_BUDGET_S", 0.0)  # every tick is over it at once
+    monkeypatch.setattr(api_batches, "MIN_FOLLOWED_PER_TICK", 2)
+    ids = [f"batch_{i:02d}" for i in range(5)]
+    runs = {}
+    for batch_id in ids:
+        _in_progress(resources, storage, batch_id)
+        runs[batch_id] = _run(instance, batch_id)
+    _, cursor = tick(instance, resources)  # the first: a sweep, two by two
+    for _ in range(3):
+        _, cursor = tick(instance, resources, cursor)
+    for run in runs.values():  # all five runs fail at once
+        instance.report_run_failed(run, "the run worker died")
+    moved = []
+    for _ in range(5):
+        message, cursor = tick(instance, resources, cursor)
+        moved.append(int(message.split()[0]))
+    assert moved[:3] == [2, 2, 1] and sum(moved) == 5, moved
+    with resources["database"].session() as session:
+        assert not repo.active_batches(session)

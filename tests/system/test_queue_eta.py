@@ -1,7 +1,8 @@
-"""Queue position and ETA under serve on the real engine, through the openai SDK: with one run of the model at a time
-(BATCH_RUNS_PER_MODEL=1), a batch behind another shows queue_position 1 while the first runs at 0, both with a
-plausible estimated_completion_at; both null once ended; the waiting one's run is tagged with its place; the validated batch carries the estimate POST /estimate
-answered, its input_tokens the engine's."""
+"""Queue position, ETA and priority under serve on the real engine, through the openai SDK: with one run of the model
+at a time (BATCH_RUNS_PER_MODEL=1), while a first batch runs at queue_position 0, an urgent batch (priority 5)
+submitted after a normal one waits at 1 and the normal one at 2, each with a plausible estimated_completion_at in
+that order; the urgent one starts next; all null once ended; a waiting run is tagged with its place; the validated
+batch carries the estimate POST /estimate answered, its input_tokens the engine's."""
 
 from __future__ import annotations
 
@@ -30,38 +31,47 @@ def test_a_batch_waits_in_place_and_both_end_near_their_eta(tmp_path, vllm_serve
             with open(write_jsonl(tmp_path / f"{name}.jsonl", rows), "rb") as f:
                 return client.files.create(file=f, purpose="batch").id
 
-        def create(file_id: str):
+        def create(file_id: str, priority: int = 0):
             return client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
-                                         completion_window="24h")
+                                         completion_window="24h", extra_body={"priority": priority})
 
-        first_file, second_file = upload("a", 12), upload("b", 3)
+        first_file, second_file, urgent_file = upload("a", 12), upload("b", 3), upload("c", 3)
         # The first estimate of a model loads its tokenizer in the API (transformers and torch): past 30 s here.
         expected = client.post("/batches/estimate", cast_to=object, options={"timeout": 300}, body={
             "input_file_id": second_file, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
         first, second = create(first_file), create(second_file)
+        urgent = create(urgent_file, priority=5)
         seen, tags = [], {}
         deadline = time.time() + 600
         while (second := client.batches.retrieve(second.id)).status not in ("completed", "failed"):
             assert time.time() < deadline and serve.proc.poll() is None, serve.logs()
-            first = client.batches.retrieve(first.id)
-            seen.append((time.time(), first.status, first.queue_position, second.status, second.queue_position,
-                         first.estimated_completion_at, second.estimated_completion_at))
+            first, urgent = client.batches.retrieve(first.id), client.batches.retrieve(urgent.id)
+            seen.append((time.time(), first.status, first.queue_position, urgent.queue_position, second.status,
+                         second.queue_position, first.estimated_completion_at, urgent.estimated_completion_at,
+                         second.estimated_completion_at))
             if second.queue_position == 1 and POSITION_TAG not in tags:  # its queued run's tags show it too
                 with serve.instance() as instance:
                     runs = instance.get_runs(dg.RunsFilter(job_name="batch_job",
                                                            tags={"dagster/partition": second.id}), limit=1)
                     tags = dict(runs[0].tags) if runs else {}
             time.sleep(0.3)
-        first = client.batches.retrieve(first.id)
+        first, urgent = client.batches.retrieve(first.id), client.batches.retrieve(urgent.id)
 
-    # While the first ran, the second waited first in line, each with an end in the future.
-    waiting = [s for s in seen if s[1] == "in_progress" and s[2] == 0 and s[3] == "validating" and s[4] == 1]
+    # While the first ran, the urgent batch waited first in line and the normal one behind it, each with an end in
+    # the future, in that order.
+    waiting = [s for s in seen if s[1] == "in_progress" and s[2] == 0 and s[3] == 1 and s[4] == "validating"
+               and s[5] == 2]
     assert waiting, seen
-    at, *_, first_eta, second_eta = waiting[-1]
+    at, *_, first_eta, urgent_eta, second_eta = waiting[-1]
     assert tags[POSITION_TAG] == "1" and ETA_TAG in tags, tags
-    assert at - 5 <= first_eta <= second_eta <= at + 3600, waiting[-1]
+    assert at - 5 <= first_eta <= urgent_eta <= second_eta <= at + 3600, waiting[-1]
+    # The urgent batch, submitted last, ran before the normal one.
+    assert urgent.in_progress_at is not None and second.in_progress_at is not None
+    assert urgent.in_progress_at <= second.in_progress_at, (urgent, second)
+    assert urgent.completed_at is not None and second.completed_at is not None
+    assert urgent.completed_at <= second.completed_at
     # Once ended: no place, no end; the estimate is the one POST /estimate made, in the engine's own tokens.
-    for batch in (first, second):
+    for batch in (first, urgent, second):
         assert batch.status == "completed", serve.logs()
         assert batch.queue_position is None and batch.estimated_completion_at is None
     assert second.estimate["input_tokens"] == expected["input_tokens"] == second.usage.input_tokens
