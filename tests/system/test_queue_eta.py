@@ -40,9 +40,13 @@ def test_a_batch_waits_in_place_and_both_end_near_their_eta(tmp_path, vllm_serve
         expected = client.post("/batches/estimate", cast_to=object, options={"timeout": 300}, body={
             "input_file_id": second_file, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
         first, second = create(first_file), create(second_file)
-        urgent = create(urgent_file, priority=5)
         seen, tags = [], {}
         deadline = time.time() + 600
+        # The urgent batch comes once the first runs (sent at once, it would start first of all).
+        while (first := client.batches.retrieve(first.id)).status == "validating":
+            assert time.time() < deadline and serve.proc.poll() is None, serve.logs()
+            time.sleep(0.3)
+        urgent = create(urgent_file, priority=5)
         while (second := client.batches.retrieve(second.id)).status not in ("completed", "failed"):
             assert time.time() < deadline and serve.proc.poll() is None, serve.logs()
             first, urgent = client.batches.retrieve(first.id), client.batches.retrieve(urgent.id)
@@ -61,11 +65,11 @@ def test_a_batch_waits_in_place_and_both_end_near_their_eta(tmp_path, vllm_serve
     # the future, in that order.
     waiting = [s for s in seen if s[1] == "in_progress" and s[2] == 0 and s[3] == 1 and s[4] == "validating"
                and s[5] == 2]
-    assert waiting, seen
+    assert waiting, [s[1:6] for i, s in enumerate(seen) if i == 0 or s[1:6] != seen[i - 1][1:6]]  # each state once
     at, *_, first_eta, urgent_eta, second_eta = waiting[-1]
     assert tags[POSITION_TAG] == "1" and ETA_TAG in tags, tags
     assert at - 5 <= first_eta <= urgent_eta <= second_eta <= at + 3600, waiting[-1]
-    # The urgent batch, submitted last, ran before the normal one.
+    # The urgent batch, submitted last, ran before the normal one (the next to start).
     assert urgent.in_progress_at is not None and second.in_progress_at is not None
     assert urgent.in_progress_at <= second.in_progress_at, (urgent, second)
     assert urgent.completed_at is not None and second.completed_at is not None
