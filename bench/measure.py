@@ -200,7 +200,7 @@ def run_measured(
     finally:
         wall = time.perf_counter() - started
         if proc.poll() is None:
-            _stop_group(proc)
+            stop_group(proc)
         for t in threads:
             t.join(10)
         if follower:
@@ -215,8 +215,8 @@ def run_measured(
                     {f"{name} {pid}": round(rss / 2**20, 1) for pid, (name, rss) in peak_by_pid.items()})
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
-    """Stop a stage that overran or hung: SIGINT to its process group, then SIGKILL."""
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop a process group (a stage that overran or hung, a server a bench started): SIGINT, then SIGKILL."""
     for sig, wait in ((signal.SIGINT, 20), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from bench.api_load import OWN_PREFIXES
+from bench.measure import stop_group
 from bench.postgres import _free_port
 from bench.scale import REPO, Sizes, Stores
 
@@ -67,13 +67,7 @@ def webserver(s: Stores) -> Iterator[str]:
             time.sleep(0.5)
         yield url
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
         log.close()
 
 
