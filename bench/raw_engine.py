@@ -3,7 +3,7 @@
 The engine settings are the registry's (`OfflineEngine(spec, path).llm_kwargs()`), so this is the
 same engine the pipeline builds. Prints one JSON object: engine_start_s (the `LLM(...)`
 constructor), inference_s (the one `llm.chat` call, chat templating included), output_tokens,
-prompt and prefix-cache-hit tokens (per request and vLLM's own counters), written to RESULT.json
+prompt and prefix-cache-hit tokens (per request and vLLM's own counters), each answer's text, written to RESULT.json
 (vLLM logs to stdout).
 
     python -m bench.raw_engine INPUT.jsonl LLM_KWARGS_JSON RESULT.json
@@ -18,11 +18,13 @@ import time
 
 def main() -> None:
     input_path, kwargs_json, result_path = sys.argv[1:4]
-    conversations, params_kwargs = [], []
+    conversations, params_kwargs, custom_ids = [], [], []
     with open(input_path, "rb") as f:
         for raw in f:
             if raw.strip():
-                body = json.loads(raw)["body"]
+                line = json.loads(raw)
+                custom_ids.append(line["custom_id"])
+                body = line["body"]
                 conversations.append(body["messages"])
                 params_kwargs.append({"max_tokens": body["max_tokens"], "temperature": body["temperature"]})
 
@@ -58,6 +60,7 @@ def main() -> None:
             "cached_tokens": cached_tokens,
             "output_tokens": output_tokens,
             "engine_counters": counters,
+            "answers": {cid: out.outputs[0].text for cid, out in zip(custom_ids, outputs, strict=True)},
         }, f)
     llm.llm_engine.engine_core.shutdown(timeout=0)  # as run_batch does: no 5 s grace period at exit
 

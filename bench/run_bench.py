@@ -31,10 +31,16 @@ input (bench/workload.py), the same model and the same engine settings (the regi
   vllm:prompt_tokens and vllm:prefix_cache_hits) as `engine_counters`, a cross-check.
 
 Workloads (bench/workload.py): BENCH_WORKLOAD=mixed (the default; BENCH_REQUESTS lines) or
-BENCH_WORKLOAD=docqa (requests sharing context: BENCH_DOCQA_DOCS documents, default 100, times
+BENCH_WORKLOAD=docqa (requests sharing context: BENCH_DOCQA_DOCS documents, default 60, times
 BENCH_DOCQA_QUESTIONS questions each, default 5; BENCH_REQUESTS is not used).
 
-Environment: BENCH_REQUESTS (default 5000), BENCH_MODEL (default smollm2-135m-instruct),
+Answers: each stage's answer text per custom_id is compared with run_batch's, and the report's `answers` gives,
+per stage, how many are identical (`identical` of `compared`): "same outputs" is measured, not assumed. In
+bfloat16 greedy answers depend on how requests are batched and whether a prefix came from the cache;
+BENCH_DTYPE=float32 runs every stage in float32 (a registry copy naming that dtype), where they do not.
+
+Environment: BENCH_REQUESTS (default 5000), BENCH_MODEL (default smollm2-135m-instruct), BENCH_DTYPE (default:
+the registry's, `auto`),
 BENCH_STAGES (comma list, default all three), BENCH_OUT (default bench/results/latest.json),
 BENCH_PROFILE=1 (record a py-spy speedscope profile of each stage next to BENCH_OUT),
 BENCH_KEEP_WORK=1 (keep the temporary work folder with every stage's timed log),
@@ -142,6 +148,7 @@ def stage_raw_engine(ctx: dict[str, Any]) -> dict[str, Any]:
     engine = _engine_span(m, "raw_engine")
     if end is None:
         raise StageFailed(f"raw_engine: no 'BENCH inference done' line:\n{m.tail()}")
+    ctx["answers"]["raw_engine"] = res["answers"]
     return _metrics(m, engine, end, res["output_tokens"],
                     requests_completed=res["requests"], requests_failed=0,
                     llm_constructor_s=res["engine_start_s"], chat_call_s=res["inference_s"],
@@ -170,6 +177,7 @@ def stage_run_batch(ctx: dict[str, Any]) -> dict[str, Any]:
     if end is None:
         raise StageFailed(f"run_batch: no 'Writing outputs' line:\n{m.tail()}")
     completed = failed = tokens = prompt = cached = 0
+    ctx["answers"]["run_batch"] = answers_of(out)
     with open(out, "rb") as f:
         for raw in f:
             line = orjson.loads(raw)
@@ -230,7 +238,7 @@ def _dagster_timeline(home: Path, launched_at: float) -> dict[str, Any]:
 
 def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
     """`batch-dagster run FILE --out DIR --json`, through Dagster, in a fresh DAGSTER_HOME and data dir."""
-    from batch_dagster.batchfile.folder import BatchFolder, batch_ids
+    from batch_dagster.batchfile.folder import OUTPUT, BatchFolder, batch_ids
     from batch_dagster.settings import Settings
     from batch_dagster.storage import LocalStorage
 
@@ -256,6 +264,7 @@ def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
     if len(done) != 1 or done[0] is None:
         raise StageFailed(f"pipeline: expected one finished batch, found {ids}:\n{m.tail()}")
     summary = done[0].to_dict()
+    ctx["answers"]["pipeline"] = answers_of(out / OUTPUT)
     timeline = _dagster_timeline(home, m.launched_at)
     step = timeline["steps"].get("shard_results")
     if not step:
@@ -267,6 +276,47 @@ def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
                     prompt_tokens=usage["input_tokens"],
                     cached_prompt_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
                     summary_inference_s=summary.get("inference_s"), dagster=timeline)
+
+
+def answers_of(output_file: Path) -> dict[str, str]:
+    """custom_id -> the answer's text, from an OpenAI Batch output file (run_batch's and the pipeline's alike)."""
+    answers = {}
+    with open(output_file, "rb") as f:
+        for raw in f:
+            line = orjson.loads(raw)
+            body = (line.get("response") or {}).get("body") or {}
+            choice = (body.get("choices") or [{}])[0]
+            answers[line["custom_id"]] = (choice.get("message") or {}).get("content") or choice.get("text") or ""
+    return answers
+
+
+def same_answers(answers: dict[str, dict[str, str]], reference: str = "run_batch") -> dict[str, Any]:
+    """Per stage, how many of the reference stage's answers it gave identically (same custom_id, same text)."""
+    ref = answers.get(reference)
+    if ref is None:
+        return {}
+    return {"reference": reference} | {
+        stage: {"identical": sum(got.get(cid) == text for cid, text in ref.items()), "compared": len(ref)}
+        for stage, got in answers.items() if stage != reference
+    }
+
+
+def registry_in_dtype(registry: Path, model: str, dtype: str, out: Path) -> Path:
+    """A copy of the registry with `model` alone, its dtype set: every stage (the pipeline's process too) reads it."""
+    import tomllib
+
+    from batch_dagster.batchfile.registry import parse_registry
+
+    spec = parse_registry(tomllib.loads(registry.read_text()))[model]
+
+    def value(v: Any) -> str:
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        return json.dumps(v)  # strings, numbers and booleans are written alike in JSON and TOML
+
+    fields = {k: v for k, v in vars(spec).items() if k != "name" and v is not None} | {"dtype": dtype}
+    out.write_text(f"[models.{model}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in fields.items()))
+    return out
 
 
 RUNNERS = {"raw_engine": stage_raw_engine, "run_batch": stage_run_batch, "pipeline": stage_pipeline}
@@ -299,9 +349,13 @@ def markdown_table(report: dict[str, Any]) -> str:
                                                      if r.get(k) is not None else "-" for k in METRICS)]) + " |")
     meta = report["meta"]
     ratio_text = ", ".join(f"{k} = {v}" for k, v in report["ratios"].items() if v is not None)
-    return "\n".join(rows) + (f"\n\n{meta['requests']:,} requests ({meta['workload']}), model {meta['model']}, "
-                              f"{meta['machine']}."
-                              + (f"\nRatios: {ratio_text}." if ratio_text else ""))
+    answers = report.get("answers") or {}
+    same = ", ".join(f"{stage} {a['identical']:,}/{a['compared']:,}" for stage, a in answers.items()
+                     if stage != "reference")
+    return "\n".join(rows) + (f"\n\n{meta['requests']:,} requests ({meta['workload']}), model {meta['model']} in "
+                              f"{meta['dtype']['dtype']}, {meta['machine']}."
+                              + (f"\nRatios: {ratio_text}." if ratio_text else "")
+                              + (f"\nAnswers identical to {answers['reference']}'s: {same}." if same else ""))
 
 
 def machine() -> str:
@@ -361,10 +415,16 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     keep = os.environ.get("BENCH_KEEP_WORK") == "1"
 
+    work = Path(tempfile.mkdtemp(prefix="batch-dagster-bench-"))
+    dtype = os.environ.get("BENCH_DTYPE")
+    if dtype:  # the stages' processes inherit it
+        from batch_dagster.settings import Settings
+
+        os.environ["BATCH_MODELS_FILE"] = str(registry_in_dtype(Settings.from_env().models_file, model, dtype,
+                                                                work / "models.toml"))
     vllm = resources_from_env()["vllm"]
     spec = vllm.spec(model)
-    work = Path(tempfile.mkdtemp(prefix="batch-dagster-bench-"))
-    ctx = {"work": work, "spec": spec, "model_path": vllm.model_path(spec), "out": out,
+    ctx = {"work": work, "spec": spec, "model_path": vllm.model_path(spec), "out": out, "answers": {},
            "profile": os.environ.get("BENCH_PROFILE") == "1",
            "timeout_s": float(os.environ.get("BENCH_STAGE_TIMEOUT_S") or 4 * 3600),
            "quiet_wait_s": float(os.environ.get("BENCH_QUIET_WAIT_S") or 600),
@@ -405,6 +465,7 @@ def main() -> None:
             r = report[stage]
             print(f"bench: {stage} done in {time.perf_counter() - started:.0f} s: "
                   + ", ".join(f"{k}={r.get(k)}" for k in METRICS), file=sys.stderr, flush=True)
+            report["answers"] = same_answers(ctx["answers"]) or report.get("answers")
             _write(out, report)  # after every stage, so a run stopped midway keeps what it measured
     finally:
         if keep or failed:

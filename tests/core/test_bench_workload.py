@@ -198,3 +198,29 @@ def test_the_eta_bench_measures_each_moments_first_eta_against_the_batchs_whole_
     summary = summarize([errors, {"queued": 0.3}])
     assert summary["queued"] == {"batches": 2, "median": 0.2, "worst": 0.3}
     assert summary["mid_run"]["batches"] == 1
+
+
+def test_registry_in_dtype_keeps_the_entry_and_sets_its_dtype(tmp_path):
+    import tomllib
+
+    from batch_dagster.batchfile.registry import load_registry
+    from batch_dagster.settings import Settings
+    from bench.run_bench import registry_in_dtype
+
+    registry = Settings.from_env().models_file
+    model = "smollm2-135m-instruct"
+    copy = registry_in_dtype(registry, model, "float32", tmp_path / "models.toml")
+    assert list(tomllib.loads(copy.read_text())["models"]) == [model]
+    before, after = load_registry(registry)[model], load_registry(copy)[model]
+    assert after.dtype == "float32" and before.dtype == "auto"
+    assert vars(after) | {"dtype": "auto"} == vars(before)  # nothing else changed, engine_args included
+
+
+def test_same_answers_counts_identical_texts_by_custom_id():
+    from bench.run_bench import same_answers
+
+    answers = {"run_batch": {"a": "x", "b": "y", "c": "z"}, "pipeline": {"c": "z", "a": "x", "b": "Y"},
+               "raw_engine": {"a": "x"}}
+    assert same_answers(answers) == {"reference": "run_batch", "pipeline": {"identical": 2, "compared": 3},
+                                     "raw_engine": {"identical": 1, "compared": 3}}
+    assert same_answers({"pipeline": {"a": "x"}}) == {}  # no reference stage ran

@@ -51,6 +51,12 @@ def test_bench_three_stages_tiny(tmp_path):
     assert report["ratios"]["pipeline_vs_run_batch_wall"] > 0
     assert report["ratios"]["pipeline_vs_raw_engine_tok_s"] > 0
     assert "| pipeline |" in done.stdout
+    # Every stage's answers are compared with run_batch's, custom_id by custom_id.
+    answers = report["answers"]
+    assert answers["reference"] == "run_batch"
+    for stage in ("raw_engine", "pipeline"):
+        assert answers[stage]["compared"] == 8 and 0 <= answers[stage]["identical"] <= 8
+    assert "Answers identical to run_batch's: raw_engine " in done.stdout
 
 
 @pytest.mark.engine
