@@ -44,7 +44,7 @@ XDIST := -n auto --maxprocesses 4
 
 test: lint
 	$(PY) -m pytest -q $(XDIST) $(FAST_TIERS)
-	$(PY) -m pytest -q tests/system
+	$(PY) -m pytest -q --durations=25 tests/system
 
 # The type check runs beside the tests (they wait on sockets and polls more than they use the cores), and its
 # verdict is printed after theirs: a type error still fails the target.
