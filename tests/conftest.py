@@ -85,9 +85,9 @@ def data_dir(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture
 def instance():
-    import dagster as dg
+    from tests.helpers import dagster_instance
 
-    with dg.instance_for_test() as inst:
+    with dagster_instance() as inst:
         yield inst
 
 

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import dagster as dg
-from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import responses
@@ -32,7 +31,7 @@ from batch_dagster.batchfile.results import committed_shards, shard_keys
 from batch_dagster.defs.assets.batch import lifecycle_assets
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
-from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.defs.resources import LazyS3Resource, PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.engine import translate as t
 from batch_dagster.engine.base import EngineCrash, Line, Request
 from batch_dagster.settings import Settings
@@ -50,6 +49,16 @@ CHAT_MODEL = "smollm2-135m-instruct"
 EMBED_MODEL = "all-minilm-l6-v2"
 # Run config that keeps in-process runs quiet.
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+# Dagster's test instance keeps each run's stdout and stderr by starting a `tail` and a Python watcher for each
+# (dagster/_core/execution/compute_logs.py): four processes and about half a second a run. Only the tests of the
+# logs themselves (test_retention.py) ask for them.
+NO_STEP_LOGS = {"compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager",
+                                 "class": "NoOpComputeLogManager"}}
+
+
+def dagster_instance(step_logs: bool = False):
+    """A test Dagster instance (a context manager), without the runs' step logs unless asked."""
+    return dg.instance_for_test(overrides=None if step_logs else NO_STEP_LOGS)
 
 
 # Batch files.
@@ -98,7 +107,7 @@ def wait_http(url: str, timeout_s: float, proc=None) -> None:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(1)
+        time.sleep(0.1)  # a server up in 1.1 s is seen then, not at 2 s (moto's S3 once per module)
     raise TimeoutError(url)
 
 
@@ -162,7 +171,7 @@ def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storag
         assets=lifecycle_assets,
         asset_checks=lifecycle_checks,
         jobs=[batch_job],
-        resources={"storage": StorageResource(data_dir=str(data_dir), url=storage_url), "vllm": vllm, "s3": S3Resource(),
+        resources={"storage": StorageResource(data_dir=str(data_dir), url=storage_url), "vllm": vllm, "s3": LazyS3Resource(),
                    "pipeline": PipelineConfig(shard_size=shard_size, **pipeline)},
     )
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.folder import BatchFolder, Validation
@@ -16,7 +15,7 @@ from batch_dagster.db.batches import add_input_file, create_batch
 from batch_dagster.defs.assets.batch import lifecycle_assets
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
-from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource
+from batch_dagster.defs.resources import DatabaseResource, LazyS3Resource, PipelineConfig, StorageResource
 from batch_dagster.defs.runner import run_batch
 from batch_dagster.engine.hardware import dtype_choice
 from batch_dagster.engine.models import Models
@@ -35,7 +34,7 @@ def defs_with_limit(data_dir: Path, limit: int, url: str) -> dg.Definitions:
     vllm = fake_vllm("token-limit", FakeEngine())
     return dg.Definitions(
         assets=lifecycle_assets, asset_checks=lifecycle_checks, jobs=[batch_job],
-        resources={"storage": StorageResource(data_dir=str(data_dir)), "vllm": vllm, "s3": S3Resource(),
+        resources={"storage": StorageResource(data_dir=str(data_dir)), "vllm": vllm, "s3": LazyS3Resource(),
                    "database": DatabaseResource(url=url),
                    "pipeline": PipelineConfig(max_enqueued_tokens=limit, store_url=url)},
     )

@@ -4,7 +4,9 @@ from .database import DatabaseResource
 from .drops import Intake
 from .pipeline import PipelineConfig
 from .retention import Retention
+from .s3 import LazyS3Resource
 from .storage import StorageResource
 from .vllm import VLLMResource
 
-__all__ = ["DatabaseResource", "StorageResource", "Intake", "PipelineConfig", "Retention", "VLLMResource"]
+__all__ = ["DatabaseResource", "StorageResource", "Intake", "LazyS3Resource", "PipelineConfig", "Retention",
+           "VLLMResource"]

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal, cast
 
-from dagster_aws.s3 import S3Resource
-
 from batch_dagster.settings import Settings
 
 from .database import DatabaseResource
 from .drops import intake_from_env
 from .pipeline import env_or, pipeline_config_from_env
 from .retention import retention_from_env
+from .s3 import LazyS3Resource
 from .storage import StorageResource
 from .vllm import VLLMResource
 from .webhooks import webhooks_from_env
@@ -30,7 +29,7 @@ def resources_from_env() -> dict[str, Any]:
         "storage": StorageResource(data_dir=str(settings.data_dir), url=settings.storage_url),
         "pipeline": pipeline_config_from_env(settings),
         # Endpoint, region and credentials come from boto3's own variables (AWS_ENDPOINT_URL, AWS_*).
-        "s3": S3Resource(),
+        "s3": LazyS3Resource(),
         "vllm": VLLMResource(
             # BATCH_ENGINE_MODE is free text; the resource's pydantic config rejects any other value.
             mode=cast(Literal["offline", "server"], settings.engine_mode),
