@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 ENGINE_TAG = "batch/engine"
 MODEL_TAG = "batch/model"
@@ -56,6 +57,18 @@ concurrency:
         limit: {runs_per_model}
 {END}
 """
+
+
+def model_run_limit(instance: Any) -> int | None:
+    """The runs of one model the instance's run queue lets run at once (its limit on MODEL_TAG); None without one.
+
+    The queue's own number, from its dagster.yaml (written by `batch-dagster instance`, or by a Helm chart's values),
+    not the settings of the process that asks."""
+    queue = instance.get_concurrency_config().run_queue_config
+    for limit in queue.tag_concurrency_limits if queue is not None else ():
+        if limit.get("key") == MODEL_TAG:
+            return int(limit["limit"])
+    return None
 
 
 def with_run_limits(config: str, offline_runs: int, runs_per_model: int) -> str:

@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 
 from batch_dagster.defs.instance import ensure_dagster_home
+from batch_dagster.defs.run_limits import model_run_limit
 from batch_dagster.defs.runner import run_batch
 from batch_dagster.settings import Settings
 from tests.helpers import CHAT_MODEL, FAKES, FakeEngine, FakeVLLM, chat_request, make_defs, write_jsonl
@@ -26,9 +27,10 @@ def test_dagster_reads_the_run_limits_of_the_settings(tmp_path, monkeypatch, set
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     home = ensure_dagster_home()
+    offline, per_model = limits
     with dg.DagsterInstance.from_config(str(home)) as instance:
         concurrency = instance.get_concurrency_config()
-    offline, per_model = limits
+        assert model_run_limit(instance) == per_model  # what the queue ETA sensor counts as the model's slots
     assert concurrency.run_queue_config is not None
     assert concurrency.run_queue_config.tag_concurrency_limits == [
         {"key": "batch/engine", "value": "offline", "limit": offline},
