@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 
@@ -243,6 +243,111 @@ def changed_runs(instance: dg.DagsterInstance, after: float | None) -> tuple[lis
     return records, latest, len(records) >= CHANGED_RUNS_PER_TICK
 
 
+@dataclass
+class TickPlan:
+    """Which batches a status tick brings up to date, and how: `whole` ones with their latest runs (their runs changed,
+    they are watched or swept, or their run is not the one going on), the others by their run's progress document."""
+
+    found: dict[str, BatchRecord]  # every batch the tick looks at, by id
+    whole: set[str]
+    latest: dict[str, dg.DagsterRun]  # of the batches followed whole, their latest run (none: no run yet)
+    going_on: dict[tuple[str, str | None], dg.DagsterRun]  # the runs going on, by (batch id, run id)
+    newest: dict[str, dg.RunRecord]  # of each batch whose runs changed, its newest changed run
+    swept: list[BatchRecord]  # the sweep's chunk this tick, by pk
+    sweep_from: int | None  # the pk the sweep's chunk started after (None: no pass under way)
+
+    def in_order(self) -> list[BatchRecord]:
+        """Those followed whole first (oldest first), then the progress reads: the budget never starves an end."""
+        return sorted(self.found.values(), key=lambda b: (b.id not in self.whole, b.pk))
+
+
+def plan_tick(instance: dg.DagsterInstance, session: Session, cursor: StatusCursor, changed: list[dg.RunRecord],
+              running: Sequence[dg.DagsterRun]) -> TickPlan:
+    """The tick's batches from the runs changed since the cursor, the runs going on, the watch list and the sweep
+    (whose place it moves on in `cursor`)."""
+    newest = dict[str, dg.RunRecord]()
+    for record in changed:
+        batch_id = record.dagster_run.tags.get(PARTITION_TAG, "")
+        if batch_id not in newest or record.storage_id > newest[batch_id].storage_id:
+            newest[batch_id] = record
+    whole = newest.keys() | set(cursor.watch)
+    going_on: dict[tuple[str, str | None], dg.DagsterRun] = {
+        (r.tags.get(PARTITION_TAG, ""), r.run_id): r for r in running}
+    swept, sweep_from = list[BatchRecord](), cursor.sweep_after
+    if cursor.sweep_after is not None:
+        swept = repo.active_batches(session, limit=SWEEP_CHUNK, after=cursor.sweep_after)
+        cursor.sweep_after = swept[-1].pk if len(swept) == SWEEP_CHUNK else None
+    found = {b.id: b for b in swept}
+    others = (whole | {batch_id for batch_id, _ in going_on}) - found.keys()
+    found.update((b.id, b) for b in repo.active_batches_by_id(session, others))
+    swept_ids = {b.id for b in swept}
+    whole |= swept_ids
+    whole |= {b.id for b in found.values() if b.id not in whole and (b.id, b.run_id) not in going_on}
+    # A batch's newest changed run is its latest when it is the one it records (a later one would have changed
+    # since too); the others' latest runs are queried, in one query per 500.
+    known = {b.id: newest[b.id].dagster_run for b in found.values()
+             if b.id in newest and newest[b.id].dagster_run.run_id == b.run_id and b.id not in swept_ids}
+    latest = {**latest_runs(instance, (whole & found.keys()) - known.keys()), **known}
+    return TickPlan(found, whole, latest, going_on, newest, swept, sweep_from)
+
+
+@dataclass
+class TickDone:
+    """What following a plan did: status changes, the runs seen, the batches to watch and those left for later."""
+
+    moved: int = 0
+    followed: set[str] = field(default_factory=set)  # run ids
+    watch: list[str] = field(default_factory=list)
+    postponed: list[BatchRecord] = field(default_factory=list)
+
+
+def follow_plan(context: dg.SensorEvaluationContext, session: Session, folders: Storage, plan: TickPlan,
+                pipeline: PipelineConfig, started_at: float) -> TickDone:
+    """Each planned batch brought up to date; past FOLLOW_BUDGET_S (and MIN_FOLLOWED_PER_TICK), the batches to follow
+    whole are postponed."""
+    done, followed_whole = TickDone(), 0
+    for batch in plan.in_order():
+        batch_id, before, whole = batch.id, batch.status, batch.id in plan.whole
+        if whole and followed_whole >= MIN_FOLLOWED_PER_TICK and time.time() - started_at > FOLLOW_BUDGET_S:
+            done.postponed.append(batch)
+            continue
+        followed_whole += whole
+        try:
+            if whole:
+                if _follow(context, session, folders, batch, plan.latest.get(batch_id), done.followed, pipeline):
+                    done.watch.append(batch_id)
+            else:
+                _follow_progress(context, session, folders, batch, plan.going_on[(batch_id, batch.run_id)],
+                                 done.followed)
+        except Exception as exc:  # a value the store refuses, a damaged document: the other batches still move
+            session.rollback()
+            context.log.error(f"{batch_id}: could not be brought up to date ({str(exc)[:500]}); left as stored, "
+                              "tried again on the next tick")
+            done.watch.append(batch_id)
+            continue
+        if batch.status != before:
+            done.moved += 1
+            context.log.info(f"{batch_id}: {before} -> {batch.status}")
+    return done
+
+
+def next_cursor(cursor: StatusCursor, plan: TickPlan, done: TickDone, latest_change: float) -> StatusCursor:
+    """Where the next tick starts. The postponed batches are taken up again: the changed runs from the earliest one
+    not followed, the sweep from its first batch not swept, the watched ones still watched (a batch whose run started
+    unseen is one again by itself). (Just before the earliest: the run storage's updated_after is strict.)"""
+    watch = list(done.watch)
+    if done.postponed:
+        newest, swept_pks = plan.newest, {b.pk for b in plan.swept}
+        latest_change = min([latest_change, *(newest[b.id].update_timestamp.timestamp() - 0.001
+                                              for b in done.postponed if b.id in newest)])
+        first_swept = min((b.pk for b in done.postponed if b.pk in swept_pks), default=None)
+        if first_swept is not None:
+            cursor.sweep_after = max([b.pk for b in plan.swept if b.pk < first_swept], default=plan.sweep_from)
+        watch += [b.id for b in done.postponed if b.id in cursor.watch]
+    cursor.runs_after, cursor.watch = latest_change, watch[:WATCH_LIMIT]
+    return cursor
+
+
 @dg.sensor(
     minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
@@ -261,75 +366,17 @@ def api_batch_status_sensor(
     if cursor.sweep_after is None and (cursor.runs_after is None or truncated
                                        or started_at - cursor.swept_at >= SWEEP_EVERY_S):
         cursor.sweep_after, cursor.swept_at = 0, started_at  # a pass starts: a launch with no run, a change missed
-    # Followed whole: the batches whose runs changed, those to watch, and the sweep's. The others whose runs go on:
-    # by their progress document.
-    newest = dict[str, dg.RunRecord]()  # of each batch, its newest changed run
-    for record in changed:
-        batch_id = record.dagster_run.tags.get(PARTITION_TAG, "")
-        if batch_id not in newest or record.storage_id > newest[batch_id].storage_id:
-            newest[batch_id] = record
-    whole = newest.keys() | set(cursor.watch)
-    going_on: dict[tuple[str, str | None], dg.DagsterRun] = {
-        (r.tags.get(PARTITION_TAG, ""), r.run_id): r for r in running}
-    moved, followed, watch = 0, set[str](), list[str]()
     with database.session() as session:
-        swept, sweep_from = [], cursor.sweep_after
-        if cursor.sweep_after is not None:
-            swept = repo.active_batches(session, limit=SWEEP_CHUNK, after=cursor.sweep_after)
-            cursor.sweep_after = swept[-1].pk if len(swept) == SWEEP_CHUNK else None
-        found = {b.id: b for b in swept}
-        others = (whole | {batch_id for batch_id, _ in going_on}) - found.keys()
-        found.update((b.id, b) for b in repo.active_batches_by_id(session, others))
-        swept_ids = {b.id for b in swept}
-        whole |= swept_ids
-        whole |= {b.id for b in found.values() if b.id not in whole and (b.id, b.run_id) not in going_on}
-        # A batch's newest changed run is its latest when it is the one it records (a later one would have changed
-        # since too); the others' latest runs are queried, in one query per 500.
-        known = {b.id: newest[b.id].dagster_run for b in found.values()
-                 if b.id in newest and newest[b.id].dagster_run.run_id == b.run_id and b.id not in swept_ids}
-        latest = {**latest_runs(instance, (whole & found.keys()) - known.keys()), **known}
-        postponed, followed_whole = list[BatchRecord](), 0
-        # Those followed whole first (oldest first), then the progress reads: the budget never starves an end.
-        for batch in sorted(found.values(), key=lambda b: (b.id not in whole, b.pk)):
-            batch_id, before = batch.id, batch.status
-            if batch_id in whole and followed_whole >= MIN_FOLLOWED_PER_TICK \
-                    and time.time() - started_at > FOLLOW_BUDGET_S:
-                postponed.append(batch)
-                continue
-            followed_whole += batch_id in whole
-            try:
-                if batch_id in whole:
-                    if _follow(context, session, folders, batch, latest.get(batch_id), followed, pipeline):
-                        watch.append(batch_id)
-                else:
-                    _follow_progress(context, session, folders, batch, going_on[(batch_id, batch.run_id)], followed)
-            except Exception as exc:  # a value the store refuses, a damaged document: the other batches still move
-                session.rollback()
-                context.log.error(f"{batch_id}: could not be brought up to date ({str(exc)[:500]}); left as stored, "
-                                  "tried again on the next tick")
-                watch.append(batch_id)
-                continue
-            if batch.status != before:
-                moved += 1
-                context.log.info(f"{batch_id}: {before} -> {batch.status}")
+        plan = plan_tick(instance, session, cursor, changed, running)
+        done = follow_plan(context, session, folders, plan, pipeline, started_at)
         session.commit()  # the ids of the runs waiting to start
     # A stopped serve leaves the runs of ended batches (backfills) STARTED too. Until marked failed they keep their
     # place in the run queue's limits (dagster.yaml), and offline runs would wait for them for ever.
     for run in running:
-        if run.run_id not in followed and run.status == dg.DagsterRunStatus.STARTED and (gone := _gone(run)):
+        if run.run_id not in done.followed and run.status == dg.DagsterRunStatus.STARTED and (gone := _gone(run)):
             context.log.warning(f"Run {run.run_id}: {gone} Marking it failed")
             instance.report_run_failed(run, gone)
-    if postponed:
-        # Next tick takes them up again: the changed runs from the earliest one not followed, the sweep from its first
-        # batch not swept, the watched ones still watched (a batch whose run started unseen is one again by itself).
-        # (Just before the earliest: the run storage's updated_after is strict.)
-        waiting = [newest[b.id].update_timestamp.timestamp() - 0.001 for b in postponed if b.id in newest]
-        latest_change = min([latest_change, *waiting])
-        first_swept = min((b.pk for b in postponed if b.id in swept_ids), default=None)
-        if first_swept is not None:
-            cursor.sweep_after = max([b.pk for b in swept if b.pk < first_swept], default=sweep_from)
-        watch += [b.id for b in postponed if b.id in cursor.watch]
-        context.log.info(f"{len(postponed)} batch(es) left for the next tick (this one took {FOLLOW_BUDGET_S} s)")
-    cursor.runs_after, cursor.watch = latest_change, watch[:WATCH_LIMIT]
-    context.update_cursor(cursor.dumps())
-    return dg.SkipReason(f"{moved} batch(es) changed status.")
+    if done.postponed:
+        context.log.info(f"{len(done.postponed)} batch(es) left for the next tick (this one took {FOLLOW_BUDGET_S} s)")
+    context.update_cursor(next_cursor(cursor, plan, done, latest_change).dumps())
+    return dg.SkipReason(f"{done.moved} batch(es) changed status.")
