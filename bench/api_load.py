@@ -20,7 +20,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.measure import stop_service
 from bench.postgres import TempPostgres, _free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -185,13 +185,7 @@ def serve(database_url: str | None, workdir: Path):
                 raise RuntimeError(f"{exc}; serve's log:\n{log_path.read_text(errors='replace')[-3000:]}") from None
             yield f"http://127.0.0.1:{port}", log_path
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_service(proc)
 
 
 def run_on(db: str, *, clients: int, duration_s: float, max_requests: int, seed: int = 13,

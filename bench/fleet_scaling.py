@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 
 from batch_dagster.serve import fleet
-from bench.measure import tree_sample, wait_for_quiet
+from bench.measure import stop_service, tree_sample, wait_for_quiet
 
 URL_LINE = re.compile(r"^(http://\S+)/v1$")
 START_TIMEOUT_S = 900
@@ -129,17 +129,7 @@ def _start_fleet(model: str, replicas: int, policy: str, work: Path) -> tuple[su
 
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM, as a service manager stops the fleet; its process group is killed if anything is left."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+    stop_service(proc, signal.SIGTERM, 60)
 
 
 def run_one(shards: list[list[tuple[str, dict]]], model: str, replicas: int, policy: str, work: Path,

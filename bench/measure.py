@@ -228,6 +228,22 @@ def stop_group(proc: subprocess.Popen) -> None:
             continue
 
 
+def stop_service(proc: subprocess.Popen, sig: int = signal.SIGINT, wait_s: float = 90) -> None:
+    """Stop a service a bench started as its session's leader (serve, a fleet): `sig` to it, so it stops its own
+    children as it does for an operator, then SIGKILL to its process group after `wait_s`, or to what it left."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group is empty: it stopped whole
+        pass
+    proc.wait()
+
+
 def foreign_engines(own_pid: int | None = None) -> list[str]:
     """vLLM processes on the machine that are not ours: they compete for the same cores."""
     mine = set()

@@ -12,7 +12,6 @@ without a warm engine waits.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any
 from bench.api_load import OWN_PREFIXES, _free_port, _wait_http
 from bench.fleet_report import latency_phases, median, median_phases
 from bench.fleet_scaling import free_port_block
-from bench.measure import run_measured, wait_for_quiet
+from bench.measure import run_measured, stop_service, wait_for_quiet
 
 REPO = Path(__file__).resolve().parent.parent
 KEY = "bench-small-batch-key"
@@ -55,13 +54,7 @@ def serve(work: Path, model_cache: Path) -> Iterator[tuple[str, Path, Path]]:
                 time.sleep(0.5)
             yield f"http://127.0.0.1:{port}/v1", home, log_path
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_service(proc)
 
 
 def api_batch(client: Any, path: Path, timeout_s: float = 600) -> tuple[str, float, float, str]:
