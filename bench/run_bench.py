@@ -37,7 +37,8 @@ BENCH_DOCQA_QUESTIONS questions each, default 5; BENCH_REQUESTS is not used).
 Answers: each stage's answer text per custom_id is compared with run_batch's, and the report's `answers` gives,
 per stage, how many are identical (`identical` of `compared`): "same outputs" is measured, not assumed. In
 bfloat16 greedy answers depend on how requests are batched and whether a prefix came from the cache;
-BENCH_DTYPE=float32 runs every stage in float32 (a registry copy naming that dtype), where they do not.
+BENCH_DTYPE=float32 runs every stage in float32 (the pipeline's through a registry naming that dtype), where
+they do not.
 
 Environment: BENCH_REQUESTS (default 5000), BENCH_MODEL (default smollm2-135m-instruct), BENCH_DTYPE (default:
 the registry's, `auto`),
@@ -59,6 +60,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -249,6 +251,7 @@ def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
         "BATCH_DATA_DIR": str(data),
         # The prepared models stay where `make setup` put them.
         "BATCH_MODEL_CACHE": str(Settings.from_env().model_cache_dir),
+        **ctx["env"],
     }
     cli = Path(sys.executable).with_name("batch-dagster")
     # The CLI sends the engine's and Dagster's output to its run log (the summary names it): the engine's
@@ -301,21 +304,17 @@ def same_answers(answers: dict[str, dict[str, str]], reference: str = "run_batch
     }
 
 
-def registry_in_dtype(registry: Path, model: str, dtype: str, out: Path) -> Path:
-    """A copy of the registry with `model` alone, its dtype set: every stage (the pipeline's process too) reads it."""
-    import tomllib
-
-    from batch_dagster.batchfile.registry import parse_registry
-
-    spec = parse_registry(tomllib.loads(registry.read_text()))[model]
+def registry_file(spec: Any, out: Path) -> Path:
+    """A registry holding `spec` alone, for the pipeline's process (BATCH_MODELS_FILE) to run what the other stages
+    run (a BENCH_DTYPE)."""
 
     def value(v: Any) -> str:
         if isinstance(v, dict):
             return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
         return json.dumps(v)  # strings, numbers and booleans are written alike in JSON and TOML
 
-    fields = {k: v for k, v in vars(spec).items() if k != "name" and v is not None} | {"dtype": dtype}
-    out.write_text(f"[models.{model}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in fields.items()))
+    fields = {k: v for k, v in vars(spec).items() if k != "name" and v is not None}
+    out.write_text(f"[models.{spec.name}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in fields.items()))
     return out
 
 
@@ -401,6 +400,7 @@ def git_state() -> str | None:
 
 def main() -> None:
     from batch_dagster.defs.resources.from_env import resources_from_env
+    from batch_dagster.engine.hardware import dtype_choice
 
     model = os.environ.get("BENCH_MODEL") or "smollm2-135m-instruct"
     try:
@@ -416,15 +416,13 @@ def main() -> None:
     keep = os.environ.get("BENCH_KEEP_WORK") == "1"
 
     work = Path(tempfile.mkdtemp(prefix="batch-dagster-bench-"))
-    dtype = os.environ.get("BENCH_DTYPE")
-    if dtype:  # the stages' processes inherit it
-        from batch_dagster.settings import Settings
-
-        os.environ["BATCH_MODELS_FILE"] = str(registry_in_dtype(Settings.from_env().models_file, model, dtype,
-                                                                work / "models.toml"))
     vllm = resources_from_env()["vllm"]
-    spec = vllm.spec(model)
+    spec, stage_env = vllm.spec(model), {}
+    if os.environ.get("BENCH_DTYPE"):
+        spec = replace(spec, dtype=os.environ["BENCH_DTYPE"])
+        stage_env = {"BATCH_MODELS_FILE": str(registry_file(spec, work / "models.toml"))}
     ctx = {"work": work, "spec": spec, "model_path": vllm.model_path(spec), "out": out, "answers": {},
+           "env": stage_env,
            "profile": os.environ.get("BENCH_PROFILE") == "1",
            "timeout_s": float(os.environ.get("BENCH_STAGE_TIMEOUT_S") or 4 * 3600),
            "quiet_wait_s": float(os.environ.get("BENCH_QUIET_WAIT_S") or 600),
@@ -433,7 +431,7 @@ def main() -> None:
 
     report: dict[str, Any] = {"meta": {
         "requests": n, "workload": shape, "model": model, "machine": machine(),
-        "dtype": vllm.model_record(model)["dtype_choice"], "python": platform.python_version(),
+        "dtype": dtype_choice(spec.dtype).record(), "python": platform.python_version(),
         "vllm": vllm.model_record(model)["vllm_version"], "engine_settings": spec.engine_settings(),
         "input_bytes": ctx["input"].stat().st_size, "stages": stages, "git": git_state(),
         "load_avg_before": [round(x, 2) for x in psutil.getloadavg()],

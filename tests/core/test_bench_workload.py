@@ -200,20 +200,16 @@ def test_the_eta_bench_measures_each_moments_first_eta_against_the_batchs_whole_
     assert summary["mid_run"]["batches"] == 1
 
 
-def test_registry_in_dtype_keeps_the_entry_and_sets_its_dtype(tmp_path):
-    import tomllib
+def test_registry_file_holds_the_spec_alone(tmp_path):
+    from dataclasses import replace
 
     from batch_dagster.batchfile.registry import load_registry
     from batch_dagster.settings import Settings
-    from bench.run_bench import registry_in_dtype
+    from bench.run_bench import registry_file
 
-    registry = Settings.from_env().models_file
     model = "smollm2-135m-instruct"
-    copy = registry_in_dtype(registry, model, "float32", tmp_path / "models.toml")
-    assert list(tomllib.loads(copy.read_text())["models"]) == [model]
-    before, after = load_registry(registry)[model], load_registry(copy)[model]
-    assert after.dtype == "float32" and before.dtype == "auto"
-    assert vars(after) | {"dtype": "auto"} == vars(before)  # nothing else changed, engine_args included
+    spec = replace(load_registry(Settings.from_env().models_file)[model], dtype="float32")
+    assert load_registry(registry_file(spec, tmp_path / "models.toml")) == {model: spec}  # engine_args included
 
 
 def test_same_answers_counts_identical_texts_by_custom_id():
