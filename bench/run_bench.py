@@ -179,10 +179,11 @@ def stage_run_batch(ctx: dict[str, Any]) -> dict[str, Any]:
     if end is None:
         raise StageFailed(f"run_batch: no 'Writing outputs' line:\n{m.tail()}")
     completed = failed = tokens = prompt = cached = 0
-    ctx["answers"]["run_batch"] = answers_of(out)
+    answers = ctx["answers"]["run_batch"] = {}
     with open(out, "rb") as f:
         for raw in f:
             line = orjson.loads(raw)
+            answers[line["custom_id"]] = answer(line)
             response = line.get("response") or {}
             if response.get("status_code") == 200 and not line.get("error"):
                 completed += 1
@@ -281,16 +282,17 @@ def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
                     summary_inference_s=summary.get("inference_s"), dagster=timeline)
 
 
+def answer(line: dict[str, Any]) -> str:
+    """The answer's text in a line of an OpenAI Batch output file (run_batch's and the pipeline's alike)."""
+    body = (line.get("response") or {}).get("body") or {}
+    choice = (body.get("choices") or [{}])[0]
+    return (choice.get("message") or {}).get("content") or choice.get("text") or ""
+
+
 def answers_of(output_file: Path) -> dict[str, str]:
-    """custom_id -> the answer's text, from an OpenAI Batch output file (run_batch's and the pipeline's alike)."""
-    answers = {}
+    """custom_id -> the answer's text, for each line of an output file."""
     with open(output_file, "rb") as f:
-        for raw in f:
-            line = orjson.loads(raw)
-            body = (line.get("response") or {}).get("body") or {}
-            choice = (body.get("choices") or [{}])[0]
-            answers[line["custom_id"]] = (choice.get("message") or {}).get("content") or choice.get("text") or ""
-    return answers
+        return {line["custom_id"]: answer(line) for line in map(orjson.loads, f)}
 
 
 def same_answers(answers: dict[str, dict[str, str]], reference: str = "run_batch") -> dict[str, Any]:
