@@ -156,6 +156,16 @@ def success_line(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# An output line's extension key: its answer was taken from the answer store (batchfile/reuse.py), not computed
+# again, and it is billed at zero.
+REUSED = "reused"
+
+
+def reused_line(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    """An output-file line whose answer (the response `body` of an earlier request) was reused."""
+    return {**success_line(custom_id, body), REUSED: True}
+
+
 def request_error_line(
     custom_id: str,
     code: str,
@@ -192,3 +202,8 @@ def is_success(line: dict[str, Any]) -> bool:
     if not response:
         return False
     return response.get("status_code") == 200 and line.get("error") is None
+
+
+def is_billed(line: dict[str, Any]) -> bool:
+    """Whether a line's usage is billed: a request that ran now and succeeded (a reused answer costs nothing)."""
+    return is_success(line) and not line.get(REUSED)

@@ -99,7 +99,7 @@ def keep_finished(folder: BatchFolder, reason: str, prices: PriceTable) -> Summa
     with folder.storage.writing(folder.output_key) as out, folder.storage.writing(folder.error_key) as err:
         result = merge(folder.storage, folder.results_prefix, shard_count, out, err, not_run=not_run, missing_ok=True)
     folder.write_merged(Merged(status=status, request_counts=result.request_counts, usage=result.usage,
-                               error_codes=result.error_codes))
+                               error_codes=result.error_codes, reused=result.reused))
     shards = committed_shards(folder.storage, folder.results_prefix).values()
     inference_s = round(sum(s.duration_s for s in shards), 3)
     summary = Summary(

@@ -19,6 +19,7 @@ way through it, in the order of the listing below; each internal JSON document i
       summary.json        Summary: usage, cost and how the batch ran (written last)
       delivery/summary.json   what a dropped file's results carry beside them
     files/<file_id>.jsonl  uploaded, dropped and retry input files (beside the batch folders)
+    answers/               answers kept for reuse (batchfile/reuse.py)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .usage import Cost, Usage
 
 BATCHES = "batches"
 FILES = "files"
+ANSWERS = "answers"
 INPUT = "input.jsonl"
 OUTPUT = "output.jsonl"
 ERRORS = "errors.jsonl"
@@ -112,9 +114,13 @@ class Document:
 
 @dataclass
 class Declared(Document):
-    """What the batch was created with: every request's url must match `endpoint`."""
+    """What the batch was created with: every request's url must match `endpoint`; `reuse`: answers are taken from
+    the answer store and kept there (batchfile/reuse.py); `max_cost`: what a batch with no record in the metadata
+    store may spend (a table batch's; an API batch's is on its record)."""
 
     endpoint: str
+    reuse: bool = False
+    max_cost: float | None = None
 
 
 @dataclass
@@ -216,6 +222,7 @@ class Merged(Document):
     request_counts: RequestCounts
     usage: Usage
     error_codes: dict[str, int]
+    reused: int = 0  # of the completed requests, those answered from the answer store (their usage is not billed)
 
 
 @dataclass
@@ -240,6 +247,7 @@ class Summary(Document):
     error_file: str
     completed_at: str
     errors: list[BatchError] = field(default_factory=list)  # why a failed batch's run failed (its errors.data)
+    reused: int = 0  # of the completed requests, those answered from the answer store (not in usage)
 
 
 class BatchFolder:
@@ -324,6 +332,9 @@ class BatchFolder:
 
     def set_endpoint(self, endpoint: str) -> None:
         self._write("batch.json", Declared(endpoint))
+
+    def declare(self, declared: Declared) -> None:
+        self._write("batch.json", declared)
 
     def endpoint(self) -> str | None:
         """The batch's declared endpoint, or None (the first request's url then decides)."""

@@ -35,6 +35,7 @@ class ShardSummary:
     error_codes: dict[str, int] = field(default_factory=dict)
     duration_s: float = 0.0
     engine_start_s: float = 0.0  # of duration_s, the engine's start when this shard started it
+    reused: int = 0  # of its completed requests, those whose answer came from the answer store (not billed)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -44,6 +45,7 @@ class ShardSummary:
             "error_codes": self.error_codes,
             "duration_s": self.duration_s,
             "engine_start_s": self.engine_start_s,
+            "reused": self.reused,
         }
 
     @classmethod
@@ -55,6 +57,7 @@ class ShardSummary:
             error_codes=dict(d.get("error_codes", {})),
             duration_s=d.get("duration_s", 0.0),
             engine_start_s=d.get("engine_start_s", 0.0),
+            reused=d.get("reused", 0),
         )
 
 
@@ -82,7 +85,10 @@ def commit_shard(
         summary.request_counts.total += 1
         if c.is_success(line):
             summary.request_counts.completed += 1
-            summary.usage.add_body(line["response"]["body"])
+            if c.is_billed(line):
+                summary.usage.add_body(line["response"]["body"])
+            else:
+                summary.reused += 1
             ok += orjson.dumps(line) + b"\n"
         else:
             summary.request_counts.failed += 1
@@ -139,6 +145,7 @@ class MergeResult:
     request_counts: RequestCounts
     usage: Usage
     error_codes: dict[str, int]
+    reused: int = 0
 
 
 def merge(
@@ -161,7 +168,7 @@ def merge(
     missing = [i for i in range(shard_count) if i not in shards]
     if missing and not missing_ok:
         raise ValueError(f"Shards not committed: {missing[:10]}{' ...' if len(missing) > 10 else ''}")
-    counts, usage = RequestCounts(), Usage()
+    counts, usage, reused = RequestCounts(), Usage(), 0
     codes: dict[str, int] = {}
     for path in (output_path, error_path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -172,6 +179,7 @@ def merge(
             summary = shards[index]
             counts += summary.request_counts
             usage += summary.usage
+            reused += summary.reused
             for code, n in summary.error_codes.items():
                 codes[code] = codes.get(code, 0) + n
             shard_out, shard_err, _ = shard_keys(results_prefix, index)
@@ -185,7 +193,7 @@ def merge(
             code = error_code(line)
             codes[code] = codes.get(code, 0) + 1
             err.write(orjson.dumps(line) + b"\n")
-    return MergeResult(counts, usage, codes)
+    return MergeResult(counts, usage, codes, reused)
 
 
 def iter_lines(storage: Storage, key: str):

@@ -7,56 +7,26 @@ Every asset is partitioned by batch and idempotent: a re-run reuses what is alre
 import hashlib
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import replace
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import orjson
-import pyarrow.parquet as pq
 from dagster_aws.s3 import S3Resource
 
-from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.columnar import read_shard, validate_to_parquet, write_shards
-from batch_dagster.batchfile.cost_cap import COST_LIMIT
-from batch_dagster.batchfile.failure import not_run_lines, stopped_ending
-from batch_dagster.batchfile.folder import (
-    BatchFolder,
-    Manifest,
-    Merged,
-    Progress,
-    Source,
-    Summary,
-    Validation,
-)
-from batch_dagster.batchfile.registry import served_endpoints
-from batch_dagster.batchfile.results import commit_shard, committed_shards, merge, progress_of
-from batch_dagster.batchfile.status import BatchStatus
-from batch_dagster.batchfile.usage import cost_of
-from batch_dagster.defs.dagster_internals import dies_with_its_run
+from batch_dagster.batchfile.folder import BatchFolder, Source
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
-from batch_dagster.engine.base import EngineCrash
 from batch_dagster.settings import Settings
 from batch_dagster.storage import file_location
 from batch_dagster.storage.transfer import fetch
 
-from .cost_cap import apply_cost_cap, cost_cap_reached
-from .eta import RunEta, estimate_metadata, write_estimate
-from .token_limit import apply_token_limit, count_tokens
+from . import steps
+from .eta import estimate_metadata, write_estimate
 
 GROUP = "batch_lifecycle"
-INFERENCE_RETRIES = 2
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _md_table(rows: list[dict[str, Any]]) -> dg.MetadataValue:
+def md_table(rows: list[dict[str, Any]]) -> dg.MetadataValue:
     if not rows:
         return dg.MetadataValue.md("_none_")
     head = list(rows[0])
@@ -133,29 +103,8 @@ def validated_requests(
     context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource
 ) -> Iterator[dg.MaterializeResult]:
     folder = storage.folder(context.partition_key)
-    started = time.perf_counter()
-    size = folder.storage.size(folder.input_key) or 0
-    # The input is validated as it streams in; the requests file is published only when the file is valid.
-    with folder.storage.open(folder.input_key) as source, folder.storage.writing(folder.requests_key) as out:
-        report = validate_to_parquet(
-            source,
-            out,
-            size=size,
-            limits=pipeline.limits,
-            endpoint=folder.endpoint(),
-            models=served_endpoints(vllm.registry()),
-        )
-        elapsed = time.perf_counter() - started
-        tally = count_tokens(out, report, pipeline, vllm, context.log)  # the limit, the cap, the estimate
-        prompt_tokens = apply_token_limit(folder, report, pipeline, tally)
-        apply_cost_cap(folder, report, pipeline, tally)
-        head = (pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5)
-                .to_pylist() if report.valid else [])
-        if not report.valid:
-            out.unlink(missing_ok=True)  # over the token limit or the cost cap: valid rows, but the batch is refused
-    folder.write_validation(Validation(
-        valid=report.valid, total_requests=report.total_requests, model=report.shown_model, endpoint=report.endpoint,
-        error_count=report.error_count, errors=report.listed_errors, validated_at=_now(), prompt_tokens=prompt_tokens))
+    validated = steps.validate(folder, pipeline, vllm, context.log)
+    report = validated.report
     if not report.valid:
         # No materialization: Dagster skips the downstream steps and their checks instead of failing them,
         # and the run succeeds. The batch's status (failed, with errors.data) comes from validation.json.
@@ -169,24 +118,26 @@ def validated_requests(
             partition=context.partition_key,
             metadata={"status": "invalid", **_labels(context), "error_count": report.error_count,
                       "total_requests": report.total_requests,
-                      "errors": _md_table([e.to_dict() for e in report.errors[:50]]),
+                      "errors": md_table([e.to_dict() for e in report.errors[:50]]),
                       **({"model": report.shown_model} if report.shown_model else {})},
         ))
         return
     _tag_run(context, report.model, report.total_requests, "valid")
     context.log.info(f"{report.total_requests} valid requests for {report.model} at {report.endpoint}")
-    estimate = write_estimate(context, folder, report, tally, pipeline)
-    preview = [{"custom_id": r["custom_id"], "prompt_chars": r["prompt_chars"], "body": r["body"][:100]} for r in head]
+    estimate = write_estimate(context, folder, report, validated.tally, pipeline)
+    head = [{"custom_id": r["custom_id"], "prompt_chars": r["prompt_chars"], "body": r["body"][:100]}
+            for r in validated.head]
+    elapsed = validated.elapsed_s
     yield dg.MaterializeResult(
         metadata={
             "status": "valid",
             **_labels(context),
-            "preview": _md_table(preview),
+            "preview": md_table(head),
             "total_requests": report.total_requests,
             "model": report.model,
             "endpoint": report.endpoint,
             "validation_s": round(elapsed, 3),
-            "validation_mb_s": round(size / 1e6 / max(elapsed, 1e-9), 1),
+            "validation_mb_s": round(validated.size / 1e6 / max(elapsed, 1e-9), 1),
             **estimate_metadata(estimate),
             "path": dg.MetadataValue.path(folder.storage.uri(folder.requests_key)),
         }
@@ -203,88 +154,13 @@ def validated_requests(
 def batch_shards(
     context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig
 ) -> dg.MaterializeResult:
-    folder = storage.folder(context.partition_key)
-    manifest = folder.manifest()
-    if manifest is not None:
-        # Results may already be committed against this plan: never re-cut it.
-        context.log.info(f"Reusing the {manifest.shard_count} shards already planned")
+    manifest, cached = steps.plan_shards(storage.folder(context.partition_key), pipeline, context.log)
+    if cached:
         return dg.MaterializeResult(metadata={"shard_count": manifest.shard_count, "status": "cached"})
-    validation = folder.validation()
-    assert validation is not None and validation.model and validation.endpoint  # validated_requests ran
-    shard_size = pipeline.shard_size
-    with folder.storage.local_copy(folder.requests_key) as requests, \
-            folder.storage.writing_folder(folder.shards_prefix) as shards:
-        sizes = write_shards(requests, shards, shard_size)
-    # The manifest is written last: it is what marks the shards as planned and complete.
-    folder.write_manifest(Manifest(
-        batch_id=folder.batch_id, endpoint=validation.endpoint, model=validation.model, total_requests=sum(sizes),
-        shard_size=shard_size, shard_count=len(sizes), shard_sizes=sizes,
-    ))
-    context.log.info(f"{sum(sizes)} requests in {len(sizes)} shards of up to {shard_size}")
     return dg.MaterializeResult(
-        metadata={"shard_count": len(sizes), "shard_size": shard_size, "largest_shard": max(sizes)}
+        metadata={"shard_count": manifest.shard_count, "shard_size": manifest.shard_size,
+                  "largest_shard": max(manifest.shard_sizes)}
     )
-
-
-class _ShardProgress:
-    """Counts a shard's finished requests: writes them to the progress document beside the committed totals
-    (`base`; the API's live request_counts read them) at most once a second or every 5% of the shard; logs them
-    with the engine's load every 5 s and every 10%."""
-
-    WRITE_EVERY_S = 1.0
-    LOG_EVERY_S = 5.0
-
-    def __init__(self, folder: BatchFolder, base: Progress, index: int, size: int, log: Any = None):
-        self.folder, self.base, self.index, self.size, self.log = folder, base, index, size, log
-        self.done = 0
-        self.written_at = 0.0
-        self.written_done = 0
-        self.logged_at = time.monotonic()
-        self.first: tuple[float, int] | None = None
-        self.logged_decile = 0
-        self.load = ""
-
-    def report_load(self, load: str) -> None:
-        """The engine's own view of its load (e.g. vLLM's unfinished requests and token rates)."""
-        self.load = load
-
-    def __call__(self, n: int) -> None:
-        self.done = min(self.done + n, self.size)
-        now = time.monotonic()
-        step = max(self.size // 20, 1)
-        if (now - self.written_at >= self.WRITE_EVERY_S or self.done - self.written_done >= step
-                or self.done == self.size):
-            self.written_at, self.written_done = now, self.done
-            self.folder.write_progress(replace(self.base, shard=self.index, done=self.done, updated_at=time.time()))
-        decile = 10 * self.done // self.size
-        if self.first is None:  # the rate counts from the first finished request: the engine's start is not in it
-            self.first = (now, self.done)
-        if self.log is not None and (now - self.logged_at >= self.LOG_EVERY_S or decile > self.logged_decile):
-            self.logged_at, self.logged_decile = now, decile
-            since, done_then = self.first
-            rate = f", {(self.done - done_then) / (now - since):.1f} requests/s" if now - since >= 0.5 else ""
-            load = f"; engine: {self.load}" if self.load else ""
-            self.log.info(f"Shard {self.index}: {self.done}/{self.size} requests "
-                          f"({100 * self.done // self.size}%){rate}{load}")
-
-
-@contextmanager
-def stops_when_terminated(context: dg.AssetExecutionContext) -> Iterator[None]:
-    """A run terminated on purpose (the UI's Terminate: the run is CANCELING) ends this step for good, keeping its
-    committed shards. Dagster 1.13 answers the interrupt with the step's RetryPolicy, so the step would run the
-    batch on. Any other interrupt (serve stopped, the process signalled) is Dagster's to handle, as before."""
-    try:
-        yield
-    except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt) as exc:
-        run = context.instance.get_run_by_id(context.run.run_id)
-        if run is None or run.status != dg.DagsterRunStatus.CANCELING:
-            raise
-        raise dg.Failure("The run was terminated while it ran the batch's shards.", allow_retries=False) from exc
-
-
-def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) -> list[dict[str, Any]]:
-    message = f"The engine failed on this shard after {INFERENCE_RETRIES + 1} attempts: {reason}"
-    return [c.request_error_line(cid, c.ENGINE_ERROR, message, status_code=500) for cid, _ in requests]
 
 
 @dg.asset(
@@ -293,102 +169,15 @@ def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) 
     kinds={"vllm"},
     deps=[batch_shards],
     op_tags=GPU_STEP_TAGS,
-    retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=Settings.from_env().step_retry_delay_s,
+    retry_policy=dg.RetryPolicy(max_retries=steps.INFERENCE_RETRIES, delay=Settings.from_env().step_retry_delay_s,
                                 backoff=dg.Backoff.EXPONENTIAL),
     description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
 )
 def shard_results(
     context: dg.AssetExecutionContext, storage: StorageResource, vllm: VLLMResource, pipeline: PipelineConfig
 ) -> dg.MaterializeResult:
-    folder = storage.folder(context.partition_key)
-    manifest = _manifest(folder)
-    done = committed_shards(folder.storage, folder.results_prefix)
-    todo = [i for i in range(manifest.shard_count) if i not in done]
-    context.log.info(
-        f"{len(done)} of {manifest.shard_count} shards already committed; running {len(todo)} "
-        f"(attempt {context.retry_number + 1})"
-    )
-    # Rewritten first: an attempt killed between a shard's marker and the document left it behind.
-    before = folder.progress()
-    base = progress_of(done, manifest.total_requests, manifest.shard_count, before.committed_at if before else None)
-    folder.write_progress(base)
-    engine = None  # built at the first shard that runs: a stopped batch never loads the model
-    started = time.perf_counter()
-    ran_requests = 0
-    ran_tokens = 0
-    stopped = None
-    eta = RunEta(folder, manifest.total_requests, sum(s.request_counts.total for s in done.values()))
-    with dies_with_its_run(context), stops_when_terminated(context):
-        for index in todo:
-            stopped = folder.stop_reason()
-            if not stopped and cost_cap_reached(folder, manifest.model, done.values(), pipeline):
-                folder.request_stop(COST_LIMIT)  # as a cancel stops it: the status follows from the files
-                stopped = COST_LIMIT
-            if stopped:
-                context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
-                break
-            with folder.storage.local_copy(folder.shard_key(index)) as shard:
-                requests = read_shard(shard)
-            engine = engine or vllm.engine(manifest.model)
-            t0 = time.perf_counter()
-            try:
-                progress = _ShardProgress(folder, base, index, len(requests), context.log)
-                lines = engine.run(manifest.endpoint, requests, on_progress=progress)
-            except EngineCrash as exc:
-                vllm.reset(manifest.model)
-                if context.retry_number < INFERENCE_RETRIES:
-                    context.log.error(f"Shard {index}: engine crashed ({exc}); the step will retry")
-                    raise
-                context.log.error(f"Shard {index}: engine crashed on the last attempt; its requests become errors")
-                lines = engine_error_lines(requests, str(exc))
-                engine = vllm.engine(manifest.model)
-            summary = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
-                                   engine_start_s=vllm.engine_start_s(manifest.model, t0))
-            done[index] = summary
-            base = progress_of(done, manifest.total_requests, manifest.shard_count)  # after the marker
-            folder.write_progress(base)
-            context.log_event(eta.observation(context, sum(s.request_counts.total for s in done.values())))
-            ran_requests += summary.request_counts.total
-            ran_tokens += summary.usage.output_tokens
-            context.log.info(
-                f"Shard {index}: {summary.request_counts.completed} completed, {summary.request_counts.failed} failed, "
-                f"{summary.usage.output_tokens} output tokens in {summary.duration_s:.1f}s"
-            )
-    elapsed = time.perf_counter() - started
-    completed = sum(s.request_counts.completed for s in done.values())  # those committed before, and now
-    failed = sum(s.request_counts.failed for s in done.values())
-    return dg.MaterializeResult(
-        metadata={
-            "shards_run": len(todo),
-            "shards_skipped": manifest.shard_count - len(todo),
-            "completed": completed,
-            "failed": failed,
-            "requests_run": ran_requests,
-            "inference_s": round(elapsed, 3),
-            "output_tokens_per_s": round(ran_tokens / elapsed, 1) if ran_requests else 0.0,
-            "status": str(stopped or ("ran" if todo else "cached")),  # Dagster metadata takes no enum
-        }
-    )
-
-
-def _preview(output: Path) -> list[dict[str, str]]:
-    """The first answers of an output file, for the asset's metadata."""
-    preview = []
-    with open(output, "rb") as f:
-        for raw, _ in zip(f, range(3), strict=False):
-            line = orjson.loads(raw)
-            body = line["response"]["body"]
-            choice = (body.get("choices") or [{}])[0]
-            text = (choice.get("message") or {}).get("content", choice.get("text", "")) if choice else ""
-            preview.append({"custom_id": line["custom_id"], "answer": text or f"[{body.get('object')}]"})
-    return preview
-
-
-def _manifest(folder: BatchFolder) -> Manifest:
-    manifest = folder.manifest()
-    if manifest is None:
-        raise dg.Failure(f"{folder.batch_id} has no shard manifest: batch_shards has not run.", allow_retries=False)
-    return manifest
+    inference = steps.infer(context, storage.folder(context.partition_key), vllm, pipeline)
+    return dg.MaterializeResult(metadata=inference.metadata())
 
 
 @dg.asset(
@@ -400,22 +189,7 @@ def _manifest(folder: BatchFolder) -> Manifest:
 )
 def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
     folder = storage.folder(context.partition_key)
-    manifest = _manifest(folder)
-    done = committed_shards(folder.storage, folder.results_prefix)
-    missing = [i for i in range(manifest.shard_count) if i not in done]
-    stopped = folder.stop_reason() if missing else None
-    not_run: Any = []
-    ending = stopped_ending(stopped) if stopped else None
-    if ending:
-        # The requests of shards that never ran still get a line each: nothing is dropped.
-        not_run = not_run_lines(folder, missing, ending.code, ending.message)
-    with folder.storage.writing(folder.output_key) as out, folder.storage.writing(folder.error_key) as err:
-        result = merge(folder.storage, folder.results_prefix, manifest.shard_count, out, err,
-                       not_run=not_run, missing_ok=bool(stopped))
-        preview = _preview(out)
-    folder.write_merged(Merged(status=ending.status if ending else BatchStatus.COMPLETED,
-                               request_counts=result.request_counts,
-                               usage=result.usage, error_codes=result.error_codes))
+    result, preview = steps.merge_results(folder)
     return dg.MaterializeResult(
         metadata={
             "output_file": dg.MetadataValue.path(folder.storage.uri(folder.output_key)),
@@ -423,7 +197,7 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResour
             "completed": result.request_counts.completed,
             "failed": result.request_counts.failed,
             "error_codes": dg.MetadataValue.json(result.error_codes),
-            "preview": _md_table(preview),
+            "preview": md_table(preview),
         }
     )
 
@@ -438,37 +212,8 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResour
 def batch_usage(
     context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource
 ) -> dg.MaterializeResult:
-    folder = storage.folder(context.partition_key)
-    manifest = _manifest(folder)
-    merged = folder.merged()
-    if merged is None:
-        raise dg.Failure(f"{folder.batch_id} has no merged files: batch_output_files has not run.",
-                         allow_retries=False)
-    usage = merged.usage
-    cost = cost_of(usage, manifest.model, pipeline.prices())
-    shards = committed_shards(folder.storage, folder.results_prefix).values()
-    inference_s = sum(s.duration_s for s in shards)
-    summary = Summary(
-        batch_id=folder.batch_id,
-        status=merged.status,
-        endpoint=manifest.endpoint,
-        model=manifest.model,
-        request_counts=merged.request_counts,
-        usage=usage,
-        cost=cost,
-        error_codes=merged.error_codes,
-        inference_s=round(inference_s, 3),
-        output_tokens_per_s=round(usage.output_tokens / inference_s, 1) if inference_s else 0.0,
-        # The engine starts its shards paid (in their duration_s; 0 when the engine was running already).
-        record=vllm.model_record(manifest.model) | {"engine_start_s": round(sum(s.engine_start_s for s in shards), 3)},
-        output_file=folder.storage.uri(folder.output_key),
-        error_file=folder.storage.uri(folder.error_key),
-        completed_at=_now(),
-        # Why a batch its cost cap stopped failed (a cancelled or expired one has no errors.data).
-        errors=stopped_ending(stop.reason).errors if merged.status != BatchStatus.COMPLETED
-        and (stop := folder.stop()) is not None else [],
-    )
-    folder.write_summary(summary)
+    summary = steps.summarize(storage.folder(context.partition_key), pipeline, vllm)
+    usage, cost = summary.usage, summary.cost
     context.log.info(
         f"{usage.input_tokens} input + {usage.output_tokens} output tokens; cost {cost.total_cost} {cost.currency}"
     )

@@ -7,6 +7,7 @@ import dagster as dg
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from batch_dagster.batchfile.contract import is_billed
 from batch_dagster.batchfile.results import iter_lines
 from batch_dagster.batchfile.usage import Usage
 from batch_dagster.defs.partitions import batches
@@ -56,11 +57,12 @@ def every_custom_id_exactly_once(
 
 @dg.asset_check(asset=batch_usage, partitions_def=batches)
 def usage_equals_output_lines(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
-    """The batch's usage totals equal the sums over the output file's lines."""
+    """The batch's usage totals equal the sums over the output file's billed lines (a reused answer is not billed)."""
     folder = storage.folder(context.partition_key)
     summed = Usage()
     for line in iter_lines(folder.storage, folder.output_key):
-        summed.add_body(line["response"]["body"])
+        if is_billed(line):
+            summed.add_body(line["response"]["body"])
     summary = folder.summary()
     recorded = summary.usage if summary else None
     return dg.AssetCheckResult(

@@ -18,10 +18,13 @@ from batch_dagster.defs.resources import PipelineConfig
 
 
 def _cap(folder: BatchFolder, model: str, pipeline: PipelineConfig) -> Cap | None:
-    """The batch's cap now; None without a store (a CLI run has no key) or when nothing caps it."""
-    if not pipeline.store_url:
-        return None
+    """The batch's cap now; None when nothing caps it. Without a store (a CLI run has no key), only the max_cost its
+    folder declares caps it (a table batch's)."""
     prices = pipeline.prices()
+    if not pipeline.store_url:
+        declared = folder.declared()
+        max_cost = declared.max_cost if declared is not None else None
+        return None if max_cost is None else Cap(max_cost=max_cost, currency=prices.for_model(model).currency)
     with open_database(pipeline.store_url).session() as session:
         return batch_cap(session, folder.storage, folder.batch_id, prices, prices.for_model(model).currency,
                          pipeline.key_daily_budget, time.time())

@@ -11,7 +11,7 @@ from typing import Any
 
 import dagster as dg
 
-from batch_dagster.batchfile.estimate import Estimate, Tally
+from batch_dagster.batchfile.estimate import Estimate, Tally, Throughput
 from batch_dagster.batchfile.eta import bounded_work, running_remaining_s
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.validate import ValidationReport
@@ -24,13 +24,17 @@ def write_estimate(context: dg.AssetExecutionContext, folder: BatchFolder, repor
                    tally: Tally | None, pipeline: PipelineConfig) -> dict[str, Any] | None:
     """The valid batch's estimate, as the estimate endpoint answers for its file (validation's `report` and `tally`,
     the model's measured rate, the queue without the batch itself), written to its folder; a re-run keeps the one
-    made first. None without a tally or a store (no queue, no rate: definitions without one, as the fast tests'), or
-    when the store fails (logged): the batch runs without one."""
+    made first. Without a store, the default rate and no queue (a table batch's). None without a tally (the tokens
+    were not counted: nothing asked for them), or when the store fails (logged): the batch runs without one."""
     if (made := folder.estimate()) is not None:
         return made
-    if tally is None or report.model is None or not pipeline.store_url:
+    if tally is None or report.model is None:
         return None
     model = report.model
+    if not pipeline.store_url:
+        estimate = Estimate(report, tally, pipeline.prices(), Throughput(pipeline.estimate_tokens_per_s)).to_dict()
+        folder.write_estimate(estimate)
+        return estimate
     try:
         with open_database(pipeline.store_url).session() as session:
             throughput = measured_throughput(session, folder.storage, model, pipeline.estimate_tokens_per_s)

@@ -16,17 +16,17 @@ from batch_dagster.defs.resources import PipelineConfig, VLLMResource
 
 
 def count_tokens(requests: Path, report: ValidationReport, pipeline: PipelineConfig, vllm: VLLMResource,
-                 log: Any) -> Tally | None:
+                 log: Any, wanted: bool = False) -> Tally | None:
     """The valid batch's tokens, its validated `requests` counted once with the model's tokenizer (each request's
     prompt and bound on output, as the estimate counts them); None for an invalid batch, or when nothing reads them
-    (no token limit and no store: a CLI run has no queue, no key and no cap).
+    (no token limit, no store and not `wanted`: a CLI run has no queue, no key and no cap).
 
     A tokenizer that fails fails the step where a limit must hold (the token limit, a key's daily budget; a batch's
     max_cost fails it in apply_cost_cap); else it is logged and the batch runs without an estimate.
     """
     if not report.valid or report.model is None or report.endpoint is None:
         return None
-    if not pipeline.max_enqueued_tokens and not pipeline.store_url:
+    if not pipeline.max_enqueued_tokens and not pipeline.store_url and not wanted:
         return None
     try:
         count, context_length = vllm.models.counter(report.model)

@@ -13,6 +13,7 @@ import dagster as dg
 
 from batch_dagster import settings as s
 from batch_dagster.batchfile.contract import Limits
+from batch_dagster.batchfile.reuse import DEFAULT_MAX_BYTES
 from batch_dagster.batchfile.usage import PriceTable, load_price_table
 
 
@@ -29,6 +30,7 @@ class PipelineConfig(dg.ConfigurableResource):
     store_url: str = ""
     key_daily_budget: float | None = s.default("BATCH_KEY_DAILY_BUDGET")  # the cost cap's; None: no budget
     estimate_tokens_per_s: float = s.default("BATCH_ESTIMATE_TOKENS_PER_S")  # a validated batch's estimate
+    answer_store_bytes: int = DEFAULT_MAX_BYTES  # the answer store's bound (batchfile/reuse.py), oldest out first
 
     @property
     def limits(self) -> Limits:

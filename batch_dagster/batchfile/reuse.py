@@ -1,0 +1,165 @@
+"""Answers kept for reuse: a deterministic request asked again of the same model gets the answer it got before.
+
+An answer is found by a content hash of the model's identity (its name, its weights' revision, the dtype and the
+engine settings that change numerics) and of the request's body. Only deterministic requests are kept (an
+embedding, or temperature 0, or a seed). The store lives in the batch storage beside the batch folders, bounded in
+bytes: the answers written first go first.
+
+    answers/entries/<kk>/<key>.json                 one answer: its response body
+    answers/ledger/<written_ns>-<bytes>-<id>.json   the keys one commit wrote (eviction reads its bytes from the name)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from . import contract as c
+from .folder import ANSWERS
+from .storage import Storage
+
+# Engine arguments that change the numbers a model computes (beside its dtype); the others (cache sizes,
+# parallelism) change only how fast.
+NUMERIC_ENGINE_ARGS = ("quantization", "kv_cache_dtype", "revision", "tokenizer_revision", "hf_overrides")
+DEFAULT_MAX_BYTES = 1 << 30
+_READERS = 16  # answers looked up at once (an object store answers each in its own round trip)
+
+
+def deterministic(endpoint: str, body: Mapping[str, Any]) -> bool:
+    """Whether a request always gets the same answer: an embedding, or sampling at temperature 0, or seeded."""
+    return endpoint == c.EMBEDDINGS or body.get("temperature") == 0 or body.get("seed") is not None
+
+
+def model_identity(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What of a batch's engine record (its model, revision, dtype and settings) decides the answers' numbers."""
+    args = (record.get("engine_settings") or {}).get("engine_args") or {}
+    return {"model": record.get("model"), "revision": record.get("revision"), "dtype": record.get("dtype"),
+            **{k: args[k] for k in NUMERIC_ENGINE_ARGS if k in args}}
+
+
+def answer_key(identity: Mapping[str, Any], endpoint: str, body: Mapping[str, Any]) -> str | None:
+    """The content hash an answer is kept under; None for a request that is not deterministic."""
+    if not deterministic(endpoint, body):
+        return None
+    data = orjson.dumps({"identity": identity, "endpoint": endpoint, "body": body},
+                        option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _entry(key: str) -> str:
+    return f"{ANSWERS}/entries/{key[:2]}/{key}.json"
+
+
+LEDGER = f"{ANSWERS}/ledger"
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """One commit's list of the answers it wrote, named so that listing the ledgers tells their order and bytes."""
+
+    key: str
+    written_ns: int
+    bytes: int
+
+    @classmethod
+    def parse(cls, key: str) -> Ledger | None:
+        parts = key.rsplit("/", 1)[-1].removesuffix(".json").split("-")
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+            return None
+        return cls(key, int(parts[0]), int(parts[1]))
+
+
+class AnswerStore:
+    """The answers of `storage`, at most `max_bytes` of them."""
+
+    def __init__(self, storage: Storage, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.storage, self.max_bytes = storage, max_bytes
+
+    def get(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The kept answers (response bodies) of those of `keys` that have one."""
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+        with ThreadPoolExecutor(min(_READERS, len(wanted))) as pool:
+            found = pool.map(lambda k: self.storage.read_bytes(_entry(k)), wanted)
+            return {k: orjson.loads(data) for k, data in zip(wanted, found, strict=True) if data is not None}
+
+    def put(self, answers: Mapping[str, dict[str, Any]]) -> None:
+        """Keep `answers` (response bodies by key), then let the oldest go until the store fits its bound.
+
+        The entries are written before their ledger: an entry a crash left without one is found by a later run
+        (and its ledger written then), never counted twice by eviction."""
+        if not answers:
+            return
+        written, total = [], 0
+        for key, body in answers.items():
+            data = orjson.dumps(body)
+            if len(data) > self.max_bytes:  # one answer larger than the store: never kept
+                continue
+            self.storage.write_bytes(_entry(key), data)
+            written.append([key, len(data)])
+            total += len(data)
+        if written:
+            name = f"{time.time_ns()}-{total}-{uuid.uuid4().hex[:12]}.json"
+            self.storage.write_bytes(f"{LEDGER}/{name}", orjson.dumps({"entries": written}))
+        self.evict()
+
+    def ledgers(self) -> list[Ledger]:
+        """The ledgers, oldest first."""
+        found = [ledger for key in self.storage.list(LEDGER) if (ledger := Ledger.parse(key)) is not None]
+        return sorted(found, key=lambda ledger: (ledger.written_ns, ledger.key))
+
+    def size(self) -> int:
+        return sum(ledger.bytes for ledger in self.ledgers())
+
+    def evict(self) -> int:
+        """Delete the oldest commits' answers until the store holds at most max_bytes; the bytes freed.
+
+        An answer written again by a later commit is in both ledgers: the older one's eviction deletes it, and the
+        later lookup misses it and computes it again, which is safe (and counts its bytes a little high, never low).
+        """
+        ledgers = self.ledgers()
+        total, freed = sum(ledger.bytes for ledger in ledgers), 0
+        for ledger in ledgers:
+            if total - freed <= self.max_bytes:
+                break
+            data = self.storage.read_bytes(ledger.key)
+            for key, _ in (orjson.loads(data)["entries"] if data else []):
+                self.storage.delete(_entry(key))
+            self.storage.delete(ledger.key)
+            freed += ledger.bytes
+        return freed
+
+
+@dataclass
+class Reuse:
+    """The answers a shard can take from the store, and the keys its other requests' answers are kept under."""
+
+    lines: list[dict[str, Any]]  # the reused requests' output lines (marked `reused`)
+    to_run: list[tuple[str, dict[str, Any]]]  # the requests the engine still runs
+    keys: dict[str, str]  # custom_id -> key, for the deterministic requests it runs
+
+
+def look_up(store: AnswerStore, identity: Mapping[str, Any], endpoint: str,
+            requests: Sequence[tuple[str, dict[str, Any]]]) -> Reuse:
+    """Split a shard's requests into those answered from the store and those to run."""
+    keys = {cid: key for cid, body in requests if (key := answer_key(identity, endpoint, body)) is not None}
+    found = store.get(keys.values())
+    lines = [c.reused_line(cid, found[keys[cid]]) for cid, _ in requests if keys.get(cid) in found]
+    to_run = [(cid, body) for cid, body in requests if keys.get(cid) not in found]
+    return Reuse(lines, to_run, {cid: key for cid, key in keys.items() if key not in found})
+
+
+def keep(store: AnswerStore, reuse: Reuse, lines: Iterable[dict[str, Any]]) -> int:
+    """Keep the answers of the requests `reuse` ran (the successful ones); how many."""
+    answers = {reuse.keys[line["custom_id"]]: line["response"]["body"] for line in lines
+               if line.get("custom_id") in reuse.keys and c.is_success(line)}
+    store.put(answers)
+    return len(answers)

@@ -1,0 +1,83 @@
+"""The answer store: found by a content hash of the model's identity and the request, deterministic requests only,
+bounded in bytes with the oldest answers out first."""
+
+from __future__ import annotations
+
+import time
+
+from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile import reuse
+from batch_dagster.batchfile.reuse import AnswerStore, answer_key, keep, look_up, model_identity
+from batch_dagster.storage import LocalStorage
+
+RECORD = {"model": "m", "revision": "sha256:abc", "dtype": "bfloat16", "engine_mode": "offline",
+          "engine_settings": {"max_num_seqs": 8, "engine_args": {"quantization": "fp8", "enforce_eager": True}}}
+IDENTITY = model_identity(RECORD)
+
+
+def body(text: str, **params) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": text}], "temperature": 0, **params}
+
+
+def answer(text: str) -> dict:
+    return {"object": "chat.completion", "choices": [{"message": {"content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+
+
+def test_the_key_covers_the_model_its_weights_the_numerics_and_the_request_only():
+    assert IDENTITY == {"model": "m", "revision": "sha256:abc", "dtype": "bfloat16", "quantization": "fp8"}
+    key = answer_key(IDENTITY, c.CHAT, body("hi"))
+    # How fast it runs (engine mode, cache sizes) is not in it; the key order of the body is not either.
+    assert key == answer_key(model_identity({**RECORD, "engine_mode": "server", "engine_settings": {
+        "max_num_seqs": 64, "engine_args": {"quantization": "fp8"}}}), c.CHAT, dict(reversed(body("hi").items())))
+    for other in ({**IDENTITY, "revision": "sha256:new"}, {**IDENTITY, "dtype": "float32"}):
+        assert answer_key(other, c.CHAT, body("hi")) != key
+    assert answer_key(IDENTITY, c.CHAT, body("hi", max_tokens=5)) != key
+
+
+def test_only_deterministic_requests_have_a_key():
+    assert answer_key(IDENTITY, c.CHAT, {**body("hi"), "temperature": 0.7}) is None
+    assert answer_key(IDENTITY, c.CHAT, {**body("hi"), "temperature": 0.7, "seed": 1}) is not None
+    assert answer_key(IDENTITY, c.EMBEDDINGS, {"model": "e", "input": "hi"}) is not None
+
+
+def test_a_shard_takes_what_the_store_holds_and_keeps_what_it_ran(tmp_path):
+    store = AnswerStore(LocalStorage(tmp_path))
+    requests = [("a", body("one")), ("b", body("two")), ("c", {**body("three"), "temperature": 1})]
+    first = look_up(store, IDENTITY, c.CHAT, requests)
+    assert first.lines == [] and first.to_run == requests and set(first.keys) == {"a", "b"}
+    ran = [c.success_line("a", answer("1")), c.request_error_line("b", "x", "failed"), c.success_line("c", answer("3"))]
+    assert keep(store, first, ran) == 1  # an error and a non-deterministic answer are not kept
+    second = look_up(store, IDENTITY, c.CHAT, requests)
+    assert [line["custom_id"] for line in second.lines] == ["a"] and [r[0] for r in second.to_run] == ["b", "c"]
+    assert second.lines[0][c.REUSED] is True and second.lines[0]["response"]["body"] == answer("1")
+    assert c.is_success(second.lines[0]) and not c.is_billed(second.lines[0])
+
+
+def test_the_store_is_bounded_in_bytes_and_the_oldest_answers_go_first(tmp_path):
+    storage = LocalStorage(tmp_path)
+    size = len(b'{"object":"chat.completion"}') + 0
+    store = AnswerStore(storage, max_bytes=3 * 200)
+    keys = []
+    for i in range(5):
+        key = f"{i:02d}" + "0" * 62
+        store.put({key: {"object": "chat.completion", "pad": "x" * (200 - size - 10)}})
+        keys.append(key)
+        time.sleep(0.002)
+    assert store.size() <= 600
+    kept = store.get(keys)
+    assert set(kept) == set(keys[-3:]) or set(kept) == set(keys[-2:])  # the newest survive, the oldest are gone
+    assert keys[0] not in kept and keys[-1] in kept
+    assert len(store.ledgers()) == len(kept)
+
+
+def test_an_answer_larger_than_the_store_is_never_kept(tmp_path):
+    store = AnswerStore(LocalStorage(tmp_path), max_bytes=50)
+    store.put({"k" * 64: {"pad": "x" * 100}})
+    assert store.get(["k" * 64]) == {} and store.ledgers() == []
+
+
+def test_a_ledger_name_carries_its_order_and_bytes():
+    ledger = reuse.Ledger.parse("answers/ledger/1700000000000000000-1234-abcdef.json")
+    assert ledger is not None and (ledger.written_ns, ledger.bytes) == (1_700_000_000_000_000_000, 1234)
+    assert reuse.Ledger.parse("answers/ledger/junk.json") is None
