@@ -28,7 +28,7 @@ TEXT_FIELDS = ("system", "user", "prompt", "input")
 OWN_FIELDS = frozenset({"model", "messages", "prompt", "input", "response_format", "stream", "stream_options"})
 # The answer's columns after the key columns (the schema's properties come between `answer` and these).
 TAIL_COLUMNS = ("finish_reason", "prompt_tokens", "completion_tokens", "reused", "error_code", "error")
-ANSWER, EMBEDDING = "answer", "embedding"
+ANSWER, EMBEDDING, ROW = "answer", "embedding", "row"
 # Codes of the rows whose answer is not the schema's (beside the engine's and validation's own).
 EMPTY_VALUE = "empty_value"
 REQUEST_TOO_LARGE = c.LINE_TOO_LARGE
@@ -121,13 +121,13 @@ class TableRequest:
     prompt: str | None = None
     input: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
-    schema: Mapping[str, Any] | None = None
+    json_schema: Mapping[str, Any] | None = None
     schema_name: str = "answer"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "") -> TableRequest:
         """From a sidecar's or a component's mapping; unknown keys are refused (a typo is never ignored)."""
-        names = {"model", "params", "schema", "schema_name", *TEXT_FIELDS}
+        names = {"model", "params", "json_schema", "schema_name", *TEXT_FIELDS}
         unknown = sorted(set(data) - names)
         if unknown:
             raise TableSpecError(f"unknown field(s) {', '.join(map(repr, unknown))}; the fields are "
@@ -138,12 +138,12 @@ class TableRequest:
         for name in TEXT_FIELDS:
             if data.get(name) is not None and not isinstance(data[name], str):
                 raise TableSpecError("must be a text template", where + name)
-        params, schema = data.get("params") or {}, data.get("schema")
+        params, schema = data.get("params") or {}, data.get("json_schema")
         if not isinstance(params, Mapping):
             raise TableSpecError("must be a mapping of request fields", where + "params")
         if schema is not None and not isinstance(schema, Mapping):
-            raise TableSpecError("must be a JSON schema (an object)", where + "schema")
-        spec = cls(model=model, **{n: data.get(n) for n in TEXT_FIELDS}, params=dict(params), schema=schema,
+            raise TableSpecError("must be a JSON schema (an object)", where + "json_schema")
+        spec = cls(model=model, **{n: data.get(n) for n in TEXT_FIELDS}, params=dict(params), json_schema=schema,
                    schema_name=str(data.get("schema_name") or "answer"))
         spec.check(where)
         return spec
@@ -182,10 +182,10 @@ class TableRequest:
         if own:
             raise TableSpecError(f"{own[0]!r} is written from the template and the schema, not from params",
                                  f"{where}params.{own[0]}")
-        if self.schema is not None:
+        if self.json_schema is not None:
             if self.endpoint == c.EMBEDDINGS:
-                raise TableSpecError("an embedding has no schema", where + "schema")
-            check_schema(self.schema, where + "schema")
+                raise TableSpecError("an embedding has no schema", where + "json_schema")
+            check_schema(self.json_schema, where + "json_schema")
         try:
             check_body(self.endpoint, self.body({name: "x" for name in self.columns()}))
         except BodyError as exc:
@@ -220,9 +220,9 @@ class TableRequest:
         else:
             system = [{"role": "system", "content": self._fill("system", row, index)}] if self.system else []
             body["messages"] = [*system, {"role": "user", "content": self._fill("user", row, index)}]
-        if self.schema is not None:
+        if self.json_schema is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": self.schema_name, "schema": dict(self.schema), "strict": True}}
+                "name": self.schema_name, "schema": dict(self.json_schema), "strict": True}}
         return body
 
     def output_fields(self) -> list[pa.Field]:
@@ -231,7 +231,7 @@ class TableRequest:
             head = [pa.field(EMBEDDING, pa.list_(pa.float32()))]
         else:
             head = [pa.field(ANSWER, pa.string())] + [pa.field(name, kind) for name, kind in schema_columns(
-                self.schema or {})]
+                self.json_schema or {})]
         return head + [pa.field("finish_reason", pa.string()), pa.field("prompt_tokens", pa.int64()),
                        pa.field("completion_tokens", pa.int64()), pa.field("reused", pa.bool_()),
                        pa.field("error_code", pa.string()), pa.field("error", pa.string())]
@@ -243,7 +243,7 @@ class RowFailure(Exception):
         self.error = error
 
 
-def check_schema(schema: Mapping[str, Any], param: str = "schema") -> None:
+def check_schema(schema: Mapping[str, Any], param: str = "json_schema") -> None:
     """A schema the answers can follow: valid JSON Schema (its own metaschema), an object with properties."""
     from jsonschema import SchemaError, validators
 
@@ -304,6 +304,13 @@ def render(spec: TableRequest, rows: Iterable[Mapping[str, Any]], limits: c.Limi
     return out
 
 
+def check_key_columns(spec: TableRequest, key_columns: Sequence[str]) -> None:
+    """Refuse a key column that has the name of an answer column."""
+    clash = sorted(set(key_columns) & {ROW, *(f.name for f in spec.output_fields())})
+    if clash:
+        raise TableSpecError(f"key column {clash[0]!r} has the name of an answer column", "key_columns")
+
+
 def missing_columns(spec: TableRequest, columns: Sequence[str]) -> list[str]:
     """The columns the templates name that the table does not have."""
     return [name for name in spec.columns() if name not in columns]
@@ -318,13 +325,14 @@ class Answered:
     failed: int = 0
     reused: int = 0
     cut: int = 0  # rows whose structured output max_tokens cut before its JSON ended
+    computed: int = 0  # rows the engine ran now (answered or failed), not reused, not refused before it
     prompt_tokens: int = 0  # of the rows computed now (reused rows cost nothing)
     completion_tokens: int = 0
     errors: list[RowError] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, int]:
         return {"rows": self.rows, "answered": self.answered, "failed": self.failed, "reused": self.reused,
-                "computed": self.answered + self.failed - self.reused, "cut": self.cut,
+                "computed": self.computed, "cut": self.cut,
                 "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
 
 
@@ -394,9 +402,10 @@ def answers(spec: TableRequest, rows: int, lines: Iterable[dict[str, Any]], erro
         if row is None or not 0 <= row < rows or seen[row]:
             continue
         seen[row] = True
-        reused = bool(line.get("reused"))
+        reused = bool(line.get(c.REUSED))
         columns["reused"][row] = reused
         counts.reused += reused
+        counts.computed += not reused and line.get("response") is not None  # a line not run has no response
         if not c.is_success(line):
             fail(_line_error(row, line))
             continue
@@ -415,13 +424,13 @@ def answers(spec: TableRequest, rows: int, lines: Iterable[dict[str, Any]], erro
         text = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
         finish = choice.get("finish_reason")
         columns[ANSWER][row], columns["finish_reason"][row] = text, finish
-        if spec.schema is not None:
+        if spec.json_schema is not None:
             counts.cut += finish == "length"
-            values, problem = structured(text or "", spec.schema, finish)
+            values, problem = structured(text or "", spec.json_schema, finish)
             if problem is not None:
                 fail(RowError(row, problem.code, problem.message, problem.param))
                 continue
-            for name, _ in schema_columns(spec.schema):
+            for name, _ in schema_columns(spec.json_schema):
                 columns[name][row] = _coerce(values.get(name), kinds[name])
         counts.answered += 1
     for row in (i for i, s in enumerate(seen) if not s):
@@ -431,14 +440,12 @@ def answers(spec: TableRequest, rows: int, lines: Iterable[dict[str, Any]], erro
 
 def answers_table(spec: TableRequest, keys: pa.Table, lines: Iterable[dict[str, Any]],
                   errors: Iterable[RowError] = ()) -> tuple[pa.Table, Answered]:
-    """The answered table: the input's key columns, then the answer columns (see `answers`)."""
+    """The answered table: `row` (the row's position in the input), the input's key columns, then the answer
+    columns (see `answers`)."""
+    check_key_columns(spec, keys.column_names)
     columns, counts = answers(spec, keys.num_rows, lines, errors)
-    fields = spec.output_fields()
-    clash = sorted(set(keys.column_names) & {f.name for f in fields})
-    if clash:
-        raise TableSpecError(f"key column {clash[0]!r} has the name of an answer column", "key_columns")
-    table = keys
-    for f in fields:
+    table = keys.add_column(0, ROW, pa.array(range(keys.num_rows), type=pa.int64()))
+    for f in spec.output_fields():
         table = table.append_column(f, pa.array(columns[f.name], type=f.type))
     return table, counts
 

@@ -99,8 +99,9 @@ def test_the_database_and_the_api_do_not_use_the_dagster_side():
 
 
 DAGSTER = ("dagster", "dagster_aws", "dagster_k8s", "dagster_postgres", "dagster_graphql", "dagster_webserver")
-# The CLI's run command (and the demo, which is one run) runs a batch through Dagster from Python.
-RUN_COMMANDS = ("batch_dagster.cli", "batch_dagster.demo.run", "batch_dagster.definitions")
+# The CLI's run command (and the demo, which is one run) runs a batch through Dagster from Python; the components
+# module is the name a project's defs.yaml gives the table batch component (its code is in defs/table/).
+RUN_COMMANDS = ("batch_dagster.cli", "batch_dagster.demo.run", "batch_dagster.definitions", "batch_dagster.components")
 
 
 def test_only_the_dagster_package_imports_dagster():

@@ -32,7 +32,7 @@ def chat_line(row: int, text: str, finish: str = "stop", reused: bool = False, p
 
 
 def test_a_row_renders_to_a_chat_request_with_its_schema_as_response_format():
-    s = spec(schema=SCHEMA)
+    s = spec(json_schema=SCHEMA)
     rendered = t.render(s, [{"text": "Great kettle", "id": 7}])
     assert rendered.errors == []
     line = orjson.loads(rendered.lines[0])
@@ -59,9 +59,9 @@ def test_completions_and_embeddings_templates():
     ({"prompt": "{text}"}, "prompt", "exactly one of"),
     ({"params": {"temperature": "hot"}}, "params.temperature", "number"),
     ({"params": {"messages": []}}, "params.messages", "written from the template"),
-    ({"schema": {"type": "object", "properties": {"a": {"type": "strng"}}}}, "schema.properties.a.type",
+    ({"json_schema": {"type": "object", "properties": {"a": {"type": "strng"}}}}, "json_schema.properties.a.type",
      "not valid JSON Schema"),
-    ({"schema": {"type": "array"}}, "schema", "object schema with properties"),
+    ({"json_schema": {"type": "array"}}, "json_schema", "object schema with properties"),
     ({"temprature": 0}, "temprature", "unknown field"),
     ({"model": ""}, "model", "model name"),
 ])
@@ -86,7 +86,7 @@ def test_an_empty_cell_or_an_oversized_request_is_that_row_s_error_and_the_rest_
 
 
 def test_answers_become_typed_columns_and_every_row_gets_an_answer_or_an_error():
-    s = spec(schema=SCHEMA)
+    s = spec(json_schema=SCHEMA)
     keys = pa.table({"review_id": ["a", "b", "c", "d", "e", "f"]})
     good = {"sentiment": "positive", "confidence": 0.9, "topic": "kettle", "stars": 5, "spam": False,
             "tags": ["home", "kitchen"]}
@@ -103,7 +103,7 @@ def test_answers_become_typed_columns_and_every_row_gets_an_answer_or_an_error()
     rows = table.to_pylist()
     assert table.schema.field("confidence").type == pa.float64() and table.schema.field("stars").type == pa.int64()
     assert table.schema.field("spam").type == pa.bool_() and table.schema.field("tags").type == pa.string()
-    assert rows[0] | {} == {"review_id": "a", "answer": orjson.dumps(good).decode(), "sentiment": "positive",
+    assert rows[0] == {"row": 0, "review_id": "a", "answer": orjson.dumps(good).decode(), "sentiment": "positive",
                             "confidence": 0.9, "topic": "kettle", "stars": 5, "spam": False,
                             "tags": '["home","kitchen"]', "finish_reason": "stop", "prompt_tokens": 10,
                             "completion_tokens": 5, "reused": False, "error_code": None, "error": None}
@@ -133,6 +133,7 @@ def test_render_errors_take_their_rows_and_embeddings_come_back_as_vectors():
     assert table.column("error_code").to_pylist() == [t.EMPTY_VALUE, None] and counts.answered == 1
 
 
-def test_a_key_column_named_like_an_answer_column_is_refused():
-    with pytest.raises(TableSpecError, match="answer"):
-        t.answers_table(spec(), pa.table({"answer": [1]}), [chat_line(0, "x")])
+@pytest.mark.parametrize("name", ["answer", "row", "error"])
+def test_a_key_column_named_like_an_answer_column_is_refused(name):
+    with pytest.raises(TableSpecError, match="answer column"):
+        t.answers_table(spec(), pa.table({name: [1]}), [chat_line(0, "x")])

@@ -74,6 +74,7 @@ class RunEta:
         # before).
         ran = (done - self.done_before) / self.total / share
         left = running_remaining_s(self.work * share, self.rate, ran, now - self.started)
-        return dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata={
+        partition = context.partition_key if context.has_partition_key else None  # a table batch's may have none
+        return dg.AssetObservation(asset_key=context.asset_key, partition=partition, metadata={
             "queue_position": 0, "requests_done": done, "fraction_done": round(done / self.total, 4),
             "estimated_completion_at": dg.MetadataValue.timestamp(now + left)})

@@ -23,24 +23,33 @@ def database_from_env(settings: Settings) -> DatabaseResource:
                             intake_api_key=env_or("BATCH_INTAKE_API_KEY", ""))
 
 
+def vllm_from_env(settings: Settings) -> VLLMResource:
+    """The engine as the settings configure it: in this process, or the servers, or a warm fleet for one model."""
+    return VLLMResource(
+        # BATCH_ENGINE_MODE is free text; the resource's pydantic config rejects any other value.
+        mode=cast(Literal["offline", "server"], settings.engine_mode),
+        models_file=str(settings.models_file),
+        model_cache_dir=str(settings.model_cache_dir),
+        server_urls=list(settings.vllm_server_urls),
+        server_api_key=env_or("BATCH_VLLM_API_KEY", settings.vllm_api_key),
+        max_concurrency=settings.vllm_max_concurrency,
+        fleet_url=settings.fleet_url,
+        fleet_model=settings.served_fleet_model() or "",
+    )
+
+
+def storage_from_env(settings: Settings) -> StorageResource:
+    return StorageResource(data_dir=str(settings.data_dir), url=settings.storage_url)
+
+
 def resources_from_env() -> dict[str, Any]:
     settings = Settings.from_env()
     return {
-        "storage": StorageResource(data_dir=str(settings.data_dir), url=settings.storage_url),
+        "storage": storage_from_env(settings),
         "pipeline": pipeline_config_from_env(settings),
         # Endpoint, region and credentials come from boto3's own variables (AWS_ENDPOINT_URL, AWS_*).
         "s3": LazyS3Resource(),
-        "vllm": VLLMResource(
-            # BATCH_ENGINE_MODE is free text; the resource's pydantic config rejects any other value.
-            mode=cast(Literal["offline", "server"], settings.engine_mode),
-            models_file=str(settings.models_file),
-            model_cache_dir=str(settings.model_cache_dir),
-            server_urls=list(settings.vllm_server_urls),
-            server_api_key=env_or("BATCH_VLLM_API_KEY", settings.vllm_api_key),
-            max_concurrency=settings.vllm_max_concurrency,
-            fleet_url=settings.fleet_url,
-            fleet_model=settings.served_fleet_model() or "",
-        ),
+        "vllm": vllm_from_env(settings),
         "database": database_from_env(settings),
         "intake": intake_from_env(settings),
         "webhooks": webhooks_from_env(settings),

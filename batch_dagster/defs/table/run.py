@@ -1,0 +1,206 @@
+"""A table batch's one asset at work: the upstream table's rows rendered into requests, run as a batch (by this
+process's pipeline, or by a batch-dagster service), and answered back into a table beside the input's key columns.
+
+In this process the batch lives in a folder of the batch storage named by its content (`table_<hash>`), so a retry
+of the step, or the next run with the same rows, finds its committed shards and runs only the rest; the folder is
+deleted once its answers are in the table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batch_dagster.batchfile import table as t
+from batch_dagster.batchfile.contract import BatchError
+from batch_dagster.batchfile.folder import BatchFolder, Declared
+from batch_dagster.batchfile.results import iter_lines
+from batch_dagster.batchfile.table import Rendered, TableRequest
+from batch_dagster.batchfile.usage import Usage, cost_of
+from batch_dagster.client import BatchService
+from batch_dagster.defs.assets import steps
+from batch_dagster.defs.assets.batch import md_table
+from batch_dagster.defs.assets.eta import estimate_metadata, write_estimate
+from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
+
+from .io_manager import as_arrow
+
+CHECK = "every_row_answered_once"
+SHOWN_ERRORS = 20  # rows whose errors the log and the metadata name one by one
+
+
+@dataclass(frozen=True)
+class TableBatch:
+    """What a component asks of each row, and how: the request, the key columns carried over, whether answers are
+    reused, what the batch may cost, and the service that runs it (None: this process's pipeline)."""
+
+    request: TableRequest
+    key_columns: tuple[str, ...] = ()
+    reuse: bool = True
+    max_cost: float | None = None
+    service: BatchService | None = None
+
+
+@dataclass
+class Ran:
+    """What running the batch gave: every output and error line, and how it ran."""
+
+    lines: list[dict[str, Any]]
+    usage: Usage
+    metadata: dict[str, Any]
+
+
+def batch_id_of(context: dg.AssetExecutionContext, batch: TableBatch, rendered: Rendered) -> str:
+    """The batch's name, from what it asks: the same rows asked the same way find the same folder (or remote batch)."""
+    h = hashlib.sha256()
+    partition = context.partition_key if context.has_partition_key else ""
+    h.update(f"{context.asset_key.to_user_string()}\n{partition}\n{batch.reuse}\n{batch.max_cost}\n".encode())
+    for line in rendered.lines:
+        h.update(line + b"\n")
+    return f"table_{h.hexdigest()[:32]}"
+
+
+def _invalid(errors: list[BatchError], rows: list[int]) -> str:
+    """Validation's errors, each named by the row its line came from."""
+    shown = []
+    for e in errors[:SHOWN_ERRORS]:
+        where = f"row {rows[e.line - 1]}" if e.line is not None and 0 < e.line <= len(rows) else "the batch"
+        shown.append(f"{where}: [{e.code}] {e.message}" + (f" (field: {e.param})" if e.param else ""))
+    return "; ".join(shown)
+
+
+def _in_pipeline(context: dg.AssetExecutionContext, batch: TableBatch, rendered: Rendered, rows: list[int],
+                 storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource) -> Ran:
+    """Run the rendered requests through this process's pipeline: validation, shards, inference with reuse,
+    per-shard commits, the merged files and the summary, as any batch."""
+    folder = storage.folder(batch_id_of(context, batch, rendered))
+    if not folder.has_input():
+        folder.declare(Declared(batch.request.endpoint, reuse=batch.reuse, max_cost=batch.max_cost))
+        with folder.storage.writing(folder.input_key) as path:
+            path.write_bytes(b"\n".join(rendered.lines) + b"\n")
+    if folder.manifest() is None:  # a retry, or a run after one that failed, resumes at the shards
+        validated = steps.validate(folder, pipeline, vllm, context.log, count=True)
+        if not validated.report.valid:
+            raise dg.Failure(f"The requests made of the table are refused: {_invalid(validated.report.errors, rows)}",
+                             allow_retries=False)
+        estimate = write_estimate(context, folder, validated.report, validated.tally, pipeline)
+        if estimate and estimate.get("cost"):
+            context.log.info(f"Estimate: {estimate['input_tokens']} prompt tokens, at most "
+                             f"{estimate['max_output_tokens']} output tokens, cost at most {estimate['cost']['max']} "
+                             f"{estimate['cost']['currency']}")
+        steps.plan_shards(folder, pipeline, context.log)
+    inference = steps.infer(context, folder, vllm, pipeline)
+    steps.merge_results(folder)
+    summary = steps.summarize(folder, pipeline, vllm)
+    lines = [*iter_lines(folder.storage, folder.output_key), *iter_lines(folder.storage, folder.error_key)]
+    meta = {"model_revision": summary.record.get("revision"), "engine_mode": summary.record.get("engine_mode"),
+            "shards": inference.shards_run + inference.shards_skipped, "shards_skipped": inference.shards_skipped,
+            "cost": summary.cost.total_cost, "currency": summary.cost.currency,
+            **estimate_metadata(folder.estimate())}
+    if summary.errors:
+        context.log.warning(f"The batch stopped early: {summary.errors[0].message}")
+    _remove(folder)
+    return Ran(lines, summary.usage, meta)
+
+
+def _remove(folder: BatchFolder) -> None:
+    """The batch's folder, once its answers are read: they live on in the table and (reused) in the answer store."""
+    folder.storage.delete_folder(folder.prefix)
+
+
+def _on_service(context: dg.AssetExecutionContext, batch: TableBatch, rendered: Rendered, rows: list[int],
+                pipeline: PipelineConfig) -> Ran:
+    """Run the rendered requests as a batch of a batch-dagster service; a retried step finds the batch it created."""
+    service = batch.service
+    assert service is not None
+    tag = batch_id_of(context, batch, rendered)
+    found = service.find(tag)
+    extra = {"max_cost": batch.max_cost} if batch.max_cost is not None else {}
+    created = found or service.create(b"\n".join(rendered.lines) + b"\n", f"{context.asset_key.path[-1]}.jsonl",
+                                      batch.request.endpoint, tag, extra)
+    context.log.info(f"{'Following' if found else 'Created'} batch {created['id']} at {service.url}")
+    shown: list[Any] = [None]
+
+    def on_poll(state: dict[str, Any]) -> None:
+        counts = (state["status"], state["request_counts"]["completed"], state["request_counts"]["failed"])
+        if counts != shown[0]:
+            shown[0] = counts
+            context.log.info(f"Batch {state['id']}: {counts[0]}, {counts[1]} completed, {counts[2]} failed of "
+                             f"{state['request_counts']['total']}")
+
+    def cancelled() -> bool:
+        run = context.instance.get_run_by_id(context.run.run_id)
+        return run is not None and run.status == dg.DagsterRunStatus.CANCELING
+
+    ended = service.wait(created["id"], on_poll, cancelled)
+    if ended["status"] == "failed" and not ended.get("output_file_id") and not ended.get("error_file_id"):
+        errors = [BatchError.from_dict(e) for e in (ended.get("errors") or {}).get("data") or []]
+        raise dg.Failure(f"The service refused the batch {ended['id']}: {_invalid(errors, rows)}", allow_retries=False)
+    usage = Usage.from_dict(ended.get("usage") or {})
+    cost = cost_of(usage, batch.request.model, pipeline.prices())
+    return Ran(list(service.lines(ended)), usage, {"service_batch": ended["id"], "service_status": ended["status"],
+                                                   "cost": cost.total_cost, "currency": cost.currency})
+
+
+def check_every_row(table: pa.Table, rows: int) -> dg.AssetCheckResult:
+    """Every upstream row has exactly one row here, at its place, with an answer or an error and not both."""
+    answer = table.column(t.EMBEDDING if t.EMBEDDING in table.column_names else t.ANSWER)
+    failed = pc.is_valid(table.column("error"))
+    answered = pc.and_(pc.is_valid(answer), pc.invert(failed))
+    positions = table.column(t.ROW).to_pylist() == list(range(rows))
+    neither = rows - pc.sum(pc.or_(answered, failed)).as_py() if rows else 0
+    return dg.AssetCheckResult(check_name=CHECK, passed=table.num_rows == rows and positions and neither == 0,
+                               metadata={"upstream_rows": rows, "rows": table.num_rows, "in_place": positions,
+                                         "answered": pc.sum(answered).as_py() or 0,
+                                         "failed": pc.sum(failed).as_py() or 0, "neither": neither})
+
+
+def answer_table(context: dg.AssetExecutionContext, upstream: Any, batch: TableBatch, storage: StorageResource,
+                 pipeline: PipelineConfig, vllm: VLLMResource) -> Iterator[dg.Output | dg.AssetCheckResult]:
+    """The asset's body: the answered table (pandas or pyarrow, as the upstream gave it) and its check."""
+    started = time.perf_counter()
+    table, spec = as_arrow(upstream), batch.request
+    absent = t.missing_columns(spec, table.column_names) + [k for k in batch.key_columns if k not in
+                                                             table.column_names]
+    if absent:
+        fields = ", ".join(f"request.{name}" for name in spec.templates())
+        raise dg.Failure(f"Column(s) {', '.join(map(repr, absent))} named by {fields} or key_columns are not in the "
+                         f"table {context.asset_key.to_user_string()}'s upstream; its columns are "
+                         f"{', '.join(table.column_names)}. No row was sent.", allow_retries=False)
+    rendered = t.render(spec, table.select(spec.columns()).to_pylist(), pipeline.limits)
+    refused = {e.row for e in rendered.errors}
+    sent = [row for row in range(table.num_rows) if row not in refused]  # line i+1 of the batch is row sent[i]
+    context.log.info(f"{table.num_rows} rows: {len(rendered.lines)} requests for {spec.model} at {spec.endpoint}, "
+                     f"{len(rendered.errors)} rows refused before any request")
+    ran = Ran([], Usage(), {})
+    if rendered.lines:
+        ran = _on_service(context, batch, rendered, sent, pipeline) if batch.service is not None else \
+            _in_pipeline(context, batch, rendered, sent, storage, pipeline, vllm)
+    keys = table.select(list(batch.key_columns))
+    answered, counts = t.answers_table(spec, keys, ran.lines, rendered.errors)
+    key_rows = keys.to_pylist()
+    for error in counts.errors[:SHOWN_ERRORS]:
+        context.log.warning(error.shown(key_rows[error.row]))
+    wall = time.perf_counter() - started
+    context.log.info(f"{counts.answered} rows answered ({counts.reused} reused), {counts.failed} failed, "
+                     f"{counts.computed} computed in {wall:.1f}s")
+    preview = answered.slice(0, 5).drop_columns([c for c in (t.EMBEDDING,) if c in answered.column_names])
+    metadata = {
+        **counts.to_dict(), "wall_s": round(wall, 3), "model": spec.model, "endpoint": spec.endpoint,
+        **{k: v for k, v in ran.metadata.items() if v is not None},
+        "errors": md_table([{"row": e.row, "keys": key_rows[e.row], "code": e.code, "field": e.param or "",
+                             "message": e.message} for e in counts.errors[:SHOWN_ERRORS]]),
+        "preview": md_table(preview.to_pylist()),
+        "dagster/row_count": answered.num_rows,
+    }
+    value = answered if isinstance(upstream, pa.Table) else answered.to_pandas()
+    yield dg.Output(value, metadata=metadata)
+    yield check_every_row(answered, table.num_rows)
+
