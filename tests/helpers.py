@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import dagster as dg
+import orjson
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import responses
@@ -32,6 +34,8 @@ from batch_dagster.defs.assets.batch import lifecycle_assets
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import LazyS3Resource, PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.defs.table import TableIOManager
+from batch_dagster.defs.table.component import IO_MANAGER, PIPELINE, STORAGE, VLLM
 from batch_dagster.engine import translate as t
 from batch_dagster.engine.base import EngineCrash, Line, Request
 from batch_dagster.settings import Settings
@@ -785,3 +789,117 @@ def check_retention_queries(database) -> None:
                                             (3, folder.input_key, now + 3600))])
         s.commit()
         assert served_keys(s, folder) == {folder.output_key, folder.input_key}  # the expired error file is not
+
+
+# Table batches (the TableBatchComponent): a project's defs folder, an engine that answers in JSON, the resources.
+
+SCHEMA = {"type": "object", "properties": {"sentiment": {"type": "string", "enum": ["positive", "negative"]},
+                                           "confidence": {"type": "number"}, "topic": {"type": "string"}},
+          "required": ["sentiment", "confidence", "topic"]}
+REVIEWS_ROWS = {"review_id": [f"r{i}" for i in range(8)], "stars": [5, 1, 4, 2, 5, 1, 3, 4],
+                "text": [f"review number {i} about the kettle" for i in range(8)]}
+
+
+def reviews_frame():
+    """Eight reviews as a pandas DataFrame (pandas imported here: importing this module stays cheap)."""
+    import pandas as pd
+
+    return pd.DataFrame(REVIEWS_ROWS)
+
+
+@dataclass
+class LabelEngine:
+    """Answers a chat request with JSON from its user message: positive above 3 stars (30 prompt and 12 completion
+    tokens each); counts what it ran."""
+
+    crash_times: int = 0
+    ran: list[str] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)
+
+    def run(self, endpoint: str, requests: Sequence[tuple[str, dict]], on_progress=None) -> list[dict]:
+        if self.crash_times:
+            self.crash_times -= 1
+            raise EngineCrash("fake engine died")
+        lines = []
+        for cid, body in requests:
+            self.ran.append(cid)
+            user = body["messages"][-1]["content"]
+            self.prompts.append(user)
+            stars = int(re.search(r"(\d) stars", user).group(1))
+            text = orjson.dumps({"sentiment": "positive" if stars > 3 else "negative", "confidence": stars / 5,
+                                 "topic": "kettle"}).decode()
+            if "cut me" in user:
+                text, finish = text[:20], "length"
+            else:
+                finish = "stop"
+            lines.append(c.success_line(cid, t.chat_completion(body["model"], [t.Choice(text, finish, 12)], 30)))
+            if on_progress is not None:
+                on_progress(1)
+        return lines
+
+
+def component_yaml(**attributes) -> dict:
+    base = {"asset": {"key": "review_labels", "group_name": "reviews"}, "upstream": "reviews",
+            "key_columns": ["review_id"],
+            "request": {"model": "smollm2-135m-instruct", "system": "Label the review as JSON.",
+                        "user": "Review ({stars} stars): {text}", "params": {"temperature": 0, "max_tokens": 40},
+                        "json_schema": SCHEMA}}
+    return {"type": "batch_dagster.components.TableBatchComponent", "attributes": {**base, **attributes}}
+
+
+UPSTREAMS = '''
+import dagster as dg
+import pandas as pd
+
+TABLES = {}  # the tests set what each asset returns
+
+
+@dg.asset
+def reviews() -> pd.DataFrame:
+    return TABLES["reviews"]
+
+
+@dg.asset(partitions_def=dg.DailyPartitionsDefinition(start_date="2026-11-01"))
+def tickets(context: dg.AssetExecutionContext) -> pd.DataFrame:
+    return TABLES[context.partition_key]
+'''
+
+
+@contextmanager
+def table_project(*components: dict):
+    """A dg project's defs folder: the upstream tables (tables.py) and each component in a folder of its own."""
+    import importlib
+
+    import yaml
+    from dagster.components.testing import create_defs_folder_sandbox
+
+    with create_defs_folder_sandbox() as sandbox:
+        (sandbox.defs_folder_path / "tables.py").write_text(UPSTREAMS)
+        for number, body in enumerate(components):
+            folder = sandbox.defs_folder_path / f"labels_{number}"
+            folder.mkdir()
+            (folder / "defs.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
+        with sandbox.build_component_tree() as tree:
+            tables = importlib.import_module(f"{sandbox.project_name}.defs.tables").TABLES
+            yield tree.build_defs(), tables
+
+
+def table_resources(data_dir: Path, engine: Any, name: str, **pipeline) -> dict:
+    return {STORAGE: StorageResource(data_dir=str(data_dir)), PIPELINE: PipelineConfig(shard_size=3, **pipeline),
+            VLLM: fake_vllm(name, engine), IO_MANAGER: TableIOManager(data_dir=str(data_dir))}
+
+
+def materialize(defs: dg.Definitions, keys: list[str], res: dict, instance, partition: str | None = None,
+                raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
+    wanted = {dg.AssetKey(k) for k in keys}  # the definitions' own assets, not yet bound to their resources
+    assets = [a for a in defs.assets if isinstance(a, dg.AssetsDefinition) and set(a.keys) & wanted]
+    return dg.materialize(assets, resources=res, instance=instance, partition_key=partition,
+                          raise_on_error=raise_on_error)
+
+
+def labels_of(result: dg.ExecuteInProcessResult, key: str = "review_labels") -> tuple[Any, dict]:
+    """The answered table (a pandas DataFrame) and its materialization's metadata values."""
+    event = result.asset_materializations_for_node(key.replace("/", "__"))[0]
+    return result.output_for_node(key.replace("/", "__")), {k: v.value for k, v in event.metadata.items()}
+
+

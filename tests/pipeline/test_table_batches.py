@@ -3,69 +3,30 @@ upstream, typed answers, reuse, retries, the cost cap, and bad input named by ro
 
 from __future__ import annotations
 
-import re
 import textwrap
-from collections.abc import Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import dagster as dg
-import orjson
 import pandas as pd
 import pyarrow as pa
 import pytest
-import yaml
-from dagster.components.testing import create_defs_folder_sandbox
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.reuse import AnswerStore
 from batch_dagster.defs.resources import PipelineConfig, StorageResource
 from batch_dagster.defs.table import TableIOManager
-from batch_dagster.defs.table.component import IO_MANAGER, PIPELINE, STORAGE, VLLM
-from batch_dagster.engine import translate as t
-from batch_dagster.engine.base import EngineCrash
+from batch_dagster.defs.table.component import PIPELINE
 from batch_dagster.engine import tokens
 from batch_dagster.engine.models import Models
-from tests.helpers import WordTokenizer, fake_vllm
-
-SCHEMA = {"type": "object", "properties": {"sentiment": {"type": "string", "enum": ["positive", "negative"]},
-                                           "confidence": {"type": "number"}, "topic": {"type": "string"}},
-          "required": ["sentiment", "confidence", "topic"]}
-REVIEWS = pd.DataFrame({"review_id": [f"r{i}" for i in range(8)], "stars": [5, 1, 4, 2, 5, 1, 3, 4],
-                        "text": [f"review number {i} about the kettle" for i in range(8)]})
-
-
-@dataclass
-class LabelEngine:
-    """Answers a chat request with JSON from its user message: positive above 3 stars (30 prompt and 12 completion
-    tokens each); counts what it ran."""
-
-    crash_times: int = 0
-    ran: list[str] = field(default_factory=list)
-    prompts: list[str] = field(default_factory=list)
-
-    def run(self, endpoint: str, requests: Sequence[tuple[str, dict]], on_progress=None) -> list[dict]:
-        if self.crash_times:
-            self.crash_times -= 1
-            raise EngineCrash("fake engine died")
-        lines = []
-        for cid, body in requests:
-            self.ran.append(cid)
-            user = body["messages"][-1]["content"]
-            self.prompts.append(user)
-            stars = int(re.search(r"(\d) stars", user).group(1))
-            text = orjson.dumps({"sentiment": "positive" if stars > 3 else "negative", "confidence": stars / 5,
-                                 "topic": "kettle"}).decode()
-            if "cut me" in user:
-                text, finish = text[:20], "length"
-            else:
-                finish = "stop"
-            lines.append(c.success_line(cid, t.chat_completion(body["model"], [t.Choice(text, finish, 12)], 30)))
-            if on_progress is not None:
-                on_progress(1)
-        return lines
+from tests.helpers import (
+    LabelEngine,
+    WordTokenizer,
+    component_yaml,
+    labels_of,
+    materialize,
+    reviews_frame,
+    table_project,
+    table_resources,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -74,74 +35,13 @@ def word_tokens(monkeypatch):
     monkeypatch.setattr(Models, "counter", lambda self, model: (tokens.counter(WordTokenizer()), 2048))
 
 
-def component_yaml(**attributes) -> dict:
-    base = {"asset": {"key": "review_labels", "group_name": "reviews"}, "upstream": "reviews",
-            "key_columns": ["review_id"],
-            "request": {"model": "smollm2-135m-instruct", "system": "Label the review as JSON.",
-                        "user": "Review ({stars} stars): {text}", "params": {"temperature": 0, "max_tokens": 40},
-                        "json_schema": SCHEMA}}
-    return {"type": "batch_dagster.components.TableBatchComponent", "attributes": {**base, **attributes}}
-
-
-UPSTREAMS = '''
-import dagster as dg
-import pandas as pd
-
-TABLES = {}  # the tests set what each asset returns
-
-
-@dg.asset
-def reviews() -> pd.DataFrame:
-    return TABLES["reviews"]
-
-
-@dg.asset(partitions_def=dg.DailyPartitionsDefinition(start_date="2026-11-01"))
-def tickets(context: dg.AssetExecutionContext) -> pd.DataFrame:
-    return TABLES[context.partition_key]
-'''
-
-
-@contextmanager
-def project(*components: dict):
-    """A dg project's defs folder: the upstream tables (tables.py) and each component in a folder of its own."""
-    with create_defs_folder_sandbox() as sandbox:
-        (sandbox.defs_folder_path / "tables.py").write_text(UPSTREAMS)
-        for number, body in enumerate(components):
-            folder = sandbox.defs_folder_path / f"labels_{number}"
-            folder.mkdir()
-            (folder / "defs.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
-        with sandbox.build_component_tree() as tree:
-            import importlib
-
-            tables = importlib.import_module(f"{sandbox.project_name}.defs.tables").TABLES
-            yield tree.build_defs(), tables
-
-
-def resources(data_dir: Path, engine: Any, name: str, **pipeline) -> dict:
-    return {STORAGE: StorageResource(data_dir=str(data_dir)), PIPELINE: PipelineConfig(shard_size=3, **pipeline),
-            VLLM: fake_vllm(name, engine), IO_MANAGER: TableIOManager(data_dir=str(data_dir))}
-
-
-def materialize(defs: dg.Definitions, keys: list[str], res: dict, instance, partition: str | None = None,
-                raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
-    wanted = {dg.AssetKey(k) for k in keys}  # the definitions' own assets, not yet bound to their resources
-    assets = [a for a in defs.assets if isinstance(a, dg.AssetsDefinition) and set(a.keys) & wanted]
-    return dg.materialize(assets, resources=res, instance=instance, partition_key=partition,
-                          raise_on_error=raise_on_error)
-
-
-def labels_of(result: dg.ExecuteInProcessResult, key: str = "review_labels") -> tuple[pd.DataFrame, dict]:
-    event = result.asset_materializations_for_node(key.replace("/", "__"))[0]
-    return result.output_for_node(key.replace("/", "__")), {k: v.value for k, v in event.metadata.items()}
-
-
 def test_a_table_is_answered_into_typed_columns_and_reused_when_rows_come_back(tmp_path, data_dir, instance):
     engine = LabelEngine()
-    with project(component_yaml()) as (defs, tables):
+    with table_project(component_yaml()) as (defs, tables):
         spec = defs.resolve_assets_def("review_labels")
         assert spec.partitions_def is None and spec.keys_by_input_name["upstream"] == dg.AssetKey("reviews")
-        tables["reviews"] = REVIEWS
-        res = resources(data_dir, engine, "labels")
+        tables["reviews"] = reviews_frame()
+        res = table_resources(data_dir, engine, "labels")
         first = materialize(defs, ["reviews", "review_labels"], res, instance)
         labels, meta = labels_of(first)
         assert list(labels.columns) == ["row", "review_id", "answer", "sentiment", "confidence", "topic",
@@ -150,7 +50,7 @@ def test_a_table_is_answered_into_typed_columns_and_reused_when_rows_come_back(t
         assert labels["sentiment"].tolist() == ["positive", "negative", "positive", "negative", "positive",
                                                 "negative", "negative", "positive"]
         assert labels["confidence"].dtype == "float64" and labels["confidence"].tolist()[0] == 1.0
-        assert labels["review_id"].tolist() == REVIEWS["review_id"].tolist() and labels["error"].isna().all()
+        assert labels["review_id"].tolist() == reviews_frame()["review_id"].tolist() and labels["error"].isna().all()
         assert (meta["rows"], meta["computed"], meta["reused"], meta["failed"]) == (8, 8, 0, 0)
         assert meta["completion_tokens"] == 8 * 12 and meta["cost"] > 0 and meta["wall_s"] > 0
         check = first.get_asset_check_evaluations()[0]
@@ -158,7 +58,7 @@ def test_a_table_is_answered_into_typed_columns_and_reused_when_rows_come_back(t
         assert engine.prompts[0] == "Review (5 stars): review number 0 about the kettle"
 
         # Two rows change: only they run again; the rest come from the answer store, billed at zero.
-        changed = REVIEWS.copy()
+        changed = reviews_frame().copy()
         changed.loc[[2, 5], "text"] = ["a new text for row two", "a new text for row five"]
         tables["reviews"] = changed
         engine.ran.clear()
@@ -175,14 +75,14 @@ def test_a_table_is_answered_into_typed_columns_and_reused_when_rows_come_back(t
 
 def test_partitions_follow_a_daily_upstream_one_batch_per_partition(tmp_path, data_dir, instance):
     engine = LabelEngine()
-    with project(component_yaml(asset={"key": "ticket_labels"}, upstream="tickets")) as (defs, tables):
+    with table_project(component_yaml(asset={"key": "ticket_labels"}, upstream="tickets")) as (defs, tables):
         labels = defs.resolve_assets_def("ticket_labels")
         assert isinstance(labels.partitions_def, dg.DailyPartitionsDefinition)
         assert labels.partitions_def == defs.resolve_assets_def("tickets").partitions_def
         assert labels.backfill_policy == dg.BackfillPolicy.multi_run(1)  # a backfill: one batch per partition
-        tables["2026-11-03"] = REVIEWS.head(2)
-        tables["2026-11-04"] = REVIEWS.tail(3)
-        res = resources(data_dir, engine, "daily")
+        tables["2026-11-03"] = reviews_frame().head(2)
+        tables["2026-11-04"] = reviews_frame().tail(3)
+        res = table_resources(data_dir, engine, "daily")
         for day, rows in (("2026-11-03", 2), ("2026-11-04", 3)):
             result = materialize(defs, ["tickets", "ticket_labels"], res, instance, partition=day)
             table, meta = labels_of(result, "ticket_labels")
@@ -198,14 +98,14 @@ def test_partitions_follow_a_daily_upstream_one_batch_per_partition(tmp_path, da
 
 def test_bad_rows_are_named_by_row_and_field_and_the_rest_are_answered(tmp_path, data_dir, instance):
     engine = LabelEngine()
-    with project(component_yaml(request={**component_yaml()["attributes"]["request"],
+    with table_project(component_yaml(request={**component_yaml()["attributes"]["request"],
                                          "params": {"temperature": 0, "max_tokens": 40}})) as (defs, tables):
-        rows = REVIEWS.copy().astype({"text": object})
+        rows = reviews_frame().copy().astype({"text": object})
         rows.loc[1, "text"] = None  # an empty cell the template names
         rows.loc[3, "text"] = "x" * 3000  # a request longer than a line may be
         rows.loc[6, "text"] = "cut me"  # its structured output is cut at max_tokens
         tables["reviews"] = rows
-        res = resources(data_dir, engine, "bad-rows", max_line_bytes=2000)
+        res = table_resources(data_dir, engine, "bad-rows", max_line_bytes=2000)
         labels, meta = labels_of(materialize(defs, ["reviews", "review_labels"], res, instance))
         errors = dict(zip(labels["row"], labels["error_code"], strict=True))
         assert {k: v for k, v in errors.items() if pd.notna(v)} == {1: "empty_value", 3: c.LINE_TOO_LARGE,
@@ -222,9 +122,9 @@ def test_bad_rows_are_named_by_row_and_field_and_the_rest_are_answered(tmp_path,
 def test_a_template_naming_a_missing_column_fails_before_anything_runs(tmp_path, data_dir, instance):
     engine = LabelEngine()
     request = {**component_yaml()["attributes"]["request"], "user": "Review of {product}: {text}"}
-    with project(component_yaml(request=request)) as (defs, tables):
-        tables["reviews"] = REVIEWS
-        result = materialize(defs, ["reviews", "review_labels"], resources(data_dir, engine, "missing"), instance,
+    with table_project(component_yaml(request=request)) as (defs, tables):
+        tables["reviews"] = reviews_frame()
+        result = materialize(defs, ["reviews", "review_labels"], table_resources(data_dir, engine, "missing"), instance,
                              raise_on_error=False)
         failure = next(e for e in result.all_events if e.is_step_failure)
         message = failure.step_failure_data.error.message
@@ -240,7 +140,7 @@ def test_a_template_naming_a_missing_column_fails_before_anything_runs(tmp_path,
 ])
 def test_a_request_no_row_could_run_fails_at_load_naming_its_field(request_fields, says):
     request = {**component_yaml()["attributes"]["request"], **request_fields}
-    with pytest.raises(Exception) as caught, project(component_yaml(request=request)):
+    with pytest.raises(Exception) as caught, table_project(component_yaml(request=request)):
         pass
     assert says in "".join(str(e) for e in _chain(caught.value))
 
@@ -253,9 +153,9 @@ def _chain(exc: BaseException | None):
 
 def test_an_engine_crash_retries_the_step_and_committed_shards_are_not_run_again(tmp_path, data_dir, instance):
     engine = LabelEngine(crash_times=1)
-    with project(component_yaml(reuse=False)) as (defs, tables):
-        tables["reviews"] = REVIEWS
-        result = materialize(defs, ["reviews", "review_labels"], resources(data_dir, engine, "crash"), instance)
+    with table_project(component_yaml(reuse=False)) as (defs, tables):
+        tables["reviews"] = reviews_frame()
+        result = materialize(defs, ["reviews", "review_labels"], table_resources(data_dir, engine, "crash"), instance)
         labels, meta = labels_of(result)
         assert meta["answered"] == 8 and len(engine.ran) == 8  # the crashed shard ran once, after the retry
         retries = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
@@ -273,12 +173,12 @@ def test_the_cost_cap_stops_the_batch_and_every_row_still_has_an_answer_or_an_er
         batch_discount = 0.0
     """))
     request = {**component_yaml()["attributes"]["request"], "params": {"temperature": 0, "max_tokens": 5}}
-    with project(component_yaml(reuse=False, max_cost=100.0, request=request),
+    with table_project(component_yaml(reuse=False, max_cost=100.0, request=request),
                  component_yaml(reuse=False, max_cost=10.0, asset={"key": "refused"})) as (defs, tables):
-        tables["reviews"] = REVIEWS
+        tables["reviews"] = reviews_frame()
         # Its estimate's upper bound passes (one token per request, as the stand-in counts); its spend does not.
         monkeypatch.setattr(Models, "counter", lambda self, model: (lambda endpoint, body: [1], 2048))
-        res = resources(data_dir, engine, "cap", prices_file=str(prices))
+        res = table_resources(data_dir, engine, "cap", prices_file=str(prices))
         res[PIPELINE] = PipelineConfig(shard_size=3, prices_file=str(prices))
         result = materialize(defs, ["reviews", "review_labels"], res, instance, raise_on_error=False)
         assert result.success
@@ -294,8 +194,8 @@ def test_the_cost_cap_stops_the_batch_and_every_row_still_has_an_answer_or_an_er
 
 def test_the_answer_store_is_kept_where_the_batch_folders_are(tmp_path, data_dir, instance):
     engine = LabelEngine()
-    with project(component_yaml()) as (defs, tables):
-        tables["reviews"] = REVIEWS
-        materialize(defs, ["reviews", "review_labels"], resources(data_dir, engine, "store"), instance)
+    with table_project(component_yaml()) as (defs, tables):
+        tables["reviews"] = reviews_frame()
+        materialize(defs, ["reviews", "review_labels"], table_resources(data_dir, engine, "store"), instance)
     store = AnswerStore(StorageResource(data_dir=str(data_dir)).storage())
     assert len(store.ledgers()) == 3 and store.size() > 0  # one ledger per shard of 3
