@@ -34,8 +34,8 @@ from batch_dagster.defs.assets.batch import lifecycle_assets
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import LazyS3Resource, PipelineConfig, StorageResource, VLLMResource
-from batch_dagster.defs.table import TableIOManager
 from batch_dagster.defs.table.component import IO_MANAGER, PIPELINE, STORAGE, VLLM
+from batch_dagster.defs.table.io_manager import TableIOManager
 from batch_dagster.engine import translate as t
 from batch_dagster.engine.base import EngineCrash, Line, Request
 from batch_dagster.settings import Settings

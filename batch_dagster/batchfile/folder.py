@@ -6,6 +6,8 @@ way through it, in the order of the listing below; each internal JSON document i
     batches/<batch_id>/
       batch.json          Declared: the endpoint the batch was created for (API batches)
       source.json         Source: where a dropped file is fetched from, and its File's key
+      table.json          TableDrop: a dropped table's name, what its sidecar asks, its rows refused before a request
+      table.parquet       a dropped table's key columns, one row per row of the table
       deadline.json       Deadline: when the batch expires (no shard starts after it)
       stop.json           Stop: a request to stop before the next shard (cancel, expiry, cost cap)
       input.jsonl         the input file as uploaded
@@ -130,6 +132,17 @@ class Source(Document):
 
     uri: str
     file_path: str
+
+
+@dataclass
+class TableDrop(Document):
+    """A dropped table's batch (batchfile/table.py): the table's file name, its sidecar's fields, its number of rows,
+    and the rows that made no request (each a RowError's fields)."""
+
+    filename: str
+    sidecar: dict[str, Any]
+    rows: int
+    row_errors: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -346,6 +359,17 @@ class BatchFolder:
 
     def set_source(self, uri: str, file_key: str) -> None:
         self._write("source.json", Source(uri, file_key))
+
+    @property
+    def table_key(self) -> str:
+        """A dropped table's key columns (Parquet)."""
+        return self.key("table.parquet")
+
+    def table_drop(self) -> TableDrop | None:
+        return self._read("table.json", TableDrop)
+
+    def write_table_drop(self, drop: TableDrop) -> None:
+        self._write("table.json", drop)
 
     def set_deadline(self, expires_at: float) -> None:
         """The time (epoch seconds) after which no new shard starts: the batch expires."""

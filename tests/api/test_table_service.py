@@ -6,8 +6,16 @@ from __future__ import annotations
 import dagster as dg
 
 from batch_dagster.client import TABLE_BATCH_KEY
-from tests.helpers import KEY_A, LabelEngine, component_yaml, labels_of, materialize, reviews_frame, table_project, \
-    table_resources
+from tests.helpers import (
+    KEY_A,
+    LabelEngine,
+    component_yaml,
+    labels_of,
+    materialize,
+    reviews_frame,
+    table_project,
+    table_resources,
+)
 
 
 def test_a_table_batch_runs_on_a_service_and_a_retry_follows_its_batch(start_service, tmp_path, instance):

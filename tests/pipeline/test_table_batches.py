@@ -13,8 +13,8 @@ import pytest
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.reuse import AnswerStore
 from batch_dagster.defs.resources import PipelineConfig, StorageResource
-from batch_dagster.defs.table import TableIOManager
 from batch_dagster.defs.table.component import PIPELINE
+from batch_dagster.defs.table.io_manager import TableIOManager
 from batch_dagster.engine import tokens
 from batch_dagster.engine.models import Models
 from tests.helpers import (

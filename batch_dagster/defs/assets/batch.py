@@ -7,15 +7,16 @@ Every asset is partitioned by batch and idempotent: a re-run reuses what is alre
 import hashlib
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile.folder import BatchFolder, Source
+from batch_dagster.batchfile.table import is_table
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.defs.table.drop import fetch_dropped_table
 from batch_dagster.settings import Settings
 from batch_dagster.storage import file_location
 from batch_dagster.storage.transfer import fetch
@@ -24,16 +25,6 @@ from . import steps
 from .eta import estimate_metadata, write_estimate
 
 GROUP = "batch_lifecycle"
-
-
-def md_table(rows: list[dict[str, Any]]) -> dg.MetadataValue:
-    if not rows:
-        return dg.MetadataValue.md("_none_")
-    head = list(rows[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        lines.append("| " + " | ".join(str(r[h]).replace("|", "\\|").replace("\n", " ")[:120] for h in head) + " |")
-    return dg.MetadataValue.md("\n".join(lines))
 
 
 LABEL_TAGS = ("filename", "source", "owner")
@@ -65,14 +56,19 @@ def _fetch_dropped_file(context: dg.AssetExecutionContext, folder: BatchFolder, 
     partitions_def=batches,
     group_name=GROUP,
     kinds={"json"},
-    description="The batch's input file as uploaded, or fetched from the bucket or inbox it was dropped in.",
+    description="The batch's input file as uploaded, or fetched from the bucket or inbox it was dropped in (a dropped "
+                "Parquet or CSV table: its rows rendered into requests as its sidecar says).",
 )
-def batch_input(context: dg.AssetExecutionContext, storage: StorageResource, s3: S3Resource) -> dg.MaterializeResult:
+def batch_input(context: dg.AssetExecutionContext, storage: StorageResource, s3: S3Resource,
+                pipeline: PipelineConfig) -> dg.MaterializeResult:
     folder = storage.folder(context.partition_key)
     where = folder.storage.uri(folder.input_key)
     source = folder.source()
     if not folder.has_input() and source is not None:
-        _fetch_dropped_file(context, folder, source, s3)
+        if is_table(source.uri):  # a Parquet or CSV file with its sidecar: its rows become the input file
+            fetch_dropped_table(context, folder, source, s3.get_client(), pipeline.limits)
+        else:
+            _fetch_dropped_file(context, folder, source, s3)
     if not folder.has_input():
         raise dg.Failure(f"No input file at {where}.", allow_retries=False)
     h = hashlib.sha256()
@@ -118,7 +114,7 @@ def validated_requests(
             partition=context.partition_key,
             metadata={"status": "invalid", **_labels(context), "error_count": report.error_count,
                       "total_requests": report.total_requests,
-                      "errors": md_table([e.to_dict() for e in report.errors[:50]]),
+                      "errors": steps.md_table([e.to_dict() for e in report.errors[:50]]),
                       **({"model": report.shown_model} if report.shown_model else {})},
         ))
         return
@@ -132,7 +128,7 @@ def validated_requests(
         metadata={
             "status": "valid",
             **_labels(context),
-            "preview": md_table(head),
+            "preview": steps.md_table(head),
             "total_requests": report.total_requests,
             "model": report.model,
             "endpoint": report.endpoint,
@@ -197,7 +193,7 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResour
             "completed": result.request_counts.completed,
             "failed": result.request_counts.failed,
             "error_codes": dg.MetadataValue.json(result.error_codes),
-            "preview": md_table(preview),
+            "preview": steps.md_table(preview),
         }
     )
 

@@ -1,6 +1,8 @@
 """Results of a dropped file written back beside it: the last step of a batch that arrived by S3 or the inbox."""
 
+import tempfile
 from contextlib import ExitStack
+from pathlib import Path
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
@@ -10,6 +12,7 @@ from batch_dagster.db.batches import result_summary
 from batch_dagster.defs.assets.batch import GROUP, batch_usage
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, StorageResource
+from batch_dagster.defs.table.drop import answered_table
 from batch_dagster.storage.transfer import deliver
 
 
@@ -18,8 +21,9 @@ from batch_dagster.storage.transfer import deliver
     group_name=GROUP,
     kinds={"s3"},
     deps=[batch_usage],
-    description="The output file, error file and summary of a dropped file's batch, written under the "
-    "bucket's results prefix or the inbox's results folder (run once the batch has ended, however it ended).",
+    description="The output file, error file and summary of a dropped file's batch (and a dropped table's answered "
+    "table), written under the bucket's results prefix or the inbox's results folder (run once the batch has ended, "
+    "however it ended).",
 )
 def delivered_results(
     context: dg.AssetExecutionContext, storage: StorageResource, database: DatabaseResource, s3: S3Resource
@@ -39,6 +43,9 @@ def delivered_results(
         keys.append(folder.write_delivery_summary(result_summary(batch, intake, cost, names)))
         with ExitStack() as stack:
             files = {key.rsplit("/", 1)[-1]: stack.enter_context(folder.storage.local_copy(key)) for key in keys}
+            answered = answered_table(folder, Path(stack.enter_context(tempfile.TemporaryDirectory())))
+            if answered is not None:  # a dropped table's answers, in its own format, beside the other results
+                files[answered.name] = answered
             written = deliver(files, intake.deliver_to, s3.get_client)
         repo.mark_delivered(session, batch_id)
     context.log.info(f"{batch.status}: wrote {', '.join(written)}")

@@ -42,6 +42,16 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def md_table(rows: list[dict[str, Any]]) -> dg.MetadataValue:
+    if not rows:
+        return dg.MetadataValue.md("_none_")
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r[h]).replace("|", "\\|").replace("\n", " ")[:120] for h in head) + " |")
+    return dg.MetadataValue.md("\n".join(lines))
+
+
 @dataclass
 class Validated:
     """What validation found: its report, the batch's tokens (when counted), how long it took, its first rows."""

@@ -19,7 +19,15 @@ from typing import Any, NamedTuple, TypeVar
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
-from batch_dagster.batchfile.contract import endpoint_of_head
+from batch_dagster.batchfile.contract import CHAT, endpoint_of_head
+from batch_dagster.batchfile.table import (
+    MAX_SIDECAR_BYTES,
+    SIDECAR_SUFFIX,
+    Sidecar,
+    TableSpecError,
+    is_table,
+    sidecar_name,
+)
 from batch_dagster.db import repo
 from batch_dagster.db.batches import HEAD_BYTES, DroppedFile, drop_problem, head_model, register_dropped
 from batch_dagster.db.eta import set_launch_priorities
@@ -124,8 +132,8 @@ def _unknown(context: dg.SensorEvaluationContext, database: DatabaseResource, ca
 
 
 def list_s3(client, intake: Intake, start_after: str) -> tuple[list[dict], str]:
-    """Up to max_keys_per_tick `.jsonl` objects under the prefix after `start_after`, and where the next tick
-    starts: after the last key seen, or from the top ("") once the listing reached the end."""
+    """Up to max_keys_per_tick `.jsonl` objects and Parquet or CSV tables under the prefix after `start_after`, and
+    where the next tick starts: after the last key seen, or from the top ("") once the listing reached the end."""
     objects, seen = [], 0
     kwargs = {"Bucket": intake.s3_bucket, "Prefix": intake.s3_prefix}
     while seen < intake.max_keys_per_tick:
@@ -133,7 +141,7 @@ def list_s3(client, intake: Intake, start_after: str) -> tuple[list[dict], str]:
                                       MaxKeys=min(1000, intake.max_keys_per_tick - seen))
         contents = page.get("Contents", [])
         seen += len(contents)
-        objects += [o for o in contents if o["Key"].endswith(".jsonl")
+        objects += [o for o in contents if (o["Key"].endswith(".jsonl") or is_table(o["Key"]))
                     and not o["Key"].startswith(intake.s3_output_prefix)]
         if not page.get("IsTruncated") or not contents:
             return objects, ""
@@ -141,13 +149,37 @@ def list_s3(client, intake: Intake, start_after: str) -> tuple[list[dict], str]:
     return objects, start_after
 
 
+def _table_file(source: str, version: str, name: str, size: int, sidecar: bytes) -> DroppedFile:
+    """A dropped table as a batch: its endpoint and model from its sidecar (a sidecar that says neither is reported
+    by the batch's run, which fails saying why)."""
+    try:
+        request = Sidecar.parse(sidecar).request
+        endpoint, model = request.endpoint, request.model
+    except TableSpecError:
+        endpoint, model = CHAT, None
+    return DroppedFile(source=source, version=version, filename=name, bytes=size, endpoint=endpoint, model=model)
+
+
+def _s3_sidecar(client, bucket: str, key: str) -> dict[str, Any] | None:
+    """A dropped table's sidecar object (its key and ETag), or None while there is none."""
+    folder, _, name = key.rpartition("/")
+    sidecar = f"{folder}/{sidecar_name(name)}" if folder else sidecar_name(name)
+    try:
+        return {"Key": sidecar, "ETag": client.head_object(Bucket=bucket, Key=sidecar)["ETag"]}
+    except client.exceptions.ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+
+
 @dg.sensor(
     jobs=[batch_job, deliver_results_job],
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING if Settings.from_env().s3_bucket
     else dg.DefaultSensorStatus.STOPPED,
-    description="Runs each new .jsonl object under s3://$BATCH_S3_BUCKET/$BATCH_S3_PREFIX as a batch and writes "
-    "its results under $BATCH_S3_OUTPUT_PREFIX<batch_id>/.",
+    description="Runs each new .jsonl object under s3://$BATCH_S3_BUCKET/$BATCH_S3_PREFIX as a batch (and each "
+    "Parquet or CSV table with its .batch.yaml sidecar) and writes its results under "
+    "$BATCH_S3_OUTPUT_PREFIX<batch_id>/.",
 )
 def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3Resource, database: DatabaseResource,
                      storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
@@ -160,15 +192,29 @@ def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3
     refused = cursor.get("refused", [])
     objects, next_start = list_s3(client, intake, cursor.get("start_after", ""))
     found: list[DroppedFile] = []
-    for o in _unknown(context, database, [(s3_uri(intake.s3_bucket, o["Key"]), o["ETag"], o) for o in objects],
-                      refused):
+    candidates = []
+    for o in objects:
+        version = o["ETag"]
+        if is_table(o["Key"]):  # a table is a batch once its sidecar is there: the two versions make its version
+            sidecar = _s3_sidecar(client, intake.s3_bucket, o["Key"])
+            if sidecar is None:
+                continue
+            version, o = f"{version}+{sidecar['ETag']}", {**o, "sidecar": sidecar}
+        candidates.append((s3_uri(intake.s3_bucket, o["Key"]), version, (version, o)))
+    for version, o in _unknown(context, database, candidates, refused):
         uri = s3_uri(intake.s3_bucket, o["Key"])
         if len(found) == intake.max_batches_per_tick:
             next_start = found[-1].source.removeprefix(f"s3://{intake.s3_bucket}/")  # the rest next tick
             break
+        name = o["Key"].rsplit("/", 1)[-1]
+        if "sidecar" in o:
+            sidecar = client.get_object(Bucket=intake.s3_bucket, Key=o["sidecar"]["Key"],
+                                        Range=f"bytes=0-{MAX_SIDECAR_BYTES}")["Body"].read()
+            found.append(_table_file(uri, version, name, o["Size"], sidecar))
+            continue
         body = client.get_object(Bucket=intake.s3_bucket, Key=o["Key"], Range=f"bytes=0-{HEAD_BYTES - 1}")["Body"]
         head = body.read()
-        found.append(DroppedFile(source=uri, version=o["ETag"], filename=o["Key"].rsplit("/", 1)[-1],
+        found.append(DroppedFile(source=uri, version=version, filename=name,
                                  bytes=o["Size"], endpoint=endpoint_of_head(head), model=head_model(head)))
     return _tick(context, intake, database, storage, vllm, found, scheme="s3://",
                  deliver_to=intake.s3_results_uri(), cursor={"start_after": next_start, "refused": refused})
@@ -176,13 +222,14 @@ def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3
 
 def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: float, now: float
                           ) -> tuple[list[tuple[os.DirEntry, os.stat_result]], dict[str, list[int]], list[str]]:
-    """The inbox's .jsonl files unchanged since the previous tick and for `settle_s`; the signatures seen now;
-    the symbolic links refused."""
+    """The inbox's .jsonl files, Parquet and CSV tables and their sidecars unchanged since the previous tick and for
+    `settle_s`; the signatures seen now; the symbolic links refused."""
     complete, seen, links = [], {}, []
     with os.scandir(inbox) as entries:
         for entry in entries:
             name = entry.name
-            if name.startswith(".") or not name.endswith(".jsonl") or name.endswith(IGNORED_SUFFIXES):
+            taken = name.endswith((".jsonl", SIDECAR_SUFFIX)) or is_table(name)
+            if name.startswith(".") or not taken or name.endswith(IGNORED_SUFFIXES):
                 continue
             if entry.is_symlink():  # never followed: it could lead anywhere the daemon can read
                 links.append(name)
@@ -201,7 +248,8 @@ def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: 
     minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Runs each .jsonl file dropped into the inbox folder ($BATCH_INBOX_DIR) as a batch, once it is "
-    "completely written, and writes its results to <outbox>/<batch_id>/.",
+    "completely written (and each Parquet or CSV table with its .batch.yaml sidecar), and writes its results to "
+    "<outbox>/<batch_id>/.",
 )
 def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, database: DatabaseResource,
                  storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
@@ -215,12 +263,24 @@ def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, database: 
     for name in sorted(set(links) - set(cursor.get("links", []))):  # said once, not on every tick
         context.log.warning(f"{inbox / name} is a symbolic link: ignored (the inbox takes regular files only)")
     candidates = []
+    sidecars = {entry.name: (entry, st) for entry, st in complete if entry.name.endswith(SIDECAR_SUFFIX)}
     for entry, st in complete:
         source, version = Path(entry.path).resolve().as_uri(), f"{st.st_size}:{st.st_mtime_ns}"
+        if entry.name.endswith(SIDECAR_SUFFIX):
+            continue
+        if is_table(entry.name):  # a batch once its sidecar is complete too; both versions make its version
+            sidecar = sidecars.get(sidecar_name(entry.name))
+            if sidecar is None:
+                continue
+            version += f"+{sidecar[1].st_size}:{sidecar[1].st_mtime_ns}"
         candidates.append((source, version, (source, version, entry, st)))
     found = []
     # Files past this tick's cap stay pending: they are complete, and taken on the next ticks.
     for source, version, entry, st in _unknown(context, database, candidates, refused)[: intake.max_batches_per_tick]:
+        if is_table(entry.name):
+            with open(inbox / sidecar_name(entry.name), "rb") as f:
+                found.append(_table_file(source, version, entry.name, st.st_size, f.read(MAX_SIDECAR_BYTES + 1)))
+            continue
         with open(entry.path, "rb") as f:
             head = f.read(HEAD_BYTES)
         found.append(DroppedFile(source=source, version=version, filename=entry.name, bytes=st.st_size,

@@ -1,7 +1,3 @@
-"""Table batches: a Dagster component that answers each row of a table asset, and the Parquet IO manager of its
-answered tables."""
-
-from .component import TableBatchComponent
-from .io_manager import TableIOManager
-
-__all__ = ["TableBatchComponent", "TableIOManager"]
+"""Table batches: the Dagster component that answers each row of a table asset (component.py), its asset's work
+(run.py), the Parquet IO manager of its answered tables (io_manager.py), and tables dropped with a sidecar
+(drop.py)."""

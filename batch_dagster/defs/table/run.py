@@ -26,7 +26,6 @@ from batch_dagster.batchfile.table import Rendered, TableRequest
 from batch_dagster.batchfile.usage import Usage, cost_of
 from batch_dagster.client import BatchService
 from batch_dagster.defs.assets import steps
-from batch_dagster.defs.assets.batch import md_table
 from batch_dagster.defs.assets.eta import estimate_metadata, write_estimate
 from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
 
@@ -195,9 +194,9 @@ def answer_table(context: dg.AssetExecutionContext, upstream: Any, batch: TableB
     metadata = {
         **counts.to_dict(), "wall_s": round(wall, 3), "model": spec.model, "endpoint": spec.endpoint,
         **{k: v for k, v in ran.metadata.items() if v is not None},
-        "errors": md_table([{"row": e.row, "keys": key_rows[e.row], "code": e.code, "field": e.param or "",
+        "errors": steps.md_table([{"row": e.row, "keys": key_rows[e.row], "code": e.code, "field": e.param or "",
                              "message": e.message} for e in counts.errors[:SHOWN_ERRORS]]),
-        "preview": md_table(preview.to_pylist()),
+        "preview": steps.md_table(preview.to_pylist()),
         "dagster/row_count": answered.num_rows,
     }
     value = answered if isinstance(upstream, pa.Table) else answered.to_pandas()
