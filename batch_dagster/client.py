@@ -60,9 +60,8 @@ class BatchService:
                     "metadata": {TABLE_BATCH_KEY: tag}, **(extra or {})}
             return self._json(client.post("/batches", json=body))
 
-    def wait(self, batch_id: str, on_poll: Callable[[dict[str, Any]], None] | None = None,
-             is_cancelled: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """Follow the batch to its end (calling `on_poll` with each state); cancels it when `is_cancelled`."""
+    def wait(self, batch_id: str, on_poll: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Follow the batch to its end, calling `on_poll` with each state."""
         with self._client() as client:
             while True:
                 batch = self._json(client.get(f"/batches/{batch_id}"))
@@ -70,9 +69,11 @@ class BatchService:
                     on_poll(batch)
                 if batch["status"] in TERMINAL:
                     return batch
-                if is_cancelled is not None and is_cancelled():
-                    self._json(client.post(f"/batches/{batch_id}/cancel"))
                 time.sleep(self.poll_s)
+
+    def cancel(self, batch_id: str) -> dict[str, Any]:
+        with self._client() as client:
+            return self._json(client.post(f"/batches/{batch_id}/cancel"))
 
     def lines(self, batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """The lines of the batch's output file and error file."""

@@ -50,3 +50,21 @@ def test_a_batch_the_service_refuses_fails_the_step_naming_the_rows(start_servic
         failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
         message = failure.step_failure_data.error.message
         assert "row 0: [model_not_found]" in message and "(field: body.model)" in message
+
+
+def test_an_interrupted_step_cancels_its_batch_on_the_service(start_service, tmp_path, instance, monkeypatch):
+    from batch_dagster.client import BatchService
+
+    service = start_service(engine=LabelEngine(), worker=False)  # the batch stays queued: nothing runs it
+
+    def interrupted(self, batch_id, on_poll=None):
+        raise KeyboardInterrupt  # what the step sees when its run is terminated
+
+    monkeypatch.setattr(BatchService, "wait", interrupted)
+    with table_project(component_yaml(service_url=f"{service.url}/v1", service_api_key=KEY_A)) as (defs, tables):
+        tables["reviews"] = reviews_frame()
+        result = materialize(defs, ["reviews", "review_labels"], table_resources(tmp_path, LabelEngine(), "y"),
+                             instance, raise_on_error=False)
+    assert not result.success
+    [batch] = service.client().batches.list().data
+    assert batch.status in ("cancelling", "cancelled")
