@@ -115,6 +115,27 @@ def wait_http(url: str, timeout_s: float, proc=None) -> None:
     raise TimeoutError(url)
 
 
+@contextmanager
+def webserver(args: list[str], env: dict[str, str], log: Path, cwd: Path | None = None):
+    """dagster-webserver on a free loopback port with `args` (its code location), until the block ends: its URL."""
+    port = free_port()
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(Path(sys.executable).with_name("dagster-webserver")), "-h", "127.0.0.1",
+                                 "-p", str(port), *args], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/server_info", 120, proc)
+            time.sleep(2)  # the code location loads after the server answers
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 def new_database(server_url: str) -> str:
     """A new, empty database on the PostgreSQL server at `server_url` (a URL without a database name): its URL."""
     import uuid

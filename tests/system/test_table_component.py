@@ -21,7 +21,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from tests.helpers import MODEL_CACHE, free_port, wait_http
+from tests.helpers import MODEL_CACHE, webserver
 from tests.system.test_ui_browser import CHROMIUM, browse
 
 pytestmark = pytest.mark.engine
@@ -108,23 +108,9 @@ def test_the_reviews_are_labelled_into_typed_columns_and_only_changed_rows_run_a
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian: apt-get install chromium)")
 def test_the_ui_shows_reviews_feeding_review_labels_in_the_lineage_graph(reviews_project, tmp_path):
     _, _, env, _, _ = reviews_project
-    port = free_port()
-    log = open(tmp_path / "webserver.log", "w")
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("dagster-webserver")), "-h", "127.0.0.1", "-p",
-                             str(port), "-m", "reviews_example.definitions", "-d", str(EXAMPLE / "src")],
-                            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/server_info", 120, proc)
-        time.sleep(2)  # the code location loads after the server answers
-        dom = browse(f"http://127.0.0.1:{port}/assets/review_labels?view=lineage", tmp_path, "review-labels-lineage")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    with webserver(["-m", "reviews_example.definitions", "-d", str(EXAMPLE / "src")], {**os.environ, **env},
+                   tmp_path / "webserver.log") as url:
+        dom = browse(f"{url}/assets/review_labels?view=lineage", tmp_path, "review-labels-lineage")
     # Each asset is a node of the graph (an SVG foreignObject at its place): reviews on the left, upstream of
     # review_labels, whose check has passed.
     nodes = {}

@@ -11,8 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from batch_dagster.defs.instance import REPO_INSTANCE_CONFIG
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource
 from batch_dagster.defs.runner import run_batch
-from tests.helpers import FakeEngine, chat_request, fake_vllm, free_port, rows, wait_http, write_jsonl
+from tests.helpers import FakeEngine, chat_request, fake_vllm, rows, webserver, write_jsonl
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian: apt-get install chromium)")
@@ -75,24 +73,9 @@ def ui(tmp_path, monkeypatch):
         report = dg.materialize(report_assets, partition_key=day, instance=instance,
                                 resources={k: resources[k] for k in ("database", "storage")})
         assert report.success
-        port = free_port()
         env = {**os.environ, "DAGSTER_HOME": str(home), "BATCH_DATA_DIR": str(data)}
-        log = open(tmp_path / "webserver.log", "w")
-        proc = subprocess.Popen([str(Path(sys.executable).with_name("dagster-webserver")), "-h", "127.0.0.1",
-                                 "-p", str(port), "-w", "workspace.yaml"], cwd=REPO, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_http(f"http://127.0.0.1:{port}/server_info", 120, proc)
-            time.sleep(2)  # the code location loads after the server answers
-            yield f"http://127.0.0.1:{port}", instance, good, bad, day
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
+        with webserver(["-w", "workspace.yaml"], env, tmp_path / "webserver.log", cwd=REPO) as url:
+            yield url, instance, good, bad, day
 
 
 def test_the_ui_shows_an_invalid_batch_as_a_result_and_the_report_chart_inline(ui, tmp_path):
