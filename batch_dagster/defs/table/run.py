@@ -52,7 +52,6 @@ class Ran:
     """What running the batch gave: every output and error line, and how it ran."""
 
     lines: list[dict[str, Any]]
-    usage: Usage
     metadata: dict[str, Any]
 
 
@@ -86,7 +85,8 @@ def _in_pipeline(context: dg.AssetExecutionContext, batch: TableBatch, rendered:
             path.write_bytes(b"\n".join(rendered.lines) + b"\n")
     if folder.manifest() is None:  # a retry, or a run after one that failed, resumes at the shards
         validated = steps.validate(folder, pipeline, vllm, context.log, count=True)
-        if not validated.report.valid:
+        if not validated.report.valid:  # refused whole (a model not served, the cost cap): nothing to resume
+            _remove(folder)
             raise dg.Failure(f"The requests made of the table are refused: {_invalid(validated.report.errors, rows)}",
                              allow_retries=False)
         estimate = write_estimate(context, folder, validated.report, validated.tally, pipeline)
@@ -106,7 +106,7 @@ def _in_pipeline(context: dg.AssetExecutionContext, batch: TableBatch, rendered:
     if summary.errors:
         context.log.warning(f"The batch stopped early: {summary.errors[0].message}")
     _remove(folder)
-    return Ran(lines, summary.usage, meta)
+    return Ran(lines, meta)
 
 
 def _remove(folder: BatchFolder) -> None:
@@ -147,7 +147,7 @@ def _on_service(context: dg.AssetExecutionContext, batch: TableBatch, rendered: 
         raise dg.Failure(f"The service refused the batch {ended['id']}: {_invalid(errors, rows)}", allow_retries=False)
     usage = Usage.from_dict(ended.get("usage") or {})
     cost = cost_of(usage, batch.request.model, pipeline.prices())
-    return Ran(list(service.lines(ended)), usage, {"service_batch": ended["id"], "service_status": ended["status"],
+    return Ran(list(service.lines(ended)), {"service_batch": ended["id"], "service_status": ended["status"],
                                                    "cost": cost.total_cost, "currency": cost.currency})
 
 
@@ -181,7 +181,7 @@ def answer_table(context: dg.AssetExecutionContext, upstream: Any, batch: TableB
     sent = [row for row in range(table.num_rows) if row not in refused]  # line i+1 of the batch is row sent[i]
     context.log.info(f"{table.num_rows} rows: {len(rendered.lines)} requests for {spec.model} at {spec.endpoint}, "
                      f"{len(rendered.errors)} rows refused before any request")
-    ran = Ran([], Usage(), {})
+    ran = Ran([], {})
     if rendered.lines:
         ran = _on_service(context, batch, rendered, sent, pipeline) if batch.service is not None else \
             _in_pipeline(context, batch, rendered, sent, storage, pipeline, vllm)
