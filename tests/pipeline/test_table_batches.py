@@ -13,7 +13,7 @@ import pytest
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.reuse import AnswerStore
 from batch_dagster.defs.resources import PipelineConfig, StorageResource
-from batch_dagster.defs.table.component import PIPELINE
+from batch_dagster.defs.table.component import IO_MANAGER, PIPELINE, STORAGE
 from batch_dagster.defs.table.io_manager import TableIOManager
 from batch_dagster.engine import tokens
 from batch_dagster.engine.models import Models
@@ -199,3 +199,23 @@ def test_the_answer_store_is_kept_where_the_batch_folders_are(tmp_path, data_dir
         materialize(defs, ["reviews", "review_labels"], table_resources(data_dir, engine, "store"), instance)
     store = AnswerStore(StorageResource(data_dir=str(data_dir)).storage())
     assert len(store.ledgers()) == 3 and store.size() > 0  # one ledger per shard of 3
+
+
+def test_on_s3_the_answered_table_and_the_answer_store_live_in_the_bucket(tmp_path, data_dir, instance, bucket):
+    from tests.helpers import BUCKET
+
+    engine = LabelEngine()
+    url = f"s3://{BUCKET}/batch-data"
+    with table_project(component_yaml()) as (defs, tables):
+        tables["reviews"] = reviews_frame()
+        res = table_resources(data_dir, engine, "s3-tables")
+        res[STORAGE], res[IO_MANAGER] = StorageResource(data_dir=str(data_dir), url=url), \
+            TableIOManager(data_dir=str(data_dir), url=url)
+        materialize(defs, ["reviews", "review_labels"], res, instance)
+        engine.ran.clear()
+        labels, meta = labels_of(materialize(defs, ["reviews", "review_labels"], res, instance))
+    assert (meta["reused"], engine.ran) == (8, [])  # every answer found again in the bucket
+    keys = [o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET, Prefix="batch-data/")["Contents"]]
+    assert "batch-data/tables/review_labels/table.parquet" in keys
+    assert any(k.startswith("batch-data/answers/entries/") for k in keys)
+    assert not any(k.startswith("batch-data/batches/") for k in keys)  # the batch's folder is gone once answered
