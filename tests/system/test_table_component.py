@@ -67,15 +67,24 @@ def reviews_project(vllm_server, tmp_path_factory):
             yield defs, instance, env, labels, meta
 
 
-def test_dg_check_defs_passes_on_the_example_project(tmp_path):
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "VIRTUAL_ENV": str(Path(sys.executable).parents[1]),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    (tmp_path / "dagster.yaml").write_text("")
-    out = subprocess.run([str(Path(sys.executable).with_name("dg")), "check", "defs"], cwd=EXAMPLE, env=env,
-                         capture_output=True, text=True, timeout=300)
+def run_dg(args: list[str], cwd: Path, home: Path) -> str:
+    """`dg ARGS` in the project at `cwd`, in this environment; its output (it must succeed)."""
+    env = {**os.environ, "DAGSTER_HOME": str(home), "VIRTUAL_ENV": str(Path(sys.executable).parents[1]),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "COLUMNS": "200"}
+    (home / "dagster.yaml").touch()
+    out = subprocess.run([str(Path(sys.executable).with_name("dg")), *args], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "All component YAML validated successfully" in out.stdout + out.stderr
-    assert "All definitions loaded successfully" in out.stdout + out.stderr
+    return out.stdout + out.stderr
+
+
+def test_dg_check_defs_passes_on_the_example_project_and_on_batch_dagster_itself(tmp_path):
+    for project in (EXAMPLE, REPO):
+        said = run_dg(["check", "defs"], project, tmp_path)
+        assert "All component YAML validated successfully" in said and "All definitions loaded successfully" in said
+    assert "batch_dagster.components.TableBatchComponent" in run_dg(["list", "components"], EXAMPLE, tmp_path)
+    listed = run_dg(["list", "defs", "--json"], REPO, tmp_path)
+    assert '"batch_input"' in listed and '"shard_results"' in listed
 
 
 def test_the_reviews_are_labelled_into_typed_columns_and_only_changed_rows_run_again(reviews_project):
