@@ -18,9 +18,10 @@ from tests.helpers import (
 )
 
 
-def test_a_table_batch_runs_on_a_service_and_a_retry_follows_its_batch(start_service, tmp_path, instance):
+def test_a_table_batch_runs_on_a_service_and_a_retry_follows_its_batch(start_service, tmp_path):
     engine = LabelEngine()
     service = start_service(engine=engine, shard_size=3)
+    instance = service.instance  # one instance: the worker's (a second one, opened apart, would close out of order)
     local = tmp_path / "project-data"  # the project's own storage: its IO manager's tables, nothing of the batch
     with table_project(component_yaml(service_url=f"{service.url}/v1", service_api_key=KEY_A)) as (defs, tables):
         tables["reviews"] = reviews_frame()
@@ -39,8 +40,9 @@ def test_a_table_batch_runs_on_a_service_and_a_retry_follows_its_batch(start_ser
         assert not (local / "batches").exists()
 
 
-def test_a_batch_the_service_refuses_fails_the_step_naming_the_rows(start_service, tmp_path, instance):
+def test_a_batch_the_service_refuses_fails_the_step_naming_the_rows(start_service, tmp_path):
     service = start_service(engine=LabelEngine())
+    instance = service.instance
     request = {**component_yaml()["attributes"]["request"], "model": "not-a-served-model"}
     with table_project(component_yaml(service_url=f"{service.url}/v1", service_api_key=KEY_A,
                                       request=request)) as (defs, tables):
@@ -52,10 +54,11 @@ def test_a_batch_the_service_refuses_fails_the_step_naming_the_rows(start_servic
         assert "row 0: [model_not_found]" in message and "(field: body.model)" in message
 
 
-def test_an_interrupted_step_cancels_its_batch_on_the_service(start_service, tmp_path, instance, monkeypatch):
+def test_an_interrupted_step_cancels_its_batch_on_the_service(start_service, tmp_path, monkeypatch):
     from batch_dagster.client import BatchService
 
     service = start_service(engine=LabelEngine(), worker=False)  # the batch stays queued: nothing runs it
+    instance = service.instance
 
     def interrupted(self, batch_id, on_poll=None):
         raise KeyboardInterrupt  # what the step sees when its run is terminated
