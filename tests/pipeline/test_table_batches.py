@@ -13,7 +13,7 @@ import pytest
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.reuse import AnswerStore
 from batch_dagster.defs.resources import PipelineConfig, StorageResource
-from batch_dagster.defs.table.component import IO_MANAGER, PIPELINE, STORAGE
+from batch_dagster.defs.table.component import IO_MANAGER, PIPELINE, STORAGE, VLLM
 from batch_dagster.defs.table.io_manager import TableIOManager
 from batch_dagster.engine import tokens
 from batch_dagster.engine.models import Models
@@ -21,6 +21,7 @@ from tests.helpers import (
     LabelEngine,
     WordTokenizer,
     component_yaml,
+    fake_vllm,
     labels_of,
     materialize,
     reviews_frame,
@@ -219,3 +220,16 @@ def test_on_s3_the_answered_table_and_the_answer_store_live_in_the_bucket(tmp_pa
     assert "batch-data/tables/review_labels/table.parquet" in keys
     assert any(k.startswith("batch-data/answers/entries/") for k in keys)
     assert not any(k.startswith("batch-data/batches/") for k in keys)  # the batch's folder is gone once answered
+
+
+def test_a_project_s_table_batch_touches_no_metadata_store(tmp_path, data_dir, instance):
+    """The component's resources as its definitions build them (only the engine faked): a project has no API store,
+    and nothing of a table batch opens one (the settings' default would create data/batch-api.db)."""
+    engine = LabelEngine()
+    with table_project(component_yaml()) as (defs, tables):
+        assert defs.resources[PIPELINE].process_config_and_initialize().store_url == ""
+        tables["reviews"] = reviews_frame()
+        res = {**defs.resources, VLLM: fake_vllm("no-store", engine)}
+        labels, meta = labels_of(materialize(defs, ["reviews", "review_labels"], res, instance))
+    assert meta["answered"] == 8 and meta.get("estimated_cost_max", 0) > 0
+    assert not list(data_dir.glob("*.db*")) and (data_dir / "tables" / "review_labels" / "table.parquet").exists()

@@ -47,7 +47,8 @@ def env_or(name: str, value: Any) -> Any:
     return dg.EnvVar.int(name) if isinstance(value, int) else dg.EnvVar(name)
 
 
-def pipeline_config_from_env(settings: s.Settings) -> PipelineConfig:
+def pipeline_config_from_env(settings: s.Settings, store: bool = True) -> PipelineConfig:
+    """The pipeline's knobs; `store` False: with no metadata store (a table batch's, which has no API key)."""
     return PipelineConfig(
         shard_size=env_or("BATCH_SHARD_SIZE", settings.shard_size),
         max_requests=env_or("BATCH_MAX_REQUESTS", settings.max_requests),
@@ -57,7 +58,7 @@ def pipeline_config_from_env(settings: s.Settings) -> PipelineConfig:
         # Set to 0 it is no limit: an int either way, which EnvVar.int reads.
         max_enqueued_tokens=dg.EnvVar.int("BATCH_MAX_ENQUEUED_TOKENS") if s.is_set("BATCH_MAX_ENQUEUED_TOKENS")
         else settings.max_enqueued_tokens,
-        store_url=env_or("BATCH_DATABASE_URL", settings.database_url),
+        store_url=env_or("BATCH_DATABASE_URL", settings.database_url) if store else "",
         key_daily_budget=settings.key_daily_budget,  # a float: EnvVar reads strings and ints only
         estimate_tokens_per_s=settings.estimate_tokens_per_s,
     )

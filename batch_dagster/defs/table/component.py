@@ -53,7 +53,7 @@ def _resources(settings: Settings) -> dict[str, Any]:
     """One object per resource whatever the number of components, as Definitions.merge wants them (the same
     settings, the same objects). The pipeline has no metadata store here: a project's batches have no API key."""
     storage = storage_from_env(settings)
-    return {STORAGE: storage, PIPELINE: pipeline_config_from_env(settings).model_copy(update={"store_url": ""}),
+    return {STORAGE: storage, PIPELINE: pipeline_config_from_env(settings, store=False),
             VLLM: vllm_from_env(settings), IO_MANAGER: TableIOManager(data_dir=storage.data_dir, url=storage.url)}
 
 
