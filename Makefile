@@ -61,8 +61,9 @@ dev: setup
 	$(PY) -m batch_dagster.defs.instance $(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 # The API on 127.0.0.1:8000, the Dagster UI on 127.0.0.1:3000 and the daemon (its sensors run API batches).
+# ARGS passes serve's options: make serve ARGS="--no-fleet --port 8001" (python -m batch_dagster.serve --help).
 serve: setup
-	$(PY) -m batch_dagster.serve
+	$(PY) -m batch_dagster.serve $(ARGS)
 
 clean:
 	rm -rf $(VENV) .dagster_home data

@@ -210,17 +210,14 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    from batch_dagster.engine.models import Models
-    from batch_dagster.engine.server import server_command
-    from batch_dagster.serve.fleet import Fleet
+    from batch_dagster.serve.fleet import model_fleet
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env()
-    models = Models.from_settings(settings)
-    spec = models.spec(args.model)
-    path = models.path(spec)
-    fleet = Fleet(args.model, args.replicas, args.port, lambda port: server_command(spec, path, args.host, port),
-                  args.policy, args.host, log_dir=settings.data_dir / "logs" / f"fleet-{args.model}")
+    try:
+        fleet = model_fleet(Settings.from_env(), args.model, args.replicas, args.port, args.policy, args.host)
+    except ValueError as exc:  # more replicas than the GPUs go round
+        print(f"batch-dagster: error: {exc}", file=sys.stderr)
+        return 2
 
     def stop(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
