@@ -370,7 +370,7 @@ def test_helm_values_bound_runs_as_the_repos_dagster_yaml_does():
     values = yaml.safe_load((DEPLOY / "helm" / "dagster-values.yaml").read_text())
     coordinator = values["dagsterDaemon"]["runCoordinator"]
     assert coordinator["enabled"] and coordinator["type"] == "QueuedRunCoordinator"
-    instance = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    instance = yaml.safe_load((REPO / "batch_dagster" / "config" / "dagster.yaml").read_text())
     assert coordinator["config"]["queuedRunCoordinator"]["tagConcurrencyLimits"] == \
         instance["concurrency"]["runs"]["tag_concurrency_limits"]
     # The chart refuses run limits in both places; and no pool is left to bound the inference step.

@@ -24,7 +24,7 @@ from batch_dagster.db import BatchRecord
 from batch_dagster.defs.assets.batch import lifecycle_assets
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.assets.daily_report import report_assets
-from batch_dagster.defs.instance import REPO_INSTANCE_CONFIG
+from batch_dagster.defs.instance import INSTANCE_CONFIG
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource
 from batch_dagster.defs.runner import run_batch
@@ -51,7 +51,7 @@ def ui(tmp_path, monkeypatch):
     Dagster webserver on it (what `make dev` serves, without the daemon): yields (url, instance, batch ids)."""
     home, data = tmp_path / "dagster_home", tmp_path / "data"
     home.mkdir()
-    (home / "dagster.yaml").symlink_to(REPO_INSTANCE_CONFIG)
+    (home / "dagster.yaml").symlink_to(INSTANCE_CONFIG)
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     monkeypatch.setenv("BATCH_DATA_DIR", str(data))
     resources = {"storage": StorageResource(data_dir=str(data)), "s3": dg.ResourceDefinition.none_resource(),
