@@ -92,11 +92,21 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(f"  refused:  {data['refused_requests']} request(s) will end as error lines without running")
     print(f"  tokens:   {data['input_tokens']} input, at most {data['max_output_tokens']} output")
     print(f"  cost:     {cost['min']:.6f} to {cost['max']:.6f} {cost['currency']}")
+    _price_note(data["model"])
     print(f"  duration: {duration['min']:.1f} s to {duration['max']:.1f} s at {data['tokens_per_s']} tokens/s "
           f"({measured})")
     print(f"  queued:   {data['queued_ahead']} batch(es) of this model ahead, "
           f"{data['queued_ahead_requests']} request(s) not finished")
     return 0
+
+
+def _price_note(model: str | None) -> None:
+    """Say so when the model has no price of its own: its cost is the price table's defaults (0 as shipped)."""
+    from batch_dagster.batchfile.usage import load_price_table
+
+    settings = Settings.from_env()
+    if model and (unpriced := load_price_table(settings.prices_file).unlisted(model)):
+        print(f"  note:     {unpriced}; add it to {settings.prices_file} (BATCH_PRICES_FILE)", file=sys.stderr)
 
 
 def _print_summary(run: RunSummary) -> None:
@@ -123,6 +133,7 @@ def _print_summary(run: RunSummary) -> None:
     print(f"  tokens:   {usage.input_tokens} input, {usage.output_tokens} output "
           f"({summary.output_tokens_per_s} output tokens/s over {summary.inference_s or 0:.1f}s of inference)")
     print(f"  cost:     {cost.total_cost:.6f} {cost.currency} (batch discount {cost.batch_discount:.0%})")
+    _price_note(summary.model)
     if summary.engine is not None:
         print(f"  engine:   {summary.engine.describe()}")
     print(f"  output:   {run.output_file}\n  errors:   {run.error_file}")
