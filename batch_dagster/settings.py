@@ -188,8 +188,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_FLEET_URL", "", "The router (or server) of a running fleet for BATCH_FLEET_MODEL: its batches "
              "run in server mode there. `make serve` sets it for its daemon when it starts a fleet.", "Engine"),
     Variable("BATCH_OFFLINE_RUNS", DEFAULT_OFFLINE_RUNS, "Runs holding an in-process engine (a model "
-             "with no fleet or server) at once; more wait in Dagster's run queue. One per GPU. `batch-dagster "
-             "instance` writes it into $DAGSTER_HOME/dagster.yaml.", "Engine", parse=int),
+             "with no fleet or server) at once; more wait in Dagster's run queue. Each such engine takes the GPUs its "
+             "process sees (on one machine, all of them), so raise it only where each run has GPUs of its own (a pod "
+             "per run or step on Kubernetes). `batch-dagster instance` writes it into $DAGSTER_HOME/dagster.yaml.",
+             "Engine", parse=int),
     Variable("BATCH_RUNS_PER_MODEL", DEFAULT_RUNS_PER_MODEL, "Runs of one model at once (batches "
              "sharing its fleet); more wait in the run queue. Written into dagster.yaml, as BATCH_OFFLINE_RUNS.",
              "Engine", parse=int),
