@@ -10,7 +10,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export BATCH_DATA_DIR ?= $(CURDIR)/data
 export BATCH_MODEL_CACHE ?= $(BATCH_DATA_DIR)/models
 
-.PHONY: setup models demo lint test test-fast dev serve clean
+.PHONY: setup models demo lint test test-fast dev serve clean docs-screenshots
 
 setup: $(STAMP) models
 
@@ -67,6 +67,10 @@ serve: setup
 
 clean:
 	rm -rf $(VENV) .dagster_home data
+
+# The screenshots of docs/dagster-ui.md, taken again by the browser test (headless Chromium: apt-get install chromium).
+docs-screenshots: setup
+	DOCS_SCREENSHOTS=$(CURDIR)/docs/images/ui $(PY) -m pytest -q -p no:cacheprovider tests/system/test_ui_browser.py
 
 # Benchmarks (see docs/performance.md). BENCH_REQUESTS / BENCH_MODEL size and pick the workload.
 .PHONY: bench bench-cpu bench-api bench-fleet bench-eta bench-scale
