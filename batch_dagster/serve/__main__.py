@@ -94,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
             # Warm before the daemon starts: no run waits on an engine start, none meets a fleet half up.
             fleet.start(should_stop=lambda: bool(stopping))
             env |= {"BATCH_FLEET_URL": fleet.url, "BATCH_FLEET_MODEL": fleet.model}
+            if fleet.spare_gpus is not None:
+                # The runs of models without a fleet hold their engine in their own process: only on GPUs the
+                # fleet left, never on a replica's (their engine would not fit beside it).
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(fleet.spare_gpus)
+                log.info("runs of other models see GPU(s) %s", env["CUDA_VISIBLE_DEVICES"] or "none")
             log.info("warm fleet: %d replica(s) of %s behind vllm-router at %s/v1", fleet.replicas, fleet.model,
                      fleet.url)
         children.start("dagster-daemon", [str(scripts / "dagster-daemon"), "run", *target], env)

@@ -99,13 +99,16 @@ class Fleet:
     gpus: list[str] | None = None  # the GPUs to place replicas on; None: those this host shows (visible_gpus)
     children: Children = field(default_factory=Children)
     placements: list[Placement] = field(init=False, default_factory=list)
+    spare_gpus: list[str] | None = field(init=False, default=None)  # GPUs no replica took; None on a CPU
     _should_stop: Callable[[], bool] = field(default=lambda: False, repr=False)
 
     def __post_init__(self) -> None:
         from batch_dagster.engine.hardware import visible_gpus
 
-        self.placements = place_replicas(self.replicas, cores(), visible_gpus() if self.gpus is None else self.gpus,
-                                     self.gpus_per_replica)
+        gpus = visible_gpus() if self.gpus is None else self.gpus
+        self.placements = place_replicas(self.replicas, cores(), gpus, self.gpus_per_replica)
+        if gpus:
+            self.spare_gpus = gpus[self.replicas * self.gpus_per_replica:]
         if self.port == 0:
             self.port = free_port_block(self.replicas + 1, self.host)
 

@@ -291,6 +291,25 @@ def test_fleet_pods_ask_for_a_gpu_and_are_ready_on_health():
         assert claims[cache]["accessModes"] == ["ReadWriteOnce"]
 
 
+def test_each_fleet_pod_asks_for_the_gpus_its_models_parallelism_takes():
+    """A pod's vLLM server runs its model on tensor_parallel_size (times pipeline_parallel_size) GPUs: the registry in
+    config.yaml and the pod's GPU limit must say the same, or the server fails to start or leaves GPUs idle."""
+    import tomllib
+
+    from batch_dagster.batchfile.registry import parse_registry
+
+    config = next(doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text())
+                  if doc["metadata"]["name"] == "batch-dagster-models")
+    registry = parse_registry(tomllib.loads(config["data"]["models.toml"]))
+    fleets = [doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "vllm-fleet.yaml").read_text())
+              if doc["kind"] in WORKLOADS]
+    for doc in fleets:
+        spec = registry[doc["metadata"]["labels"]["batch-dagster/model"]]
+        (container,) = doc["spec"]["template"]["spec"]["containers"]
+        gpus = spec.tensor_parallel_size * int(spec.engine_args.get("pipeline_parallel_size", 1))
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == gpus, doc["metadata"]["name"]
+
+
 def test_router_discovers_the_fleet_pods():
     docs = {doc["kind"]: doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "vllm-router.yaml").read_text())}
     command = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["command"]

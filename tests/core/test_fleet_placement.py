@@ -43,6 +43,8 @@ def test_on_a_gpu_host_each_replica_gets_its_own_gpus_and_no_core_pinning():
     commands = f.server_commands()
     assert [env["CUDA_VISIBLE_DEVICES"] for _, env in commands] == ["0,1", "2,3"]
     assert all(command[0] == "vllm" and "VLLM_CPU_OMP_THREADS_BIND" not in env for command, env in commands)
+    assert f.spare_gpus == [] and fleet(1, ["0", "1", "2"], per_replica=2).spare_gpus == ["2"]
+    assert fleet(2, []).spare_gpus is None  # a CPU host: nothing to say of GPUs
     # One GPU each, the GPUs named as CUDA_VISIBLE_DEVICES names them (indices or UUIDs).
     assert [p.gpus for p in place_replicas(2, [0], ["GPU-a", "GPU-b", "GPU-c"])] == [("GPU-a",), ("GPU-b",)]
 
