@@ -175,8 +175,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_VLLM_API_KEY", None, "The key the vLLM servers expect, if any.", "Engine", secret=True),
     Variable("BATCH_VLLM_MAX_CONCURRENCY", 64, "Requests in flight to the servers at once (server mode).",
              "Engine", parse=int),
-    Variable("BATCH_FLEET_REPLICAS", 1, "`make serve`: vLLM servers of the warm fleet (pinned one per core) behind "
-             "vllm-router; 0: no fleet, every batch runs offline in its run.", "Engine", parse=int),
+    Variable("BATCH_FLEET_REPLICAS", 1, "`make serve`: vLLM servers of the warm fleet (each on a core of its own, or "
+             "on a GPU host on GPUs of its own) behind vllm-router; 0: no fleet, every batch runs offline in its run.",
+             "Engine", parse=int),
     # Empty until asked for (Settings.served_fleet_model): reading the registry is no part of reading the settings.
     Variable("BATCH_FLEET_MODEL", "the registry's first chat model", "`make serve`: the model the fleet serves; "
              "batches of other models run offline.", "Engine", derive=lambda v: ""),
