@@ -4,7 +4,8 @@ A run whose model has no server holds a vLLM engine in its own process, so few o
 (one: each engine takes every GPU its process sees). A run whose model is served (a warm fleet, or server mode)
 holds no engine: such runs share the model's servers, and only a per-model bound keeps one model's batches from
 taking every run slot. The limits are the run queue's `tag_concurrency_limits` (the daemon's
-QueuedRunCoordinator): a run waits in the queue, holding nothing, until it fits. A dead run stops counting as soon as it is marked failed.
+QueuedRunCoordinator): a run waits in the queue, holding nothing, until it fits. A dead run stops counting as
+soon as it is marked failed.
 
 Keys share the queue fairly by `dagster/priority` (fair_priorities): one key's backlog waits behind the
 first batch of a key that arrives later, which waits for one run slot at most.
