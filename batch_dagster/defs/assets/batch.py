@@ -208,7 +208,7 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResour
 def batch_usage(
     context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource
 ) -> dg.MaterializeResult:
-    summary = steps.summarize(storage.folder(context.partition_key), pipeline, vllm)
+    summary = steps.summarize(storage.folder(context.partition_key), pipeline, vllm, context.log)
     usage, cost = summary.usage, summary.cost
     context.log.info(
         f"{usage.input_tokens} input + {usage.output_tokens} output tokens; cost {cost.total_cost} {cost.currency}"
@@ -226,6 +226,8 @@ def batch_usage(
             "vllm_version": summary.record["vllm_version"],
             "engine": dg.MetadataValue.json(summary.record),
             "cost_detail": dg.MetadataValue.json(cost.to_dict()),
+            **({"price": f"not in the price table: its [defaults] ({pipeline.prices_file})"}
+               if pipeline.prices().unlisted(summary.model) else {}),
         }
     )
 

@@ -324,7 +324,7 @@ def merge_results(folder: BatchFolder) -> tuple[MergeResult, list[dict[str, str]
     return result, shown
 
 
-def summarize(folder: BatchFolder, pipeline: PipelineConfig, vllm: VLLMResource) -> Summary:
+def summarize(folder: BatchFolder, pipeline: PipelineConfig, vllm: VLLMResource, log: Any) -> Summary:
     """The batch's summary (usage, cost, how it ran), written last."""
     manifest = manifest_of(folder)
     merged = folder.merged()
@@ -332,7 +332,10 @@ def summarize(folder: BatchFolder, pipeline: PipelineConfig, vllm: VLLMResource)
         raise dg.Failure(f"{folder.batch_id} has no merged files: batch_output_files has not run.",
                          allow_retries=False)
     usage = merged.usage
-    cost = cost_of(usage, manifest.model, pipeline.prices())
+    prices = pipeline.prices()
+    cost = cost_of(usage, manifest.model, prices)
+    if unpriced := prices.unlisted(manifest.model):  # said where the cost is read, not left as a silent 0
+        log.warning(f"{unpriced}; add it to {pipeline.prices_file} (BATCH_PRICES_FILE)")
     shards = committed_shards(folder.storage, folder.results_prefix).values()
     inference_s = sum(s.duration_s for s in shards)
     summary = Summary(

@@ -97,7 +97,7 @@ def _in_pipeline(context: dg.AssetExecutionContext, batch: TableBatch, rendered:
         steps.plan_shards(folder, pipeline, context.log)
     inference = steps.infer(context, folder, vllm, pipeline)
     steps.merge_results(folder)
-    summary = steps.summarize(folder, pipeline, vllm)
+    summary = steps.summarize(folder, pipeline, vllm, context.log)
     lines = [*iter_lines(folder.storage, folder.output_key), *iter_lines(folder.storage, folder.error_key)]
     meta = {"model_revision": summary.record.get("revision"), "engine_mode": summary.record.get("engine_mode"),
             "shards": inference.shards_run + inference.shards_skipped, "shards_skipped": inference.shards_skipped,
