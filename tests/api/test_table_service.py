@@ -25,6 +25,7 @@ def test_a_table_batch_runs_on_a_service_and_a_retry_follows_its_batch(start_ser
     local = tmp_path / "project-data"  # the project's own storage: its IO manager's tables, nothing of the batch
     with table_project(component_yaml(service_url=f"{service.url}/v1", service_api_key=KEY_A)) as (defs, tables):
         tables["reviews"] = reviews_frame()
+        assert defs.resolve_assets_def("review_labels").op.pool is None  # no engine in the run: no pool to wait in
         res = table_resources(local, LabelEngine(), "service-side-unused")
         labels, meta = labels_of(materialize(defs, ["reviews", "review_labels"], res, instance))
         assert labels["sentiment"].tolist()[:2] == ["positive", "negative"] and labels["error"].isna().all()

@@ -41,6 +41,7 @@ def test_a_table_is_answered_into_typed_columns_and_reused_when_rows_come_back(t
     with table_project(component_yaml()) as (defs, tables):
         spec = defs.resolve_assets_def("review_labels")
         assert spec.partitions_def is None and spec.keys_by_input_name["upstream"] == dg.AssetKey("reviews")
+        assert spec.op.pool == "batch_engine"  # the model loads in its run: a project bounds such runs by this pool
         tables["reviews"] = reviews_frame()
         res = table_resources(data_dir, engine, "labels")
         first = materialize(defs, ["reviews", "review_labels"], res, instance)

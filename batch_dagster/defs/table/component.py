@@ -23,6 +23,10 @@ from .run import CHECK, TableBatch, answer_table
 # The resources a table batch's asset uses, under keys of their own (a project's `storage` or `vllm` stay its own).
 STORAGE, PIPELINE, VLLM = "batch_storage", "batch_pipeline", "batch_vllm"
 IO_MANAGER = "batch_tables_io_manager"
+# The Dagster pool of the table batches that load the model in their own process: a project bounds them with
+# `dagster instance concurrency set batch_engine 1` (a backfill of many partitions would otherwise load the model
+# in as many runs at once).
+ENGINE_POOL = "batch_engine"
 
 
 class RequestModel(dg.Model):
@@ -135,6 +139,9 @@ class TableBatchComponent(dg.Component, dg.Resolvable, dg.Model):
         spec = self.asset
         partitions = spec.partitions_def or upstream_partitions(context, self.upstream)
         batch = self.table_batch()
+        settings = Settings.from_env()
+        resources = _resources(settings)
+        in_process = batch.service is None and resources[VLLM].server_urls_for(self.request.model) is None
 
         @dg.asset(
             key=spec.key,
@@ -154,13 +161,13 @@ class TableBatchComponent(dg.Component, dg.Resolvable, dg.Model):
             check_specs=[dg.AssetCheckSpec(CHECK, asset=spec.key, description="Every upstream row has exactly one "
                                            "row here, with an answer or an error.")],
             retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=2, backoff=dg.Backoff.EXPONENTIAL),
+            pool=ENGINE_POOL if in_process else None,
         )
         def _answered(context: dg.AssetExecutionContext, upstream: Any):
             r = context.resources
             yield from answer_table(context, upstream, batch, getattr(r, STORAGE), getattr(r, PIPELINE),
                                     getattr(r, VLLM))
 
-        resources = _resources(Settings.from_env())
         shared = {k: v for k, v in resources.items() if k != IO_MANAGER or self.io_manager_key == IO_MANAGER}
         return dg.Definitions(assets=[_answered], resources=shared)
 
