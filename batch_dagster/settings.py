@@ -19,6 +19,7 @@ from string import Template
 from typing import Any
 
 from batch_dagster.batchfile.contract import Limits
+from batch_dagster.batchfile.reuse import DEFAULT_MAX_BYTES as DEFAULT_ANSWER_STORE_BYTES
 from batch_dagster.batchfile.storage import Storage
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -83,6 +84,12 @@ def _csv(text: str) -> tuple[str, ...]:
 
 def _limit(text: str) -> int | None:
     return int(text) or None  # 0: no limit
+
+
+def _switch(text: str) -> bool:
+    if text.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ValueError("must be 1 or 0 (true or false, yes or no, on or off)")
+    return text.lower() in ("1", "true", "yes", "on")
 
 
 def _budget(text: str) -> float | None:
@@ -213,6 +220,13 @@ VARIABLES: tuple[Variable, ...] = (
              "assumes for a model with no completed batch yet; once it has some, their measured rate is used. "
              "The default is about what one CPU replica of SmolLM2-135M generates (a low rate once prompt tokens count "
              "too).", "Limits", parse=float),
+    Variable("BATCH_REUSE_ANSWERS", False, "Whether a batch that does not say (the create body's `reuse`) takes "
+             "the answers of deterministic requests (temperature 0, a seed, embeddings) asked before of the same model "
+             "from the answer store, billed at zero, and keeps its own there. Table batches reuse unless told not to.",
+             "Limits", parse=_switch),
+    Variable("BATCH_ANSWER_STORE_BYTES", DEFAULT_ANSWER_STORE_BYTES, "The answer store's bound, in bytes (answers/ "
+             "where the batch folders live): past it the answers written first are deleted first.", "Limits",
+             parse=int),
     Variable("BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "Largest upload the API accepts (413 past it).", "API",
              parse=int),
     Variable("BATCH_MAX_JSON_BODY_BYTES", 1 << 20, "Largest JSON request body the API reads (413 past it).",
@@ -323,6 +337,8 @@ class Settings:
     max_line_bytes: int
     max_enqueued_tokens: int | None
     estimate_tokens_per_s: float
+    reuse_answers: bool
+    answer_store_bytes: int
     max_upload_bytes: int
     max_json_body_bytes: int
     completion_window_s: int

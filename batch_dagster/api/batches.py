@@ -135,6 +135,7 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
             session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source,
             input_from=source, completion_window_s=ctx.config.completion_window_s,
             metadata=body.metadata, batch_id=batch_id, priority=body.priority, max_cost=body.max_cost,
+            reuse=body.reuse,
             output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
                                   else OUTPUT_EXPIRES_AFTER_S),
         )

@@ -160,6 +160,9 @@ class CreateBatchRequest(BaseModel):
     priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY)
     # Extension: the cost cap, in the price table's currency (batchfile/cost_cap.py).
     max_cost: float | None = Field(default=None, gt=0, le=MAX_COST, allow_inf_nan=False, strict=True)
+    # Extension: take answers of deterministic requests from the answer store, billed at zero, and keep this
+    # batch's there (batchfile/reuse.py); null: as the operator's BATCH_REUSE_ANSWERS says.
+    reuse: bool | None = Field(default=None, strict=True)
 
 
 # Webhook endpoints: OpenAI's webhook_endpoint objects (the openai SDK's client.webhooks), for batch events only.

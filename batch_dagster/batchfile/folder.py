@@ -117,11 +117,12 @@ class Document:
 @dataclass
 class Declared(Document):
     """What the batch was created with: every request's url must match `endpoint`; `reuse`: answers are taken from
-    the answer store and kept there (batchfile/reuse.py); `max_cost`: what a batch with no record in the metadata
-    store may spend (a table batch's; an API batch's is on its record)."""
+    the answer store and kept there (batchfile/reuse.py; None: as the operator's BATCH_REUSE_ANSWERS says);
+    `max_cost`: what a batch with no record in the metadata store may spend (a table batch's; an API batch's is on
+    its record)."""
 
     endpoint: str
-    reuse: bool = False
+    reuse: bool | None = None
     max_cost: float | None = None
 
 
@@ -344,7 +345,7 @@ class BatchFolder:
         return self._read("batch.json", Declared)
 
     def set_endpoint(self, endpoint: str) -> None:
-        self._write("batch.json", Declared(endpoint))
+        self.declare(Declared(endpoint))
 
     def declare(self, declared: Declared) -> None:
         self._write("batch.json", declared)

@@ -22,7 +22,7 @@ from batch_dagster.batchfile.contract import (
     endpoint_of_head,
     model_of_head,
 )
-from batch_dagster.batchfile.folder import BatchFolder, file_key
+from batch_dagster.batchfile.folder import BatchFolder, Declared, file_key
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.summary import BatchSummary
@@ -106,15 +106,17 @@ def create_batch(
     commit: bool = True,
     priority: int = 0,
     max_cost: float | None = None,
+    reuse: bool | None = None,
 ) -> BatchRecord:
     """Put the batch's input, deadline and endpoint in its folder, then add its row (committed).
 
     `input_from`: a local file copied in now, a stored File copied in now, a URI the run fetches
     (dropped files), or None when the input is in the folder already. `completion_window_s` None: the batch
     never expires. `endpoint` None: the first request's url decides.
-    `launched`: the caller requests the run itself (else the API sensor launches it). `parent`: the batch this one
-    retries (db/retry.py only; it must have the same owner). `commit` False: the caller commits (or rolls back)
-    the row with its own.
+    `reuse`: whether the batch takes and keeps answers in the answer store (None: the operator's default), kept in its
+    folder for the run. `launched`: the caller requests the run itself (else the API sensor launches it).
+    `parent`: the batch this one retries (db/retry.py only; it must have the same owner). `commit` False: the caller
+    commits (or rolls back) the row with its own.
     The batch's model (from its first request, or `model` for a dropped file, whose head the intake read) and,
     for a local file, its request count are recorded on the row: nothing after reads the input to know them.
     """
@@ -137,7 +139,7 @@ def create_batch(
     expires_at = created_at + completion_window_s if completion_window_s is not None else None
     if expires_at is not None:
         folder.set_deadline(expires_at)
-    folder.set_endpoint(endpoint)  # validation reports every line with another url
+    folder.declare(Declared(endpoint, reuse=reuse))  # validation reports every line with another url
     row = BatchRecord(
         id=batch_id, owner=owner, endpoint=endpoint, input_file_id=input_file.id,
         completion_window=COMPLETION_WINDOW, status=BatchStatus.VALIDATING, created_at=created_at,

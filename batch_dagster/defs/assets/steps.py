@@ -206,9 +206,11 @@ class Inference:
 
 
 def answer_store(folder: BatchFolder, pipeline: PipelineConfig) -> AnswerStore | None:
-    """The answer store, when the batch was declared to reuse answers."""
+    """The answer store, when the batch reuses answers: it said so at creation, or said nothing and the operator's
+    default (BATCH_REUSE_ANSWERS) does."""
     declared = folder.declared()
-    return AnswerStore(folder.storage, pipeline.answer_store_bytes) if declared and declared.reuse else None
+    reuse = declared.reuse if declared is not None and declared.reuse is not None else pipeline.reuse_answers
+    return AnswerStore(folder.storage, pipeline.answer_store_bytes) if reuse else None
 
 
 def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMResource,

@@ -13,7 +13,6 @@ import dagster as dg
 
 from batch_dagster import settings as s
 from batch_dagster.batchfile.contract import Limits
-from batch_dagster.batchfile.reuse import DEFAULT_MAX_BYTES
 from batch_dagster.batchfile.usage import PriceTable, load_price_table
 
 
@@ -30,7 +29,8 @@ class PipelineConfig(dg.ConfigurableResource):
     store_url: str = ""
     key_daily_budget: float | None = s.default("BATCH_KEY_DAILY_BUDGET")  # the cost cap's; None: no budget
     estimate_tokens_per_s: float = s.default("BATCH_ESTIMATE_TOKENS_PER_S")  # a validated batch's estimate
-    answer_store_bytes: int = DEFAULT_MAX_BYTES  # the answer store's bound (batchfile/reuse.py), oldest out first
+    reuse_answers: bool = s.default("BATCH_REUSE_ANSWERS")  # a batch that does not say whether it reuses answers
+    answer_store_bytes: int = s.default("BATCH_ANSWER_STORE_BYTES")  # the answer store's bound, oldest out first
 
     @property
     def limits(self) -> Limits:
@@ -61,4 +61,6 @@ def pipeline_config_from_env(settings: s.Settings, store: bool = True) -> Pipeli
         store_url=env_or("BATCH_DATABASE_URL", settings.database_url) if store else "",
         key_daily_budget=settings.key_daily_budget,  # a float: EnvVar reads strings and ints only
         estimate_tokens_per_s=settings.estimate_tokens_per_s,
+        reuse_answers=settings.reuse_answers,  # a bool: EnvVar reads strings and ints only
+        answer_store_bytes=env_or("BATCH_ANSWER_STORE_BYTES", settings.answer_store_bytes),
     )

@@ -1,0 +1,65 @@
+"""Answer reuse for file batches: the create body's `reuse` extension and the operator's default
+(BATCH_REUSE_ANSWERS). A reused line says so and is billed at zero; only deterministic requests are reused."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from tests.helpers import chat_request, upload, wait_for
+
+DETERMINISTIC = [chat_request(f"q{i}", f"question number {i}", temperature=0, max_tokens=8) for i in range(4)]
+
+
+def run(client, tmp_path, rows, name: str, **extra):
+    file_id = upload(client, tmp_path / f"{name}.jsonl", rows)
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
+                                  extra_body=extra)
+    batch = wait_for(client, batch.id, "completed")
+    lines = [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
+    return batch, {line["custom_id"]: line for line in lines}
+
+
+def test_a_batch_that_asks_reuses_the_answers_of_an_earlier_one_billed_at_zero(start_service, tmp_path):
+    service = start_service(shard_size=2)
+    client = service.client()
+    first, lines = run(client, tmp_path, DETERMINISTIC, "first", reuse=True)
+    assert not any("reused" in line for line in lines.values()) and first.usage.total_tokens > 0
+    calls = len(service.engine.calls)
+
+    rows = [*DETERMINISTIC, chat_request("new", "a question never asked", temperature=0, max_tokens=8),
+            chat_request("sampled", "question number 0")]  # temperature 1: never reused
+    second, again = run(client, tmp_path, rows, "second", reuse=True)
+    assert {cid for cid, line in again.items() if line.get("reused")} == {f"q{i}" for i in range(4)}
+    for cid in ("q0", "q3"):  # the answer as first computed
+        assert again[cid]["response"]["body"]["choices"] == lines[cid]["response"]["body"]["choices"]
+    ran = [cid for call in service.engine.calls[calls:] for cid in call]
+    assert sorted(ran) == ["new", "sampled"]
+    assert second.request_counts.completed == 6
+    billed = sum(again[c]["response"]["body"]["usage"]["total_tokens"] for c in ("new", "sampled"))
+    assert second.usage.total_tokens == billed  # the 4 reused lines cost nothing
+
+    # Without asking (and no operator default), nothing is reused.
+    third, plain = run(client, tmp_path, DETERMINISTIC, "third")
+    assert not any(line.get("reused") for line in plain.values()) and third.usage.total_tokens > 0
+
+
+def test_the_operator_default_reuses_unless_a_batch_says_no(start_service, tmp_path):
+    service = start_service(reuse_answers=True)
+    client = service.client()
+    run(client, tmp_path, DETERMINISTIC, "first")
+    _, reused = run(client, tmp_path, DETERMINISTIC, "second")
+    assert all(line.get("reused") for line in reused.values())
+    _, computed = run(client, tmp_path, DETERMINISTIC, "third", reuse=False)
+    assert not any(line.get("reused") for line in computed.values())
+
+
+def test_reuse_must_be_a_boolean(start_service, tmp_path):
+    client = start_service(worker=False).client()
+    file_id = upload(client, tmp_path / "in.jsonl", DETERMINISTIC)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
+                              extra_body={"reuse": "yes"})
+    assert caught.value.body["param"] == "reuse"
