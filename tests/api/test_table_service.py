@@ -23,7 +23,10 @@ def test_a_table_batch_runs_on_a_service_and_a_retry_follows_its_batch(start_ser
     service = start_service(engine=engine, shard_size=3)
     instance = service.instance  # one instance: the worker's (a second one, opened apart, would close out of order)
     local = tmp_path / "project-data"  # the project's own storage: its IO manager's tables, nothing of the batch
-    with table_project(component_yaml(service_url=f"{service.url}/v1", service_api_key=KEY_A)) as (defs, tables):
+    on_service = {"service_url": f"{service.url}/v1", "service_api_key": KEY_A}
+    unserved = {**component_yaml()["attributes"]["request"], "model": "not-a-served-model"}
+    with table_project(component_yaml(**on_service),
+                       component_yaml(**on_service, asset={"key": "refused"}, request=unserved)) as (defs, tables):
         tables["reviews"] = reviews_frame()
         assert defs.resolve_assets_def("review_labels").op.pool is None  # no engine in the run: no pool to wait in
         res = table_resources(local, LabelEngine(), "service-side-unused")
@@ -40,35 +43,31 @@ def test_a_table_batch_runs_on_a_service_and_a_retry_follows_its_batch(start_ser
         assert len(service.client().batches.list().data) == 1
         assert not (local / "batches").exists()
 
-
-def test_a_batch_the_service_refuses_fails_the_step_naming_the_rows(start_service, tmp_path):
-    service = start_service(engine=LabelEngine())
-    instance = service.instance
-    request = {**component_yaml()["attributes"]["request"], "model": "not-a-served-model"}
-    with table_project(component_yaml(service_url=f"{service.url}/v1", service_api_key=KEY_A,
-                                      request=request)) as (defs, tables):
-        tables["reviews"] = reviews_frame()
-        result = materialize(defs, ["reviews", "review_labels"], table_resources(tmp_path, LabelEngine(), "x"),
-                             instance, raise_on_error=False)
+        # A batch the service refuses fails the step, its errors named by row and field.
+        result = materialize(defs, ["reviews", "refused"], res, instance, raise_on_error=False)
         failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
         message = failure.step_failure_data.error.message
         assert "row 0: [model_not_found]" in message and "(field: body.model)" in message
 
 
-def test_an_interrupted_step_cancels_its_batch_on_the_service(start_service, tmp_path, monkeypatch):
+def test_a_terminated_run_cancels_its_batch_on_the_service(start_service, tmp_path, monkeypatch):
     from batch_dagster.client import BatchService
 
     service = start_service(engine=LabelEngine(), worker=False)  # the batch stays queued: nothing runs it
     instance = service.instance
 
-    def interrupted(self, batch_id, on_poll=None):
-        raise KeyboardInterrupt  # what the step sees when its run is terminated
+    def terminated(self, batch_id, on_poll=None):
+        """What the step sees when the UI terminates its run: the run CANCELING, then the interrupt."""
+        [run] = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+        instance.report_run_canceling(run)
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(BatchService, "wait", interrupted)
+    monkeypatch.setattr(BatchService, "wait", terminated)
     with table_project(component_yaml(service_url=f"{service.url}/v1", service_api_key=KEY_A)) as (defs, tables):
         tables["reviews"] = reviews_frame()
         result = materialize(defs, ["reviews", "review_labels"], table_resources(tmp_path, LabelEngine(), "y"),
                              instance, raise_on_error=False)
     assert not result.success
+    assert not [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]  # not rerun
     [batch] = service.client().batches.list().data
     assert batch.status in ("cancelling", "cancelled")

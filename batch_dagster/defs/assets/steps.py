@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -158,18 +158,26 @@ class ShardProgress:
                           f"({100 * self.done // self.size}%){rate}{load}")
 
 
+def terminated(context: dg.AssetExecutionContext) -> bool:
+    """Whether the step's run is being terminated on purpose (the UI's Terminate: the run is CANCELING)."""
+    run = context.instance.get_run_by_id(context.run.run_id)
+    return run is not None and run.status == dg.DagsterRunStatus.CANCELING
+
+
 @contextmanager
-def stops_when_terminated(context: dg.AssetExecutionContext) -> Iterator[None]:
-    """A run terminated on purpose (the UI's Terminate: the run is CANCELING) ends this step for good, keeping its
-    committed shards. Dagster 1.13 answers the interrupt with the step's RetryPolicy, so the step would run the
-    batch on. Any other interrupt (serve stopped, the process signalled) is Dagster's to handle, as before."""
+def stops_when_terminated(context: dg.AssetExecutionContext, doing: str = "ran the batch's shards",
+                          on_stop: Callable[[], None] | None = None) -> Iterator[None]:
+    """A run terminated on purpose ends this step for good (after `on_stop`), keeping what it committed. Dagster 1.13
+    answers the interrupt with the step's RetryPolicy, so the step would run the batch on. Any other interrupt (serve
+    stopped, the process signalled) is Dagster's to handle, as before."""
     try:
         yield
     except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt) as exc:
-        run = context.instance.get_run_by_id(context.run.run_id)
-        if run is None or run.status != dg.DagsterRunStatus.CANCELING:
+        if not terminated(context):
             raise
-        raise dg.Failure("The run was terminated while it ran the batch's shards.", allow_retries=False) from exc
+        if on_stop is not None:
+            on_stop()
+        raise dg.Failure(f"The run was terminated while it {doing}.", allow_retries=False) from exc
 
 
 def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) -> list[dict[str, Any]]:

@@ -134,14 +134,13 @@ def _on_service(context: dg.AssetExecutionContext, batch: TableBatch, rendered: 
             context.log.info(f"Batch {state['id']}: {counts[0]}, {counts[1]} completed, {counts[2]} failed of "
                              f"{state['request_counts']['total']}")
 
-    try:
-        ended = service.wait(created["id"], on_poll)
-    except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
-        # The run was terminated (or its process is stopping): the service's batch is cancelled, not left running
-        # for nobody. What it finished stays in its files; a later run starts a new batch.
-        context.log.warning(f"Interrupted: cancelling batch {created['id']} at {service.url}")
+    def cancel() -> None:  # a terminated run's batch is not left running for nobody; what it finished stays
+        context.log.warning(f"The run was terminated: cancelling batch {created['id']} at {service.url}")
         service.cancel(created["id"])
-        raise
+
+    # Any other interrupt leaves the batch running: the step's retry follows it (found by its tag).
+    with steps.stops_when_terminated(context, f"followed batch {created['id']}", cancel):
+        ended = service.wait(created["id"], on_poll)
     if ended["status"] == "failed" and not ended.get("output_file_id") and not ended.get("error_file_id"):
         errors = [BatchError.from_dict(e) for e in (ended.get("errors") or {}).get("data") or []]
         raise dg.Failure(f"The service refused the batch {ended['id']}: {_invalid(errors, rows)}", allow_retries=False)
