@@ -20,8 +20,8 @@ LOCKS := requirements/$(EXTRA).txt requirements/models.txt
 setup: $(STAMP) models
 
 $(CURDIR)/.uv/bin/uv:
-	$(PYTHON) -m venv .uv
-	.uv/bin/python -m pip install -q "uv==$(UV_VERSION)"
+	$(PYTHON) -m pip install -q --target .uv "uv==$(UV_VERSION)" \
+		|| { $(PYTHON) -m venv .uv && .uv/bin/python -m pip install -q "uv==$(UV_VERSION)"; }
 
 # The locks' wheels are CPython 3.11's; uv finds a 3.11 on the machine, or downloads one.
 $(PY): | $(UV)
