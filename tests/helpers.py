@@ -54,11 +54,17 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
 # logs themselves (test_retention.py) ask for them.
 NO_STEP_LOGS = {"compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager",
                                  "class": "NoOpComputeLogManager"}}
+# The runs' events in memory (Dagster's own in-memory event log), not in a SQLite file per run that Dagster connects to
+# again for every event: that was the largest part of an in-process run's time. The tests run their runs in this
+# process (execute_in_process), never in another that would have to read them.
+IN_MEMORY_EVENTS = {"event_log_storage": {"module": "dagster._core.storage.event_log",
+                                          "class": "InMemoryEventLogStorage"}}
 
 
-def dagster_instance(step_logs: bool = False):
-    """A test Dagster instance (a context manager), without the runs' step logs unless asked."""
-    return dg.instance_for_test(overrides=None if step_logs else NO_STEP_LOGS)
+def dagster_instance(step_logs: bool = False, events_on_disk: bool = False):
+    """A test Dagster instance (a context manager), without the runs' step logs and with its events in memory, unless
+    asked (`events_on_disk`: SQLite's event log, a database per run, as a project instance keeps them)."""
+    return dg.instance_for_test(overrides=({} if events_on_disk else IN_MEMORY_EVENTS) | ({} if step_logs else NO_STEP_LOGS))
 
 
 # Batch files.
