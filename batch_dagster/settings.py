@@ -175,8 +175,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_VLLM_API_KEY", None, "The key the vLLM servers expect, if any.", "Engine", secret=True),
     Variable("BATCH_VLLM_MAX_CONCURRENCY", 64, "Requests in flight to the servers at once (server mode).",
              "Engine", parse=int),
-    Variable("BATCH_FLEET_REPLICAS", 1, "`make serve`: vLLM servers of the warm fleet (pinned one per core) behind "
-             "vllm-router; 0: no fleet, every batch runs offline in its run.", "Engine", parse=int),
+    Variable("BATCH_FLEET_REPLICAS", 1, "`make serve`: vLLM servers of the warm fleet (each on a core of its own, or "
+             "on a GPU host on GPUs of its own) behind vllm-router; 0: no fleet, every batch runs offline in its run.",
+             "Engine", parse=int),
     # Empty until asked for (Settings.served_fleet_model): reading the registry is no part of reading the settings.
     Variable("BATCH_FLEET_MODEL", "the registry's first chat model", "`make serve`: the model the fleet serves; "
              "batches of other models run offline.", "Engine", derive=lambda v: ""),
@@ -188,8 +189,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_FLEET_URL", "", "The router (or server) of a running fleet for BATCH_FLEET_MODEL: its batches "
              "run in server mode there. `make serve` sets it for its daemon when it starts a fleet.", "Engine"),
     Variable("BATCH_OFFLINE_RUNS", DEFAULT_OFFLINE_RUNS, "Runs holding an in-process engine (a model "
-             "with no fleet or server) at once; more wait in Dagster's run queue. One per GPU. `batch-dagster "
-             "instance` writes it into $DAGSTER_HOME/dagster.yaml.", "Engine", parse=int),
+             "with no fleet or server) at once; more wait in Dagster's run queue. Each such engine takes the GPUs its "
+             "process sees (on one machine, all of them), so raise it only where each run has GPUs of its own (a pod "
+             "per run or step on Kubernetes). `batch-dagster instance` writes it into $DAGSTER_HOME/dagster.yaml.",
+             "Engine", parse=int),
     Variable("BATCH_RUNS_PER_MODEL", DEFAULT_RUNS_PER_MODEL, "Runs of one model at once (batches "
              "sharing its fleet); more wait in the run queue. Written into dagster.yaml, as BATCH_OFFLINE_RUNS.",
              "Engine", parse=int),

@@ -81,3 +81,23 @@ def test_the_run_summary_names_the_engine_and_its_start(capsys):
         "  engine:   offline vLLM in this process, already running (no engine start)"]
     assert printed(EngineRun("server", "http://127.0.0.1:8200", 0.0)) == [
         "  engine:   the vLLM server(s) at http://127.0.0.1:8200 (no engine start)"]
+
+
+def test_a_model_without_a_price_says_so_beside_its_cost(capsys, monkeypatch, tmp_path):
+    from batch_dagster.batchfile.contract import RequestCounts
+    from batch_dagster.batchfile.summary import BatchSummary, RunSummary
+    from batch_dagster.batchfile.usage import Cost, Usage
+    from batch_dagster.cli import _print_summary
+
+    monkeypatch.delenv("BATCH_PRICES_FILE", raising=False)  # the shipped table: SmolLM2 priced, nothing else
+
+    def note(model: str) -> list[str]:
+        batch = BatchSummary("batch_1", "completed", "/v1/chat/completions", model, RequestCounts(1, 1, 0),
+                             Usage(input_tokens=4, output_tokens=6), Cost(model, 0.0, 0.0, 0.5, "USD"))
+        _print_summary(RunSummary(batch, "run-1", "out.jsonl", "err.jsonl", 1.0))
+        return [line for line in capsys.readouterr().err.splitlines() if line.startswith("  note:")]
+
+    assert note("smollm2-135m-instruct") == []
+    [line] = note("my-model")
+    assert "'my-model' is not in the price table: priced at its [defaults] (0.0 input, 0.0 output USD" in line
+    assert "prices.toml (BATCH_PRICES_FILE)" in line
