@@ -34,7 +34,7 @@ $(PY): | $(UV)
 $(STAMP): pyproject.toml $(LOCKS) | $(PY)
 	$(PY) tools/deps.py check
 	$(UV) pip sync -q --python $(PY) --require-hashes \
-		$(if $(GPU),,--find-links "$$($(PY) tools/deps.py torch-wheels)") $(LOCKS)
+		$(if $(filter cpu,$(EXTRA)),--find-links "$$($(PY) tools/deps.py torch-wheels)") $(LOCKS)
 	$(UV) pip install -q --python $(PY) --no-deps --no-build-isolation -e .
 	touch $@
 
