@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 import threading
 import time
@@ -22,46 +21,6 @@ from batch_dagster.batchfile.failure import keep_finished
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder, Progress
 from batch_dagster.batchfile.summary import BatchSummary, RunSummary
 from batch_dagster.terminal import output_to_log
-
-# The CLI process running a batch's run (in that process: `execute_in_process`, no launcher): "host:pid:start time".
-# Dagster's run monitoring cannot tell that such a run's process died (the default launcher does not check run
-# workers), so a run whose CLI process was killed would stay STARTED, holding its run-queue slot, for ever.
-CLI_PROCESS_TAG = "batch/cli_process"
-CLI_GONE = "The `batch-dagster run` process that ran it is gone (killed while it ran)."
-
-
-def _process_label(pid: int) -> str | None:
-    import psutil
-
-    try:
-        return f"{socket.gethostname()}:{pid}:{psutil.Process(pid).create_time()}"
-    except psutil.NoSuchProcess:
-        return None
-
-
-def cli_process_gone(run: Any) -> bool:
-    """Whether an unfinished run was started by a `batch-dagster run` process of this machine that is gone."""
-    import dagster as dg
-
-    label = run.tags.get(CLI_PROCESS_TAG)
-    if not label or run.status not in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
-        return False
-    host, pid, _ = label.rsplit(":", 2)
-    # Another machine's process cannot be seen from here; a pid reused since has another start time.
-    return host == socket.gethostname() and pid.isdigit() and _process_label(int(pid)) != label
-
-
-def fail_runs_of_gone_cli_processes(instance: Any) -> list[str]:
-    """Mark failed the runs whose `batch-dagster run` process is gone (at the next CLI start); their run ids."""
-    import dagster as dg
-
-    failed = []
-    for run in instance.get_runs(dg.RunsFilter(job_name="batch_job", statuses=[dg.DagsterRunStatus.STARTING,
-                                                                               dg.DagsterRunStatus.STARTED])):
-        if cli_process_gone(run):
-            instance.report_run_failed(run, CLI_GONE)
-            failed.append(run.run_id)
-    return failed
 
 
 class ProgressBar(threading.Thread):
@@ -190,6 +149,7 @@ def run_batch(
     import dagster as dg
 
     from batch_dagster.db.labels import run_tags
+    from batch_dagster.defs.cli_runs import CLI_PROCESS_TAG, fail_runs_of_gone_cli_processes, process_label
     from batch_dagster.defs.partitions import batches
 
     if defs is None:
@@ -212,7 +172,7 @@ def run_batch(
     # queue's limits while it runs: an offline engine here makes the daemon's offline runs wait.
     tags = run_tags(batch_id, source="cli", filename=file.name, owner=record.owner, model=record.model,
                     vllm=defs.resources["vllm"], labels=record.labels)
-    tags[CLI_PROCESS_TAG] = _process_label(os.getpid()) or ""
+    tags[CLI_PROCESS_TAG] = process_label(os.getpid()) or ""
     log_file = log_dir / f"run-{batch_id}.log" if log_dir is not None else None
     with ExitStack() as stack:
         terminal = stack.enter_context(output_to_log(log_file)) if log_file is not None else None
