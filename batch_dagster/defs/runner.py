@@ -89,7 +89,7 @@ class CliBatch:
     def __init__(self, defs: Any, file: Path):
         from batch_dagster.db import repo
         from batch_dagster.db.batches import head_model, register_local, scan
-        from batch_dagster.db.labels import OwnerLabels
+        from batch_dagster.defs.run_tags import OwnerLabels
 
         storage = defs.resources["storage"]
         # Resolved as a run resolves it: its url and keys may be dg.EnvVars (kept out of the UI).
@@ -148,9 +148,9 @@ def run_batch(
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     import dagster as dg
 
-    from batch_dagster.db.labels import run_tags
     from batch_dagster.defs.cli_runs import CLI_PROCESS_TAG, fail_runs_of_gone_cli_processes, process_label
     from batch_dagster.defs.partitions import batches
+    from batch_dagster.defs.run_tags import run_tags
 
     if defs is None:
         from batch_dagster.definitions import defs

@@ -10,13 +10,13 @@ import dagster as dg
 from dagster._core.remote_representation.external_data import RepositorySnap  # what the UI is sent (Dagster 1.13)
 
 from batch_dagster.db import repo
-from batch_dagster.db.labels import OwnerLabels, run_tags
 from batch_dagster.defs.assets.batch import lifecycle_assets
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.assets.daily_report import report_assets
 from batch_dagster.defs.assets.delivery import delivered_results
 from batch_dagster.defs.jobs import all_jobs, daily_usage_report_schedule
 from batch_dagster.defs.resources.from_env import resources_from_env
+from batch_dagster.defs.run_tags import OwnerLabels, run_tags
 from batch_dagster.defs.sensors import all_sensors
 from batch_dagster.settings import split_key
 

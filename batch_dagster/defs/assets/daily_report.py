@@ -28,9 +28,9 @@ from batch_dagster.batchfile.daily_usage import (
 )
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, repo
-from batch_dagster.db.labels import OwnerLabels
 from batch_dagster.defs.partitions import daily
 from batch_dagster.defs.resources import DatabaseResource, StorageResource
+from batch_dagster.defs.run_tags import OwnerLabels
 
 GROUP = "reports"
 CHART_DAYS = 30

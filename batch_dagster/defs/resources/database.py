@@ -9,9 +9,9 @@ from contextlib import contextmanager
 import dagster as dg
 from sqlalchemy.orm import Session
 
-from batch_dagster.db.labels import OwnerLabels
 from batch_dagster.db.repo import ANONYMOUS, owner_of_key
 from batch_dagster.db.session import Database, open_database
+from batch_dagster.defs.run_tags import OwnerLabels
 from batch_dagster.settings import api_key_entries, split_key
 
 

@@ -12,8 +12,8 @@ from typing import Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .models import BatchRecord, FileRecord
-from .repo import owner_of_key
+from batch_dagster.db.models import BatchRecord, FileRecord
+from batch_dagster.db.repo import owner_of_key
 
 OWNER_TAG = "owner"  # the owner's label: shown in the UI, and what the run queue shares runs by (defs/run_limits.py)
 _HASHED = re.compile(r"[0-9a-f]{64}")
