@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.eta import Entry, Place, Rate, bounded_work, busy_s, launch_order, plan
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
+from batch_dagster.features.eta import Entry, Place, Rate, bounded_work, busy_s, launch_order, plan
 
 from .estimate import RECENT_BATCHES
 from .models import BatchRecord, FileRecord

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from batch_dagster.batchfile.contract import PIPELINE_ERROR, BatchError
-from batch_dagster.batchfile.eta import bounded_work, running_remaining_s
 from batch_dagster.batchfile.failure import keep_finished
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder, Progress
 from batch_dagster.batchfile.summary import BatchSummary, RunSummary
+from batch_dagster.features.eta import bounded_work, running_remaining_s
 from batch_dagster.terminal import output_to_log
 
 

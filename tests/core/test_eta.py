@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from batch_dagster.batchfile.eta import Entry, Rate, bounded_work, busy_s, launch_order, plan, running_remaining_s
 from batch_dagster.defs.run_limits import launch_priority
+from batch_dagster.features.eta import Entry, Rate, bounded_work, busy_s, launch_order, plan, running_remaining_s
 
 NOW = 1_000_000.0
 
