@@ -16,7 +16,6 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from batch_dagster.batchfile.daily_usage import day_bounds
 from batch_dagster.batchfile.folder import Summary
 from batch_dagster.batchfile.results import RequestCounts
 from batch_dagster.batchfile.usage import Cost, Usage
@@ -26,6 +25,7 @@ from batch_dagster.defs.assets.daily_report import report_assets, report_prefix
 from batch_dagster.defs.jobs import daily_usage_report_schedule
 from batch_dagster.defs.partitions import daily
 from batch_dagster.defs.resources import DatabaseResource, StorageResource
+from batch_dagster.features.daily_usage import day_bounds
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DAY_A, DAY_B = "2026-03-03", "2026-03-04"

@@ -12,7 +12,12 @@ from pathlib import Path
 
 import dagster as dg
 
-from batch_dagster.batchfile.daily_usage import (
+from batch_dagster.batchfile.storage import Storage
+from batch_dagster.db import BatchRecord, repo
+from batch_dagster.defs.partitions import daily
+from batch_dagster.defs.resources import DatabaseResource, StorageResource
+from batch_dagster.defs.run_tags import OwnerLabels
+from batch_dagster.features.daily_usage import (
     FinishedBatch,
     batch_rows,
     batch_view,
@@ -26,11 +31,6 @@ from batch_dagster.batchfile.daily_usage import (
     model_view,
     totals,
 )
-from batch_dagster.batchfile.storage import Storage
-from batch_dagster.db import BatchRecord, repo
-from batch_dagster.defs.partitions import daily
-from batch_dagster.defs.resources import DatabaseResource, StorageResource
-from batch_dagster.defs.run_tags import OwnerLabels
 
 GROUP = "reports"
 CHART_DAYS = 30
