@@ -54,12 +54,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     """What a batch of FILE would cost and take: tokens counted with the model's tokenizer, priced, timed against
     the store's record of the model's recent batches and its queue (POST /v1/batches/estimate's answer)."""
-    from batch_dagster.batchfile.estimate import estimate_stream
     from batch_dagster.batchfile.registry import served_endpoints
     from batch_dagster.batchfile.usage import load_price_table
     from batch_dagster.db import Database
     from batch_dagster.db.estimate import measured_throughput, queue_ahead
     from batch_dagster.engine.models import Models
+    from batch_dagster.features.estimate import estimate_stream
 
     settings = Settings.from_env()
     models, storage, store = Models.from_settings(settings), settings.storage(), Database(settings.database_url)

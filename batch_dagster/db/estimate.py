@@ -5,10 +5,10 @@ from __future__ import annotations
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.estimate import QueueAhead, Throughput
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.features.estimate import QueueAhead, Throughput
 
 from .models import TERMINAL, BatchRecord
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batch_dagster.batchfile.estimate import CountTokens
 from batch_dagster.batchfile.registry import ModelSpec, default_chat_model, load_registry
+from batch_dagster.features.estimate import CountTokens
 
 from . import tokens
 from .hardware import DtypeChoice, dtype_choice

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.estimate import CountTokens
 from batch_dagster.batchfile.responses import chat_body
+from batch_dagster.features.estimate import CountTokens
 
 from . import translate as t
 

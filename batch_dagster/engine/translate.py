@@ -14,7 +14,7 @@ from typing import Any
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.bodies import BodyError, check_body
-from batch_dagster.batchfile.estimate import COMPLETIONS_MAX_TOKENS
+from batch_dagster.features.estimate import COMPLETIONS_MAX_TOKENS
 
 # OpenAI sampling fields, plus vLLM's extras that its server also accepts in a body.
 SAMPLING_FIELDS = (

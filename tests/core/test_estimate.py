@@ -8,7 +8,9 @@ import json
 import pytest
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.estimate import (
+from batch_dagster.batchfile.usage import Price, PriceTable
+from batch_dagster.batchfile.validate import MAX_ERRORS, MORE_ERRORS
+from batch_dagster.features.estimate import (
     COMPLETIONS_MAX_TOKENS,
     Estimate,
     QueueAhead,
@@ -16,8 +18,6 @@ from batch_dagster.batchfile.estimate import (
     estimate_stream,
     max_output_tokens,
 )
-from batch_dagster.batchfile.usage import Price, PriceTable
-from batch_dagster.batchfile.validate import MAX_ERRORS, MORE_ERRORS
 
 MODEL = "m"
 SERVED = {MODEL: (c.CHAT, c.COMPLETIONS, c.RESPONSES), "e": (c.EMBEDDINGS,)}

@@ -7,7 +7,6 @@ import time
 from collections.abc import Iterable
 
 from batch_dagster.batchfile.cost_cap import Cap
-from batch_dagster.batchfile.estimate import Tally
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.results import ShardSummary
 from batch_dagster.batchfile.usage import Usage, cost_of
@@ -15,6 +14,7 @@ from batch_dagster.batchfile.validate import ValidationReport
 from batch_dagster.db.cost_cap import batch_cap
 from batch_dagster.db.session import open_database
 from batch_dagster.defs.resources import PipelineConfig
+from batch_dagster.features.estimate import Tally
 
 
 def _cap(folder: BatchFolder, model: str, pipeline: PipelineConfig) -> Cap | None:

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from batch_dagster.batchfile.columnar import read_shard
-from batch_dagster.batchfile.estimate import Tally
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.validate import ValidationReport
 from batch_dagster.db.session import open_database
 from batch_dagster.db.token_limit import enqueued_tokens, limit_error
 from batch_dagster.defs.resources import PipelineConfig, VLLMResource
+from batch_dagster.features.estimate import Tally
 
 
 def count_tokens(requests: Path, report: ValidationReport, pipeline: PipelineConfig, vllm: VLLMResource,

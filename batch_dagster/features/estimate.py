@@ -11,11 +11,11 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from . import contract as c
-from . import responses
-from .bodies import BodyError, check_body
-from .usage import PriceTable, Usage, cost_of
-from .validate import ValidationReport, validate_stream
+from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile import responses
+from batch_dagster.batchfile.bodies import BodyError, check_body
+from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
+from batch_dagster.batchfile.validate import ValidationReport, validate_stream
 
 # A request's prompt tokens as the engine counts them, one count per prompt (a completions or embeddings body
 # may hold several); None when the engine will refuse the request before it runs (its template fails on it).
