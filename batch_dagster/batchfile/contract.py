@@ -21,6 +21,8 @@ MAX_FILENAME_CHARS = 255  # a File's name
 MAX_SOURCE_CHARS = 1024  # a dropped file's s3:// or file:// URI
 MAX_VERSION_CHARS = 255  # its ETag, or size and mtime
 MAX_COST = 1e9  # a batch's max_cost, in the price table's currency
+# A legacy completion without max_tokens generates at most 16 tokens (OpenAI's default, and vLLM's server's).
+COMPLETIONS_MAX_TOKENS = 16
 
 
 def _first_request(head: bytes, whole: bool) -> dict[str, Any] | None:

@@ -16,12 +16,7 @@ from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.bodies import BodyError, check_body
 from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
 from batch_dagster.batchfile.validate import ValidationReport, validate_stream
-
-# A request's prompt tokens as the engine counts them, one count per prompt (a completions or embeddings body
-# may hold several); None when the engine will refuse the request before it runs (its template fails on it).
-CountTokens = Callable[[str, dict[str, Any]], list[int] | None]
-# As vLLM's server (and engine/translate.py): a legacy completion without max_tokens generates at most 16 tokens.
-COMPLETIONS_MAX_TOKENS = 16
+from batch_dagster.engine.tokens import CountTokens
 
 
 @dataclass(frozen=True)
@@ -53,7 +48,7 @@ def max_output_tokens(endpoint: str, body: dict[str, Any], prompts: list[int], c
         return None
     longest = max(prompts, default=0)
     if requested is None:
-        requested = max(context_length - longest, 1) if endpoint in (c.CHAT, c.RESPONSES) else COMPLETIONS_MAX_TOKENS
+        requested = max(context_length - longest, 1) if endpoint in (c.CHAT, c.RESPONSES) else c.COMPLETIONS_MAX_TOKENS
     if longest + requested > context_length:
         return None
     n = body.get("n", 1)

@@ -11,7 +11,6 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.usage import Price, PriceTable
 from batch_dagster.batchfile.validate import MAX_ERRORS, MORE_ERRORS
 from batch_dagster.features.estimate import (
-    COMPLETIONS_MAX_TOKENS,
     Estimate,
     QueueAhead,
     Throughput,
@@ -62,7 +61,7 @@ def run(rows: list, *, context: int = 100, rate: float = 10.0, queue: QueueAhead
     (c.CHAT, {"max_tokens": 0}, [10], None),
     (c.CHAT, {"max_tokens": True}, [10], None),
     (c.CHAT, {}, [100], None),  # no room for one token
-    (c.COMPLETIONS, {}, [3, 4], 2 * COMPLETIONS_MAX_TOKENS),  # one completion per prompt, 16 tokens unless asked
+    (c.COMPLETIONS, {}, [3, 4], 2 * c.COMPLETIONS_MAX_TOKENS),  # one completion per prompt, 16 tokens unless asked
     (c.COMPLETIONS, {"max_tokens": 50, "n": 2}, [40, 60], None),  # the longest prompt decides
     (c.COMPLETIONS, {"max_tokens": 30, "n": 2}, [40, 60], 120),
     (c.RESPONSES, {"input": "hi", "max_output_tokens": 9}, [5], 9),
