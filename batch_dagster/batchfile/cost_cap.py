@@ -11,8 +11,6 @@ from dataclasses import dataclass
 
 from . import contract as c
 
-# Stop.reason of a batch its cap stopped (beside "cancelled" and "expired"); its error lines carry the same code.
-COST_LIMIT = c.COST_LIMIT_EXCEEDED
 # Costs are rounded to 8 decimals (usage.Cost): a sum within this of the cap has reached it.
 _EPSILON = 1e-8
 
@@ -61,8 +59,3 @@ class Cap:
         allowed = self.allowance(spent)
         return allowed is not None and allowed <= _EPSILON
 
-
-# A request's line when the cap stopped its batch before it ran.
-NOT_RUN_MESSAGE = "The batch reached its cost limit (max_cost or the key's daily budget) before this request ran."
-STOP_ERROR = c.BatchError(c.COST_LIMIT_EXCEEDED, "The batch reached its cost limit (max_cost or the key's daily "
-                                                 "budget); the requests it had not run are in the error file.")

@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from . import contract as c
-from . import cost_cap
 from .columnar import custom_ids
 from .folder import BatchFolder, Merged, Summary
 from .results import committed_shards, merge
@@ -22,7 +21,13 @@ from .usage import PriceTable, cost_of
 LINE_REASON_CHARS = 200
 ERROR_REASON_CHARS = 2000
 NOT_RUN_CODES = {BatchStatus.CANCELLED: c.BATCH_CANCELLED, BatchStatus.EXPIRED: c.BATCH_EXPIRED}
-STOP_REASONS = (BatchStatus.CANCELLED, BatchStatus.EXPIRED, cost_cap.COST_LIMIT)  # Stop.reason's values
+# Stop.reason of a batch its cost cap stopped (beside "cancelled" and "expired"); its error lines carry the same code.
+COST_LIMIT = c.COST_LIMIT_EXCEEDED
+STOP_REASONS = (BatchStatus.CANCELLED, BatchStatus.EXPIRED, COST_LIMIT)  # Stop.reason's values
+# A request's line when the cost cap stopped its batch before it ran, and the batch's errors.data.
+COST_LIMIT_NOT_RUN = "The batch reached its cost limit (max_cost or the key's daily budget) before this request ran."
+COST_LIMIT_ERROR = c.BatchError(c.COST_LIMIT_EXCEEDED, "The batch reached its cost limit (max_cost or the key's daily "
+                                                       "budget); the requests it had not run are in the error file.")
 
 
 class Ending(NamedTuple):
@@ -37,8 +42,8 @@ class Ending(NamedTuple):
 def stopped_ending(reason: str) -> Ending:
     """The end of a batch stopped for `reason` (a Stop.reason): a cancel or an expiry ends with that status; its
     cost cap fails it with errors.data saying so (OpenAI has no status of its own for that)."""
-    if reason == cost_cap.COST_LIMIT:
-        return Ending(BatchStatus.FAILED, c.COST_LIMIT_EXCEEDED, cost_cap.NOT_RUN_MESSAGE, [cost_cap.STOP_ERROR])
+    if reason == COST_LIMIT:
+        return Ending(BatchStatus.FAILED, c.COST_LIMIT_EXCEEDED, COST_LIMIT_NOT_RUN, [COST_LIMIT_ERROR])
     status = BatchStatus(reason)
     return Ending(status, NOT_RUN_CODES[status], f"The batch was {reason} before this request ran.", [])
 

@@ -133,7 +133,7 @@ class Deadline(Document):
 
 @dataclass
 class Stop(Document):
-    reason: str  # BatchStatus.CANCELLED or EXPIRED, or cost_cap.COST_LIMIT (failure.STOP_REASONS)
+    reason: str  # BatchStatus.CANCELLED or EXPIRED, or failure.COST_LIMIT (failure.STOP_REASONS)
     at: float
 
 

@@ -20,8 +20,7 @@ from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.columnar import read_shard, validate_to_parquet, write_shards
-from batch_dagster.batchfile.cost_cap import COST_LIMIT
-from batch_dagster.batchfile.failure import not_run_lines, stopped_ending
+from batch_dagster.batchfile.failure import COST_LIMIT, not_run_lines, stopped_ending
 from batch_dagster.batchfile.folder import (
     BatchFolder,
     Manifest,
