@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.cost_cap import Cap
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
+from batch_dagster.features.cost_cap import Cap
 from batch_dagster.features.daily_usage import day_bounds
 
 from .lifecycle import observe

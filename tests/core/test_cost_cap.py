@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.cost_cap import Cap
 from batch_dagster.batchfile.failure import COST_LIMIT, stopped_ending
 from batch_dagster.batchfile.retry import is_retryable
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import Price, PriceTable
+from batch_dagster.features.cost_cap import Cap
 from batch_dagster.features.estimate import Tally
 
 

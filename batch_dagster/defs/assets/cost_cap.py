@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from batch_dagster.batchfile.cost_cap import Cap
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.results import ShardSummary
 from batch_dagster.batchfile.usage import Usage, cost_of
@@ -14,6 +13,7 @@ from batch_dagster.batchfile.validate import ValidationReport
 from batch_dagster.db.cost_cap import batch_cap
 from batch_dagster.db.session import open_database
 from batch_dagster.defs.resources import PipelineConfig
+from batch_dagster.features.cost_cap import Cap
 from batch_dagster.features.estimate import Tally
 
 

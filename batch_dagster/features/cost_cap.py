@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import contract as c
+from batch_dagster.batchfile import contract as c
 
 # Costs are rounded to 8 decimals (usage.Cost): a sum within this of the cap has reached it.
 _EPSILON = 1e-8
