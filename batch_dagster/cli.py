@@ -160,7 +160,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
     from batch_dagster.db import BatchRecord, Database
     from batch_dagster.db.lifecycle import sync_batch
-    from batch_dagster.db.retry import CannotRetry, create_retry
+    from batch_dagster.features.retry import CannotRetry, create_retry
 
     settings = Settings.from_env()
     store = Database(settings.database_url)

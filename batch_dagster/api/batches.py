@@ -19,7 +19,7 @@ from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, FileRecord, repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
-from batch_dagster.db.retry import RESERVED_METADATA
+from batch_dagster.features.retry import RESERVED_METADATA
 from batch_dagster.storage import file_location
 
 from .deps import Context, DbSession, Owner

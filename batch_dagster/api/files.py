@@ -13,7 +13,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from batch_dagster.batchfile.folder import file_key
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import FileRecord, repo
-from batch_dagster.db.retry import CannotRetry, merged_content
+from batch_dagster.features.retry import CannotRetry, merged_content
 from batch_dagster.storage import LocalStorage, file_location
 
 from .deps import Context, DbSession, Owner

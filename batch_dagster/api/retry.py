@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from batch_dagster.db import repo
-from batch_dagster.db.retry import CannotRetry, create_retry
+from batch_dagster.features.retry import CannotRetry, create_retry
 
 from .batches import batch_object
 from .deps import Context, DbSession, Owner

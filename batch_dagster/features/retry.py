@@ -11,11 +11,10 @@ from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.retry import custom_ids_of, merged_lines, retryable_ids, write_retry_input
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.db import repo
+from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S, add_input_file, create_batch
+from batch_dagster.db.models import BatchRecord, FileRecord
 from batch_dagster.storage import file_location
-
-from . import repo
-from .batches import OUTPUT_EXPIRES_AFTER_S, add_input_file, create_batch
-from .models import BatchRecord, FileRecord
 
 # The metadata key a retry batch shows its parent under. Only create_retry writes it (the API refuses it in a
 # client's metadata); what is followed is the batch's own parent_batch_id column, never the metadata.
