@@ -57,9 +57,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from batch_dagster.batchfile.registry import served_endpoints
     from batch_dagster.batchfile.usage import load_price_table
     from batch_dagster.db import Database
-    from batch_dagster.db.estimate import measured_throughput, queue_ahead
     from batch_dagster.engine.models import Models
     from batch_dagster.features.estimate import estimate_stream
+    from batch_dagster.features.throughput import measured_throughput, queue_ahead
 
     settings = Settings.from_env()
     models, storage, store = Models.from_settings(settings), settings.storage(), Database(settings.database_url)

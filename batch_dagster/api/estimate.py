@@ -10,9 +10,9 @@ from fastapi import APIRouter
 
 from batch_dagster.batchfile.registry import served_endpoints
 from batch_dagster.batchfile.usage import load_price_table
-from batch_dagster.db.estimate import measured_throughput, queue_ahead
 from batch_dagster.engine.models import Models
 from batch_dagster.features.estimate import estimate_stream
+from batch_dagster.features.throughput import measured_throughput, queue_ahead
 from batch_dagster.storage import file_location
 
 from .batches import checked_source

@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.features.eta import Entry, Place, Rate, bounded_work, busy_s, launch_order, plan
+from batch_dagster.features.throughput import RECENT_BATCHES
 
-from .estimate import RECENT_BATCHES
 from .models import BatchRecord, FileRecord
 
 # The statuses of batches not ended: listed, so the status index serves the query (NOT IN would scan).

@@ -13,11 +13,11 @@ import dagster as dg
 
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.validate import ValidationReport
-from batch_dagster.db.estimate import measured_throughput, queue_ahead
 from batch_dagster.db.session import open_database
 from batch_dagster.defs.resources import PipelineConfig
 from batch_dagster.features.estimate import Estimate, Tally
 from batch_dagster.features.eta import bounded_work, running_remaining_s
+from batch_dagster.features.throughput import measured_throughput, queue_ahead
 
 
 def write_estimate(context: dg.AssetExecutionContext, folder: BatchFolder, report: ValidationReport,

@@ -8,9 +8,8 @@ from sqlalchemy.orm import Session
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.db.models import TERMINAL, BatchRecord
 from batch_dagster.features.estimate import QueueAhead, Throughput
-
-from .models import TERMINAL, BatchRecord
 
 # The model's most recent completed batches the throughput is measured on.
 RECENT_BATCHES = 10
