@@ -10,9 +10,9 @@ from batch_dagster.batchfile.columnar import read_shard
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.validate import ValidationReport
 from batch_dagster.db.session import open_database
-from batch_dagster.db.token_limit import enqueued_tokens, limit_error
 from batch_dagster.defs.resources import PipelineConfig, VLLMResource
 from batch_dagster.features.estimate import Tally
+from batch_dagster.features.token_limit import enqueued_tokens, limit_error
 
 
 def count_tokens(requests: Path, report: ValidationReport, pipeline: PipelineConfig, vllm: VLLMResource,

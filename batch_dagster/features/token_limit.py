@@ -9,8 +9,7 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
-
-from .models import BatchRecord
+from batch_dagster.db.models import BatchRecord
 
 
 def enqueued_tokens(session: Session, storage: Storage, batch_id: str, model: str) -> tuple[str | None, int]:
