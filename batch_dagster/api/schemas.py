@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, Field
 
 from batch_dagster.batchfile.contract import ENDPOINTS, MAX_COST
 from batch_dagster.batchfile.status import BatchStatus
-from batch_dagster.db.webhooks import EVENT_TYPES
+from batch_dagster.db.models import EVENT_TYPES
 
 T = TypeVar("T")
 COMPLETION_WINDOWS = ("24h",)

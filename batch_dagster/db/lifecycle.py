@@ -16,16 +16,15 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, update
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.contract import MAX_MODEL_CHARS, PIPELINE_ERROR, BatchError
+from batch_dagster.batchfile.contract import MAX_MODEL_CHARS, PIPELINE_ERROR, BatchError, new_id
 from batch_dagster.batchfile.folder import BatchFolder, Progress
 from batch_dagster.batchfile.results import RequestCounts, committed_shards, progress_of
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.usage import Usage
 
-from .models import BatchRecord, FileRecord
+from .models import EVENT_TYPES, BatchRecord, FileRecord, WebhookEvent
 from .repo import new_file_id, now
-from .webhooks import add_event
 
 
 @dataclass
@@ -166,6 +165,14 @@ def _result_files(folder: BatchFolder, batch: BatchRecord, at: int) -> list[File
             batch_id=batch.id,
         ))
     return files
+
+
+def add_event(session: Session, batch_id: str, owner: str, status: str, at: int | None = None) -> WebhookEvent:
+    """The webhook event of a batch that just reached `status` (terminal); committed by the caller."""
+    event = WebhookEvent(id=new_id("evt_"), type=EVENT_TYPES[status], batch_id=batch_id, owner=owner,
+                         created_at=at or now())
+    session.add(event)
+    return event
 
 
 def apply(session: Session, folder: BatchFolder, batch: BatchRecord, obs: Observation) -> BatchRecord:

@@ -120,6 +120,10 @@ class IntakeRecord(Base):
     delivered_at: Mapped[int | None]
 
 
+# A webhook event's type for each terminal status (OpenAI's names), in TERMINAL's order.
+EVENT_TYPES: dict[str, str] = {status: f"batch.{status}" for status in TERMINAL}
+
+
 class WebhookEvent(Base):
     """An event to send (OpenAI's shape): a batch reached a terminal status. Filled once, when the status is stored.
 

@@ -18,13 +18,11 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.contract import RequestCounts
-from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.usage import Usage
 
 from .models import BatchRecord, WebhookDelivery, WebhookEndpointRecord, WebhookEvent
 from .repo import now, page
 
-EVENT_TYPES: dict[str, str] = {status: f"batch.{status}" for status in TERMINAL}
 SECRET_PREFIX = "whsec_"
 MAX_ENDPOINTS_PER_OWNER = 16
 DELETED = "The webhook endpoint was deleted."
@@ -73,16 +71,6 @@ def delete_endpoint(session: Session, row: WebhookEndpointRecord) -> None:
                            WebhookDelivery.failed_at.is_(None))
                     .values(failed_at=at, last_error=DELETED))
     session.commit()
-
-
-def add_event(session: Session, batch_id: str, owner: str, status: str, at: int | None = None) -> WebhookEvent:
-    """The event of a batch that just reached `status` (terminal); committed by the caller."""
-    from batch_dagster.batchfile.contract import new_id
-
-    event = WebhookEvent(id=new_id("evt_"), type=EVENT_TYPES[status], batch_id=batch_id, owner=owner,
-                         created_at=at or now())
-    session.add(event)
-    return event
 
 
 def plan(session: Session, urls: Sequence[str], limit: int = 500) -> int:
