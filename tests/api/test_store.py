@@ -14,10 +14,11 @@ from sqlalchemy import inspect, select, text
 
 from batch_dagster.batchfile.contract import BatchError, RequestCounts
 from batch_dagster.batchfile.folder import BatchFolder, Manifest, Validation
-from batch_dagster.db import TERMINAL, BatchRecord, Database, FileRecord, repo, webhooks
+from batch_dagster.db import TERMINAL, BatchRecord, Database, FileRecord, repo
 from batch_dagster.db.lifecycle import Observation, apply, changes, observe, run_failed
 from batch_dagster.db.models import Base
 from batch_dagster.db.session import alembic_config
+from batch_dagster.features import webhooks
 from batch_dagster.storage import LocalStorage
 from tests.helpers import check_batch_filters
 

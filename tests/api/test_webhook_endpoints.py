@@ -15,12 +15,12 @@ from sqlalchemy import select
 
 from batch_dagster import egress
 from batch_dagster.db import Database, repo
-from batch_dagster.db import webhooks as outbox
 from batch_dagster.db.lifecycle import add_event
 from batch_dagster.db.models import WebhookDelivery, WebhookEndpointRecord
 from batch_dagster.defs.resources import DatabaseResource
 from batch_dagster.defs.resources.webhooks import WebhookConfig
 from batch_dagster.defs.sensors import webhook_sensor
+from batch_dagster.features import webhooks as outbox
 from tests.helpers import KEY_A, KEY_B, Receiver, chat_request, rows, upload, wait_for
 
 GLOBAL_SECRET = "whsec_" + base64.b64encode(b"the global secret, 32 bytes long").decode()

@@ -14,8 +14,8 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import EmptyWebhookSecretError
 
 from batch_dagster import settings as s
-from batch_dagster.db.webhooks import SECRET_PREFIX
 from batch_dagster.egress import Allow, check
+from batch_dagster.features.webhooks import SECRET_PREFIX
 
 Post = tuple[str, str | None, str, bytes]  # url, the endpoint's secret (None: the global one), event id, body
 _ERROR_BYTES = 200  # of an endpoint's error answer, kept with the attempt

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dagster as dg
 
-from batch_dagster.db import webhooks as outbox
 from batch_dagster.defs.resources import DatabaseResource
 from batch_dagster.defs.resources.webhooks import WebhookConfig, check_secret, event_body
+from batch_dagster.features import webhooks as outbox
 
 
 @dg.sensor(

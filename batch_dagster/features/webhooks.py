@@ -19,9 +19,8 @@ from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.contract import RequestCounts
 from batch_dagster.batchfile.usage import Usage
-
-from .models import BatchRecord, WebhookDelivery, WebhookEndpointRecord, WebhookEvent
-from .repo import now, page
+from batch_dagster.db.models import BatchRecord, WebhookDelivery, WebhookEndpointRecord, WebhookEvent
+from batch_dagster.db.repo import now, page
 
 SECRET_PREFIX = "whsec_"
 MAX_ENDPOINTS_PER_OWNER = 16
