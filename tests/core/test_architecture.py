@@ -104,8 +104,17 @@ def test_a_packages_init_edges_to_its_own_modules_are_kept():
 
 def test_the_database_and_the_api_do_not_use_the_dagster_side():
     for name, targets in _graph().items():
-        if name.startswith(("batch_dagster.db", "batch_dagster.api")):
+        if name.startswith(("batch_dagster.db", "batch_dagster.api", "batch_dagster.features")):
             assert not {t for t in targets if t.startswith("batch_dagster.defs")}, name
+
+
+def test_the_features_serve_both_sides_and_import_neither():
+    """A feature's module is reached by the API and by the Dagster side: it imports no FastAPI, Dagster or vLLM."""
+    for name, path in _modules().items():
+        if name.startswith("batch_dagster.features"):
+            used = {m.split(".")[0] for m in _imports(name, path)}
+            assert not used & {"dagster", "dagster_aws", "vllm", "torch", "fastapi", "starlette", "uvicorn"}, name
+            assert not {m for m in _imports(name, path) if m.startswith("batch_dagster.api")}, name
 
 
 DAGSTER = ("dagster", "dagster_aws", "dagster_k8s", "dagster_postgres", "dagster_graphql", "dagster_webserver")
