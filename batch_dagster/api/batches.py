@@ -13,6 +13,7 @@ from starlette.datastructures import QueryParams
 
 from batch_dagster.batchfile.contract import ENDPOINTS
 from batch_dagster.batchfile.folder import BatchFolder
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import committed_output
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
@@ -59,9 +60,8 @@ def batch_object(row: BatchRecord) -> Batch:
         cancelled_at=row.cancelled_at,
         request_counts=BatchRequestCounts(total=row.request_total, completed=row.request_completed,
                                           failed=row.request_failed),
-        metadata=_shown_metadata(row.meta), model=row.model, usage=_shown_usage(row.usage), priority=row.priority,
-        max_cost=row.max_cost,
-        **_queue_place(row),
+        metadata=_shown_metadata(row.meta), model=row.model, usage=_shown_usage(row.usage),
+        **row.options.model_dump(), **_queue_place(row),
     )
 
 
@@ -134,7 +134,7 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
         row = store_create_batch(
             session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source,
             input_from=source, completion_window_s=ctx.config.completion_window_s,
-            metadata=body.metadata, batch_id=batch_id, priority=body.priority, max_cost=body.max_cost,
+            metadata=body.metadata, batch_id=batch_id, options=BatchOptions.of(body),
             output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
                                   else OUTPUT_EXPIRES_AFTER_S),
         )

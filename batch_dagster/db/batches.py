@@ -23,6 +23,7 @@ from batch_dagster.batchfile.contract import (
     model_of_head,
 )
 from batch_dagster.batchfile.folder import BatchFolder, file_key
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.summary import BatchSummary
@@ -104,15 +105,15 @@ def create_batch(
     model: str | None = None,
     parent: BatchRecord | None = None,
     commit: bool = True,
-    priority: int = 0,
-    max_cost: float | None = None,
+    options: BatchOptions = BatchOptions(),
 ) -> BatchRecord:
     """Put the batch's input, deadline and endpoint in its folder, then add its row (committed).
 
     `input_from`: a local file copied in now, a stored File copied in now, a URI the run fetches
     (dropped files), or None when the input is in the folder already. `completion_window_s` None: the batch
     never expires. `endpoint` None: the first request's url decides.
-    `launched`: the caller requests the run itself (else the API sensor launches it). `parent`: the batch this one
+    `options`: the batch's options, kept whole (a retry passes its parent's). `launched`: the caller requests the
+    run itself (else the API sensor launches it). `parent`: the batch this one
     retries (db/retry.py only; it must have the same owner). `commit` False: the caller commits (or rolls back)
     the row with its own.
     The batch's model (from its first request, or `model` for a dropped file, whose head the intake read) and,
@@ -143,8 +144,7 @@ def create_batch(
         completion_window=COMPLETION_WINDOW, status=BatchStatus.VALIDATING, created_at=created_at,
         expires_at=expires_at,
         meta=metadata, output_expires_after=output_expires_after, launched_at=created_at if launched else None,
-        model=model, request_total=requests, parent_batch_id=_same_owner(parent, owner), priority=priority,
-        max_cost=max_cost,
+        model=model, request_total=requests, parent_batch_id=_same_owner(parent, owner), options=options,
     )
     session.add(row)
     if commit:

@@ -42,7 +42,7 @@ def batch_cap(session: Session, storage: Storage, batch_id: str, prices: PriceTa
               daily_budget: float | None, at: float) -> Cap | None:
     """What caps `batch_id`'s spend at `at`; None when nothing does (no max_cost, no budget) or it has no row."""
     row = session.scalar(select(BatchRecord).where(BatchRecord.id == batch_id))
-    if row is None or (row.max_cost is None and daily_budget is None):
+    if row is None or (row.options.max_cost is None and daily_budget is None):
         return None
     spent = spent_today(session, storage, row.owner, prices, at, batch_id) if daily_budget is not None else 0.0
-    return Cap(max_cost=row.max_cost, daily_budget=daily_budget, spent_today=spent, currency=currency)
+    return Cap(max_cost=row.options.max_cost, daily_budget=daily_budget, spent_today=spent, currency=currency)

@@ -64,7 +64,7 @@ def refresh_queue(session: Session, *, slots: int, default_tokens_per_s: float, 
     for model, batches in by_model.items():
         entries = [Entry(
             batch_id=b.id, running=b.status != BatchStatus.VALIDATING,
-            order=launch_order(b.priority, b.launch_priority, b.pk), work=bounded_work(b.estimate),
+            order=launch_order(b.options.priority, b.launch_priority, b.pk), work=bounded_work(b.estimate),
             input_bytes=nbytes,
             done=(b.request_completed + b.request_failed) / b.request_total if b.request_total else 0.0,
             in_progress_at=b.in_progress_at) for b, nbytes in batches]

@@ -29,7 +29,8 @@ class CannotRetry(ValueError):
 
 def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, completion_window_s: int | None,
                  launched: bool = False) -> BatchRecord:
-    """A new batch of `parent`'s retryable failed requests, with their original bodies, same endpoint and model."""
+    """A new batch of `parent`'s retryable failed requests, with their original bodies, same endpoint, model and
+    options."""
     if parent.status not in TERMINAL:
         raise CannotRetry(f"Batch {parent.id} is {parent.status}; only a batch that has ended can be retried.")
     error_file = _file(session, parent.error_file_id)
@@ -51,7 +52,7 @@ def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, com
             session, storage, owner=parent.owner, endpoint=parent.endpoint, input_file=input_file, input_from=path,
             completion_window_s=completion_window_s, metadata=metadata, launched=launched,
             output_expires_after=parent.output_expires_after or OUTPUT_EXPIRES_AFTER_S, parent=parent,
-            priority=parent.priority, max_cost=parent.max_cost,
+            options=parent.options,
         )
 
 

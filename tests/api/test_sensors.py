@@ -8,6 +8,7 @@ import pytest
 
 from batch_dagster.batchfile.contract import CHAT, EMBEDDINGS
 from batch_dagster.batchfile.folder import Validation
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.db import BatchRecord, repo
 from batch_dagster.db.batches import add_input_file, create_batch
 from batch_dagster.definitions import defs
@@ -145,7 +146,7 @@ def test_a_batchs_own_priority_goes_before_the_fair_order_and_equals_interleave(
         for i, (owner, priority) in enumerate((("a", 0), ("a", 0), ("a", 0), ("b", 0), ("a", 5), ("b", -2))):
             session.add(BatchRecord(id=f"batch_{i}", owner=owner, endpoint="/v1/chat/completions",
                                     input_file_id="file-x", completion_window="24h", status="validating",
-                                    created_at=repo.now(), priority=priority))
+                                    created_at=repo.now(), options=BatchOptions(priority=priority)))
         session.commit()
     requested = tick(api_batch_sensor, instance, resources).run_requests
     tags = {r.partition_key: r.tags for r in requested}

@@ -96,7 +96,7 @@ def api_batch_sensor(context: dg.SensorEvaluationContext, database: DatabaseReso
         labels = database.labels()
         tags = [run_tags(b.id, source="api", filename=filenames.get(b.id), owner=b.owner, model=b.model,
                          vllm=vllm, labels=labels) for b in rows]
-        priorities = [b.priority for b in rows]
+        priorities = [b.options.priority for b in rows]
     # Higher priority first; among equals, oldest first and owners interleaved: the run queue launches by these.
     tags = with_fair_priorities(context.instance, batch_job.name, tags, OWNER_TAG, priorities)
     with database.session() as session:  # each batch's place in the launch order, for its queue_position
