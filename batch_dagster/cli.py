@@ -21,8 +21,7 @@ def _print_json(data: Any) -> None:
     sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
+def cmd_validate(args: argparse.Namespace, settings: Settings) -> int:
     limits = Limits(
         max_requests=args.max_requests or settings.limits.max_requests,
         max_bytes=args.max_bytes or settings.limits.max_bytes,
@@ -51,7 +50,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if report.valid else 1
 
 
-def cmd_estimate(args: argparse.Namespace) -> int:
+def cmd_estimate(args: argparse.Namespace, settings: Settings) -> int:
     """What a batch of FILE would cost and take: tokens counted with the model's tokenizer, priced, timed against
     the store's record of the model's recent batches and its queue (POST /v1/batches/estimate's answer)."""
     from batch_dagster.batchfile.registry import served_endpoints
@@ -61,7 +60,6 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from batch_dagster.features.estimate import estimate_stream
     from batch_dagster.features.throughput import measured_throughput, queue_ahead
 
-    settings = Settings.from_env()
     models, storage, store = Models.from_settings(settings), settings.storage(), Database(settings.database_url)
     store.upgrade()
     try:
@@ -131,7 +129,7 @@ def _print_summary(run: RunSummary) -> None:
         print(f"  log:      {run.log_file}")
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from batch_dagster.defs.instance import PG_URL_VARIABLE, pg_url_problem
     from batch_dagster.defs.runner import run_batch
 
@@ -140,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
 
     summary = run_batch(Path(args.file), Path(args.out), show_progress=not args.json and not args.quiet,
-                        log_dir=Settings.from_env().data_dir / "logs")
+                        log_dir=settings.data_dir / "logs")
     if args.json:
         _print_json(summary.to_dict())
     else:
@@ -148,13 +146,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if summary.batch.status == BatchStatus.COMPLETED else 1
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from batch_dagster.demo.run import run_demo
 
-    return run_demo(Path(args.out))
+    return run_demo(Path(args.out), log_dir=settings.data_dir / "logs")
 
 
-def cmd_retry(args: argparse.Namespace) -> int:
+def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
     """Create a child batch of a batch's retryable failed requests; the daemon's API sensor launches it."""
     from sqlalchemy import select
 
@@ -162,7 +160,6 @@ def cmd_retry(args: argparse.Namespace) -> int:
     from batch_dagster.db.lifecycle import sync_batch
     from batch_dagster.features.retry import CannotRetry, create_retry
 
-    settings = Settings.from_env()
     store = Database(settings.database_url)
     store.upgrade()
     storage = settings.storage()
@@ -191,12 +188,12 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_vllm_server(args: argparse.Namespace) -> int:
+def cmd_vllm_server(args: argparse.Namespace, settings: Settings) -> int:
     """Start (exec) a vLLM server for a registry model, for `BATCH_ENGINE_MODE=server`."""
     from batch_dagster.engine.models import Models
     from batch_dagster.engine.server import server_command
 
-    models = Models.from_settings(Settings.from_env())
+    models = Models.from_settings(settings)
     spec = models.spec(args.model)
     command = server_command(spec, models.path(spec), args.host, args.port)
     print(" ".join(command), file=sys.stderr)
@@ -204,7 +201,7 @@ def cmd_vllm_server(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_fleet(args: argparse.Namespace) -> int:
+def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
     """Run N vLLM servers for a registry model behind vllm-router until Ctrl-C or SIGTERM."""
     import logging
     import signal
@@ -215,7 +212,6 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from batch_dagster.serve.fleet import Fleet
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env()
     models = Models.from_settings(settings)
     spec = models.spec(args.model)
     path = models.path(spec)
@@ -240,24 +236,25 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         fleet.stop()
 
 
-def cmd_instance(args: argparse.Namespace) -> int:
+def cmd_instance(args: argparse.Namespace, settings: Settings) -> int:
     from batch_dagster.defs.instance import PG_URL_VARIABLE, compute_logs_place, ensure_dagster_home
 
     try:
-        home = ensure_dagster_home()
+        home = ensure_dagster_home(settings)
     except ValueError as exc:  # a DAGSTER_PG_URL that cannot work, a run limit below 1
         print(f"error: {exc}", file=sys.stderr)
         return 2
     storage = f"postgres ({PG_URL_VARIABLE})" if os.environ.get(PG_URL_VARIABLE) else "sqlite"
-    logs = compute_logs_place(Settings.from_env().storage_url)
+    logs = compute_logs_place(settings.storage_url)
     print(f"DAGSTER_HOME={home} storage={storage}" + (f" compute_logs=s3://{logs[0]}/{logs[1]}" if logs else ""))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
+    """The command line, its defaults from `settings` (by default, the environment's)."""
     from batch_dagster.settings import POLICIES
 
-    settings = Settings.from_env()
+    settings = settings or Settings.from_env()
     parser = argparse.ArgumentParser(prog="batch-dagster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -330,10 +327,11 @@ def _exit_at_once(code: int) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
+    settings = Settings.from_env()  # read once: every command takes them
+    parser = build_parser(settings)
     args = parser.parse_args(argv)
     try:
-        code = args.func(args)
+        code = args.func(args, settings)
     except OSError as exc:  # a missing or unreadable file is a usage error, not a crash
         parser.exit(2, f"batch-dagster: error: {exc.strerror or exc}: {exc.filename or ''}\n")
     # Only as the command itself (argv from the command line): Python code calling main() keeps its process.

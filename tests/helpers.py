@@ -28,7 +28,7 @@ import dagster as dg
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.results import committed_shards, shard_keys
-from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.batch import lifecycle
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import LazyS3Resource, PipelineConfig, StorageResource, VLLMResource
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 # Read when the tests are collected, before any test moves BATCH_DATA_DIR, so the prepared models are shared.
 MODEL_CACHE = Settings.from_env().model_cache_dir
+STEP_RETRY_DELAY_S = Settings.from_env().step_retry_delay_s  # conftest.py's, so a test's retries wait little
 CHAT_MODEL = "smollm2-135m-instruct"
 EMBED_MODEL = "all-minilm-l6-v2"
 # Run config that keeps in-process runs quiet.
@@ -168,7 +169,7 @@ def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storag
     """batch_job over `data_dir` (or batch folders at `storage_url`) on `vllm`, cutting shards of `shard_size`
     (`pipeline`: PipelineConfig's other fields)."""
     return dg.Definitions(
-        assets=lifecycle_assets,
+        assets=lifecycle(STEP_RETRY_DELAY_S),
         asset_checks=lifecycle_checks,
         jobs=[batch_job],
         resources={"storage": StorageResource(data_dir=str(data_dir), url=storage_url), "vllm": vllm, "s3": LazyS3Resource(),

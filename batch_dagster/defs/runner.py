@@ -82,6 +82,12 @@ class Eta:
         return time.strftime("%H:%M:%S", time.localtime(time.time() + left))
 
 
+def resource(defs: Any, key: str) -> Any:
+    """The resource `key` of `defs` as a run resolves it: a field a set variable fills is a dg.EnvVar (the UI shows
+    its name) until then."""
+    return defs.resources[key].process_config_and_initialize()
+
+
 class CliBatch:
     """The batch in the metadata store, when the definitions have one: the one record of batches (the daily
     usage report reads it), listed under the owner of dropped files' batches."""
@@ -91,12 +97,8 @@ class CliBatch:
         from batch_dagster.db.batches import head_model, register_local, scan
         from batch_dagster.defs.run_tags import OwnerLabels
 
-        storage = defs.resources["storage"]
-        # Resolved as a run resolves it: its url and keys may be dg.EnvVars (kept out of the UI).
-        self.database = defs.resources.get("database")
-        if self.database is not None:
-            self.database = self.database.process_config_and_initialize()
-        self.storage = storage.storage()
+        self.database = resource(defs, "database") if "database" in defs.resources else None
+        self.storage = resource(defs, "storage").storage()
         # A command-line batch belongs to the drop folders' owner, else (keys and none named) the keyless one.
         self.owner = (self.database.intake_owner() if self.database is not None else "") or repo.ANONYMOUS
         self.labels = self.database.labels() if self.database is not None else OwnerLabels()
@@ -153,7 +155,9 @@ def run_batch(
     from batch_dagster.defs.run_tags import run_tags
 
     if defs is None:
-        from batch_dagster.definitions import defs
+        from batch_dagster.definitions import defs as project_defs
+
+        defs = project_defs()
     if instance is None:
         from batch_dagster.defs.instance import ensure_dagster_home
 
@@ -171,7 +175,7 @@ def run_batch(
     # This run starts at once, without the run queue. Tagged as the sensors tag theirs, it counts against the
     # queue's limits while it runs: an offline engine here makes the daemon's offline runs wait.
     tags = run_tags(batch_id, source="cli", filename=file.name, owner=record.owner, model=record.model,
-                    vllm=defs.resources["vllm"], labels=record.labels)
+                    vllm=resource(defs, "vllm"), labels=record.labels)
     tags[CLI_PROCESS_TAG] = process_label(os.getpid()) or ""
     log_file = log_dir / f"run-{batch_id}.log" if log_dir is not None else None
     with ExitStack() as stack:
@@ -197,7 +201,7 @@ def run_batch(
                 shutdown_all()
     failure = None if result.success else _failure_message(result)
     if failure is not None:  # as the daemon ends a run that failed for good: what it finished is kept
-        keep_finished(folder, failure, defs.resources["pipeline"].prices())
+        keep_finished(folder, failure, resource(defs, "pipeline").prices())
     record.sync(failure)
     out_dir.mkdir(parents=True, exist_ok=True)
     output_file, error_file = out_dir / OUTPUT, out_dir / ERRORS

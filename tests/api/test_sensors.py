@@ -11,7 +11,7 @@ from batch_dagster.batchfile.folder import Validation
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.db import BatchRecord, repo
 from batch_dagster.db.batches import add_input_file, create_batch
-from batch_dagster.definitions import defs
+from batch_dagster.definitions import defs as project_defs
 from batch_dagster.defs.dagster_internals import GRPC_INFO_TAG
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource
 from batch_dagster.defs.sensors import api_batch_sensor, api_batch_status_sensor
@@ -19,6 +19,7 @@ from tests.helpers import CHAT_MODEL, EMBED_MODEL, chat_request, free_port, real
 
 
 def test_definitions_carry_the_api_sensors():
+    defs = project_defs()
     launch = defs.resolve_sensor_def("api_batch_sensor")
     status = defs.resolve_sensor_def("api_batch_status_sensor")
     assert launch.job_name == "batch_job" and launch.minimum_interval_seconds <= 5
@@ -120,7 +121,7 @@ def test_the_vllm_resource_says_which_models_are_served():
     assert real_vllm().queue_tags(CHAT_MODEL)["batch/engine"] == "offline"
     # A run launched without the sensors' tags (from the UI) is counted as holding an engine: a job backfill's
     # runs get the job's definition tags, a launchpad's run its run tags.
-    job = defs.resolve_job_def("batch_job")
+    job = project_defs().resolve_job_def("batch_job")
     assert job.tags == job.run_tags == {"batch/engine": "offline"}
 
 

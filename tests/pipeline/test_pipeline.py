@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import dagster as dg
 import pytest
 
 from batch_dagster.batchfile.contract import RequestCounts
 from batch_dagster.batchfile.folder import batch_ids
 from batch_dagster.batchfile.results import committed_shards, shard_keys
-from batch_dagster.definitions import defs as project_defs
+from batch_dagster.definitions import defs
 from batch_dagster.defs.resources import StorageResource
 from batch_dagster.defs.runner import run_batch
 from tests.helpers import FakeEngine, chat_request, fake_vllm, local_file, make_defs, read_jsonl, write_jsonl
 
 
 def test_project_definitions_load():
+    project_defs = defs()
     job = project_defs.resolve_job_def("batch_job")
     keys = {k.to_user_string() for k in project_defs.resolve_all_asset_keys()}
     lifecycle = {"batch_input", "validated_requests", "batch_shards", "shard_results", "batch_output_files", "batch_usage"}
@@ -29,6 +34,15 @@ def test_project_definitions_load():
     # Runs, not steps, are bounded (the run queue, by their tags): an inference step waits for no pool.
     assert shard_results.op.pool is None
     assert shard_results.op.retry_policy.max_retries >= 1
+
+
+def test_importing_the_definitions_reads_no_setting_and_no_store(tmp_path):
+    """The definitions are built when Dagster loads them: an import parses no setting and opens no store."""
+    code = ("import batch_dagster.definitions as d; print('imported'); d.defs()")
+    env = {**os.environ, "BATCH_SHARD_SIZE": "many", "BATCH_DATABASE_URL": f"sqlite:///{tmp_path / 'store.db'}"}
+    env.pop("BATCH_REPORT_START", None)  # unset: the store's first batch decides, read when they load
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.stdout.strip() == "imported" and "BATCH_SHARD_SIZE='many'" in out.stderr  # read when they load
 
 
 def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, instance):

@@ -10,14 +10,8 @@ import dagster as dg
 from dagster._core.remote_representation.external_data import RepositorySnap  # what the UI is sent (Dagster 1.13)
 
 from batch_dagster.db import repo
-from batch_dagster.defs.assets.batch import lifecycle_assets
-from batch_dagster.defs.assets.checks import lifecycle_checks
-from batch_dagster.defs.assets.daily_report import report_assets
-from batch_dagster.defs.assets.delivery import delivered_results
-from batch_dagster.defs.jobs import all_jobs, daily_usage_report_schedule
-from batch_dagster.defs.resources.from_env import resources_from_env
+from batch_dagster.definitions import defs as project_defs
 from batch_dagster.defs.run_tags import OwnerLabels, run_tags
-from batch_dagster.defs.sensors import all_sensors
 from batch_dagster.settings import split_key
 
 PASSWORD, VLLM_KEY, KEY_ALICE, KEY_BARE = "pg-Pa55word", "vk-engine-secret", "sk-alice-secret", "sk-bare-secret"
@@ -39,9 +33,7 @@ def test_the_ui_is_sent_the_variables_names_not_the_secrets(empty_env, monkeypat
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     # The project's definitions (batch_dagster/defs/definitions.py), built in this environment.
-    defs = dg.Definitions(assets=[*lifecycle_assets, delivered_results, *report_assets], asset_checks=lifecycle_checks,
-                          jobs=all_jobs, schedules=[daily_usage_report_schedule], sensors=all_sensors,
-                          resources=resources_from_env())
+    defs = project_defs()
     snap = RepositorySnap.from_def(defs.get_repository_def())
     shown = dg.serialize_value(snap)
     for secret in (PASSWORD, VLLM_KEY, KEY_ALICE, KEY_BARE, SECRETS["BATCH_WEBHOOK_SECRET"],

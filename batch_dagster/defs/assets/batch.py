@@ -39,7 +39,7 @@ from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.engine.base import EngineCrash
-from batch_dagster.settings import Settings
+from batch_dagster.settings import default
 from batch_dagster.storage import file_location
 from batch_dagster.storage.transfer import fetch
 
@@ -286,17 +286,7 @@ def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) 
     return [c.request_error_line(cid, c.ENGINE_ERROR, message, status_code=500) for cid, _ in requests]
 
 
-@dg.asset(
-    partitions_def=batches,
-    group_name=GROUP,
-    kinds={"vllm"},
-    deps=[batch_shards],
-    op_tags=GPU_STEP_TAGS,
-    retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=Settings.from_env().step_retry_delay_s,
-                                backoff=dg.Backoff.EXPONENTIAL),
-    description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
-)
-def shard_results(
+def run_shards(
     context: dg.AssetExecutionContext, storage: StorageResource, vllm: VLLMResource, pipeline: PipelineConfig
 ) -> dg.MaterializeResult:
     folder = storage.folder(context.partition_key)
@@ -368,6 +358,24 @@ def shard_results(
             "status": str(stopped or ("ran" if todo else "cached")),  # Dagster metadata takes no enum
         }
     )
+
+
+def inference_step(retry_delay_s: float) -> dg.AssetsDefinition:
+    """shard_results, the inference step: retried `retry_delay_s` after a failure (an engine crash), doubling."""
+    return dg.asset(
+        name="shard_results",
+        partitions_def=batches,
+        group_name=GROUP,
+        kinds={"vllm"},
+        deps=[batch_shards],
+        op_tags=GPU_STEP_TAGS,
+        retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=retry_delay_s, backoff=dg.Backoff.EXPONENTIAL),
+        description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
+    )(run_shards)
+
+
+# As the declarations' default makes it: its key is what the job, the checks and the later steps name.
+shard_results = inference_step(default("BATCH_STEP_RETRY_DELAY_S"))
 
 
 def _preview(output: Path) -> list[dict[str, str]]:
@@ -489,3 +497,9 @@ def batch_usage(
 
 
 lifecycle_assets = [batch_input, validated_requests, batch_shards, shard_results, batch_output_files, batch_usage]
+
+
+def lifecycle(retry_delay_s: float) -> list[dg.AssetsDefinition]:
+    """The lifecycle's assets, in data-flow order, the inference step retried after `retry_delay_s`
+    (BATCH_STEP_RETRY_DELAY_S, read when the definitions load)."""
+    return [inference_step(retry_delay_s) if a is shard_results else a for a in lifecycle_assets]

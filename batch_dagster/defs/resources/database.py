@@ -14,17 +14,19 @@ from batch_dagster.db.session import Database, open_database
 from batch_dagster.defs.run_tags import OwnerLabels
 from batch_dagster.settings import api_key_entries, split_key
 
+from .fields import setting
+
 
 class DatabaseResource(dg.ConfigurableResource):
     """The API's metadata store at `url` (any SQLAlchemy URL), upgraded to the newest schema on first use.
 
-    `url` may carry a password, and the keys are secrets: database_from_env gives them as `dg.EnvVar`s, so the
-    Dagster UI shows the variables' names, never their values.
+    `url` may carry a password, and the keys are secrets: set, they reach it as `dg.EnvVar`s (fields.from_settings),
+    so the Dagster UI shows the variables' names, never their values.
     """
 
-    url: str
-    api_keys: str = ""  # BATCH_API_KEYS: `name:key` or `key` entries
-    intake_api_key: str = ""  # BATCH_INTAKE_API_KEY; empty: see intake_owner
+    url: str = setting("BATCH_DATABASE_URL")
+    api_keys: str = setting("BATCH_API_KEYS", as_text=True)  # its `name:key` or `key` entries, parsed when used
+    intake_api_key: str = setting("BATCH_INTAKE_API_KEY")  # empty: see intake_owner
 
     def database(self) -> Database:
         return open_database(self.url)

@@ -13,9 +13,10 @@ import orjson
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import EmptyWebhookSecretError
 
-from batch_dagster import settings as s
 from batch_dagster.egress import Allow, check
 from batch_dagster.features.webhooks import SECRET_PREFIX
+
+from .fields import setting
 
 Post = tuple[str, str | None, str, bytes]  # url, the endpoint's secret (None: the global one), event id, body
 _ERROR_BYTES = 200  # of an endpoint's error answer, kept with the attempt
@@ -44,12 +45,12 @@ class WebhookConfig(dg.ConfigurableResource):
     Owners' own endpoints are in the store, each with its own secret (store/webhooks.py).
     """
 
-    urls: list[str] = list(s.default("BATCH_WEBHOOK_URLS"))
-    secret: str = s.default("BATCH_WEBHOOK_SECRET")
+    urls: list[str] = setting("BATCH_WEBHOOK_URLS")
+    secret: str = setting("BATCH_WEBHOOK_SECRET")
     timeout_s: float = 5.0
     max_attempts: int = 8
     first_backoff_s: float = 10.0  # then doubling: about 21 minutes between the first and the last attempt
-    allow: list[str] = list(s.default("BATCH_WEBHOOK_ALLOW"))  # BATCH_WEBHOOK_ALLOW: internal hosts endpoints may reach
+    allow: list[str] = setting("BATCH_WEBHOOK_ALLOW")  # internal hosts owners' endpoints may reach
 
     def headers(self, event_id: str, body: bytes, at: datetime | None = None, *,
                 secret: str | None = None) -> dict[str, str]:
@@ -108,12 +109,3 @@ async def _pinned(url: httpx.URL, allow: Allow) -> tuple[httpx.URL, dict[str, An
     port = url.port or (443 if url.scheme == "https" else 80)
     address = await asyncio.to_thread(check, url.host, port, allow)
     return url.copy_with(host=str(address)), {"sni_hostname": url.host} if url.scheme == "https" else {}
-
-
-def webhooks_from_env(settings: s.Settings) -> WebhookConfig:
-    from .pipeline import env_or
-
-    # The secret stays an EnvVar, so the Dagster UI shows the variable's name, never its value.
-    return WebhookConfig(urls=list(settings.webhook_urls),
-                         secret=env_or("BATCH_WEBHOOK_SECRET", settings.webhook_secret),
-                         allow=list(settings.webhook_allow))

@@ -11,7 +11,6 @@ import dagster as dg
 from batch_dagster.db.eta import refresh_queue
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig
 from batch_dagster.defs.run_limits import model_run_limit
-from batch_dagster.settings import Settings
 
 POSITION_TAG, ETA_TAG = "batch/queue_position", "batch/estimated_completion_at"
 
@@ -25,7 +24,7 @@ POSITION_TAG, ETA_TAG = "batch/queue_position", "batch/estimated_completion_at"
 def queue_eta_sensor(context: dg.SensorEvaluationContext, database: DatabaseResource,
                      pipeline: PipelineConfig) -> dg.SkipReason:
     # The run queue's own limit; an instance without one (a test's) counts the settings' number.
-    slots = model_run_limit(context.instance) or Settings.from_env().runs_per_model
+    slots = model_run_limit(context.instance) or pipeline.runs_per_model
     with database.session() as session:
         moved = refresh_queue(session, slots=slots,
                               default_tokens_per_s=pipeline.estimate_tokens_per_s, now=time.time())
