@@ -53,23 +53,17 @@ def cmd_validate(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_estimate(args: argparse.Namespace, settings: Settings) -> int:
     """What a batch of FILE would cost and take: tokens counted with the model's tokenizer, priced, timed against
     the store's record of the model's recent batches and its queue (POST /v1/batches/estimate's answer)."""
-    from batch_dagster.batchfile.registry import served_endpoints
-    from batch_dagster.batchfile.usage import load_price_table
     from batch_dagster.db import Database
     from batch_dagster.engine.models import Models
-    from batch_dagster.features.estimate import estimate_stream
-    from batch_dagster.features.throughput import measured_throughput, queue_ahead
+    from batch_dagster.features.estimate import estimate_file
 
-    models, storage, store = Models.from_settings(settings), settings.storage(), Database(settings.database_url)
+    store = Database(settings.database_url)
     store.upgrade()
     try:
         with store.session() as session, open(args.file, "rb", buffering=1 << 20) as f:
-            estimate = estimate_stream(
-                f, size=os.fstat(f.fileno()).st_size, limits=settings.limits, endpoint=args.endpoint,
-                served=served_endpoints(models.registry()), counter=models.counter,
-                prices=load_price_table(settings.prices_file),
-                throughput=lambda m: measured_throughput(session, storage, m, settings.estimate_tokens_per_s),
-                queue=lambda m: queue_ahead(session, m))
+            estimate = estimate_file(f, size=os.fstat(f.fileno()).st_size, endpoint=args.endpoint, session=session,
+                                     storage=settings.storage(), models=Models.from_settings(settings),
+                                     settings=settings)
     finally:
         store.dispose()
     data = estimate.to_dict()

@@ -1,4 +1,4 @@
-"""/v1/batches: create a batch from an uploaded file, follow it, list, cancel."""
+"""/v1/batches: create a batch from an uploaded file (or estimate one), follow it, list, cancel, retry."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, FileRecord, repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
+from batch_dagster.engine.models import Models
+from batch_dagster.features.estimate import estimate_file
 from batch_dagster.features.retry import RESERVED_METADATA
 from batch_dagster.storage import file_location
 
@@ -143,6 +145,24 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
         _remove_folder(ctx.storage, batch_id)
         raise
     return batch_object(row)
+
+
+@router.post("/batches/estimate", response_model=BatchEstimate)
+def estimate_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, owner: Owner) -> BatchEstimate:
+    """Extension: what a batch of the caller's file would cost and take, before it is created; nothing is written.
+
+    The file is validated as the batch would be, its tokens counted with the model's tokenizer (loaded on the first
+    estimate for that model, never at import), priced and timed against the model's measured throughput and queue.
+    The same checks as create, the same 404s.
+    """
+    source = checked_source(body, ctx, session, owner)
+    path, size = source.path, source.bytes
+    session.rollback()  # no transaction stays open while the file is tokenized (the store is asked again after)
+    files, key = file_location(ctx.storage, path)
+    with files.open(key) as f:
+        estimate = estimate_file(f, size=size, endpoint=body.endpoint, session=session, storage=ctx.storage,
+                                 models=Models.from_settings(ctx.config), settings=ctx.config)
+    return BatchEstimate.model_validate(estimate.to_dict())
 
 
 def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, owner: str) -> FileRecord:

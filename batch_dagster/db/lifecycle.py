@@ -205,6 +205,15 @@ def apply(session: Session, folder: BatchFolder, batch: BatchRecord, obs: Observ
     return batch
 
 
+def record_usage(session: Session, batch_id: str, usage: Usage) -> None:
+    """A running batch's usage so far (its committed shards'), stored by its own run after each shard commits, so
+    that the store holds what it has spent when another batch's cost cap asks (features/cost_cap.py); the status
+    sensor stores the same from the progress document a tick later. A batch that has ended keeps its final usage."""
+    session.execute(update(BatchRecord).where(BatchRecord.id == batch_id, BatchRecord.status.not_in(TERMINAL))
+                    .values(usage=usage.to_dict()))
+    session.commit()
+
+
 def sync_progress(session: Session, storage: Storage, batch: BatchRecord) -> BatchRecord:
     """Bring a running batch's counts up to date from its progress document alone (one storage read): what the
     status sensor does on every tick for a batch whose run goes on. Only an in_progress (or cancelling) batch

@@ -19,7 +19,7 @@ from batch_dagster.batchfile.contract import PIPELINE_ERROR, BatchError
 from batch_dagster.batchfile.failure import keep_finished
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder, Progress
 from batch_dagster.batchfile.summary import BatchSummary, RunSummary
-from batch_dagster.features.eta import bounded_work, running_remaining_s
+from batch_dagster.features.eta import RunningEta
 from batch_dagster.terminal import output_to_log
 
 
@@ -36,7 +36,7 @@ class ProgressBar(threading.Thread):
             return
         from tqdm import tqdm
 
-        bar, shown, started, eta = None, None, time.time(), Eta()
+        bar, shown, eta = None, None, RunningEta(0.0, 0.0)
         while True:
             stopping = self.stop.wait(0.5)  # once more after the stop, so the bar ends on the final counts
             manifest = self.folder.manifest()
@@ -44,7 +44,7 @@ class ProgressBar(threading.Thread):
                 if bar is None:
                     bar = tqdm(total=manifest.total_requests, unit="req", desc="requests",
                                file=self.stream or sys.stderr)
-                    started, eta = time.time(), Eta.of(self.folder.estimate())
+                    eta = RunningEta.of(self.folder.estimate(), manifest.total_requests)
                 # The progress document: the committed shards' totals and the live shard's count, in one read.
                 progress = self.folder.progress() or Progress()
                 counts = progress.request_counts
@@ -54,7 +54,7 @@ class ProgressBar(threading.Thread):
                 if state != shown:  # redraw only on change: a log file gets one line per step, not per tick
                     shown = state
                     bar.set_postfix(failed=failed, shards=f"{committed}/{manifest.shard_count}",
-                                    eta=eta.clock(done / max(manifest.total_requests, 1), time.time() - started),
+                                    eta=clock(eta, done),
                                     refresh=False)
                     bar.update(done - bar.n)
             if stopping:
@@ -63,23 +63,12 @@ class ProgressBar(threading.Thread):
             bar.close()
 
 
-class Eta:
-    """The bar's estimated end, as the clock will show it: the run's time and its fraction done, against its
-    estimate's tokens at the estimate's rate (batchfile/eta.py), the same arithmetic as the API's
-    estimated_completion_at."""
-
-    def __init__(self, work: float = 0.0, tokens_per_s: float = 0.0):
-        self.work, self.tokens_per_s = work, tokens_per_s
-
-    @classmethod
-    def of(cls, estimate: dict[str, Any] | None) -> Eta:
-        return cls(bounded_work(estimate) or 0.0, float((estimate or {}).get("tokens_per_s") or 0.0))
-
-    def clock(self, done: float, elapsed_s: float) -> str:
-        if done <= 0 and self.tokens_per_s <= 0:
-            return "?"
-        left = running_remaining_s(self.work, self.tokens_per_s, done, elapsed_s)
-        return time.strftime("%H:%M:%S", time.localtime(time.time() + left))
+def clock(eta: RunningEta, done: int) -> str:
+    """The bar's estimated end once `done` requests have finished, as the clock will show it ("?": nothing to say
+    yet): the arithmetic of the API's estimated_completion_at (features/eta.py)."""
+    now = time.time()
+    left = eta.remaining_s(done, now)
+    return "?" if left is None else time.strftime("%H:%M:%S", time.localtime(now + left))
 
 
 def resource(defs: Any, key: str) -> Any:
@@ -97,7 +86,8 @@ class CliBatch:
         from batch_dagster.db.batches import head_model, register_local, scan
         from batch_dagster.defs.run_tags import OwnerLabels
 
-        self.database = resource(defs, "database") if "database" in defs.resources else None
+        database = resource(defs, "database") if "database" in defs.resources else None
+        self.database = database if database is not None and database.url else None  # an empty url: no store
         self.storage = resource(defs, "storage").storage()
         # A command-line batch belongs to the drop folders' owner, else (keys and none named) the keyless one.
         self.owner = (self.database.intake_owner() if self.database is not None else "") or repo.ANONYMOUS

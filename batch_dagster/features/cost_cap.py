@@ -1,15 +1,29 @@
 """A batch's cost cap: what it may spend (its `max_cost`; its key's daily budget less what the key's other batches
-of the day spent), the refusal at validation, and the stop while it runs.
+of the day spent), the refusal at validation (`refuse_over_cap`), and the stop while it runs (`cap_reached`).
 
-Costs are those of usage.py (successful requests only, at the batch price). docs/http-api.md ("Cost cap") says
-what each check compares.
+Costs are those of usage.py (successful requests only, at the batch price). What the other batches spent is what
+the store holds: an ended batch's final usage, a running one's as its run records it after each shard
+(db/lifecycle.py record_usage), so no check reads another batch's folder. docs/http-api.md ("Cost cap") says what
+each check compares.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.results import ShardSummary
+from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
+from batch_dagster.batchfile.validate import ValidationReport
+from batch_dagster.db.models import BatchRecord
+
+from .daily_usage import day_bounds
+from .estimate import Tally
 
 # Costs are rounded to 8 decimals (usage.Cost): a sum within this of the cap has reached it.
 _EPSILON = 1e-8
@@ -59,3 +73,57 @@ class Cap:
         allowed = self.allowance(spent)
         return allowed is not None and allowed <= _EPSILON
 
+
+def spent_today(session: Session, owner: str, prices: PriceTable, at: float, excluding: str) -> float:
+    """The cost of `owner`'s batches created on the UTC day of `at` (epoch seconds), but `excluding`, as the store
+    holds their usage (one query)."""
+    start, end = day_bounds(datetime.fromtimestamp(at, UTC).date())
+    rows = session.execute(select(BatchRecord.usage, BatchRecord.model).where(
+        BatchRecord.owner == owner, BatchRecord.id != excluding, BatchRecord.created_at >= start,
+        BatchRecord.created_at < end))
+    total = 0.0
+    for usage, model in rows:
+        if usage and model:
+            total += cost_of(Usage.from_dict(usage), model, prices).total_cost
+    return round(total, 8)
+
+
+def batch_cap(session: Session, batch_id: str, prices: PriceTable, currency: str, daily_budget: float | None,
+              at: float) -> Cap | None:
+    """What caps `batch_id`'s spend at `at`; None when nothing does (no max_cost, no budget) or it has no row."""
+    row = session.scalar(select(BatchRecord).where(BatchRecord.id == batch_id))
+    if row is None or (row.options.max_cost is None and daily_budget is None):
+        return None
+    spent = spent_today(session, row.owner, prices, at, batch_id) if daily_budget is not None else 0.0
+    return Cap(max_cost=row.options.max_cost, daily_budget=daily_budget, spent_today=spent, currency=currency)
+
+
+def refuse_over_cap(session: Session, batch_id: str, report: ValidationReport, tally: Tally | None,
+                    prices: PriceTable, daily_budget: float | None, at: float) -> None:
+    """At validation, an error in the valid `report` when the batch's upper-bound cost (its `tally` priced, each
+    request at its most output: the estimate's cost.max) is more than it may spend."""
+    if not report.valid or report.model is None:
+        return
+    cap = batch_cap(session, batch_id, prices, prices.for_model(report.model).currency, daily_budget, at)
+    if cap is None:
+        return
+    if tally is None:  # its tokenizer failed (count_tokens logged why): no cap is checked by guessing
+        raise RuntimeError(f"The batch has a cost cap, and its tokens could not be counted with {report.model}'s "
+                           "tokenizer; see the warning above.")
+    error = cap.refusal(tally.cost(report.model, prices)["max"])
+    if error is not None:
+        report.errors.append(error)
+        report.error_count += 1
+
+
+def cap_reached(session: Session, batch_id: str, model: str, committed: Iterable[ShardSummary], prices: PriceTable,
+                daily_budget: float | None, at: float) -> bool:
+    """While it runs, before a shard: whether the batch, having spent what its `committed` shards cost, must run no
+    other shard."""
+    cap = batch_cap(session, batch_id, prices, prices.for_model(model).currency, daily_budget, at)
+    if cap is None:
+        return False
+    usage = Usage()
+    for shard in committed:
+        usage += shard.usage
+    return cap.reached(cost_of(usage, model, prices).total_cost)

@@ -1,29 +1,27 @@
-"""Where a batch is in its model's queue and when it will end: the arithmetic over the batches not ended yet.
+"""Where a batch is in its model's queue and when it will end: each batch not ended placed among its model's batches
+(`refresh_queue`, stored on the rows by the daemon's queue_eta_sensor), and a running batch's end as its own run
+sees it (`RunningEta`: the inference step's observations, the CLI's progress bar).
 
-A batch's work is its estimate's bounded tokens (input tokens and most output tokens, batchfile/estimate.py);
+A batch's work is its estimate's bounded tokens (input tokens and most output tokens, throughput.bounded_work);
 before validation (a queued batch is validated when its run starts) its input file's bytes times the tokens per
-byte of the model's recent batches. The rate is that same work per second of the model's recent batches, over the
-time one of them at least was running (from validated to completed), so the bound's slack (requests that stop
-early) and the pipeline's own time are in it; the batches running at once share it.
-The store gathers the numbers (db/eta.py); the daemon's queue_eta_sensor stores what this computes.
+byte of the model's recent batches. The rate is the model's queue throughput (throughput.queue_throughput); the
+batches running at once share it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
-# Work per input byte before any batch of the model was validated: a first guess that measurement replaces.
-DEFAULT_TOKENS_PER_BYTE = 0.5
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
+from batch_dagster.batchfile.status import TERMINAL, BatchStatus
+from batch_dagster.db.models import BatchRecord, FileRecord
 
-@dataclass(frozen=True)
-class Rate:
-    """A model's pace: bounded tokens per second of a batch's run, and bounded tokens per input byte."""
-
-    tokens_per_s: float  # of the model's engine, shared by the batches running at once
-    tokens_per_byte: float = DEFAULT_TOKENS_PER_BYTE
-    batches: int = 0  # the recent batches measured; 0: the defaults
+from .throughput import Throughput, bounded_work, queue_throughput
 
 
 @dataclass(frozen=True)
@@ -45,14 +43,8 @@ class Place:
     estimated_completion_at: int  # unix seconds
 
 
-def bounded_work(estimate: dict[str, Any] | None) -> float | None:
-    """A validated batch's work in bounded tokens: its input tokens and most output tokens (None: not known)."""
-    if not isinstance(estimate, dict):
-        return None
-    tokens, most = estimate.get("input_tokens"), estimate.get("max_output_tokens")
-    if not isinstance(tokens, int) or not isinstance(most, int):
-        return None
-    return float(tokens + most)
+# The statuses of batches not ended: listed, so the status index serves the query (NOT IN would scan).
+NOT_ENDED = tuple(s for s in BatchStatus if s not in TERMINAL)
 
 
 def launch_order(priority: int, launch_priority: int | None, pk: int) -> tuple[int, int, int, int]:
@@ -100,7 +92,7 @@ def share_ends(running: list[float], waiting: list[float], rate: float, slots: i
     return ends
 
 
-def plan(entries: list[Entry], rate: Rate, slots: int, now: float) -> dict[str, Place]:
+def plan(entries: list[Entry], rate: Throughput, slots: int, now: float) -> dict[str, Place]:
     """Each batch's place and estimated end: the running ones from their progress (share_ends gives them their
     share of the engine); then the waiting ones in launch order, as the model's `slots` (BATCH_RUNS_PER_MODEL) come
     free."""
@@ -121,11 +113,78 @@ def plan(entries: list[Entry], rate: Rate, slots: int, now: float) -> dict[str, 
     return places
 
 
-def busy_s(intervals: list[tuple[float, float]]) -> float:
-    """The seconds at least one of the intervals (start, end) covers."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
+@dataclass(frozen=True)
+class Moved:
+    """A batch whose stored place or estimated end changed."""
+
+    batch_id: str
+    run_id: str | None
+    place: Place
+    new_position: bool  # its queue_position changed (not only its estimated end)
+
+
+def refresh_queue(session: Session, *, slots: int, default_tokens_per_s: float, now: float) -> list[Moved]:
+    """Recompute every not-ended batch's queue position and estimated end, per model; store those that changed
+    (committed) and return them."""
+    rows = session.execute(
+        select(BatchRecord, FileRecord.bytes).join(FileRecord, FileRecord.id == BatchRecord.input_file_id)
+        .where(BatchRecord.status.in_(NOT_ENDED))).all()
+    by_model: dict[str | None, list[tuple[BatchRecord, int]]] = defaultdict(list)
+    for batch, nbytes in rows:
+        by_model[batch.model].append((batch, nbytes))
+    moved, changes = [], []
+    for model, batches in by_model.items():
+        entries = [Entry(
+            batch_id=b.id, running=b.status != BatchStatus.VALIDATING,
+            order=launch_order(b.options.priority, b.launch_priority, b.pk), work=bounded_work(b.estimate),
+            input_bytes=nbytes,
+            done=(b.request_completed + b.request_failed) / b.request_total if b.request_total else 0.0,
+            in_progress_at=b.in_progress_at) for b, nbytes in batches]
+        places = plan(entries, queue_throughput(session, model, default_tokens_per_s), slots, now)
+        for b, _ in batches:
+            place = places[b.id]
+            if (b.queue_position, b.estimated_completion_at) != (place.queue_position, place.estimated_completion_at):
+                moved.append(Moved(b.id, b.run_id, place, b.queue_position != place.queue_position))
+                changes.append({"pk": b.pk, "queue_position": place.queue_position,
+                                "estimated_completion_at": place.estimated_completion_at})
+    if changes:
+        # One statement for all (executemany by primary key): a batch that ended meanwhile keeps a stale place,
+        # which the API does not show once it has ended.
+        session.execute(update(BatchRecord), changes)
+    session.commit()
+    return moved
+
+
+def set_launch_priorities(session: Session, priorities: dict[str, int]) -> None:
+    """Record each launched batch's run priority (its dagster/priority tag): its place in the launch order."""
+    for batch_id, priority in priorities.items():
+        session.execute(update(BatchRecord).where(BatchRecord.id == batch_id).values(launch_priority=priority))
+    session.commit()
+
+
+@dataclass
+class RunningEta:
+    """A running batch's end as its own run sees it: what it finished since `started` (of its `total` requests, after
+    `done_before` finished by an earlier attempt) blended with its estimate's work at the estimate's measured rate
+    (running_remaining_s), the arithmetic of the stored estimated_completion_at."""
+
+    work: float  # the estimate's bounded tokens (0: no estimate)
+    tokens_per_s: float  # the estimate's measured rate (0: none)
+    total: int = 1
+    done_before: int = 0
+    started: float = field(default_factory=time.time)
+
+    @classmethod
+    def of(cls, estimate: dict[str, Any] | None, total: int, done_before: int = 0) -> RunningEta:
+        return cls(bounded_work(estimate) or 0.0, float((estimate or {}).get("tokens_per_s") or 0.0),
+                   max(total, 1), done_before)
+
+    def remaining_s(self, done: int, now: float) -> float | None:
+        """Seconds left once `done` requests in all have finished; None while there is nothing to say (no rate and
+        nothing done)."""
+        if done <= 0 and self.tokens_per_s <= 0:
+            return None
+        share = max(1 - self.done_before / self.total, 1e-9)  # the part of the batch this run works through
+        # Its time counts from this run's start, its fraction over the requests it finished (not those before).
+        ran = (done - self.done_before) / self.total / share
+        return running_remaining_s(self.work * share, self.tokens_per_s, ran, now - self.started)

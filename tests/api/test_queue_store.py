@@ -1,4 +1,4 @@
-"""Queue position and ETA in the store (db/eta.py): the model's rate from its recent batches, every unfinished batch
+"""Queue position and ETA in the store (features/eta.py): the model's rate from its recent batches, every unfinished batch
 placed in one pass and stored, only what moved written again."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from batch_dagster.db import BatchRecord, Database, FileRecord, repo
-from batch_dagster.db.eta import model_rate, refresh_queue, set_launch_priorities
+from batch_dagster.features.eta import refresh_queue, set_launch_priorities
+from batch_dagster.features.throughput import queue_throughput
 
 NOW = 1_000_000
 ESTIMATE = {"input_tokens": 100, "max_output_tokens": 900}  # 1,000 bounded tokens
@@ -34,15 +35,15 @@ def add(s, batch_id: str, status: str, *, model: str = "m", file: str = "f1000",
 
 
 def test_the_rate_is_bounded_work_per_second_of_the_models_recent_batches(session):
-    assert model_rate(session, "m", 250.0).tokens_per_s == 250.0 and model_rate(session, "m", 250.0).batches == 0
+    assert queue_throughput(session, "m", 250.0).tokens_per_s == 250.0 and queue_throughput(session, "m", 250.0).batches == 0
     # 1,000 tokens and 1,000 bytes of input each; one alone for 200 s, then two together for 100 s: 300 s in all.
     add(session, "done0", "completed", estimate=ESTIMATE, in_progress_at=NOW - 500, completed_at=NOW - 300)
     for i in (1, 2):
         add(session, f"done{i}", "completed", estimate=ESTIMATE, in_progress_at=NOW - 200, completed_at=NOW - 100)
     add(session, "failed", "failed", estimate=ESTIMATE, in_progress_at=NOW - 200, completed_at=NOW - 199)
-    rate = model_rate(session, "m", 250.0)
+    rate = queue_throughput(session, "m", 250.0)
     assert (rate.tokens_per_s, rate.tokens_per_byte, rate.batches) == (10.0, 1.0, 3)
-    assert model_rate(session, "other", 250.0).batches == 0
+    assert queue_throughput(session, "other", 250.0).batches == 0
 
 
 def test_every_unfinished_batch_is_placed_and_only_what_moved_is_written(session):

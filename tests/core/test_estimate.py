@@ -10,13 +10,8 @@ import pytest
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.usage import Price, PriceTable
 from batch_dagster.batchfile.validate import MAX_ERRORS, MORE_ERRORS
-from batch_dagster.features.estimate import (
-    Estimate,
-    QueueAhead,
-    Throughput,
-    estimate_stream,
-    max_output_tokens,
-)
+from batch_dagster.features.estimate import Estimate, QueueAhead, estimate_stream, max_output_tokens
+from batch_dagster.features.throughput import Throughput
 
 MODEL = "m"
 SERVED = {MODEL: (c.CHAT, c.COMPLETIONS, c.RESPONSES), "e": (c.EMBEDDINGS,)}

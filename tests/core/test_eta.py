@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from batch_dagster.defs.run_limits import launch_priority
-from batch_dagster.features.eta import Entry, Rate, bounded_work, busy_s, launch_order, plan, running_remaining_s
+from batch_dagster.features.eta import Entry, RunningEta, launch_order, plan, running_remaining_s
+from batch_dagster.features.throughput import Throughput, bounded_work, busy_s
 
 NOW = 1_000_000.0
 
@@ -30,7 +31,7 @@ def test_a_running_batch_blends_the_time_it_ran_with_the_fraction_done():
 def test_waiting_batches_follow_the_launch_order_one_slot_after_another():
     running = Entry("run", running=True, order=(), work=1000, done=0.5, in_progress_at=int(NOW - 50))
     places = plan([waiting("old", 200, pk=1), waiting("urgent", 300, priority=5, pk=3), running,
-                   waiting("new", 100, pk=2, rank=-1)], Rate(10.0), slots=1, now=NOW)
+                   waiting("new", 100, pk=2, rank=-1)], Throughput(10.0), slots=1, now=NOW)
     # The running one: half its 1000 tokens in 50 s, so 50 s more by its pace and by its tokens alike.
     assert places["run"].queue_position == 0 and places["run"].estimated_completion_at == NOW + 50
     # Higher priority first; then the run queue's fair rank (dagster/priority), then submission order.
@@ -41,7 +42,7 @@ def test_waiting_batches_follow_the_launch_order_one_slot_after_another():
 
 
 def test_free_slots_start_the_first_waiting_batches_now_sharing_the_engine():
-    places = plan([waiting("a", 100, pk=1), waiting("b", 100, pk=2), waiting("c", 100, pk=3)], Rate(10.0), slots=2,
+    places = plan([waiting("a", 100, pk=1), waiting("b", 100, pk=2), waiting("c", 100, pk=3)], Throughput(10.0), slots=2,
                   now=NOW)
     # a and b at 5 tokens/s each end together; then c has the engine to itself.
     assert [places[b].estimated_completion_at - NOW for b in "abc"] == [20, 20, 30]
@@ -50,14 +51,14 @@ def test_free_slots_start_the_first_waiting_batches_now_sharing_the_engine():
 
 def test_more_runs_than_slots_free_one_when_enough_have_ended():
     runs = [Entry(f"r{i}", running=True, order=(), work=10.0 * i, in_progress_at=int(NOW)) for i in (1, 2, 3)]
-    places = plan([*runs, waiting("w", 10)], Rate(1.0), slots=2, now=NOW)
+    places = plan([*runs, waiting("w", 10)], Throughput(1.0), slots=2, now=NOW)
     # Three share the engine until the first ends (30 s), two until the second (50 s); then w starts beside the
     # third's last 10 tokens, and both end together.
     assert [places[b].estimated_completion_at - NOW for b in ("r1", "r2", "r3", "w")] == [30, 50, 70, 70]
 
 
 def test_a_batch_not_validated_yet_counts_its_bytes_at_the_measured_tokens_per_byte():
-    places = plan([waiting("a", None, input_bytes=1000)], Rate(10.0, tokens_per_byte=0.2), slots=1, now=NOW)
+    places = plan([waiting("a", None, input_bytes=1000)], Throughput(10.0, tokens_per_byte=0.2), slots=1, now=NOW)
     assert places["a"].estimated_completion_at == NOW + 20
 
 
@@ -76,14 +77,15 @@ def test_the_work_is_the_estimates_bounded_tokens():
 def test_the_progress_bar_shows_the_end_on_the_clock(monkeypatch):
     import time
 
-    from batch_dagster.defs.runner import Eta
+    from batch_dagster.defs.runner import clock
 
     monkeypatch.setattr(time, "time", lambda: NOW)
-    eta = Eta.of({"input_tokens": 100, "max_output_tokens": 900, "tokens_per_s": 10.0})
-    assert eta.clock(0.0, 0.0) == time.strftime("%H:%M:%S", time.localtime(NOW + 100))
+    eta = RunningEta.of({"input_tokens": 100, "max_output_tokens": 900, "tokens_per_s": 10.0}, total=2)
+    assert clock(eta, 0) == time.strftime("%H:%M:%S", time.localtime(NOW + 100))
     # Half done after 10 s: by time 900 tokens left, by count 500, half each, at 10 tokens/s.
-    assert eta.clock(0.5, 10.0) == time.strftime("%H:%M:%S", time.localtime(NOW + (0.5 * 900 + 0.5 * 500) / 10))
-    assert Eta.of(None).clock(0.0, 0.0) == "?"  # no estimate and nothing done: nothing to say yet
+    eta.started = NOW - 10
+    assert clock(eta, 1) == time.strftime("%H:%M:%S", time.localtime(NOW + (0.5 * 900 + 0.5 * 500) / 10))
+    assert clock(RunningEta.of(None, total=2), 0) == "?"  # no estimate and nothing done: nothing to say yet
 
 
 def test_the_rate_counts_the_time_one_batch_at_least_ran():

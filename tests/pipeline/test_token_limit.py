@@ -36,7 +36,7 @@ def defs_with_limit(data_dir: Path, limit: int, url: str) -> dg.Definitions:
         assets=lifecycle_assets, asset_checks=lifecycle_checks, jobs=[batch_job],
         resources={"storage": StorageResource(data_dir=str(data_dir)), "vllm": vllm, "s3": LazyS3Resource(),
                    "database": DatabaseResource(url=url),
-                   "pipeline": PipelineConfig(max_enqueued_tokens=limit, store_url=url)},
+                   "pipeline": PipelineConfig(max_enqueued_tokens=limit)},
     )
 
 

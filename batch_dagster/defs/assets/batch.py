@@ -17,6 +17,7 @@ import dagster as dg
 import orjson
 import pyarrow.parquet as pq
 from dagster_aws.s3 import S3Resource
+from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.columnar import read_shard, validate_to_parquet, write_shards
@@ -31,21 +32,23 @@ from batch_dagster.batchfile.folder import (
     Validation,
 )
 from batch_dagster.batchfile.registry import served_endpoints
-from batch_dagster.batchfile.results import commit_shard, committed_shards, merge, progress_of
+from batch_dagster.batchfile.results import ShardSummary, commit_shard, committed_shards, merge, progress_of
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import cost_of
+from batch_dagster.batchfile.validate import ValidationReport
+from batch_dagster.db.lifecycle import record_usage
 from batch_dagster.defs.dagster_internals import dies_with_its_run
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
-from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.engine.base import EngineCrash
+from batch_dagster.features.cost_cap import cap_reached, refuse_over_cap
+from batch_dagster.features.estimate import Tally, count_tokens, write_estimate
+from batch_dagster.features.eta import RunningEta
+from batch_dagster.features.token_limit import refuse_over_limit
 from batch_dagster.settings import default
 from batch_dagster.storage import file_location
 from batch_dagster.storage.transfer import fetch
-
-from .cost_cap import apply_cost_cap, cost_cap_reached
-from .eta import RunEta, estimate_metadata, write_estimate
-from .token_limit import apply_token_limit, count_tokens
 
 GROUP = "batch_lifecycle"
 INFERENCE_RETRIES = 2
@@ -129,9 +132,18 @@ def batch_input(context: dg.AssetExecutionContext, storage: StorageResource, s3:
                 "one are skipped.",
 )
 def validated_requests(
-    context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource
+    context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource,
+    database: DatabaseResource,
 ) -> Iterator[dg.MaterializeResult]:
     folder = storage.folder(context.partition_key)
+    with database.step_session() as session:  # the token limit, the cost cap and the estimate read the store
+        yield from _validate(context, folder, pipeline, vllm, session)
+
+
+def _validate(context: dg.AssetExecutionContext, folder: BatchFolder, pipeline: PipelineConfig, vllm: VLLMResource,
+              session: Session | None) -> Iterator[dg.MaterializeResult]:
+    """Validate the batch's input into its requests file, count its tokens once, and refuse it past its owner's
+    token limit or its cost cap; a valid batch gets its estimate."""
     started = time.perf_counter()
     size = folder.storage.size(folder.input_key) or 0
     # The input is validated as it streams in; the requests file is published only when the file is valid.
@@ -145,9 +157,14 @@ def validated_requests(
             models=served_endpoints(vllm.registry()),
         )
         elapsed = time.perf_counter() - started
-        tally = count_tokens(out, report, pipeline, vllm, context.log)  # the limit, the cap, the estimate
-        prompt_tokens = apply_token_limit(folder, report, pipeline, tally)
-        apply_cost_cap(folder, report, pipeline, tally)
+        # The one count of its tokens: a limit that must hold fails the step when the tokenizer fails. Without a
+        # limit and a store (no queue, no key, no cap: a run of the definitions alone) nothing reads it.
+        limit, budget = pipeline.max_enqueued_tokens, pipeline.key_daily_budget
+        tally = count_tokens(out, report, vllm.models, needed=bool(limit or budget), log=context.log) \
+            if limit or session is not None else None
+        prompt_tokens = refuse_over_limit(session, folder, report, limit, tally)
+        if session is not None:
+            refuse_over_cap(session, folder.batch_id, report, tally, pipeline.prices(), budget, time.time())
         head = (pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5)
                 .to_pylist() if report.valid else [])
         if not report.valid:
@@ -174,7 +191,7 @@ def validated_requests(
         return
     _tag_run(context, report.model, report.total_requests, "valid")
     context.log.info(f"{report.total_requests} valid requests for {report.model} at {report.endpoint}")
-    estimate = write_estimate(context, folder, report, tally, pipeline)
+    estimate = _estimate(context, session, folder, report, tally, pipeline)
     preview = [{"custom_id": r["custom_id"], "prompt_chars": r["prompt_chars"], "body": r["body"][:100]} for r in head]
     yield dg.MaterializeResult(
         metadata={
@@ -186,10 +203,35 @@ def validated_requests(
             "endpoint": report.endpoint,
             "validation_s": round(elapsed, 3),
             "validation_mb_s": round(size / 1e6 / max(elapsed, 1e-9), 1),
-            **estimate_metadata(estimate),
+            **_estimate_metadata(estimate),
             "path": dg.MetadataValue.path(folder.storage.uri(folder.requests_key)),
         }
     )
+
+
+def _estimate(context: dg.AssetExecutionContext, session: Session | None, folder: BatchFolder,
+              report: ValidationReport, tally: Tally | None, pipeline: PipelineConfig) -> dict[str, Any] | None:
+    """The valid batch's estimate (features/estimate.py write_estimate), or None: without a tally or a store (no
+    queue, no rate), or when the store fails (logged): the batch is valid and runs; it shows no estimate."""
+    if (made := folder.estimate()) is not None:
+        return made
+    if tally is None or session is None:
+        return None
+    try:
+        return write_estimate(session, folder, report, tally, pipeline.prices(), pipeline.estimate_tokens_per_s)
+    except Exception as exc:  # the store unreachable
+        context.log.warning(f"No estimate for this batch: {str(exc)[:500]}")
+        return None
+
+
+def _estimate_metadata(estimate: dict[str, Any] | None) -> dict[str, Any]:
+    """The estimate as the validated_requests materialization shows it."""
+    if not estimate or not estimate.get("valid"):
+        return {}
+    duration, cost = estimate.get("duration_s") or {}, estimate.get("cost") or {}
+    return {"estimated_input_tokens": estimate["input_tokens"], "estimated_max_output_tokens":
+            estimate["max_output_tokens"], **({"estimated_duration_s_max": duration["max"]} if duration else {}),
+            **({"estimated_cost_max": cost["max"]} if cost else {})}
 
 
 @dg.asset(
@@ -287,9 +329,27 @@ def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) 
 
 
 def run_shards(
-    context: dg.AssetExecutionContext, storage: StorageResource, vllm: VLLMResource, pipeline: PipelineConfig
+    context: dg.AssetExecutionContext, storage: StorageResource, vllm: VLLMResource, pipeline: PipelineConfig,
+    database: DatabaseResource,
 ) -> dg.MaterializeResult:
-    folder = storage.folder(context.partition_key)
+    with database.step_session() as session:  # the cost cap reads the store; the batch's spend is kept there
+        return _run_shards(context, storage.folder(context.partition_key), vllm, pipeline, session)
+
+
+def _over_cost_cap(session: Session | None, folder: BatchFolder, model: str, committed: dict[int, ShardSummary],
+                   pipeline: PipelineConfig) -> bool:
+    """Whether the batch's spend has reached its cost cap (none without a store); the store's transaction ends
+    here, so none is held while a shard runs."""
+    if session is None:
+        return False
+    reached = cap_reached(session, folder.batch_id, model, committed.values(), pipeline.prices(),
+                          pipeline.key_daily_budget, time.time())
+    session.commit()
+    return reached
+
+
+def _run_shards(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMResource, pipeline: PipelineConfig,
+                session: Session | None) -> dg.MaterializeResult:
     manifest = _manifest(folder)
     done = committed_shards(folder.storage, folder.results_prefix)
     todo = [i for i in range(manifest.shard_count) if i not in done]
@@ -306,11 +366,11 @@ def run_shards(
     ran_requests = 0
     ran_tokens = 0
     stopped = None
-    eta = RunEta(folder, manifest.total_requests, sum(s.request_counts.total for s in done.values()))
+    eta = RunningEta.of(folder.estimate(), manifest.total_requests, sum(s.request_counts.total for s in done.values()))
     with dies_with_its_run(context), stops_when_terminated(context):
         for index in todo:
             stopped = folder.stop_reason()
-            if not stopped and cost_cap_reached(folder, manifest.model, done.values(), pipeline):
+            if not stopped and _over_cost_cap(session, folder, manifest.model, done, pipeline):
                 folder.request_stop(COST_LIMIT)  # as a cancel stops it: the status follows from the files
                 stopped = COST_LIMIT
             if stopped:
@@ -336,7 +396,9 @@ def run_shards(
             done[index] = summary
             base = progress_of(done, manifest.total_requests, manifest.shard_count)  # after the marker
             folder.write_progress(base)
-            context.log_event(eta.observation(context, sum(s.request_counts.total for s in done.values())))
+            if session is not None:  # what the batch has spent, where other batches' cost caps read it
+                record_usage(session, folder.batch_id, base.usage)
+            context.log_event(_eta_observation(context, eta, sum(s.request_counts.total for s in done.values())))
             ran_requests += summary.request_counts.total
             ran_tokens += summary.usage.output_tokens
             context.log.info(
@@ -376,6 +438,16 @@ def inference_step(retry_delay_s: float) -> dg.AssetsDefinition:
 
 # As the declarations' default makes it: its key is what the job, the checks and the later steps name.
 shard_results = inference_step(default("BATCH_STEP_RETRY_DELAY_S"))
+
+
+def _eta_observation(context: dg.AssetExecutionContext, eta: RunningEta, done: int) -> dg.AssetObservation:
+    """The inference step's own ETA once `done` requests in all have finished: its progress blended with its
+    estimate's work at the estimate's rate (features/eta.py RunningEta)."""
+    now = time.time()
+    left = eta.remaining_s(done, now) or 0.0
+    return dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata={
+        "queue_position": 0, "requests_done": done, "fraction_done": round(done / eta.total, 4),
+        "estimated_completion_at": dg.MetadataValue.timestamp(now + left)})
 
 
 def _preview(output: Path) -> list[dict[str, str]]:

@@ -24,7 +24,7 @@ class DatabaseResource(dg.ConfigurableResource):
     so the Dagster UI shows the variables' names, never their values.
     """
 
-    url: str = setting("BATCH_DATABASE_URL")
+    url: str = setting("BATCH_DATABASE_URL")  # empty: no store (step_session)
     api_keys: str = setting("BATCH_API_KEYS", as_text=True)  # its `name:key` or `key` entries, parsed when used
     intake_api_key: str = setting("BATCH_INTAKE_API_KEY")  # empty: see intake_owner
 
@@ -34,6 +34,16 @@ class DatabaseResource(dg.ConfigurableResource):
     @contextmanager
     def session(self) -> Iterator[Session]:
         with self.database().session() as session:
+            yield session
+
+    @contextmanager
+    def step_session(self) -> Iterator[Session | None]:
+        """A step's one session of the store; None without a store (`url` empty: definitions with none, the fast
+        tests'), for the steps that use it only when there is one (the token limit, the cost cap, the estimate)."""
+        if not self.url:
+            yield None
+            return
+        with self.session() as session:
             yield session
 
     def labels(self) -> OwnerLabels:

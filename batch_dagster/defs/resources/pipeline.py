@@ -21,8 +21,6 @@ class PipelineConfig(dg.ConfigurableResource):
     max_line_bytes: int = setting("BATCH_MAX_LINE_BYTES")
     prices_file: str = setting("BATCH_PRICES_FILE")
     max_enqueued_tokens: int | None = setting("BATCH_MAX_ENQUEUED_TOKENS")  # per owner and model; 0, None: no limit
-    # The metadata store: its unfinished batches count toward that limit; the cost cap and the estimate read it too.
-    store_url: str = setting("BATCH_DATABASE_URL", default="")  # empty: no store (a run of the definitions alone)
     key_daily_budget: float | None = setting("BATCH_KEY_DAILY_BUDGET")
     estimate_tokens_per_s: float = setting("BATCH_ESTIMATE_TOKENS_PER_S")
     # The ETA's runs of one model at once when the instance's run queue has no such limit (a test's instance).

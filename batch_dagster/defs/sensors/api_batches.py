@@ -16,7 +16,6 @@ from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, repo
-from batch_dagster.db.eta import set_launch_priorities
 from batch_dagster.db.lifecycle import sync_batch, sync_progress
 from batch_dagster.defs.cli_runs import CLI_GONE, cli_process_gone
 from batch_dagster.defs.dagster_internals import run_end_reason, worker_gone
@@ -26,6 +25,7 @@ from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, Stora
 from batch_dagster.defs.run_limits import PRIORITY_TAG
 from batch_dagster.defs.run_tags import OWNER_TAG, input_filenames, run_tags
 from batch_dagster.defs.sensors.fairness import with_fair_priorities
+from batch_dagster.features.eta import set_launch_priorities
 
 PARTITION_TAG = "dagster/partition"
 RETRY_NUMBER_TAG = "dagster/retry_number"

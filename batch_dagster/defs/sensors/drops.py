@@ -22,13 +22,13 @@ from dagster_aws.s3 import S3Resource
 from batch_dagster.batchfile.contract import endpoint_of_head
 from batch_dagster.db import repo
 from batch_dagster.db.batches import HEAD_BYTES, DroppedFile, drop_problem, head_model, register_dropped
-from batch_dagster.db.eta import set_launch_priorities
 from batch_dagster.defs.jobs import batch_job, deliver_results_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, Intake, StorageResource, VLLMResource
 from batch_dagster.defs.run_limits import PRIORITY_TAG
 from batch_dagster.defs.run_tags import OWNER_TAG, run_tags
 from batch_dagster.defs.sensors.fairness import with_fair_priorities
+from batch_dagster.features.eta import set_launch_priorities
 from batch_dagster.storage.transfer import s3_uri
 
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload")

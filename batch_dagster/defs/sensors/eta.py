@@ -1,5 +1,5 @@
 """Queue position and ETA: every batch not ended gets its place among its model's batches and its estimated end
-(batchfile/eta.py), stored on its record for the API, and on its run's tags for the Dagster UI."""
+(features/eta.py), stored on its record for the API, and on its run's tags for the Dagster UI."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from batch_dagster.db.eta import refresh_queue
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig
 from batch_dagster.defs.run_limits import model_run_limit
+from batch_dagster.features.eta import refresh_queue
 
 POSITION_TAG, ETA_TAG = "batch/queue_position", "batch/estimated_completion_at"
 
