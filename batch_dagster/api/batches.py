@@ -22,7 +22,7 @@ from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
 from batch_dagster.engine.models import Models
 from batch_dagster.features.estimate import estimate_file
-from batch_dagster.features.retry import RESERVED_METADATA
+from batch_dagster.features.retry import RESERVED_METADATA, CannotRetry, create_retry
 from batch_dagster.storage import file_location
 
 from .deps import Context, DbSession, Owner
@@ -211,6 +211,19 @@ def _owned_batch(session, owner: str, batch_id: str) -> BatchRecord:
 @router.get("/batches/{batch_id}", response_model=Batch)
 def retrieve_batch(batch_id: Text, session: DbSession, owner: Owner) -> Batch:
     return batch_object(_owned_batch(session, owner, batch_id))
+
+
+@router.post("/batches/{batch_id}/retry", response_model=Batch)
+def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) -> Batch:
+    """Extension: create a batch of the failures that were not the requests' own (features/retry.py); its metadata
+    names the parent."""
+    parent = _owned_batch(session, owner, batch_id)
+    check_batches(ctx.config, session, owner)
+    try:
+        child = create_retry(session, ctx.storage, parent, completion_window_s=ctx.config.completion_window_s)
+    except CannotRetry as exc:
+        raise invalid(str(exc), param="batch_id", code="nothing_to_retry") from exc
+    return batch_object(child)
 
 
 def _metadata_filter(query: QueryParams) -> dict[str, str]:

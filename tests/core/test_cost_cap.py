@@ -7,11 +7,11 @@ import pytest
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.failure import COST_LIMIT, stopped_ending
-from batch_dagster.batchfile.retry import is_retryable
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import Price, PriceTable
 from batch_dagster.features.cost_cap import Cap
 from batch_dagster.features.estimate import Tally
+from batch_dagster.features.retry import is_retryable
 
 
 def test_nothing_caps_a_batch_without_max_cost_or_budget():

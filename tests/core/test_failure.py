@@ -13,8 +13,8 @@ from batch_dagster.batchfile.columnar import custom_ids, validate_to_parquet, wr
 from batch_dagster.batchfile.failure import LINE_REASON_CHARS, keep_finished
 from batch_dagster.batchfile.folder import BatchFolder, Manifest, Validation
 from batch_dagster.batchfile.results import commit_shard, iter_lines
-from batch_dagster.batchfile.retry import retryable_ids
 from batch_dagster.batchfile.usage import load_price_table
+from batch_dagster.features.retry import retryable_ids
 from batch_dagster.settings import Settings
 from batch_dagster.storage import LocalStorage
 
