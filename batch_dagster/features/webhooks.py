@@ -1,30 +1,41 @@
-"""The webhook outbox and the owners' webhook endpoints: an event when a batch ends, one delivery per
-endpoint (global, or the owner's own), attempts with backoff.
+"""Webhooks: the outbox (one delivery per endpoint, global or the owner's own, for each event of a batch that
+ended), the owners' endpoints, and the signed POSTs (Standard Webhooks), retried with backoff.
 
-Events are written in the same transaction as the terminal status (store/lifecycle.apply), so a
-batch that ended always has its event; the webhook sensor delivers them. A delivery is marked only
-after its POST returned, so a crash in between sends it again: at least once.
+Events are written in the same transaction as the terminal status (db/lifecycle.apply), so a batch that ended
+always has its event; the webhook sensor delivers them (`deliver_due`). A delivery is marked only after its POST
+returned, so a crash in between sends it again: at least once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import binascii
 import secrets
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+import httpx
+import orjson
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
+from standardwebhooks import Webhook
+from standardwebhooks.webhooks import EmptyWebhookSecretError
 
 from batch_dagster.batchfile.contract import RequestCounts
 from batch_dagster.batchfile.usage import Usage
 from batch_dagster.db.models import BatchRecord, WebhookDelivery, WebhookEndpointRecord, WebhookEvent
 from batch_dagster.db.repo import now, page
+from batch_dagster.egress import Allow, check
 
 SECRET_PREFIX = "whsec_"
 MAX_ENDPOINTS_PER_OWNER = 16
 DELETED = "The webhook endpoint was deleted."
+Post = tuple[str, str | None, str, bytes]  # url, the endpoint's secret (None: the global one), event id, body
+_ERROR_BYTES = 200  # of an endpoint's error answer, kept with the attempt
 
 
 def new_secret() -> str:
@@ -150,3 +161,114 @@ def record(session: Session, delivery: WebhookDelivery, error: str | None, *, ma
             delivery.failed_at = at
         else:
             delivery.next_attempt_at = at + backoff_s(delivery.attempts, first_backoff_s)
+
+def check_secret(secret: str) -> str | None:
+    """What is wrong with a Standard Webhooks secret (`whsec_` and base64), or None."""
+    if not secret.startswith(SECRET_PREFIX):
+        return "BATCH_WEBHOOK_SECRET must start with 'whsec_' (a Standard Webhooks secret)."
+    try:
+        key = Webhook(secret)._whsecret  # the library's own decoding, as its verify() uses
+    except (binascii.Error, ValueError, RuntimeError, EmptyWebhookSecretError) as exc:
+        return f"BATCH_WEBHOOK_SECRET after 'whsec_' must be base64: {exc}"
+    return None if len(key) >= 16 else "BATCH_WEBHOOK_SECRET must hold at least 16 bytes (24 base64 characters)."
+
+
+def event_body(event_id: str, event_type: str, created_at: int, data: dict[str, Any]) -> bytes:
+    """OpenAI's webhook event: {id, object: "event", type, created_at, data: {id, ...}}."""
+    return orjson.dumps({"id": event_id, "object": "event", "type": event_type, "created_at": created_at,
+                         "data": data})
+
+
+@dataclass(frozen=True)
+class Sender:
+    """How events are POSTed: signed with an owner's endpoint's secret or the global `secret`, each within
+    `timeout_s`, to owners' endpoints only at public addresses or those `allow` lets through (egress.py)."""
+
+    secret: str
+    timeout_s: float = 5.0
+    allow: list[str] = field(default_factory=list)
+
+    def headers(self, event_id: str, body: bytes, at: datetime | None = None, *,
+                secret: str | None = None) -> dict[str, str]:
+        """The Standard Webhooks headers (webhook-id, webhook-timestamp, webhook-signature), signed with `secret`
+        (an owner's endpoint's) or else the global one."""
+        at = at or datetime.now(UTC)
+        signature = Webhook(secret or self.secret).sign(event_id, at, body.decode())
+        return {"webhook-id": event_id, "webhook-timestamp": str(int(at.timestamp())),
+                "webhook-signature": signature, "content-type": "application/json",
+                "user-agent": "batch-dagster-webhooks"}
+
+    def send_all(self, posts: list[Post]) -> list[str | None]:
+        """POST each (url, secret or None for the global one, event_id, body) concurrently; per post None when a
+        2xx came back, else why not.
+
+        Each has `timeout_s` at most, in all, and reads at most a few hundred bytes of the answer, so a slow,
+        dead or hostile endpoint delays nothing else and costs no memory.
+        """
+        return asyncio.run(self._send_all(posts))
+
+    async def _send_all(self, posts: list[Post]) -> list[str | None]:
+        allow = Allow.parse(self.allow)
+        async with httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as client:
+
+            async def post(url: str, secret: str | None, event_id: str, body: bytes) -> str | None:
+                headers = self.headers(event_id, body, secret=secret)
+                target, extensions = httpx.URL(url), dict[str, Any]()
+                if secret is not None:  # an owner's endpoint (the operator's global ones are trusted)
+                    target, extensions = await _pinned(target, allow)
+                    headers["host"] = httpx.URL(url).netloc.decode("ascii")
+                async with client.stream("POST", target, content=body, headers=headers,
+                                         extensions=extensions) as response:
+                    if 200 <= response.status_code < 300:
+                        return None
+                    head = b""
+                    async for chunk in response.aiter_bytes():
+                        head += chunk
+                        if len(head) >= _ERROR_BYTES:
+                            break
+                    return f"HTTP {response.status_code}: {head[:_ERROR_BYTES].decode(errors='replace')}"
+
+            async def one(*post_args) -> str | None:
+                try:
+                    return await asyncio.wait_for(post(*post_args), self.timeout_s)
+                except TimeoutError:
+                    return f"no answer within {self.timeout_s} s"
+                except Exception as exc:  # one endpoint's problem (a bad URL, a reset) stays its own
+                    return f"{type(exc).__name__}: {exc}"
+
+            return list(await asyncio.gather(*(one(*post) for post in posts)))
+
+
+async def _pinned(url: httpx.URL, allow: Allow) -> tuple[httpx.URL, dict[str, Any]]:
+    """`url` with its host replaced by the one address it was checked at (egress.check: public or allowed), so a
+    second resolution cannot point elsewhere (DNS rebinding); TLS still names, and verifies, the host."""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    address = await asyncio.to_thread(check, url.host, port, allow)
+    return url.copy_with(host=str(address)), {"sni_hostname": url.host} if url.scheme == "https" else {}
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One POST of one event to one endpoint, as deliver_due made it; `error` None when it was delivered."""
+
+    delivery: WebhookDelivery
+    event: WebhookEvent
+    error: str | None
+
+
+def deliver_due(session: Session, urls: Sequence[str], sender: Sender, *, max_attempts: int,
+                first_backoff_s: float) -> list[Attempt]:
+    """Plan the new events' deliveries (to the global `urls` and the owners' endpoints), POST those due and record
+    each attempt (committed). With no endpoint configured, events are planned with no delivery: turning webhooks on
+    later (or adding an endpoint) does not flood the endpoints with old events."""
+    plan(session, urls)
+    work = due(session)
+    if not work:
+        return []
+    data = event_data(session, [e for _, e, _ in work])
+    errors = sender.send_all([(d.url, secret, e.id, event_body(e.id, e.type, e.created_at, data[e.id]))
+                              for d, e, secret in work])
+    for (delivery, _, _), error in zip(work, errors, strict=True):
+        record(session, delivery, error, max_attempts=max_attempts, first_backoff_s=first_backoff_s)
+    session.commit()
+    return [Attempt(delivery, event, error) for (delivery, event, _), error in zip(work, errors, strict=True)]

@@ -108,6 +108,13 @@ def test_the_database_and_the_api_do_not_use_the_dagster_side():
             assert not {t for t in targets if t.startswith("batch_dagster.defs")}, name
 
 
+def test_the_store_and_the_engine_are_below_the_features():
+    """Layers: core <- engine, storage, db <- features <- api, defs: the store and the engine use no feature."""
+    for name, targets in _graph().items():
+        if name.startswith(("batch_dagster.db", "batch_dagster.engine", "batch_dagster.storage")):
+            assert not {t for t in targets if t.startswith("batch_dagster.features")}, name
+
+
 def test_the_features_serve_both_sides_and_import_neither():
     """A feature's module is reached by the API and by the Dagster side: it imports no FastAPI, Dagster or vLLM."""
     for name, path in _modules().items():
