@@ -1,7 +1,7 @@
 """A batch whose run failed for good keeps what it finished: the committed shards' lines, and an error line for
 every other request, so each custom_id is in the output or the error file exactly once and a retry runs again
 exactly those that never ran. It ends the way a cancel ends, with its own code (`batch_failed`); `stopped_ending`
-says how a batch asked to stop (cancel, expiry, its cost cap) ends.
+says how a batch asked to stop (cancel, expiry, its cost cap) ends, and `is_retryable` which error lines a retry runs.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
+
+import orjson
 
 from . import contract as c
 from .columnar import custom_ids
@@ -46,6 +48,24 @@ def stopped_ending(reason: str) -> Ending:
         return Ending(BatchStatus.FAILED, c.COST_LIMIT_EXCEEDED, COST_LIMIT_NOT_RUN, [COST_LIMIT_ERROR])
     status = BatchStatus(reason)
     return Ending(status, NOT_RUN_CODES[status], f"The batch was {reason} before this request ran.", [])
+
+
+# A request is retried only when its failure was not its own: a 5xx line (engine_error, out_of_memory) or a request
+# that never ran (these codes). A 4xx line would fail again the same way.
+RETRIED_CODES = (c.BATCH_EXPIRED, c.BATCH_CANCELLED, c.BATCH_FAILED, c.COST_LIMIT_EXCEEDED)
+
+
+def is_retryable(line: dict[str, Any]) -> bool:
+    """Whether an error-file line failed for a reason that is not the request's own."""
+    response = line.get("response")
+    if response:
+        return int(response.get("status_code") or 0) >= 500
+    return (line.get("error") or {}).get("code") in RETRIED_CODES
+
+
+def retryable_ids(lines: Iterable[bytes]) -> list[str]:
+    """The custom_ids of the retryable lines of an error file (its raw lines), in file order."""
+    return [line["custom_id"] for raw in lines if raw.strip() and is_retryable(line := orjson.loads(raw))]
 
 
 def clip(text: str, limit: int) -> str:

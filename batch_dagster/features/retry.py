@@ -1,22 +1,17 @@
-"""A retry batch: a child of an ended batch made of its retryable failures, and the results of both merged.
-
-A request is retried only when its failure was not its own: a 5xx line (engine_error, out_of_memory)
-or a request that never ran (batch_expired, batch_cancelled, batch_failed: its batch's run failed
-first, or cost_limit_exceeded). A 4xx line would fail again the same way.
-"""
+"""A retry batch: a child of an ended batch made of its retryable failures (failure.is_retryable: those that were
+not the requests' own), and the results of both merged."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pyarrow.parquet as pq
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.failure import retryable_ids
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
@@ -30,22 +25,6 @@ from batch_dagster.storage import file_location
 PARENT = "parent_batch_id"
 RESERVED_METADATA = (PARENT,)
 MAX_METADATA_PAIRS = 16
-NOT_RUN_CODES = (c.BATCH_EXPIRED, c.BATCH_CANCELLED, c.BATCH_FAILED, c.COST_LIMIT_EXCEEDED)  # a retry runs them
-
-
-def is_retryable(line: dict[str, Any]) -> bool:
-    """Whether an error-file line failed for a reason that is not the request's own."""
-    response = line.get("response")
-    if response:
-        return int(response.get("status_code") or 0) >= 500
-    return (line.get("error") or {}).get("code") in NOT_RUN_CODES
-
-
-def retryable_ids(lines: Iterable[bytes]) -> list[str]:
-    """The custom_ids of the retryable lines of an error file (its raw lines), in file order."""
-    return [line["custom_id"] for raw in lines if raw.strip() and is_retryable(line := orjson.loads(raw))]
-
-
 def write_retry_input(requests_path: Path, ids: Collection[str], endpoint: str, dest: Path) -> int:
     """Write the original requests of `ids` (from the parent's validated requests) as a batch input file.
 
