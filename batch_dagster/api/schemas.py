@@ -211,7 +211,7 @@ class EstimateDuration(BaseModel):
 
 
 class BatchEstimate(BaseModel):
-    """batchfile/estimate.py's Estimate.to_dict; the numbers are null for an invalid file."""
+    """features/estimate.py's Estimate.to_dict; the numbers are null for an invalid file."""
 
     object: Literal["batch.estimate"] = "batch.estimate"
     valid: bool

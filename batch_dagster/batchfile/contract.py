@@ -72,7 +72,7 @@ MIXED_MODELS = "mixed_models"
 MODEL_NOT_FOUND = "model_not_found"
 TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"  # the owner's enqueued prompt tokens for the model
 # The batch's cost cap (max_cost, the key's daily budget): at validation, in errors.data; while it runs, on the
-# error lines of the requests it did not run (batchfile/cost_cap.py).
+# error lines of the requests it did not run (features/cost_cap.py).
 COST_LIMIT_EXCEEDED = "cost_limit_exceeded"
 
 # Request-level error codes written to the error file.

@@ -114,7 +114,7 @@ def create_batch(
     never expires. `endpoint` None: the first request's url decides.
     `options`: the batch's options, kept whole (a retry passes its parent's). `launched`: the caller requests the
     run itself (else the API sensor launches it). `parent`: the batch this one
-    retries (db/retry.py only; it must have the same owner). `commit` False: the caller commits (or rolls back)
+    retries (features/retry.py only; it must have the same owner). `commit` False: the caller commits (or rolls back)
     the row with its own.
     The batch's model (from its first request, or `model` for a dropped file, whose head the intake read) and,
     for a local file, its request count are recorded on the row: nothing after reads the input to know them.

@@ -91,7 +91,7 @@ class BatchRecord(Base):
     parent_batch_id: Mapped[str | None] = mapped_column(String(64))
     # Its options (batchfile/options.py), kept whole: those that differ from their defaults (`options` reads them).
     stored_options: Mapped[dict[str, Any] | None] = mapped_column("options", JSON)
-    # Queue position and ETA (batchfile/eta.py): the estimate once validated; the run's dagster/priority once
+    # Queue position and ETA (features/eta.py): the estimate once validated; the run's dagster/priority once
     # launched; the place and end the daemon's queue_eta_sensor stores while the batch has not ended.
     estimate: Mapped[dict[str, Any] | None]
     launch_priority: Mapped[int | None]
