@@ -11,8 +11,8 @@ from typing import Any, NoReturn
 import orjson
 
 from batch_dagster.batchfile.contract import Limits
+from batch_dagster.batchfile.outcome import RunSummary
 from batch_dagster.batchfile.status import BatchStatus
-from batch_dagster.batchfile.summary import RunSummary
 from batch_dagster.batchfile.validate import validate_file
 from batch_dagster.settings import LOOPBACK, VLLM_SERVER_PORT, Settings
 

@@ -24,9 +24,9 @@ from batch_dagster.batchfile.contract import (
 )
 from batch_dagster.batchfile.folder import BatchFolder, file_key
 from batch_dagster.batchfile.options import BatchOptions
+from batch_dagster.batchfile.outcome import BatchSummary
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.storage import Storage
-from batch_dagster.batchfile.summary import BatchSummary
 from batch_dagster.batchfile.usage import Cost, Usage
 from batch_dagster.storage import file_location
 

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from batch_dagster.batchfile.contract import PIPELINE_ERROR, BatchError
 from batch_dagster.batchfile.failure import keep_finished
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder, Progress
-from batch_dagster.batchfile.summary import BatchSummary, RunSummary
+from batch_dagster.batchfile.outcome import BatchSummary, RunSummary
 from batch_dagster.features.eta import RunningEta
 from batch_dagster.terminal import output_to_log
 

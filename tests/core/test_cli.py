@@ -65,7 +65,7 @@ def test_missing_file_is_a_clear_error(tmp_path):
 
 def test_the_run_summary_names_the_engine_and_its_start(capsys):
     from batch_dagster.batchfile.contract import RequestCounts
-    from batch_dagster.batchfile.summary import BatchSummary, EngineRun, RunSummary
+    from batch_dagster.batchfile.outcome import BatchSummary, EngineRun, RunSummary
     from batch_dagster.batchfile.usage import Cost, Usage
     from batch_dagster.cli import _print_summary
 
