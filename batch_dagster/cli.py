@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 import orjson
 
 from batch_dagster.batchfile.contract import Limits
-from batch_dagster.batchfile.outcome import RunSummary
+from batch_dagster.batchfile.outcome import RunOutcome
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.validate import validate_file
 from batch_dagster.settings import LOOPBACK, VLLM_SERVER_PORT, Settings
@@ -91,7 +91,7 @@ def cmd_estimate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _print_summary(run: RunSummary) -> None:
+def _print_summary(run: RunOutcome) -> None:
     summary = run.batch
     rc = summary.request_counts
     print(f"batch {summary.batch_id}: {summary.status}")

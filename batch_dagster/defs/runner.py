@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from batch_dagster.batchfile.contract import PIPELINE_ERROR, BatchError
 from batch_dagster.batchfile.failure import keep_finished
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder, Progress
-from batch_dagster.batchfile.outcome import BatchSummary, RunSummary
+from batch_dagster.batchfile.outcome import BatchOutcome, RunOutcome
 from batch_dagster.features.eta import RunningEta
 from batch_dagster.terminal import output_to_log
 
@@ -81,25 +81,25 @@ class CliBatch:
     """The batch in the metadata store, when the definitions have one: the one record of batches (the daily
     usage report reads it), listed under the owner of dropped files' batches."""
 
-    def __init__(self, defs: Any, file: Path):
+    def __init__(self, defs: Any, input_path: Path):
         from batch_dagster.db import repo
         from batch_dagster.db.batches import head_model, register_local, scan
         from batch_dagster.defs.run_tags import OwnerLabels
 
         database = resource(defs, "database") if "database" in defs.resources else None
         self.database = database if database is not None and database.url else None  # an empty url: no store
-        self.storage = resource(defs, "storage").storage()
+        self.storage = resource(defs, "storage").open()
         # A command-line batch belongs to the drop folders' owner, else (keys and none named) the keyless one.
         self.owner = (self.database.intake_owner() if self.database is not None else "") or repo.ANONYMOUS
         self.labels = self.database.labels() if self.database is not None else OwnerLabels()
         self.model: str | None  # the model of its first request, as the batch record holds it
         if self.database is None:  # no store: the batch folder alone
             self.batch_id = repo.new_batch_id()
-            self.model = head_model(scan(file)[0])
-            BatchFolder(self.storage, self.batch_id).put_input(file)
+            self.model = head_model(scan(input_path)[0])
+            BatchFolder(self.storage, self.batch_id).put_input(input_path)
             return
         with self.database.session() as session:
-            row = register_local(session, self.storage, file, owner=self.owner)
+            row = register_local(session, self.storage, input_path, owner=self.owner)
             self.batch_id, self.model = row.id, row.model
 
     def sync(self, run_failure: str | None) -> None:
@@ -122,9 +122,9 @@ def _failure_message(result: Any) -> str:
 
 
 def run_batch(
-    file: Path, out_dir: Path, *, show_progress: bool = True, defs: Any = None, instance: Any = None,
+    input_path: Path, out_dir: Path, *, show_progress: bool = True, defs: Any = None, instance: Any = None,
     log_dir: Path | None = None,
-) -> RunSummary:
+) -> RunOutcome:
     """Register a batch partition, materialize its lifecycle through Dagster, copy the files to out_dir.
 
     `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME). With
@@ -158,13 +158,13 @@ def run_batch(
         print(f"batch-dagster: run {run_id} was left STARTED by a killed `batch-dagster run`: marked failed",
               file=sys.stderr)
     started = time.perf_counter()
-    record = CliBatch(defs, file)
+    record = CliBatch(defs, input_path)
     batch_id = record.batch_id
     folder = BatchFolder(record.storage, batch_id)
     instance.add_dynamic_partitions(batches.name, [batch_id])
     # This run starts at once, without the run queue. Tagged as the sensors tag theirs, it counts against the
     # queue's limits while it runs: an offline engine here makes the daemon's offline runs wait.
-    tags = run_tags(batch_id, source="cli", filename=file.name, owner=record.owner, model=record.model,
+    tags = run_tags(batch_id, way_in="cli", filename=input_path.name, owner=record.owner, model=record.model,
                     vllm=resource(defs, "vllm"), labels=record.labels)
     tags[CLI_PROCESS_TAG] = process_label(os.getpid()) or ""
     log_file = log_dir / f"run-{batch_id}.log" if log_dir is not None else None
@@ -200,13 +200,13 @@ def run_batch(
         for key, dest in ((folder.output_key, output_file), (folder.error_key, error_file)):
             with folder.storage.open(key) as src, open(dest, "wb") as out:
                 shutil.copyfileobj(src, out, 1 << 20)
-        summary = BatchSummary.of(done)
+        summary = BatchOutcome.of(done)
     else:
         output_file.write_bytes(b"")
         error_file.write_bytes(b"")
         validation = folder.validation()
         errors = (validation.errors if validation else None) or [BatchError(PIPELINE_ERROR, _failure_message(result))]
-        summary = BatchSummary.failed(batch_id, validation, errors)
-    return RunSummary(summary, run_id=result.run_id, output_file=str(output_file), error_file=str(error_file),
+        summary = BatchOutcome.failed(batch_id, validation, errors)
+    return RunOutcome(summary, run_id=result.run_id, output_file=str(output_file), error_file=str(error_file),
                       duration_s=round(time.perf_counter() - started, 3),
                       log_file=str(log_file) if log_file is not None else None)

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.results import ShardSummary
+from batch_dagster.batchfile.results import CommittedShard
 from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
 from batch_dagster.batchfile.validate import ValidationReport
 from batch_dagster.db.models import BatchRecord
@@ -116,7 +116,7 @@ def refuse_over_cap(session: Session, batch_id: str, report: ValidationReport, t
         report.error_count += 1
 
 
-def cap_reached(session: Session, batch_id: str, model: str, committed: Iterable[ShardSummary], prices: PriceTable,
+def cap_reached(session: Session, batch_id: str, model: str, committed: Iterable[CommittedShard], prices: PriceTable,
                 daily_budget: float | None, at: float) -> bool:
     """While it runs, before a shard: whether the batch, having spent what its `committed` shards cost, must run no
     other shard."""

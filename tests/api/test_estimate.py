@@ -49,12 +49,12 @@ def test_an_estimate_counts_what_the_batch_then_bills_and_learns_its_rate(start_
     assert first["input_tokens"] == sum(i + 2 for i in range(5)) and first["max_output_tokens"] == 5 * 50
     assert first["throughput_batches"] == 0 and first["tokens_per_s"] == service.config.estimate_tokens_per_s
     assert first["queued_ahead"] == 0 and first["cost"]["currency"] == "USD"
-    assert client.batches.list().data == [] and batch_ids(service.storage.storage()) == []  # nothing created
+    assert client.batches.list().data == [] and batch_ids(service.storage.open()) == []  # nothing created
 
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
     done = wait_for(client, batch.id, "completed")
     assert done.usage.input_tokens == first["input_tokens"]
-    summary = BatchFolder(service.storage.storage(), batch.id).summary()
+    summary = BatchFolder(service.storage.open(), batch.id).summary()
     assert first["cost"]["min"] <= summary.cost.total_cost <= first["cost"]["max"]
 
     again = estimate(client, file_id)

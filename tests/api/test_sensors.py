@@ -100,8 +100,8 @@ def test_runs_are_tagged_for_the_run_queue_by_the_model_of_their_file(sensor_env
             path = write_jsonl(tmp_path / f"{name}.jsonl", rows)
             upload = add_input_file(session, owner="a", file_id=repo.new_file_id(), filename=path.name,
                                     size=path.stat().st_size)
-            storage.storage().put_file(upload.path, path)  # as the API stores an upload, then copies it in
-            ids[name] = create_batch(session, storage.storage(), owner="a", endpoint=EMBEDDINGS if name == "offline"
+            storage.open().put_file(upload.path, path)  # as the API stores an upload, then copies it in
+            ids[name] = create_batch(session, storage.open(), owner="a", endpoint=EMBEDDINGS if name == "offline"
                                      else CHAT, input_file=upload, input_from=upload, completion_window_s=None).id
     tags = {r.partition_key: r.tags for r in tick(api_batch_sensor, instance, resources).run_requests}
 

@@ -106,7 +106,7 @@ def test_the_progress_document_counts_the_committed_shards_never_ahead_of_their_
     seen = []
 
     def check(done_in_shard: int) -> None:
-        [batch_id] = batch_ids(storage.storage())
+        [batch_id] = batch_ids(storage.open())
         folder = storage.folder(batch_id)
         progress = folder.progress()
         markers = committed_shards(folder.storage, folder.results_prefix)

@@ -55,7 +55,7 @@ def test_a_set_variable_reaches_the_resource_as_an_env_var(empty_env, monkeypatc
 
 
 def test_the_storage_resource_opens_what_the_settings_open(tmp_path):
-    assert StorageResource(data_dir=str(tmp_path)).storage().root == settings.open_batch_storage(tmp_path).root
+    assert StorageResource(data_dir=str(tmp_path)).open().root == settings.open_batch_storage(tmp_path).root
 
 
 RESOURCES = (PipelineConfig, VLLMResource, Intake, StorageResource, WebhookConfig, DatabaseResource, Retention)

@@ -56,6 +56,6 @@ def test_an_owner_shows_as_its_keys_name_else_a_keyed_hash():
     assert labels.label(bare) == OwnerLabels.of(list(reversed(entries))).label(bare)  # stable across processes
     # Keyed by the server's keys: someone holding one key cannot compute another's label from its hash.
     assert OwnerLabels.of([(None, KEY_BARE)]).label(bare) != shown
-    tags = run_tags("batch_x", source="api", filename="in.jsonl", owner=bare, model=None, labels=labels,
+    tags = run_tags("batch_x", way_in="api", filename="in.jsonl", owner=bare, model=None, labels=labels,
                     vllm=type("Queue", (), {"queue_tags": lambda self, model: {}})())
     assert tags["owner"] == shown and not any(p in str(tags) for p in hash_prefixes(KEY_BARE))

@@ -32,7 +32,7 @@ from batch_dagster.batchfile.folder import (
     Validation,
 )
 from batch_dagster.batchfile.registry import served_endpoints
-from batch_dagster.batchfile.results import ShardSummary, commit_shard, committed_shards, merge, progress_of
+from batch_dagster.batchfile.results import CommittedShard, commit_shard, committed_shards, merge, progress_of
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import cost_of
 from batch_dagster.batchfile.validate import ValidationReport
@@ -336,7 +336,7 @@ def run_shards(
         return _run_shards(context, storage.folder(context.partition_key), vllm, pipeline, session)
 
 
-def _over_cost_cap(session: Session | None, folder: BatchFolder, model: str, committed: dict[int, ShardSummary],
+def _over_cost_cap(session: Session | None, folder: BatchFolder, model: str, committed: dict[int, CommittedShard],
                    pipeline: PipelineConfig) -> bool:
     """Whether the batch's spend has reached its cost cap (none without a store); the store's transaction ends
     here, so none is held while a shard runs."""
@@ -391,20 +391,19 @@ def _run_shards(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VL
                 context.log.error(f"Shard {index}: engine crashed on the last attempt; its requests become errors")
                 lines = engine_error_lines(requests, str(exc))
                 engine = vllm.engine(manifest.model)
-            summary = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
-                                   engine_start_s=vllm.engine_start_s(manifest.model, t0))
-            done[index] = summary
+            committed = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
+                                       engine_start_s=vllm.engine_start_s(manifest.model, t0))
+            done[index] = committed
             base = progress_of(done, manifest.total_requests, manifest.shard_count)  # after the marker
             folder.write_progress(base)
             if session is not None:  # what the batch has spent, where other batches' cost caps read it
                 record_usage(session, folder.batch_id, base.usage)
             context.log_event(_eta_observation(context, eta, sum(s.request_counts.total for s in done.values())))
-            ran_requests += summary.request_counts.total
-            ran_tokens += summary.usage.output_tokens
-            context.log.info(
-                f"Shard {index}: {summary.request_counts.completed} completed, {summary.request_counts.failed} failed, "
-                f"{summary.usage.output_tokens} output tokens in {summary.duration_s:.1f}s"
-            )
+            ran_requests += committed.request_counts.total
+            ran_tokens += committed.usage.output_tokens
+            counts = committed.request_counts
+            context.log.info(f"Shard {index}: {counts.completed} completed, {counts.failed} failed, "
+                             f"{committed.usage.output_tokens} output tokens in {committed.duration_s:.1f}s")
     elapsed = time.perf_counter() - started
     completed = sum(s.request_counts.completed for s in done.values())  # those committed before, and now
     failed = sum(s.request_counts.failed for s in done.values())

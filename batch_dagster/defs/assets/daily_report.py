@@ -79,7 +79,7 @@ def daily_usage_report(
         f"{day_totals['total_tokens']} tokens, cost {day_totals['cost']}"
     )
 
-    out, files = report_prefix(context.partition_key), storage.storage()
+    out, files = report_prefix(context.partition_key), storage.open()
     paths = {}
     for name, frame in (("usage_by_model", by_model), ("usage_by_batch", by_batch)):
         paths[f"{name}_parquet"] = _write(files, f"{out}/{name}.parquet", partial(frame.to_parquet, index=False))

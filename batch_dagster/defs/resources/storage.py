@@ -23,7 +23,8 @@ class StorageResource(dg.ConfigurableResource):
     data_dir: str = setting("BATCH_DATA_DIR", default=PydanticUndefined)  # where this process runs: always given
     url: str = setting("BATCH_STORAGE_URL", default="")
 
-    def storage(self) -> Storage:
+    def open(self) -> Storage:
+        """The batch storage this resource names, opened."""
         return open_batch_storage(self.data_dir, self.url)
 
     @property
@@ -32,4 +33,4 @@ class StorageResource(dg.ConfigurableResource):
         return storage_location(self.data_dir, self.url)[1]
 
     def folder(self, batch_id: str) -> BatchFolder:
-        return BatchFolder(self.storage(), batch_id)
+        return BatchFolder(self.open(), batch_id)

@@ -27,7 +27,7 @@ from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, Intake, StorageResource, VLLMResource
 from batch_dagster.defs.run_limits import PRIORITY_TAG
 from batch_dagster.defs.run_tags import OWNER_TAG, run_tags
-from batch_dagster.defs.sensors.fairness import with_fair_priorities
+from batch_dagster.defs.sensors.fairness import with_launch_order
 from batch_dagster.features.eta import set_launch_priorities
 from batch_dagster.storage.transfer import s3_uri
 
@@ -57,7 +57,7 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
         owner = database.intake_owner()
         for f in new:
             try:
-                b = register_dropped(session, storage.storage(), f, owner=owner, deliver_to=deliver_to,
+                b = register_dropped(session, storage.open(), f, owner=owner, deliver_to=deliver_to,
                                      completion_window_s=intake.completion_window_s)
                 # Read now: a later file's rollback expires the rows this session holds.
                 launched.append((f, Launched(b.id, b.owner, b.model)))
@@ -72,8 +72,8 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
     for batch_id in ended:
         context.log.info(f"{batch_id} ended: delivering its results")
     labels = database.labels()
-    tags = with_fair_priorities(context.instance, batch_job.name, [
-        {**run_tags(b.id, source="s3" if scheme == "s3://" else "inbox", filename=f.filename, owner=b.owner,
+    tags = with_launch_order(context.instance, batch_job.name, [
+        {**run_tags(b.id, way_in="s3" if scheme == "s3://" else "inbox", filename=f.filename, owner=b.owner,
                     model=b.model, vllm=vllm, labels=labels), "input_uri": f.source[:255]}
         for f, b in launched
     ], OWNER_TAG) if launched else []
