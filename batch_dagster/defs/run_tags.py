@@ -1,4 +1,4 @@
-"""Readable labels for a batch's runs and materializations: what an analyst recognises a batch by in the UI."""
+"""Every tag of a batch's run, and how owners are shown in them: what an analyst recognises a batch by in the UI."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""A batch's cost cap: what it may spend (its `max_cost`; its key's daily budget less what the key's other batches
-of the day spent), the refusal at validation (`refuse_over_cap`), and the stop while it runs (`cap_reached`).
+"""A batch's cost cap. A batch may spend up to its `max_cost`, and no more than what its key's daily budget has
+left after the key's other batches of the day. Validation refuses a batch whose upper-bound cost is past that
+(`refuse_over_cap`); a running batch stops before the shard after it reaches it (`cap_reached`).
 
-Costs are those of usage.py (successful requests only, at the batch price). What the other batches spent is what
-the store holds: an ended batch's final usage, a running one's as its run records it after each shard
-(db/lifecycle.py record_usage), so no check reads another batch's folder. docs/http-api.md ("Cost cap") says what
-each check compares.
+Costs are those of usage.py: successful requests only, at the batch price. What the other batches spent is read
+from the store, one query: an ended batch's final usage, and a running one's as its run records it after each
+shard (db/lifecycle.py record_usage). No check reads another batch's folder. docs/http-api.md ("Cost cap") says
+what each check compares.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Drop folders: where dropped files arrive (an S3 prefix, a local inbox) and where their results go. Who owns their
-batches follows from a key (BATCH_INTAKE_API_KEY): the store resource, which holds the keys, says (`intake_owner`)."""
+"""Drop folders as a Dagster resource: where dropped files arrive (an S3 prefix, a local inbox) and where their
+results go. The store resource says who owns their batches (`intake_owner`), since it holds the keys."""
 
 from __future__ import annotations
 

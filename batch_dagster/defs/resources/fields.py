@@ -1,5 +1,9 @@
-"""Resource fields that hold a setting, named by its variable: their default and description are the setting's one
-declaration (settings.py), and `from_settings` fills them, a variable that is set as a `dg.EnvVar` of it."""
+"""Resource fields that hold a setting.
+
+A field names the setting's variable; its default and its description come from the setting's one declaration in
+settings.py. `from_settings` fills every such field of a resource. A variable that is set reaches its field as a
+`dg.EnvVar`, so the Dagster UI shows the variable's name rather than its value.
+"""
 
 from __future__ import annotations
 

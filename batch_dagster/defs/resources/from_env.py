@@ -1,5 +1,4 @@
-"""Every resource of the definitions, as the settings configure them (each field that holds a setting names its
-variable: fields.py fills them)."""
+"""Every resource of the definitions, as the settings configure them (fields.py fills each field from its setting)."""
 
 from __future__ import annotations
 
