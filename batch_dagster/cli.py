@@ -84,6 +84,7 @@ def cmd_estimate(args: argparse.Namespace, settings: Settings) -> int:
         print(f"  refused:  {data['refused_requests']} request(s) will end as error lines without running")
     print(f"  tokens:   {data['input_tokens']} input, at most {data['max_output_tokens']} output")
     print(f"  cost:     {cost['min']:.6f} to {cost['max']:.6f} {cost['currency']}")
+    _price_note(data["model"], settings)
     print(f"  duration: {duration['min']:.1f} s to {duration['max']:.1f} s at {data['tokens_per_s']} tokens/s "
           f"({measured})")
     print(f"  queued:   {data['queued_ahead']} batch(es) of this model ahead, "
@@ -91,7 +92,15 @@ def cmd_estimate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _print_summary(run: RunOutcome) -> None:
+def _price_note(model: str | None, settings: Settings) -> None:
+    """Say so when the model has no price of its own: its cost is the price table's defaults (0 as shipped)."""
+    from batch_dagster.batchfile.usage import load_price_table
+
+    if model and (unpriced := load_price_table(settings.prices_file).unlisted(model)):
+        print(f"  note:     {unpriced}; add it to {settings.prices_file} (BATCH_PRICES_FILE)", file=sys.stderr)
+
+
+def _print_summary(run: RunOutcome, settings: Settings) -> None:
     summary = run.batch
     rc = summary.request_counts
     print(f"batch {summary.batch_id}: {summary.status}")
@@ -115,6 +124,7 @@ def _print_summary(run: RunOutcome) -> None:
     print(f"  tokens:   {usage.input_tokens} input, {usage.output_tokens} output "
           f"({summary.output_tokens_per_s} output tokens/s over {summary.inference_s or 0:.1f}s of inference)")
     print(f"  cost:     {cost.total_cost:.6f} {cost.currency} (batch discount {cost.batch_discount:.0%})")
+    _price_note(summary.model, settings)
     if summary.engine is not None:
         print(f"  engine:   {summary.engine.describe()}")
     print(f"  output:   {run.output_file}\n  errors:   {run.error_file}")
@@ -136,7 +146,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         _print_json(summary.to_dict())
     else:
-        _print_summary(summary)
+        _print_summary(summary, settings)
     return 0 if summary.batch.status == BatchStatus.COMPLETED else 1
 
 
@@ -201,16 +211,14 @@ def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
     import signal
     import time
 
-    from batch_dagster.engine.models import Models
-    from batch_dagster.engine.server import server_command
-    from batch_dagster.serve.fleet import Fleet
+    from batch_dagster.serve.fleet import model_fleet
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    models = Models.from_settings(settings)
-    spec = models.spec(args.model)
-    path = models.path(spec)
-    fleet = Fleet(args.model, args.replicas, args.port, lambda port: server_command(spec, path, args.host, port),
-                  args.policy, args.host, log_dir=settings.data_dir / "logs" / f"fleet-{args.model}")
+    try:
+        fleet = model_fleet(settings, args.model, args.replicas, args.port, args.policy, args.host)
+    except ValueError as exc:  # more replicas than the GPUs go round
+        print(f"batch-dagster: error: {exc}", file=sys.stderr)
+        return 2
 
     def stop(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt

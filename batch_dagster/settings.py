@@ -237,8 +237,8 @@ class Settings:
         "Requests in flight to the servers at once (server mode).", parse=int)
     fleet_replicas: int = variable(
         "BATCH_FLEET_REPLICAS", 1, "Engine",
-        "`make serve`: vLLM servers of the warm fleet (pinned one per core) behind vllm-router; 0: no fleet, every "
-        "batch runs offline in its run.", parse=int)
+        "`make serve`: vLLM servers of the warm fleet (each on a core of its own, or on a GPU host on GPUs of its "
+        "own) behind vllm-router; 0: no fleet, every batch runs offline in its run.", parse=int)
     # Empty until asked for (Settings.served_fleet_model): reading the registry is no part of reading the settings.
     fleet_model: str = variable(
         "BATCH_FLEET_MODEL", "the registry's first chat model", "Engine",
@@ -258,7 +258,9 @@ class Settings:
     offline_runs: int = variable(
         "BATCH_OFFLINE_RUNS", DEFAULT_OFFLINE_RUNS, "Engine",
         "Runs holding an in-process engine (a model with no fleet or server) at once; more wait in Dagster's run "
-        "queue. One per GPU. `batch-dagster instance` writes it into $DAGSTER_HOME/dagster.yaml.", parse=int)
+        "queue. Each such engine takes the GPUs its process sees (on one machine, all of them), so raise it only "
+        "where each run has GPUs of its own (a pod per run or step on Kubernetes). `batch-dagster instance` writes it "
+        "into $DAGSTER_HOME/dagster.yaml.", parse=int)
     runs_per_model: int = variable(
         "BATCH_RUNS_PER_MODEL", DEFAULT_RUNS_PER_MODEL, "Engine",
         "Runs of one model at once (batches sharing its fleet); more wait in the run queue. Written into dagster.yaml,"

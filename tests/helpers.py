@@ -549,7 +549,7 @@ def serve_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 class Serve:
-    """serve in `tmp_path` (its DAGSTER_HOME links the repo's dagster.yaml); `module` replaces the project's
+    """serve in `tmp_path` (its DAGSTER_HOME links the package's dagster.yaml); `module` replaces the project's
     definitions (a workspace.yaml in the working directory points the daemon at it)."""
 
     def __init__(self, tmp_path: Path, *, module: str | None = None, ui: bool = False, **env: str):

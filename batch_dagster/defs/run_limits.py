@@ -1,10 +1,11 @@
 """How the Dagster run queue bounds batch runs: the tags that say what a run needs, and the limits on them.
 
 A run whose model has no server holds a vLLM engine in its own process, so few of them fit on a machine
-(one per GPU). A run whose model is served (a warm fleet, or server mode) holds no engine: such runs share
-the model's servers, and only a per-model bound keeps one model's batches from taking every run slot. The
-limits are the run queue's `tag_concurrency_limits` (the daemon's QueuedRunCoordinator): a run waits in the
-queue, holding nothing, until it fits. A dead run stops counting as soon as it is marked failed.
+(one: each engine takes every GPU its process sees). A run whose model is served (a warm fleet, or server mode)
+holds no engine: such runs share the model's servers, and only a per-model bound keeps one model's batches from
+taking every run slot. The limits are the run queue's `tag_concurrency_limits` (the daemon's
+QueuedRunCoordinator): a run waits in the queue, holding nothing, until it fits. A dead run stops counting as
+soon as it is marked failed.
 
 Keys share the queue fairly by `dagster/priority` (its fair rank: fair_ranks): one key's backlog waits behind the
 first batch of a key that arrives later, which waits for one run slot at most.
@@ -46,7 +47,7 @@ def run_limits_yaml(offline_runs: int, runs_per_model: int) -> str:
 concurrency:
   runs:
     tag_concurrency_limits:
-      # Runs that hold a vLLM engine in their own process: one per GPU, one on a laptop.
+      # Runs that hold a vLLM engine in their own process (each takes every GPU its process sees).
       - key: {ENGINE_TAG}
         value: {OFFLINE}
         limit: {offline_runs}

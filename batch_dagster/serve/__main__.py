@@ -79,9 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum, _frame) -> None:
         stopping.append(signum)
 
+    try:
+        fleet = None if args.no_fleet else _fleet(config)
+    except ValueError as exc:  # more replicas than the GPUs go round
+        log.error("%s", exc)
+        return 2
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    fleet = None if args.no_fleet else _fleet(config)
     rc = 0
     try:
         children.start("api", [sys.executable, "-m", "batch_dagster.api", "--host", args.host, "--port",
@@ -90,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
             # Warm before the daemon starts: no run waits on an engine start, none meets a fleet half up.
             fleet.start(should_stop=lambda: bool(stopping))
             env |= {"BATCH_FLEET_URL": fleet.url, "BATCH_FLEET_MODEL": fleet.model}
+            if fleet.spare_gpus is not None:
+                # The runs of models without a fleet hold their engine in their own process: only on GPUs the
+                # fleet left, never on a replica's (their engine would not fit beside it).
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(fleet.spare_gpus)
+                log.info("runs of other models see GPU(s) %s", env["CUDA_VISIBLE_DEVICES"] or "none")
             log.info("warm fleet: %d replica(s) of %s behind vllm-router at %s/v1", fleet.replicas, fleet.model,
                      fleet.url)
         children.start("dagster-daemon", [str(scripts / "dagster-daemon"), "run", *target], env)
@@ -121,19 +130,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fleet(settings: Settings):
     """The warm fleet `make serve` runs (BATCH_FLEET_*), or None when it runs none."""
-    from batch_dagster.engine.models import Models
-    from batch_dagster.engine.server import server_command
-    from batch_dagster.serve.fleet import Fleet
+    from batch_dagster.serve.fleet import model_fleet
 
     model = settings.served_fleet_model()
     if settings.fleet_replicas <= 0 or model is None:
         return None
-    models = Models.from_settings(settings)
-    spec = models.spec(model)
-    path = models.path(spec)
-    return Fleet(model, settings.fleet_replicas, settings.fleet_port,
-                 lambda port: server_command(spec, path, LOOPBACK, port), settings.fleet_policy, LOOPBACK,
-                 log_dir=settings.data_dir / "logs" / f"fleet-{model}")
+    return model_fleet(settings, model, settings.fleet_replicas, settings.fleet_port, settings.fleet_policy, LOOPBACK)
 
 
 if __name__ == "__main__":

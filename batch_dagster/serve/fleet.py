@@ -1,8 +1,8 @@
 """`batch-dagster fleet`: N vLLM OpenAI servers for one registry model behind vllm-router, started and stopped together.
 
-Each replica runs the registry's settings (the same as the offline engine) and is pinned to its own
-CPU core: vLLM's CPU backend binds its worker threads to cores, and two replicas on one core would
-share it. The router (the vLLM project's vllm-router) balances requests, retries them on another
+Each replica runs the registry's settings (the same as the offline engine). On a GPU host each gets GPUs of its own
+(as many as the model's tensor parallelism takes); on a CPU, a core of its own, since vLLM's CPU backend binds its
+worker threads to cores. The router (the vLLM project's vllm-router) balances requests, retries them on another
 replica with backoff, and takes a replica out of rotation when its health checks fail.
 """
 
@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -54,6 +55,35 @@ def cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where one replica runs: the GPUs it is given, or else the CPU core it is pinned to."""
+
+    core: int = 0
+    gpus: tuple[str, ...] = ()
+
+    def command(self, command: list[str]) -> list[str]:
+        return command if self.gpus else ["taskset", "-c", str(self.core), *command]
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        if self.gpus:  # vLLM (and torch) number the GPUs it may see from 0: the replica's own
+            return {**base, "CUDA_VISIBLE_DEVICES": ",".join(self.gpus)}
+        return {**base, "VLLM_CPU_OMP_THREADS_BIND": str(self.core)}
+
+
+def place_replicas(replicas: int, cores: list[int], gpus: list[str], gpus_per_replica: int = 1) -> list[Placement]:
+    """One placement per replica: on a GPU host `gpus_per_replica` GPUs each (the model's tensor parallel size),
+    none shared, else a core each (round robin when the replicas outnumber the cores). Raises ValueError when the
+    GPUs do not go round: two replicas on one GPU would each size its KV cache for the whole GPU."""
+    if not gpus:
+        return [Placement(core=cores[i % len(cores)]) for i in range(replicas)]
+    if replicas * gpus_per_replica > len(gpus):
+        raise ValueError(f"{replicas} replica(s) of {gpus_per_replica} GPU(s) each need {replicas * gpus_per_replica} "
+                         f"GPUs; this host shows {len(gpus)} ({','.join(gpus)}): lower the replicas "
+                         "(BATCH_FLEET_REPLICAS, --replicas) or the model's tensor_parallel_size")
+    return [Placement(gpus=tuple(gpus[i * gpus_per_replica:(i + 1) * gpus_per_replica])) for i in range(replicas)]
+
+
 @dataclass
 class Fleet:
     """The replicas of one model on ports `port + 1 ...` and the router on `port` (0: a free block of ports)."""
@@ -65,10 +95,20 @@ class Fleet:
     policy: str  # one of settings.POLICIES (BATCH_FLEET_POLICY is checked against them)
     host: str
     log_dir: Path = Path("data/logs/fleet")
+    gpus_per_replica: int = 1  # the model's tensor (times pipeline) parallel size
+    gpus: list[str] | None = None  # the GPUs to place replicas on; None: those this host shows (visible_gpus)
     children: Children = field(default_factory=Children)
+    placements: list[Placement] = field(init=False, default_factory=list)
+    spare_gpus: list[str] | None = field(init=False, default=None)  # GPUs no replica took; None on a CPU
     _should_stop: Callable[[], bool] = field(default=lambda: False, repr=False)
 
     def __post_init__(self) -> None:
+        from batch_dagster.engine.hardware import visible_gpus
+
+        gpus = visible_gpus() if self.gpus is None else self.gpus
+        self.placements = place_replicas(self.replicas, cores(), gpus, self.gpus_per_replica)
+        if gpus:
+            self.spare_gpus = gpus[self.replicas * self.gpus_per_replica:]
         if self.port == 0:
             self.port = free_port_block(self.replicas + 1, self.host)
 
@@ -82,16 +122,9 @@ class Fleet:
         return [f"http://{self.host}:{self.port + 1 + i}" for i in range(self.replicas)]
 
     def server_commands(self) -> list[tuple[list[str], dict[str, str]]]:
-        """Each replica's command, pinned to a core of its own (round robin when replicas outnumber cores)."""
-        available = cores()
-        if self.replicas > len(available):
-            log.warning("%d replicas on %d cores: some replicas share a core", self.replicas, len(available))
-        out = []
-        for i in range(self.replicas):
-            core = available[i % len(available)]
-            env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(core)}
-            out.append((["taskset", "-c", str(core), *self.command_for_port(self.port + 1 + i)], env))
-        return out
+        """Each replica's command and environment, on its own GPUs or pinned to its own core."""
+        return [(place.command(self.command_for_port(self.port + 1 + i)), place.env(dict(os.environ)))
+                for i, place in enumerate(self.placements)]
 
     def router_command(self) -> list[str]:
         router = Path(sys.executable).with_name("vllm-router")
@@ -106,6 +139,10 @@ class Fleet:
         """Start the replicas, wait until each answers /health, then start the router and wait for it."""
         self._should_stop = should_stop
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        on = [f"GPU {','.join(p.gpus)}" if p.gpus else f"core {p.core}" for p in self.placements]
+        log.info("%d replica(s) of %s on %s", self.replicas, self.model, "; ".join(on))
+        if not self.placements[0].gpus and self.replicas > len(cores()):
+            log.warning("%d replicas on %d cores: some replicas share a core", self.replicas, len(cores()))
         for i, (command, env) in enumerate(self.server_commands()):
             self.children.start(f"vllm-{i}", command, env, open(self.log_dir / f"vllm-{i}.log", "ab"))
         deadline = time.monotonic() + timeout_s
@@ -145,3 +182,17 @@ class Fleet:
 
     def stop(self) -> None:
         self.children.stop()
+
+
+def model_fleet(settings: Any, model: str, replicas: int, port: int, policy: str, host: str) -> Fleet:
+    """The fleet of a registry model: its servers started with the registry's settings, each on as many GPUs as
+    the model's parallelism takes (or a core), logging under $BATCH_DATA_DIR/logs/fleet-MODEL/."""
+    from batch_dagster.engine.models import Models
+    from batch_dagster.engine.server import server_command
+
+    models = Models.from_settings(settings)
+    spec = models.spec(model)
+    path = models.path(spec)
+    return Fleet(model, replicas, port, lambda p: server_command(spec, path, host, p), policy, host,
+                 log_dir=settings.data_dir / "logs" / f"fleet-{model}",
+                 gpus_per_replica=spec.tensor_parallel_size * int(spec.engine_args.get("pipeline_parallel_size", 1)))

@@ -291,6 +291,25 @@ def test_fleet_pods_ask_for_a_gpu_and_are_ready_on_health():
         assert claims[cache]["accessModes"] == ["ReadWriteOnce"]
 
 
+def test_each_fleet_pod_asks_for_the_gpus_its_models_parallelism_takes():
+    """A pod's vLLM server runs its model on tensor_parallel_size (times pipeline_parallel_size) GPUs: the registry in
+    config.yaml and the pod's GPU limit must say the same, or the server fails to start or leaves GPUs idle."""
+    import tomllib
+
+    from batch_dagster.batchfile.registry import parse_registry
+
+    config = next(doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text())
+                  if doc["metadata"]["name"] == "batch-dagster-models")
+    registry = parse_registry(tomllib.loads(config["data"]["models.toml"]))
+    fleets = [doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "vllm-fleet.yaml").read_text())
+              if doc["kind"] in WORKLOADS]
+    for doc in fleets:
+        spec = registry[doc["metadata"]["labels"]["batch-dagster/model"]]
+        (container,) = doc["spec"]["template"]["spec"]["containers"]
+        gpus = spec.tensor_parallel_size * int(spec.engine_args.get("pipeline_parallel_size", 1))
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == gpus, doc["metadata"]["name"]
+
+
 def test_router_discovers_the_fleet_pods():
     docs = {doc["kind"]: doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "vllm-router.yaml").read_text())}
     command = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -370,7 +389,7 @@ def test_helm_values_bound_runs_as_the_repos_dagster_yaml_does():
     values = yaml.safe_load((DEPLOY / "helm" / "dagster-values.yaml").read_text())
     coordinator = values["dagsterDaemon"]["runCoordinator"]
     assert coordinator["enabled"] and coordinator["type"] == "QueuedRunCoordinator"
-    instance = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    instance = yaml.safe_load((REPO / "batch_dagster" / "config" / "dagster.yaml").read_text())
     assert coordinator["config"]["queuedRunCoordinator"]["tagConcurrencyLimits"] == \
         instance["concurrency"]["runs"]["tag_concurrency_limits"]
     # The chart refuses run limits in both places; and no pool is left to bound the inference step.

@@ -78,6 +78,19 @@ def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, 
     assert checks and checks[0].status.value == "SUCCEEDED"
 
 
+def test_a_model_missing_from_the_price_table_is_said_where_its_cost_is(tmp_path, data_dir, instance):
+    prices = tmp_path / "prices.toml"
+    prices.write_text('[defaults]\ninput_per_1m = 0.0\noutput_per_1m = 0.0\n\n[models.other]\ninput_per_1m = 1.0\n')
+    defs = make_defs(data_dir, fake_vllm("unpriced", FakeEngine()), prices_file=str(prices))
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", [chat_request("a", "hi")]), tmp_path / "out",
+                        show_progress=False, defs=defs, instance=instance).to_dict()
+    assert summary["status"] == "completed" and summary["cost"]["total_cost"] == 0
+    usage = instance.get_latest_materialization_event(dg.AssetKey("batch_usage")).asset_materialization
+    assert usage.metadata["price"].value == f"not in the price table: its [defaults] ({prices})"
+    logs = [e.message for e in instance.all_logs(instance.get_runs(limit=1)[0].run_id)]
+    assert any("'smollm2-135m-instruct' is not in the price table" in m and str(prices) in m for m in logs), logs
+
+
 def test_rerun_skips_committed_shards(tmp_path, data_dir, instance):
     engine = FakeEngine()
     defs = make_defs(data_dir, fake_vllm("rerun", engine), shard_size=3)

@@ -17,7 +17,7 @@ from tests.helpers import CHAT_MODEL, FAKES, FakeEngine, FakeVLLM, chat_request,
 
 
 @pytest.mark.parametrize("settings, limits", [
-    ({}, (1, 4)),  # the link to the repo's dagster.yaml
+    ({}, (1, 4)),  # the link to the package's dagster.yaml
     ({"BATCH_OFFLINE_RUNS": "2", "BATCH_RUNS_PER_MODEL": "6"}, (2, 6)),  # a file written from the settings
 ])
 def test_dagster_reads_the_run_limits_of_the_settings(tmp_path, monkeypatch, settings, limits):

@@ -523,7 +523,10 @@ def batch_usage(
         raise dg.Failure(f"{folder.batch_id} has no merged files: batch_output_files has not run.",
                          allow_retries=False)
     usage = merged.usage
-    cost = cost_of(usage, manifest.model, pipeline.prices())
+    prices = pipeline.prices()
+    cost = cost_of(usage, manifest.model, prices)
+    if unpriced := prices.unlisted(manifest.model):  # said where the cost is read, not left as a silent 0
+        context.log.warning(f"{unpriced}; add it to {pipeline.prices_file} (BATCH_PRICES_FILE)")
     shards = committed_shards(folder.storage, folder.results_prefix).values()
     inference_s = sum(s.duration_s for s in shards)
     summary = Summary(
@@ -563,6 +566,7 @@ def batch_usage(
             "vllm_version": summary.record["vllm_version"],
             "engine": dg.MetadataValue.json(summary.record),
             "cost_detail": dg.MetadataValue.json(cost.to_dict()),
+            **({"price": f"not in the price table: its [defaults] ({pipeline.prices_file})"} if unpriced else {}),
         }
     )
 
