@@ -15,6 +15,7 @@ from batch_dagster.batchfile.results import committed_shards, shard_keys
 from batch_dagster.definitions import defs
 from batch_dagster.defs.resources import StorageResource
 from batch_dagster.defs.runner import run_batch
+from batch_dagster.settings import Settings
 from tests.helpers import FakeEngine, chat_request, fake_vllm, local_file, make_defs, read_jsonl, write_jsonl
 
 
@@ -250,7 +251,7 @@ def test_a_run_that_fails_for_good_keeps_the_committed_shards(tmp_path, data_dir
     assert summary["usage"]["output_tokens"] > 0 and 0 < summary["cost"]["total_cost"]
     folder = StorageResource(data_dir=str(data_dir)).folder(summary["batch_id"])
     assert folder.summary().status == "failed" and folder.summary().errors[0].code == "pipeline_error"
-    _print_summary(run)  # what `batch-dagster run` prints: the failure, and what it kept
+    _print_summary(run, Settings.from_env())  # what `batch-dagster run` prints: the failure, and what it kept
     printed = capsys.readouterr()
     assert "failed" in printed.out and "[pipeline_error]" in printed.err
     assert "requests: 6 total, 2 completed, 4 failed" in printed.out and str(tmp_path / "out") in printed.out
