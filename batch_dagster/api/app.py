@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from batch_dagster.db import repo
 from batch_dagster.settings import Settings
 
-from . import batches, errors, estimate, files, retry, webhooks
+from . import batches, errors, files, webhooks
 from .context import AppContext
 from .guard import RequestGuard
 
@@ -36,9 +36,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
     app.state.context = context
     errors.install(app)
     app.include_router(files.router, prefix="/v1")
-    app.include_router(estimate.router, prefix="/v1")
     app.include_router(batches.router, prefix="/v1")
-    app.include_router(retry.router, prefix="/v1")
     app.include_router(webhooks.router, prefix="/v1")
 
     @app.get("/health", include_in_schema=False)

@@ -36,6 +36,7 @@ from typing import Any, ClassVar, TypeVar
 import orjson
 
 from .contract import BatchError, RequestCounts
+from .options import BatchOptions
 from .status import BatchStatus
 from .storage import Storage
 from .usage import Cost, Usage
@@ -116,14 +117,13 @@ class Document:
 
 @dataclass
 class Declared(Document):
-    """What the batch was created with: every request's url must match `endpoint`; `reuse`: answers are taken from
-    the answer store and kept there (batchfile/reuse.py; None: as the operator's BATCH_REUSE_ANSWERS says);
-    `max_cost`: what a batch with no record in the metadata store may spend (a table batch's; an API batch's is on
-    its record)."""
+    """What the batch was created with: every request's url must match `endpoint`. `options`: those of a batch that
+    has no row in the metadata store (a table batch's); an API batch's options are on its row, and only there."""
+
+    TYPED = {"options": BatchOptions.from_stored}
 
     endpoint: str
-    reuse: bool | None = None
-    max_cost: float | None = None
+    options: BatchOptions | None = None
 
 
 @dataclass
@@ -153,7 +153,7 @@ class Deadline(Document):
 
 @dataclass
 class Stop(Document):
-    reason: str  # BatchStatus.CANCELLED or EXPIRED, or cost_cap.COST_LIMIT (failure.STOP_REASONS)
+    reason: str  # BatchStatus.CANCELLED or EXPIRED, or failure.COST_LIMIT (failure.STOP_REASONS)
     at: float
 
 
@@ -405,7 +405,7 @@ class BatchFolder:
         self._write(self.VALIDATION, validation)
 
     def estimate(self) -> dict[str, Any] | None:
-        """The valid batch's estimate as validation made it: a `batch.estimate` object (batchfile/estimate.py)."""
+        """The valid batch's estimate as validation made it: a `batch.estimate` object (features/estimate.py)."""
         data = self.storage.read_bytes(self.key(ESTIMATE))
         return None if data is None else orjson.loads(data)
 

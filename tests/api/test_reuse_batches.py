@@ -1,5 +1,6 @@
-"""Answer reuse for file batches: the create body's `reuse` extension and the operator's default
-(BATCH_REUSE_ANSWERS). A reused line says so and is billed at zero; only deterministic requests are reused."""
+"""Answer reuse for file batches: the `reuse` option (an extension of the create body, shown on the Batch and kept by a
+retry) and the operator's default (BATCH_REUSE_ANSWERS). A reused line says so and is billed at zero; only
+deterministic requests are reused."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import openai
 import pytest
 
-from tests.helpers import chat_request, upload, wait_for
+from tests.helpers import FakeEngine, chat_request, upload, wait_for
 
 DETERMINISTIC = [chat_request(f"q{i}", f"question number {i}", temperature=0, max_tokens=8) for i in range(4)]
 
@@ -27,6 +28,7 @@ def test_a_batch_that_asks_reuses_the_answers_of_an_earlier_one_billed_at_zero(s
     client = service.client()
     first, lines = run(client, tmp_path, DETERMINISTIC, "first", reuse=True)
     assert not any("reused" in line for line in lines.values()) and first.usage.total_tokens > 0
+    assert first.model_extra["reuse"] is True  # the option as the Batch shows it
     calls = len(service.engine.calls)
 
     rows = [*DETERMINISTIC, chat_request("new", "a question never asked", temperature=0, max_tokens=8),
@@ -44,6 +46,27 @@ def test_a_batch_that_asks_reuses_the_answers_of_an_earlier_one_billed_at_zero(s
     # Without asking (and no operator default), nothing is reused.
     third, plain = run(client, tmp_path, DETERMINISTIC, "third")
     assert not any(line.get("reused") for line in plain.values()) and third.usage.total_tokens > 0
+    assert third.model_extra["reuse"] is None  # unset: the operator's default decides
+
+
+def test_a_retry_batch_reuses_as_its_parent_asked(start_service, tmp_path):
+    """The retry inherits the parent's options whole: its one request, answered meanwhile by another batch, is
+    reused rather than run again."""
+    engine = FakeEngine(fail_once={"late"})
+    service = start_service(engine=engine)
+    client = service.client()
+    late = chat_request("late", "a question answered late", temperature=0, max_tokens=8)
+    parent = client.batches.create(input_file_id=upload(client, tmp_path / "parent.jsonl", [late]),
+                                   endpoint="/v1/chat/completions", completion_window="24h", extra_body={"reuse": True})
+    assert wait_for(client, parent.id, "completed").request_counts.failed == 1  # its one answer failed: not kept
+    run(client, tmp_path, [late], "answers_it", reuse=True)  # another batch answers it, and keeps the answer
+    calls = len(engine.calls)
+    child = client.post(f"/batches/{parent.id}/retry", cast_to=openai.types.Batch)
+    assert child.model_extra["reuse"] is True
+    child = wait_for(client, child.id, "completed")
+    lines = [json.loads(line) for line in client.files.content(child.output_file_id).text.splitlines()]
+    assert [(line["custom_id"], line.get("reused")) for line in lines] == [("late", True)]
+    assert len(engine.calls) == calls and child.usage.total_tokens == 0
 
 
 def test_the_operator_default_reuses_unless_a_batch_says_no(start_service, tmp_path):

@@ -10,12 +10,12 @@ def test_the_fleet_model_goes_to_the_fleet_and_other_models_run_offline(monkeypa
     monkeypatch.delenv("BATCH_FLEET_MODEL", raising=False)
     monkeypatch.delenv("BATCH_ENGINE_MODE", raising=False)
     monkeypatch.setenv("BATCH_FLEET_URL", "http://127.0.0.1:8200")
-    vllm = resources_from_env()["vllm"]
+    vllm = resources_from_env()["vllm"].process_config_and_initialize()  # as a run sees it (BATCH_FLEET_URL resolved)
     assert vllm.fleet_model == CHAT_MODEL  # the registry's first chat model, as make serve's fleet serves
     assert vllm.server_urls_for(CHAT_MODEL) == ["http://127.0.0.1:8200"]
     assert vllm.server_urls_for(EMBED_MODEL) is None
     monkeypatch.delenv("BATCH_FLEET_URL")
-    assert resources_from_env()["vllm"].server_urls_for(CHAT_MODEL) is None  # no fleet running: offline
+    assert resources_from_env()["vllm"].process_config_and_initialize().server_urls_for(CHAT_MODEL) is None  # no fleet running: offline
 
 
 def test_two_serves_on_one_machine_start_their_fleets_on_different_free_ports(empty_env, monkeypatch):

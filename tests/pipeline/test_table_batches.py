@@ -199,7 +199,7 @@ def test_the_answer_store_is_kept_where_the_batch_folders_are(tmp_path, data_dir
     with table_project(component_yaml()) as (defs, tables):
         tables["reviews"] = reviews_frame()
         materialize(defs, ["reviews", "review_labels"], table_resources(data_dir, engine, "store"), instance)
-    store = AnswerStore(StorageResource(data_dir=str(data_dir)).storage())
+    store = AnswerStore(StorageResource(data_dir=str(data_dir)).open())
     assert len(store.ledgers()) == 3 and store.size() > 0  # one ledger per shard of 3
 
 
@@ -228,7 +228,7 @@ def test_a_project_s_table_batch_touches_no_metadata_store(tmp_path, data_dir, i
     and nothing of a table batch opens one (the settings' default would create data/batch-api.db)."""
     engine = LabelEngine()
     with table_project(component_yaml()) as (defs, tables):
-        assert defs.resources[PIPELINE].process_config_and_initialize().store_url == ""
+        assert "database" not in defs.resources  # the steps then run with no session of a store
         tables["reviews"] = reviews_frame()
         res = {**defs.resources, VLLM: fake_vllm("no-store", engine)}
         labels, meta = labels_of(materialize(defs, ["reviews", "review_labels"], res, instance))

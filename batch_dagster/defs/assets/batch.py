@@ -1,7 +1,8 @@
 """The batch lifecycle: input file -> validated requests -> shards -> shard results -> output files -> usage.
 
 Every asset is partitioned by batch and idempotent: a re-run reuses what is already written
-(a committed shard is never recomputed) and rewrites merged files whole.
+(a committed shard is never recomputed) and rewrites merged files whole. Each step's work is in steps.py and
+inference.py, which table batches run too.
 """
 
 import hashlib
@@ -15,14 +16,13 @@ from batch_dagster.batchfile.folder import BatchFolder, Source
 from batch_dagster.batchfile.table import is_table
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
-from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.defs.table.drop import fetch_dropped_table
-from batch_dagster.settings import Settings
+from batch_dagster.settings import default
 from batch_dagster.storage import file_location
 from batch_dagster.storage.transfer import fetch
 
-from . import steps
-from .eta import estimate_metadata, write_estimate
+from . import inference, steps
 
 GROUP = "batch_lifecycle"
 
@@ -96,10 +96,12 @@ def batch_input(context: dg.AssetExecutionContext, storage: StorageResource, s3:
                 "one are skipped.",
 )
 def validated_requests(
-    context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource
+    context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource,
+    database: DatabaseResource,
 ) -> Iterator[dg.MaterializeResult]:
     folder = storage.folder(context.partition_key)
-    validated = steps.validate(folder, pipeline, vllm, context.log)
+    with database.step_session() as session:  # the token limit, the cost cap and the estimate read the store
+        validated = steps.validate(folder, pipeline, vllm, session, context.log)
     report = validated.report
     if not report.valid:
         # No materialization: Dagster skips the downstream steps and their checks instead of failing them,
@@ -120,7 +122,6 @@ def validated_requests(
         return
     _tag_run(context, report.model, report.total_requests, "valid")
     context.log.info(f"{report.total_requests} valid requests for {report.model} at {report.endpoint}")
-    estimate = write_estimate(context, folder, report, validated.tally, pipeline)
     head = [{"custom_id": r["custom_id"], "prompt_chars": r["prompt_chars"], "body": r["body"][:100]}
             for r in validated.head]
     elapsed = validated.elapsed_s
@@ -134,7 +135,7 @@ def validated_requests(
             "endpoint": report.endpoint,
             "validation_s": round(elapsed, 3),
             "validation_mb_s": round(validated.size / 1e6 / max(elapsed, 1e-9), 1),
-            **estimate_metadata(estimate),
+            **steps.estimate_metadata(validated.estimate),
             "path": dg.MetadataValue.path(folder.storage.uri(folder.requests_key)),
         }
     )
@@ -159,21 +160,32 @@ def batch_shards(
     )
 
 
-@dg.asset(
-    partitions_def=batches,
-    group_name=GROUP,
-    kinds={"vllm"},
-    deps=[batch_shards],
-    op_tags=GPU_STEP_TAGS,
-    retry_policy=dg.RetryPolicy(max_retries=steps.INFERENCE_RETRIES, delay=Settings.from_env().step_retry_delay_s,
-                                backoff=dg.Backoff.EXPONENTIAL),
-    description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
-)
-def shard_results(
-    context: dg.AssetExecutionContext, storage: StorageResource, vllm: VLLMResource, pipeline: PipelineConfig
+def run_shards(
+    context: dg.AssetExecutionContext, storage: StorageResource, vllm: VLLMResource, pipeline: PipelineConfig,
+    database: DatabaseResource,
 ) -> dg.MaterializeResult:
-    inference = steps.infer(context, storage.folder(context.partition_key), vllm, pipeline)
-    return dg.MaterializeResult(metadata=inference.metadata())
+    with database.step_session() as session:  # the cost cap reads the store; the batch's spend is kept there
+        done = inference.infer(context, storage.folder(context.partition_key), vllm, pipeline, session)
+    return dg.MaterializeResult(metadata=done.metadata())
+
+
+def inference_step(retry_delay_s: float) -> dg.AssetsDefinition:
+    """shard_results, the inference step: retried `retry_delay_s` after a failure (an engine crash), doubling."""
+    return dg.asset(
+        name="shard_results",
+        partitions_def=batches,
+        group_name=GROUP,
+        kinds={"vllm"},
+        deps=[batch_shards],
+        op_tags=GPU_STEP_TAGS,
+        retry_policy=dg.RetryPolicy(max_retries=inference.INFERENCE_RETRIES, delay=retry_delay_s,
+                                    backoff=dg.Backoff.EXPONENTIAL),
+        description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
+    )(run_shards)
+
+
+# As the declarations' default makes it: its key is what the job, the checks and the later steps name.
+shard_results = inference_step(default("BATCH_STEP_RETRY_DELAY_S"))
 
 
 @dg.asset(
@@ -233,3 +245,9 @@ def batch_usage(
 
 
 lifecycle_assets = [batch_input, validated_requests, batch_shards, shard_results, batch_output_files, batch_usage]
+
+
+def lifecycle(retry_delay_s: float) -> list[dg.AssetsDefinition]:
+    """The lifecycle's assets, in data-flow order, the inference step retried after `retry_delay_s`
+    (BATCH_STEP_RETRY_DELAY_S, read when the definitions load)."""
+    return [inference_step(retry_delay_s) if a is shard_results else a for a in lifecycle_assets]

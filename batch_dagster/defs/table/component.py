@@ -10,11 +10,12 @@ from typing import Annotated, Any
 import dagster as dg
 from pydantic import BaseModel, Field
 
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.table import TableRequest, TableSpecError, check_key_columns
 from batch_dagster.client import BatchService
-from batch_dagster.defs.assets.steps import INFERENCE_RETRIES
-from batch_dagster.defs.resources.from_env import storage_from_env, vllm_from_env
-from batch_dagster.defs.resources.pipeline import pipeline_config_from_env
+from batch_dagster.defs.assets.inference import INFERENCE_RETRIES
+from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.defs.resources.fields import from_settings
 from batch_dagster.settings import Settings
 
 from .io_manager import TableIOManager
@@ -55,10 +56,11 @@ def _request(context: dg.ResolutionContext, model: RequestModel) -> TableRequest
 @functools.cache
 def _resources(settings: Settings) -> dict[str, Any]:
     """One object per resource whatever the number of components, as Definitions.merge wants them (the same
-    settings, the same objects). The pipeline has no metadata store here: a project's batches have no API key."""
-    storage = storage_from_env(settings)
-    return {STORAGE: storage, PIPELINE: pipeline_config_from_env(settings, store=False),
-            VLLM: vllm_from_env(settings), IO_MANAGER: TableIOManager(data_dir=storage.data_dir, url=storage.url)}
+    settings, the same objects). No metadata store: a project's batches have no API key, no queue and no row."""
+    storage = from_settings(StorageResource, settings)
+    return {STORAGE: storage, PIPELINE: from_settings(PipelineConfig, settings),
+            VLLM: from_settings(VLLMResource, settings, fleet_model=settings.served_fleet_model() or ""),
+            IO_MANAGER: TableIOManager(data_dir=storage.data_dir, url=storage.url)}
 
 
 def _partitions_in(module: Any, key: dg.AssetKey) -> tuple[bool, dg.PartitionsDefinition | None]:
@@ -129,7 +131,8 @@ class TableBatchComponent(dg.Component, dg.Resolvable, dg.Model):
 
     def table_batch(self) -> TableBatch:
         service = BatchService(self.service_url, self.service_api_key) if self.service_url else None
-        return TableBatch(self.request, tuple(self.key_columns), self.reuse, self.max_cost, service)
+        return TableBatch(self.request, tuple(self.key_columns), BatchOptions(reuse=self.reuse, max_cost=self.max_cost),
+                          service)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         try:

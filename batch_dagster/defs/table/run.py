@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
@@ -21,12 +21,12 @@ import pyarrow.compute as pc
 from batch_dagster.batchfile import table as t
 from batch_dagster.batchfile.contract import BatchError
 from batch_dagster.batchfile.folder import BatchFolder, Declared
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import iter_lines
 from batch_dagster.batchfile.table import Rendered, TableRequest
 from batch_dagster.batchfile.usage import Usage, cost_of
 from batch_dagster.client import BatchService
-from batch_dagster.defs.assets import steps
-from batch_dagster.defs.assets.eta import estimate_metadata, write_estimate
+from batch_dagster.defs.assets import inference, steps
 from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
 
 from .io_manager import as_arrow
@@ -37,13 +37,12 @@ SHOWN_ERRORS = 20  # rows whose errors the log and the metadata name one by one
 
 @dataclass(frozen=True)
 class TableBatch:
-    """What a component asks of each row, and how: the request, the key columns carried over, whether answers are
-    reused, what the batch may cost, and the service that runs it (None: this process's pipeline)."""
+    """What a component asks of each row, and how: the request, the key columns carried over, the batch's options
+    (whether answers are reused, what it may cost), and the service that runs it (None: this process's pipeline)."""
 
     request: TableRequest
     key_columns: tuple[str, ...] = ()
-    reuse: bool = True
-    max_cost: float | None = None
+    options: BatchOptions = field(default_factory=lambda: BatchOptions(reuse=True))
     service: BatchService | None = None
 
 
@@ -59,7 +58,7 @@ def batch_id_of(context: dg.AssetExecutionContext, batch: TableBatch, rendered: 
     """The batch's name, from what it asks: the same rows asked the same way find the same folder (or remote batch)."""
     h = hashlib.sha256()
     partition = context.partition_key if context.has_partition_key else ""
-    h.update(f"{context.asset_key.to_user_string()}\n{partition}\n{batch.reuse}\n{batch.max_cost}\n".encode())
+    h.update(f"{context.asset_key.to_user_string()}\n{partition}\n{batch.options.to_dict()}\n".encode())
     for line in rendered.lines:
         h.update(line + b"\n")
     return f"table_{h.hexdigest()[:32]}"
@@ -80,29 +79,29 @@ def _in_pipeline(context: dg.AssetExecutionContext, batch: TableBatch, rendered:
     per-shard commits, the merged files and the summary, as any batch."""
     folder = storage.folder(batch_id_of(context, batch, rendered))
     if not folder.has_input():
-        folder.declare(Declared(batch.request.endpoint, reuse=batch.reuse, max_cost=batch.max_cost))
+        folder.declare(Declared(batch.request.endpoint, options=batch.options))  # it has no row: its options here
         with folder.storage.writing(folder.input_key) as path:
             path.write_bytes(b"\n".join(rendered.lines) + b"\n")
     if folder.manifest() is None:  # a retry, or a run after one that failed, resumes at the shards
-        validated = steps.validate(folder, pipeline, vllm, context.log, count=True)
+        validated = steps.validate(folder, pipeline, vllm, None, context.log, count=True)  # no store: no key
         if not validated.report.valid:  # refused whole (a model not served, the cost cap): nothing to resume
             _remove(folder)
             raise dg.Failure(f"The requests made of the table are refused: {_invalid(validated.report.errors, rows)}",
                              allow_retries=False)
-        estimate = write_estimate(context, folder, validated.report, validated.tally, pipeline)
+        estimate = validated.estimate
         if estimate and estimate.get("cost"):
             context.log.info(f"Estimate: {estimate['input_tokens']} prompt tokens, at most "
                              f"{estimate['max_output_tokens']} output tokens, cost at most {estimate['cost']['max']} "
                              f"{estimate['cost']['currency']}")
         steps.plan_shards(folder, pipeline, context.log)
-    inference = steps.infer(context, folder, vllm, pipeline)
+    done = inference.infer(context, folder, vllm, pipeline, None)
     steps.merge_results(folder)
     summary = steps.summarize(folder, pipeline, vllm, context.log)
     lines = [*iter_lines(folder.storage, folder.output_key), *iter_lines(folder.storage, folder.error_key)]
     meta = {"model_revision": summary.record.get("revision"), "engine_mode": summary.record.get("engine_mode"),
-            "shards": inference.shards_run + inference.shards_skipped, "shards_skipped": inference.shards_skipped,
+            "shards": done.shards_run + done.shards_skipped, "shards_skipped": done.shards_skipped,
             "cost": summary.cost.total_cost, "currency": summary.cost.currency,
-            **estimate_metadata(folder.estimate())}
+            **steps.estimate_metadata(folder.estimate())}
     if summary.errors:
         context.log.warning(f"The batch stopped early: {summary.errors[0].message}")
     _remove(folder)
@@ -121,7 +120,7 @@ def _on_service(context: dg.AssetExecutionContext, batch: TableBatch, rendered: 
     assert service is not None
     tag = batch_id_of(context, batch, rendered)
     found = service.find(tag)
-    extra = {"max_cost": batch.max_cost} if batch.max_cost is not None else {}
+    extra = batch.options.to_dict()  # the create body's extension fields
     created = found or service.create(b"\n".join(rendered.lines) + b"\n", f"{context.asset_key.path[-1]}.jsonl",
                                       batch.request.endpoint, tag, extra)
     context.log.info(f"{'Following' if found else 'Created'} batch {created['id']} at {service.url}")
@@ -139,7 +138,7 @@ def _on_service(context: dg.AssetExecutionContext, batch: TableBatch, rendered: 
         service.cancel(created["id"])
 
     # Any other interrupt leaves the batch running: the step's retry follows it (found by its tag).
-    with steps.stops_when_terminated(context, f"followed batch {created['id']}", cancel):
+    with inference.stops_when_terminated(context, f"followed batch {created['id']}", cancel):
         ended = service.wait(created["id"], on_poll)
     if ended["status"] == "failed" and not ended.get("output_file_id") and not ended.get("error_file_id"):
         errors = [BatchError.from_dict(e) for e in (ended.get("errors") or {}).get("data") or []]
