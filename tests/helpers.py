@@ -885,10 +885,20 @@ class LabelEngine:
                 text, finish = text[:20], "length"
             else:
                 finish = "stop"
-            lines.append(c.success_line(cid, t.chat_completion(body["model"], [t.Choice(text, finish, 12)], 30)))
+            lines.append(c.success_line(cid, label_body(body["model"], text, finish)))
             if on_progress is not None:
                 on_progress(1)
         return lines
+
+
+def label_body(model: str, text: str, finish: str, prompt_tokens: int = 30, completion_tokens: int = 12) -> dict:
+    """A chat.completion response body as an OpenAI-compatible server writes one (built here, not by the engine's
+    code: the fake stands for the engine)."""
+    return {"id": f"chatcmpl-{os.urandom(8).hex()}", "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                         "logprobs": None, "finish_reason": finish}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
 
 
 def component_yaml(**attributes) -> dict:
