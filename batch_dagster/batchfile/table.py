@@ -1,4 +1,5 @@
-"""Tables as batches: a request template filled in from each row, and each row's answer back as typed columns.
+"""Tables as batches: a request template filled in from each row (the answers come back as typed columns:
+table_answers.py; tables as files and dropped tables' sidecars: table_files.py).
 
 A row becomes one request whose custom_id is `row-<index>` (its position in the table, from 0); its answer (or its
 error) comes back to the same position. The template names the row's columns as `{column}`; a JSON schema's
@@ -10,9 +11,8 @@ from __future__ import annotations
 import math
 import re
 import string
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -20,7 +20,6 @@ import pyarrow as pa
 
 from . import contract as c
 from .bodies import BodyError, check_body
-from .results import error_code
 
 ROW_PREFIX = "row-"
 # The template's parts, by the request field each one fills (chat: system and user; completions; embeddings).
@@ -290,6 +289,10 @@ class Rendered:
     lines: list[bytes] = field(default_factory=list)
     errors: list[RowError] = field(default_factory=list)
 
+    def payload(self) -> bytes:
+        """The batch's input file: the lines, each ended."""
+        return b"".join(line + b"\n" for line in self.lines)
+
 
 def render(spec: TableRequest, rows: Iterable[Mapping[str, Any]], limits: c.Limits = c.Limits()) -> Rendered:
     """One request line per row, in row order (custom_id `row-<index>`); a row that cannot make one (an empty
@@ -322,221 +325,3 @@ def check_key_columns(spec: TableRequest, key_columns: Sequence[str]) -> None:
 def missing_columns(spec: TableRequest, columns: Sequence[str]) -> list[str]:
     """The columns the templates name that the table does not have."""
     return [name for name in spec.columns() if name not in columns]
-
-
-@dataclass
-class Answered:
-    """What a table batch gave back, counted."""
-
-    rows: int = 0
-    answered: int = 0
-    failed: int = 0
-    reused: int = 0
-    cut: int = 0  # rows whose structured output max_tokens cut before its JSON ended
-    computed: int = 0  # rows the engine ran now (answered or failed), not reused, not refused before it
-    prompt_tokens: int = 0  # of the rows computed now (reused rows cost nothing)
-    completion_tokens: int = 0
-    errors: list[RowError] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, int]:
-        return {"rows": self.rows, "answered": self.answered, "failed": self.failed, "reused": self.reused,
-                "computed": self.computed, "cut": self.cut,
-                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
-
-
-def _coerce(value: Any, kind: pa.DataType) -> Any:
-    if value is None:
-        return None
-    if kind == pa.string():
-        return value if isinstance(value, str) else orjson.dumps(value).decode()
-    if kind == pa.bool_():
-        return value if isinstance(value, bool) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return int(value) if kind == pa.int64() and float(value).is_integer() else float(value) \
-        if kind == pa.float64() else None
-
-
-def structured(text: str, schema: Mapping[str, Any], finish_reason: str | None
-               ) -> tuple[dict[str, Any], RowError | None]:
-    """The answer's values by column, or why it is not the schema's (the row is then named by the caller)."""
-    from jsonschema import validators
-
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        if finish_reason == "length":
-            return {}, RowError(-1, STRUCTURED_OUTPUT_CUT, "The answer was cut at max_tokens before its JSON ended; "
-                                "raise max_tokens.", "max_tokens")
-        return {}, RowError(-1, INVALID_STRUCTURED_OUTPUT, f"The answer is not JSON: {exc}.", "response_format")
-    errors = sorted(validators.validator_for(schema)(schema).iter_errors(value), key=lambda e: list(e.path))
-    if errors:
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in errors[0].path)
-        return {}, RowError(-1, INVALID_STRUCTURED_OUTPUT, f"The answer does not follow the schema: "
-                            f"{errors[0].message[:300]}", "answer" + path)
-    return value, None
-
-
-def _line_error(row: int, line: dict[str, Any]) -> RowError:
-    """An error line's code, message and param."""
-    if line.get("error"):
-        return RowError(row, line["error"].get("code") or "unknown", line["error"].get("message") or "")
-    error = ((line.get("response") or {}).get("body") or {}).get("error") or {}
-    return RowError(row, error_code(line), str(error.get("message") or ""), error.get("param"))
-
-
-def answers(spec: TableRequest, rows: int, lines: Iterable[dict[str, Any]], errors: Iterable[RowError] = ()
-            ) -> tuple[dict[str, list[Any]], Answered]:
-    """The answer columns (by name, one value per row, in row order) from the batch's output and error lines and
-    the rows that made no request; and the counts. A row with neither gets a `missing_answer` error: never
-    silently empty."""
-    fields = spec.output_fields()
-    columns: dict[str, list[Any]] = {f.name: [None] * rows for f in fields}
-    kinds = {f.name: f.type for f in fields}
-    counts = Answered(rows=rows)
-    seen = [False] * rows
-
-    def fail(error: RowError) -> None:
-        columns["error_code"][error.row] = error.code
-        columns["error"][error.row] = error.message + (f" (field: {error.param})" if error.param else "")
-        counts.failed += 1
-        counts.errors.append(error)
-
-    for error in errors:
-        seen[error.row] = True
-        fail(error)
-    for line in lines:
-        row = row_of(str(line.get("custom_id")))
-        if row is None or not 0 <= row < rows or seen[row]:
-            continue
-        seen[row] = True
-        reused = bool(line.get(c.REUSED))
-        columns["reused"][row] = reused
-        counts.reused += reused
-        counts.computed += not reused and line.get("response") is not None  # a line not run has no response
-        if not c.is_success(line):
-            fail(_line_error(row, line))
-            continue
-        body = line["response"]["body"]
-        usage = body.get("usage") or {}
-        columns["prompt_tokens"][row] = usage.get("prompt_tokens")
-        columns["completion_tokens"][row] = usage.get("completion_tokens")
-        if not reused:
-            counts.prompt_tokens += int(usage.get("prompt_tokens") or 0)
-            counts.completion_tokens += int(usage.get("completion_tokens") or 0)
-        if spec.endpoint == c.EMBEDDINGS:
-            columns[EMBEDDING][row] = (body.get("data") or [{}])[0].get("embedding")
-            counts.answered += 1
-            continue
-        choice = (body.get("choices") or [{}])[0]
-        text = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
-        finish = choice.get("finish_reason")
-        columns[ANSWER][row], columns["finish_reason"][row] = text, finish
-        if spec.json_schema is not None:
-            counts.cut += finish == "length"
-            values, problem = structured(text or "", spec.json_schema, finish)
-            if problem is not None:
-                fail(RowError(row, problem.code, problem.message, problem.param))
-                continue
-            for name, _ in schema_columns(spec.json_schema):
-                columns[name][row] = _coerce(values.get(name), kinds[name])
-        counts.answered += 1
-    for row in (i for i, s in enumerate(seen) if not s):
-        fail(RowError(row, "missing_answer", "The batch returned no line for this row."))
-    return columns, counts
-
-
-def answers_table(spec: TableRequest, keys: pa.Table, lines: Iterable[dict[str, Any]],
-                  errors: Iterable[RowError] = ()) -> tuple[pa.Table, Answered]:
-    """The answered table: `row` (the row's position in the input), the input's key columns, then the answer
-    columns (see `answers`)."""
-    check_key_columns(spec, keys.column_names)
-    columns, counts = answers(spec, keys.num_rows, lines, errors)
-    table = keys.add_column(0, ROW, pa.array(range(keys.num_rows), type=pa.int64()))
-    for f in spec.output_fields():
-        table = table.append_column(f, pa.array(columns[f.name], type=f.type))
-    return table, counts
-
-
-def error_lines(errors: Iterable[RowError]) -> Iterator[dict[str, Any]]:
-    """The rows that made no request, as error-file lines of their custom_ids."""
-    for e in errors:
-        yield c.request_error_line(custom_id(e.row), e.code, e.message, param=e.param)
-
-
-# Tables dropped into the inbox or a bucket: a Parquet or CSV file with a sidecar beside it that says what to ask.
-
-TABLE_SUFFIXES = (".parquet", ".csv")
-SIDECAR_SUFFIX = ".batch.yaml"
-MAX_SIDECAR_BYTES = 256 * 1024
-
-
-def is_table(name: str) -> bool:
-    return name.lower().endswith(TABLE_SUFFIXES)
-
-
-def sidecar_name(table_name: str) -> str:
-    """The sidecar of a dropped table: `reviews.csv` -> `reviews.batch.yaml`, in the same folder."""
-    stem, _, _ = table_name.rpartition(".")
-    return stem + SIDECAR_SUFFIX
-
-
-def answered_name(table_name: str) -> str:
-    """The answered table written with a dropped table's results: `reviews.csv` -> `reviews.answers.csv`."""
-    stem, _, suffix = table_name.rpartition(".")
-    return f"{stem}.answers.{suffix}"
-
-
-@dataclass(frozen=True)
-class Sidecar:
-    """What a dropped table asks (the component's `request` fields) and the columns copied beside the answers
-    (`key_columns`; default: every column of the table)."""
-
-    request: TableRequest
-    key_columns: tuple[str, ...] | None = None
-
-    @classmethod
-    def parse(cls, data: bytes, name: str = "the sidecar") -> Sidecar:
-        """From the sidecar's bytes (YAML, or JSON, which is YAML); TableSpecError naming `name` and the field."""
-        import yaml
-
-        if len(data) > MAX_SIDECAR_BYTES:
-            raise TableSpecError(f"{name} is {len(data)} bytes; a sidecar may be at most {MAX_SIDECAR_BYTES}", name)
-        try:
-            fields = yaml.safe_load(data)
-        except yaml.YAMLError as exc:
-            raise TableSpecError(f"{name} is not YAML or JSON: {str(exc)[:300]}", name) from None
-        if not isinstance(fields, dict):
-            raise TableSpecError(f"{name} must be a mapping of the request's fields", name)
-        keys = fields.pop("key_columns", None)
-        if keys is not None and (not isinstance(keys, list) or not all(isinstance(k, str) for k in keys)):
-            raise TableSpecError("must be a list of column names", "key_columns")
-        return cls(TableRequest.from_dict(fields), tuple(keys) if keys is not None else None)
-
-
-def read_table(path: Path | str) -> pa.Table:
-    """A Parquet or CSV file as a table (CSV columns typed as pyarrow infers them; an empty CSV cell is empty, not
-    the empty text)."""
-    if str(path).lower().endswith(".csv"):
-        import pyarrow.csv as pcsv
-
-        return pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path)
-
-
-def write_table(table: pa.Table, path: Path | str) -> None:
-    """A table as Parquet, or as CSV for a `.csv` path (embeddings and other lists as JSON text there)."""
-    if str(path).lower().endswith(".csv"):
-        import pyarrow.csv as pcsv
-
-        for i, f in enumerate(table.schema):
-            if pa.types.is_list(f.type):
-                text = [None if v is None else orjson.dumps(v).decode() for v in table.column(i).to_pylist()]
-                table = table.set_column(i, f.name, pa.array(text, type=pa.string()))
-        pcsv.write_csv(table, path)
-        return
-    import pyarrow.parquet as pq
-
-    pq.write_table(table, path)

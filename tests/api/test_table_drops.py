@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from batch_dagster.batchfile.table import read_table
+from batch_dagster.batchfile.table_files import read_table
 from batch_dagster.defs.sensors import inbox_sensor, s3_upload_sensor
 from tests.helpers import BUCKET, SCHEMA, Daemon, LabelEngine, fake_vllm, reviews_frame, s3_json
 

@@ -10,6 +10,7 @@ import pytest
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import table as t
 from batch_dagster.batchfile.table import RowError, TableRequest, TableSpecError
+from batch_dagster.batchfile.table_answers import answers_table
 
 SCHEMA = {"type": "object", "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]},
                                            "confidence": {"type": "number"}, "topic": {"type": "string"},
@@ -98,7 +99,7 @@ def test_answers_become_typed_columns_and_every_row_gets_an_answer_or_an_error()
         c.request_error_line("row-4", c.CONTEXT_LENGTH_EXCEEDED, "too long", param="messages"),
         chat_line(0, "a second line for row 0 is ignored"),
     ]
-    table, counts = t.answers_table(s, keys, [*lines[:2], chat_line(5, orjson.dumps(good).decode(), reused=True),
+    table, counts = answers_table(s, keys, [*lines[:2], chat_line(5, orjson.dumps(good).decode(), reused=True),
                                               *lines[2:]])
     rows = table.to_pylist()
     assert table.schema.field("confidence").type == pa.float64() and table.schema.field("stars").type == pa.int64()
@@ -119,7 +120,7 @@ def test_answers_become_typed_columns_and_every_row_gets_an_answer_or_an_error()
 
 
 def test_a_row_with_no_line_is_an_error_not_an_empty_answer():
-    table, counts = t.answers_table(spec(), pa.table({"id": [1, 2]}), [chat_line(0, "ok")],
+    table, counts = answers_table(spec(), pa.table({"id": [1, 2]}), [chat_line(0, "ok")],
                                     [])
     assert table.column("error_code").to_pylist() == [None, "missing_answer"] and counts.failed == 1
 
@@ -128,7 +129,7 @@ def test_render_errors_take_their_rows_and_embeddings_come_back_as_vectors():
     s = TableRequest.from_dict({"model": "e", "input": "{text}"})
     line = c.success_line("row-1", {"object": "list", "data": [{"embedding": [0.5, -1.0]}],
                                     "usage": {"prompt_tokens": 3, "total_tokens": 3}})
-    table, counts = t.answers_table(s, pa.table({"id": [1, 2]}), [line], [RowError(0, t.EMPTY_VALUE, "empty", "input")])
+    table, counts = answers_table(s, pa.table({"id": [1, 2]}), [line], [RowError(0, t.EMPTY_VALUE, "empty", "input")])
     assert table.column("embedding").to_pylist() == [None, [0.5, -1.0]]
     assert table.column("error_code").to_pylist() == [t.EMPTY_VALUE, None] and counts.answered == 1
 
@@ -136,4 +137,4 @@ def test_render_errors_take_their_rows_and_embeddings_come_back_as_vectors():
 @pytest.mark.parametrize("name", ["answer", "row", "error"])
 def test_a_key_column_named_like_an_answer_column_is_refused(name):
     with pytest.raises(TableSpecError, match="answer column"):
-        t.answers_table(spec(), pa.table({name: [1]}), [chat_line(0, "x")])
+        answers_table(spec(), pa.table({name: [1]}), [chat_line(0, "x")])

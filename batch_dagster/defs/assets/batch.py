@@ -13,7 +13,7 @@ import dagster as dg
 from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile.folder import BatchFolder, Source
-from batch_dagster.batchfile.table import is_table
+from batch_dagster.batchfile.table_files import is_table
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource, VLLMResource

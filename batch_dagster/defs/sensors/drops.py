@@ -20,14 +20,8 @@ import dagster as dg
 from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile.contract import CHAT, endpoint_of_head
-from batch_dagster.batchfile.table import (
-    MAX_SIDECAR_BYTES,
-    SIDECAR_SUFFIX,
-    Sidecar,
-    TableSpecError,
-    is_table,
-    sidecar_name,
-)
+from batch_dagster.batchfile.table import TableSpecError
+from batch_dagster.batchfile.table_files import MAX_SIDECAR_BYTES, SIDECAR_SUFFIX, Sidecar, is_table, sidecar_name
 from batch_dagster.db import repo
 from batch_dagster.db.batches import HEAD_BYTES, DroppedFile, drop_problem, head_model, register_dropped
 from batch_dagster.defs.jobs import batch_job, deliver_results_job

@@ -11,10 +11,13 @@ import dagster as dg
 import pyarrow.parquet as pq
 
 from batch_dagster.batchfile import table as t
+from batch_dagster.batchfile import table_files as tf
 from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.folder import BatchFolder, Source, TableDrop
 from batch_dagster.batchfile.results import iter_lines
-from batch_dagster.batchfile.table import RowError, Sidecar, TableRequest, TableSpecError
+from batch_dagster.batchfile.table import RowError, TableRequest, TableSpecError
+from batch_dagster.batchfile.table_answers import answers_table
+from batch_dagster.batchfile.table_files import Sidecar
 from batch_dagster.storage import file_location
 from batch_dagster.storage.transfer import S3Client, fetch
 
@@ -22,7 +25,7 @@ from batch_dagster.storage.transfer import S3Client, fetch
 def sidecar_uri(uri: str) -> str:
     """Where a dropped table's sidecar is: beside it, named after it."""
     folder, _, name = uri.rpartition("/")
-    return f"{folder}/{t.sidecar_name(name)}"
+    return f"{folder}/{tf.sidecar_name(name)}"
 
 
 def fetch_dropped_table(context: dg.AssetExecutionContext, folder: BatchFolder, source: Source, s3: S3Client,
@@ -35,18 +38,18 @@ def fetch_dropped_table(context: dg.AssetExecutionContext, folder: BatchFolder, 
     started = time.perf_counter()
     name = source.uri.rsplit("/", 1)[-1]
     with tempfile.TemporaryDirectory(prefix="table-drop-") as scratch:
-        local_table, local_sidecar = Path(scratch) / name, Path(scratch) / t.sidecar_name(name)
+        local_table, local_sidecar = Path(scratch) / name, Path(scratch) / tf.sidecar_name(name)
         fetch(source.uri, local_table, lambda: s3)
         try:
             fetch(sidecar_uri(source.uri), local_sidecar, lambda: s3)
         except Exception as exc:  # FileNotFoundError locally, ClientError from S3
-            raise dg.Failure(f"{name} has no sidecar {t.sidecar_name(name)} beside it ({type(exc).__name__}): "
+            raise dg.Failure(f"{name} has no sidecar {tf.sidecar_name(name)} beside it ({type(exc).__name__}): "
                              "a dropped table needs one saying what to ask.", allow_retries=False) from None
         try:
-            sidecar = Sidecar.parse(local_sidecar.read_bytes(), t.sidecar_name(name))
-            table = t.read_table(local_table)
+            sidecar = Sidecar.parse(local_sidecar.read_bytes(), tf.sidecar_name(name))
+            table = tf.read_table(local_table)
         except TableSpecError as exc:
-            raise dg.Failure(f"{t.sidecar_name(name)}: {exc}", allow_retries=False) from None
+            raise dg.Failure(f"{tf.sidecar_name(name)}: {exc}", allow_retries=False) from None
         except Exception as exc:  # pyarrow's errors for a file that is not the table its name says
             raise dg.Failure(f"{name} is not a readable {name.rsplit('.', 1)[-1]} table: {str(exc)[:500]}",
                              allow_retries=False) from None
@@ -54,12 +57,12 @@ def fetch_dropped_table(context: dg.AssetExecutionContext, folder: BatchFolder, 
         absent = t.missing_columns(sidecar.request, table.column_names) + [k for k in keys
                                                                             if k not in table.column_names]
         if absent:
-            raise dg.Failure(f"{t.sidecar_name(name)}: column(s) {', '.join(map(repr, absent))} are not in {name}; "
+            raise dg.Failure(f"{tf.sidecar_name(name)}: column(s) {', '.join(map(repr, absent))} are not in {name}; "
                              f"its columns are {', '.join(table.column_names)}.", allow_retries=False)
         try:
             t.check_key_columns(sidecar.request, keys)
         except TableSpecError as exc:
-            raise dg.Failure(f"{t.sidecar_name(name)}: {exc}", allow_retries=False) from None
+            raise dg.Failure(f"{tf.sidecar_name(name)}: {exc}", allow_retries=False) from None
         rendered = t.render(sidecar.request, table.select(sidecar.request.columns()).to_pylist(), limits)
         with folder.storage.writing(folder.table_key) as path:
             pq.write_table(table.select(keys), path)
@@ -67,7 +70,7 @@ def fetch_dropped_table(context: dg.AssetExecutionContext, folder: BatchFolder, 
             e.__dict__ for e in rendered.errors], sidecar={"request": sidecar.request.to_dict(), "key_columns": keys}))
         files, key = file_location(folder.storage, source.file_path)
         with files.writing(key) as local:
-            local.write_bytes(b"".join(line + b"\n" for line in rendered.lines))
+            local.write_bytes(rendered.payload())
             folder.put_input(local)
     context.log.info(f"Fetched {source.uri} and its sidecar: {table.num_rows} rows, {len(rendered.lines)} requests, "
                      f"{len(rendered.errors)} rows refused before a request, in {time.perf_counter() - started:.1f}s")
@@ -86,7 +89,7 @@ def answered_table(folder: BatchFolder, scratch: Path) -> Path | None:
         keys = pq.read_table(path)
     lines = [line for key in (folder.output_key, folder.error_key) if folder.storage.exists(key)
              for line in iter_lines(folder.storage, key)]
-    answered, _ = t.answers_table(request, keys, lines, [RowError(**e) for e in drop.row_errors])
-    out = scratch / t.answered_name(drop.filename)
-    t.write_table(answered, out)
+    answered, _ = answers_table(request, keys, lines, [RowError(**e) for e in drop.row_errors])
+    out = scratch / tf.answered_name(drop.filename)
+    tf.write_table(answered, out)
     return out

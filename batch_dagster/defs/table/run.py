@@ -24,6 +24,7 @@ from batch_dagster.batchfile.folder import BatchFolder, Declared
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import iter_lines
 from batch_dagster.batchfile.table import Rendered, TableRequest
+from batch_dagster.batchfile.table_answers import answers_table
 from batch_dagster.batchfile.usage import Usage, cost_of
 from batch_dagster.client import BatchService
 from batch_dagster.defs.assets import inference, steps
@@ -81,7 +82,7 @@ def _in_pipeline(context: dg.AssetExecutionContext, batch: TableBatch, rendered:
     if not folder.has_input():
         folder.declare(Declared(batch.request.endpoint, options=batch.options))  # it has no row: its options here
         with folder.storage.writing(folder.input_key) as path:
-            path.write_bytes(b"\n".join(rendered.lines) + b"\n")
+            path.write_bytes(rendered.payload())
     if folder.manifest() is None:  # a retry, or a run after one that failed, resumes at the shards
         validated = steps.validate(folder, pipeline, vllm, None, context.log, count=True)  # no store: no key
         if not validated.report.valid:  # refused whole (a model not served, the cost cap): nothing to resume
@@ -121,7 +122,7 @@ def _on_service(context: dg.AssetExecutionContext, batch: TableBatch, rendered: 
     tag = batch_id_of(context, batch, rendered)
     found = service.find(tag)
     extra = batch.options.to_dict()  # the create body's extension fields
-    created = found or service.create(b"\n".join(rendered.lines) + b"\n", f"{context.asset_key.path[-1]}.jsonl",
+    created = found or service.create(rendered.payload(), f"{context.asset_key.path[-1]}.jsonl",
                                       batch.request.endpoint, tag, extra)
     context.log.info(f"{'Following' if found else 'Created'} batch {created['id']} at {service.url}")
     shown: list[Any] = [None]
@@ -184,7 +185,7 @@ def answer_table(context: dg.AssetExecutionContext, upstream: Any, batch: TableB
         ran = _on_service(context, batch, rendered, sent, pipeline) if batch.service is not None else \
             _in_pipeline(context, batch, rendered, sent, storage, pipeline, vllm)
     keys = table.select(list(batch.key_columns))
-    answered, counts = t.answers_table(spec, keys, ran.lines, rendered.errors)
+    answered, counts = answers_table(spec, keys, ran.lines, rendered.errors)
     key_rows = keys.to_pylist()
     for error in counts.errors[:SHOWN_ERRORS]:
         context.log.warning(error.shown(key_rows[error.row]))
