@@ -98,6 +98,16 @@ def test_partitions_follow_a_daily_upstream_one_batch_per_partition(tmp_path, da
         assert io.load_input(context).column("review_id").to_pylist() == ["r0", "r1"]
 
 
+def test_partitions_follow_an_upstream_that_another_component_defines(tmp_path):
+    """A table batch over another one's answered table: its partitions are found in that component's assets (the
+    downstream's folder comes first, so the upstream's is built on demand)."""
+    summaries = component_yaml(asset={"key": "ticket_summaries"}, upstream="ticket_labels")
+    with table_project(summaries, component_yaml(asset={"key": "ticket_labels"}, upstream="tickets")) as (defs, _):
+        assert isinstance(defs.resolve_assets_def("ticket_summaries").partitions_def, dg.DailyPartitionsDefinition)
+        assert defs.resolve_assets_def("ticket_summaries").partitions_def == \
+            defs.resolve_assets_def("tickets").partitions_def
+
+
 def test_bad_rows_are_named_by_row_and_field_and_the_rest_are_answered(tmp_path, data_dir, instance):
     engine = LabelEngine()
     with table_project(component_yaml(request={**component_yaml()["attributes"]["request"],

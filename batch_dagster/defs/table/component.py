@@ -3,7 +3,7 @@ of a team's own project into an answered table asset, each row asked of a model 
 
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -63,9 +63,9 @@ def _resources(settings: Settings) -> dict[str, Any]:
             IO_MANAGER: TableIOManager(data_dir=storage.data_dir, url=storage.url)}
 
 
-def _partitions_in(module: Any, key: dg.AssetKey) -> tuple[bool, dg.PartitionsDefinition | None]:
-    """Whether a module defines the asset `key`, and its partitions."""
-    for value in vars(module).values():
+def _partitions_in(values: Iterable[Any], key: dg.AssetKey) -> tuple[bool, dg.PartitionsDefinition | None]:
+    """Whether some of `values` (a module's, a component's assets) define the asset `key`, and its partitions."""
+    for value in values:
         if isinstance(value, dg.AssetsDefinition) and key in value.keys:
             return True, value.specs_by_key[key].partitions_def
         if isinstance(value, dg.AssetSpec) and value.key == key:
@@ -73,12 +73,25 @@ def _partitions_in(module: Any, key: dg.AssetKey) -> tuple[bool, dg.PartitionsDe
     return False, None
 
 
+_SEARCHING: set[Path] = set()  # the component folders whose upstream is being looked for (a chain of them)
+
+
 def upstream_partitions(context: dg.ComponentLoadContext, key: dg.AssetKey) -> dg.PartitionsDefinition | None:
-    """The partitions of the upstream asset, found among the Python modules of the project's defs folder."""
-    for path in sorted(Path(context.defs_module_path).rglob("*.py")):
-        found, partitions = _partitions_in(context.load_defs_relative_python_module(path), key)
+    """The partitions of the upstream asset, found among the Python modules of the project's defs folder, else
+    among the assets of its other components (built through the context, which keeps the dependency)."""
+    root = Path(context.defs_module_path)
+    for path in sorted(root.rglob("*.py")):
+        found, partitions = _partitions_in(vars(context.load_defs_relative_python_module(path)).values(), key)
         if found:
             return partitions
+    _SEARCHING.add(context.path)
+    try:
+        for folder in sorted({yaml.parent for yaml in root.rglob("defs.yaml")} - _SEARCHING):
+            found, partitions = _partitions_in(context.build_defs(folder).assets or (), key)
+            if found:
+                return partitions
+    finally:
+        _SEARCHING.discard(context.path)
     return None
 
 
