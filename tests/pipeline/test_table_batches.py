@@ -174,6 +174,34 @@ def test_an_engine_crash_retries_the_step_and_committed_shards_are_not_run_again
         assert len(retries) == 1
 
 
+class DiesAfterOneShard(LabelEngine):
+    """Answers one shard, then fails as a broken host does (not an engine crash: the step fails for good)."""
+
+    def run(self, endpoint, requests, on_progress=None):
+        if self.ran:
+            raise RuntimeError("the engine's host went away")
+        return super().run(endpoint, requests, on_progress)
+
+
+def test_a_folder_a_failed_run_left_is_discarded_once_the_rows_change(tmp_path, data_dir, instance, monkeypatch):
+    monkeypatch.setenv("BATCH_STEP_RETRY_DELAY_S", "0")  # read when the component builds its asset
+    with table_project(component_yaml()) as (defs, tables):
+        tables["reviews"] = reviews_frame()
+        failed = materialize(defs, ["reviews", "review_labels"], table_resources(data_dir, DiesAfterOneShard(), "dies"),
+                             instance, raise_on_error=False)
+        assert not failed.success and len(list((data_dir / "batches").iterdir())) == 1  # its 1 committed shard
+        edited = reviews_frame()
+        edited.loc[7, "text"] = "an edited review of the kettle"  # in the last shard
+        tables["reviews"] = edited
+        engine = LabelEngine()
+        labels, meta = labels_of(materialize(defs, ["reviews", "review_labels"],
+                                             table_resources(data_dir, engine, "after"), instance))
+    # The left folder's shard was not taken as it was (other rows), its kept answers were: nothing computed twice.
+    assert (meta["answered"], meta["reused"], len(engine.ran)) == (8, 3, 5)
+    assert list((data_dir / "batches").iterdir()) == []  # the left folder discarded, the new one removed when done
+    assert labels.loc[7, "review_id"] == "r7" and labels.loc[7, "sentiment"] == "positive"
+
+
 def test_the_cost_cap_stops_the_batch_and_every_row_still_has_an_answer_or_an_error(tmp_path, data_dir, instance,
                                                                                     monkeypatch):
     engine = LabelEngine()

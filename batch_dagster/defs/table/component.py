@@ -176,7 +176,8 @@ class TableBatchComponent(dg.Component, dg.Resolvable, dg.Model):
             required_resource_keys={STORAGE, PIPELINE, VLLM},
             check_specs=[dg.AssetCheckSpec(CHECK, asset=spec.key, description="Every upstream row has exactly one "
                                            "row here, with an answer or an error.")],
-            retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=2, backoff=dg.Backoff.EXPONENTIAL),
+            retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=settings.step_retry_delay_s,
+                                        backoff=dg.Backoff.EXPONENTIAL),
             pool=ENGINE_POOL if in_process else None,
         )
         def _answered(context: dg.AssetExecutionContext, upstream: Any):

@@ -1,9 +1,10 @@
 """A table batch's one asset at work: the upstream table's rows rendered into requests, run as a batch (by this
 process's pipeline, or by a batch-dagster service), and answered back into a table beside the input's key columns.
 
-In this process the batch lives in a folder of the batch storage named by its content (`table_<hash>`), so a retry
-of the step, or the next run with the same rows, finds its committed shards and runs only the rest; the folder is
-deleted once its answers are in the table.
+In this process the batch lives in a folder of the batch storage, one per asset partition (`table_<hash>`): a retry
+of the step, or the next run with the same rows, finds its committed shards and runs only the rest; a run whose rows
+or options changed discards the folder an earlier failed run left; the folder is deleted once its answers are in the
+table. So at most one folder per asset partition is ever left, and only until that partition runs again.
 """
 
 from __future__ import annotations
@@ -55,14 +56,35 @@ class Ran:
     metadata: dict[str, Any]
 
 
-def batch_id_of(context: dg.AssetExecutionContext, batch: TableBatch, rendered: Rendered) -> str:
-    """The batch's name, from what it asks: the same rows asked the same way find the same folder (or remote batch)."""
-    h = hashlib.sha256()
-    partition = context.partition_key if context.has_partition_key else ""
-    h.update(f"{context.asset_key.to_user_string()}\n{partition}\n{batch.options.to_dict()}\n".encode())
-    for line in rendered.lines:
-        h.update(line + b"\n")
+def _partition_of(context: dg.AssetExecutionContext) -> str:
+    """The asset partition the step materializes, as text (its asset key, and its partition key if any)."""
+    return f"{context.asset_key.to_user_string()}\n{context.partition_key if context.has_partition_key else ''}\n"
+
+
+def batch_tag(context: dg.AssetExecutionContext, batch: TableBatch, payload: bytes) -> str:
+    """The batch's content hash: the same rows asked the same way of the same asset partition give the same tag (a
+    retried step finds the remote batch it created by it)."""
+    h = hashlib.sha256(f"{_partition_of(context)}{batch.options.to_dict()}\n".encode())
+    h.update(payload)
     return f"table_{h.hexdigest()[:32]}"
+
+
+def folder_id_of(context: dg.AssetExecutionContext) -> str:
+    """The batch folder of the asset partition: the one batch of its latest attempt."""
+    return f"table_{hashlib.sha256(_partition_of(context).encode()).hexdigest()[:32]}"
+
+
+def _asks_the_same(folder: BatchFolder, batch: TableBatch, payload: bytes) -> bool:
+    """Whether the batch in `folder` is the one `payload` and `batch`'s options make: the same input, byte for byte,
+    and the same options."""
+    declared = folder.declared()
+    if declared is None or declared.options != batch.options or folder.storage.size(folder.input_key) != len(payload):
+        return False
+    h = hashlib.sha256()
+    with folder.storage.open(folder.input_key) as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.digest() == hashlib.sha256(payload).digest()
 
 
 def _invalid(errors: list[BatchError], rows: list[int]) -> str:
@@ -78,11 +100,15 @@ def _in_pipeline(context: dg.AssetExecutionContext, batch: TableBatch, rendered:
                  storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource) -> Ran:
     """Run the rendered requests through this process's pipeline: validation, shards, inference with reuse,
     per-shard commits, the merged files and the summary, as any batch."""
-    folder = storage.folder(batch_id_of(context, batch, rendered))
+    folder, payload = storage.folder(folder_id_of(context)), rendered.payload()
+    if folder.has_input() and not _asks_the_same(folder, batch, payload):
+        context.log.warning(f"The batch folder {folder.batch_id} an earlier run left asks other rows or options: "
+                            "discarded, the batch starts afresh (answers it kept are still reused)")
+        _remove(folder)
     if not folder.has_input():
         folder.declare(Declared(batch.request.endpoint, options=batch.options))  # it has no row: its options here
         with folder.storage.writing(folder.input_key) as path:
-            path.write_bytes(rendered.payload())
+            path.write_bytes(payload)
     if folder.manifest() is None:  # a retry, or a run after one that failed, resumes at the shards
         validated = steps.validate(folder, pipeline, vllm, None, context.log, count=True)  # no store: no key
         if not validated.report.valid:  # refused whole (a model not served, the cost cap): nothing to resume
@@ -119,10 +145,11 @@ def _on_service(context: dg.AssetExecutionContext, batch: TableBatch, rendered: 
     """Run the rendered requests as a batch of a batch-dagster service; a retried step finds the batch it created."""
     service = batch.service
     assert service is not None
-    tag = batch_id_of(context, batch, rendered)
+    payload = rendered.payload()
+    tag = batch_tag(context, batch, payload)
     found = service.find(tag)
     extra = batch.options.to_dict()  # the create body's extension fields
-    created = found or service.create(rendered.payload(), f"{context.asset_key.path[-1]}.jsonl",
+    created = found or service.create(payload, f"{context.asset_key.path[-1]}.jsonl",
                                       batch.request.endpoint, tag, extra)
     context.log.info(f"{'Following' if found else 'Created'} batch {created['id']} at {service.url}")
     shown: list[Any] = [None]
