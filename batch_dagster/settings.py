@@ -126,6 +126,19 @@ def _allow(text: str) -> tuple[str, ...]:
     return entries
 
 
+def _fleet_urls(text: str) -> dict[str, str]:
+    """BATCH_FLEET_URLS' `model=url` entries, by model."""
+    urls: dict[str, str] = {}
+    for number, entry in enumerate(_csv(text), 1):
+        model, equals, url = entry.partition("=")
+        if not equals or not model.strip() or not url.strip().startswith(("http://", "https://")):
+            raise ValueError(f"entry {number} ({entry!r}) is not `model=http(s)://host:port`")
+        if model.strip() in urls:
+            raise ValueError(f"entry {number} names {model.strip()!r} a second time")
+        urls[model.strip()] = url.strip().rstrip("/")
+    return urls
+
+
 def _day(text: str) -> date:
     return date.fromisoformat(text)
 
@@ -178,16 +191,22 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_FLEET_REPLICAS", 1, "`make serve`: vLLM servers of the warm fleet (each on a core of its own, or "
              "on a GPU host on GPUs of its own) behind vllm-router; 0: no fleet, every batch runs offline in its run.",
              "Engine", parse=int),
-    # Empty until asked for (Settings.served_fleet_model): reading the registry is no part of reading the settings.
-    Variable("BATCH_FLEET_MODEL", "the registry's first chat model", "`make serve`: the model the fleet serves; "
-             "batches of other models run offline.", "Engine", derive=lambda v: ""),
-    Variable("BATCH_FLEET_PORT", 0, "`make serve` and `batch-dagster fleet`: the fleet router's port; replicas "
-             "take the next ports. 0: a block of free ports chosen at start (logged), so two `serve`s on one "
-             "machine never collide; the daemon is told the router's URL.", "Engine", parse=int),
+    # Empty until asked for (Settings.served_fleet_models): reading the registry is no part of reading the settings.
+    Variable("BATCH_FLEET_MODELS", "the registry's first chat model", "`make serve`: comma-separated registry "
+             "models (chat and embeddings alike), each given a warm fleet behind a vllm-router of its own; batches of "
+             "other models run in their runs' processes.", "Engine", parse=_csv, derive=lambda v: ()),
+    Variable("BATCH_FLEET_PORT", 0, "`make serve` and `batch-dagster fleet`: the first fleet's router port; its "
+             "replicas take the next ports, then its router's metrics exporter, and the next fleet the next block. 0: "
+             "a free block of ports per fleet chosen at start (logged), so two `serve`s on one machine never collide; "
+             "the daemon is told the routers' URLs.", "Engine", parse=int),
     Variable("BATCH_FLEET_POLICY", "cache_aware", "The router's load-balancing policy (vllm-router --policy).",
              "Engine", parse=_policy),
-    Variable("BATCH_FLEET_URL", "", "The router (or server) of a running fleet for BATCH_FLEET_MODEL: its batches "
-             "run in server mode there. `make serve` sets it for its daemon when it starts a fleet.", "Engine"),
+    Variable("BATCH_FLEET_IDLE_S", 1800, "`make serve`: seconds a fleet whose model has no batch stays warm; then "
+             "its replicas stop, giving their memory back (the router stays), and start again on the model's next "
+             "batch, whose ETA counts the start. 0: warm for ever.", "Engine", parse=float),
+    Variable("BATCH_FLEET_URLS", "", "Comma-separated `model=url` entries: the router (or server) of a running fleet "
+             "for each model; its batches run in server mode there. `make serve` sets it for its daemon from the "
+             "fleets it starts; on Kubernetes, each model's router Service.", "Engine", parse=_fleet_urls),
     Variable("BATCH_OFFLINE_RUNS", DEFAULT_OFFLINE_RUNS, "Runs holding an in-process engine (a model "
              "with no fleet or server) at once; more wait in Dagster's run queue. Each such engine takes the GPUs its "
              "process sees (on one machine, all of them), so raise it only where each run has GPUs of its own (a pod "
@@ -309,10 +328,11 @@ class Settings:
     vllm_api_key: str | None
     vllm_max_concurrency: int
     fleet_replicas: int
-    fleet_model: str  # empty: see served_fleet_model
+    fleet_models: tuple[str, ...]  # empty: see served_fleet_models
     fleet_port: int
     fleet_policy: str
-    fleet_url: str
+    fleet_idle_s: float  # 0: never idle
+    fleet_urls: dict[str, str]  # model -> its fleet's router
     offline_runs: int
     runs_per_model: int
     executor: str
@@ -359,11 +379,17 @@ class Settings:
         """Where batch folders and files live (BATCH_STORAGE_URL)."""
         return open_batch_storage(self.data_dir, self.storage_url)
 
-    def served_fleet_model(self) -> str | None:
-        """The model a warm fleet serves: BATCH_FLEET_MODEL, else the registry's first chat model (None: none)."""
+    def served_fleet_models(self) -> tuple[list[str], list[str]]:
+        """The models `make serve` keeps a warm fleet of: BATCH_FLEET_MODELS, else the registry's first chat model;
+        and the names BATCH_FLEET_MODELS lists that the registry does not have (they get no fleet)."""
         from batch_dagster.batchfile.registry import default_chat_model, load_registry
 
-        return self.fleet_model or default_chat_model(load_registry(self.models_file))
+        registry = load_registry(self.models_file)
+        if not self.fleet_models:
+            first = default_chat_model(registry)
+            return ([first] if first else []), []
+        listed = list(dict.fromkeys(self.fleet_models))
+        return [m for m in listed if m in registry], [m for m in listed if m not in registry]
 
     @classmethod
     def from_env(cls) -> Settings:

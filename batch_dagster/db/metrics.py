@@ -3,9 +3,10 @@ and status (never one per batch), so a scrape costs the same at a year's volume 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
-from sqlalchemy import Integer, and_, case, func, select
+from sqlalchemy import Integer, and_, case, func, select, update
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.status import BatchStatus
@@ -129,3 +130,15 @@ class Fleet:
 def fleets(session: Session) -> list[Fleet]:
     rows = session.scalars(select(FleetRecord).order_by(FleetRecord.model))
     return [Fleet(f.model, f.state, f.start_s) for f in rows]
+
+
+def record_tick(session: Session, name: str, seconds: float, ok: bool) -> None:
+    """Count one evaluation of the sensor `name` (committed)."""
+    at = int(time.time())
+    changed = session.execute(update(SensorTick).where(SensorTick.name == name).values(
+        ticks=SensorTick.ticks + 1, failures=SensorTick.failures + (0 if ok else 1),
+        seconds_total=SensorTick.seconds_total + seconds, last_seconds=seconds, last_at=at))
+    if not changed.rowcount:  # type: ignore[attr-defined]
+        session.add(SensorTick(name=name, ticks=1, failures=0 if ok else 1, seconds_total=seconds,
+                               last_seconds=seconds, last_at=at))
+    session.commit()
