@@ -126,7 +126,7 @@ def _allow(text: str) -> tuple[str, ...]:
     return entries
 
 
-def _fleet_urls(text: str) -> dict[str, str]:
+def parse_fleet_urls(text: str) -> dict[str, str]:
     """BATCH_FLEET_URLS' `model=url` entries, by model."""
     urls: dict[str, str] = {}
     for number, entry in enumerate(_csv(text), 1):
@@ -206,7 +206,7 @@ VARIABLES: tuple[Variable, ...] = (
              "batch, whose ETA counts the start. 0: warm for ever.", "Engine", parse=float),
     Variable("BATCH_FLEET_URLS", "", "Comma-separated `model=url` entries: the router (or server) of a running fleet "
              "for each model; its batches run in server mode there. `make serve` sets it for its daemon from the "
-             "fleets it starts; on Kubernetes, each model's router Service.", "Engine", parse=_fleet_urls),
+             "fleets it starts; on Kubernetes, each model's router Service.", "Engine", parse=parse_fleet_urls),
     Variable("BATCH_OFFLINE_RUNS", DEFAULT_OFFLINE_RUNS, "Runs holding an in-process engine (a model "
              "with no fleet or server) at once; more wait in Dagster's run queue. Each such engine takes the GPUs its "
              "process sees (on one machine, all of them), so raise it only where each run has GPUs of its own (a pod "

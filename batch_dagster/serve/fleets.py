@@ -143,9 +143,9 @@ def scrape_targets(api: str, fleets: dict[str, Fleet]) -> list[dict[str, Any]]:
     targets: list[dict[str, Any]] = [{"targets": [api], "labels": {"component": "api"}}]
     for model, fleet in fleets.items():
         targets.append({"targets": [f"{fleet.host}:{fleet.metrics_port}"],
-                        "labels": {"component": "router", "model": model}})
+                        "labels": {"component": "vllm-router", "model": model}})
         targets.append({"targets": [url.removeprefix("http://") for url in fleet.server_urls],
-                        "labels": {"component": "vllm", "model": model}})
+                        "labels": {"component": "vllm-worker", "model": model}})
     return targets
 
 
