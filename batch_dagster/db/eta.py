@@ -13,6 +13,7 @@ from batch_dagster.batchfile.eta import Entry, Place, Rate, bounded_work, busy_s
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 
 from .estimate import RECENT_BATCHES
+from .fleets import start_delays
 from .models import BatchRecord, FileRecord
 
 # The statuses of batches not ended: listed, so the status index serves the query (NOT IN would scan).
@@ -60,6 +61,7 @@ def refresh_queue(session: Session, *, slots: int, default_tokens_per_s: float, 
     by_model: dict[str | None, list[tuple[BatchRecord, int]]] = defaultdict(list)
     for batch, nbytes in rows:
         by_model[batch.model].append((batch, nbytes))
+    waits = start_delays(session, now)  # a warm fleet asleep or starting: its replicas' start comes first
     moved, changes = [], []
     for model, batches in by_model.items():
         entries = [Entry(
@@ -68,13 +70,17 @@ def refresh_queue(session: Session, *, slots: int, default_tokens_per_s: float, 
             input_bytes=nbytes,
             done=(b.request_completed + b.request_failed) / b.request_total if b.request_total else 0.0,
             in_progress_at=b.in_progress_at) for b, nbytes in batches]
-        places = plan(entries, model_rate(session, model, default_tokens_per_s), slots, now)
+        places = plan(entries, model_rate(session, model, default_tokens_per_s), slots,
+                      now + waits.get(model or "", 0.0))
         for b, _ in batches:
             place = places[b.id]
             if (b.queue_position, b.estimated_completion_at) != (place.queue_position, place.estimated_completion_at):
                 moved.append(Moved(b.id, b.run_id, place, b.queue_position != place.queue_position))
+                # The first end it is given stays: the metrics' ETA error is measured against it.
+                first = b.first_estimated_completion_at or place.estimated_completion_at
                 changes.append({"pk": b.pk, "queue_position": place.queue_position,
-                                "estimated_completion_at": place.estimated_completion_at})
+                                "estimated_completion_at": place.estimated_completion_at,
+                                "first_estimated_completion_at": first})
     if changes:
         # One statement for all (executemany by primary key): a batch that ended meanwhile keeps a stale place,
         # which the API does not show once it has ended.

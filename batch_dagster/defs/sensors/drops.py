@@ -29,6 +29,7 @@ from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, Intake, StorageResource, VLLMResource
 from batch_dagster.defs.run_limits import PRIORITY_TAG
 from batch_dagster.defs.sensors.fairness import with_fair_priorities
+from batch_dagster.defs.sensors.timing import timed
 from batch_dagster.settings import Settings
 from batch_dagster.storage.transfer import s3_uri
 
@@ -149,6 +150,7 @@ def list_s3(client, intake: Intake, start_after: str) -> tuple[list[dict], str]:
     description="Runs each new .jsonl object under s3://$BATCH_S3_BUCKET/$BATCH_S3_PREFIX as a batch and writes "
     "its results under $BATCH_S3_OUTPUT_PREFIX<batch_id>/.",
 )
+@timed
 def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3Resource, database: DatabaseResource,
                      storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
     if not intake.s3_bucket:
@@ -203,6 +205,7 @@ def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: 
     description="Runs each .jsonl file dropped into the inbox folder ($BATCH_INBOX_DIR) as a batch, once it is "
     "completely written, and writes its results to <outbox>/<batch_id>/.",
 )
+@timed
 def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, database: DatabaseResource,
                  storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
     if reason := database.no_intake_owner():

@@ -22,6 +22,7 @@ from batch_dagster.defs.assets.delivery import delivered_results
 from batch_dagster.defs.dagster_internals import delete_run_leftovers, forget_partition_status, staged_logs
 from batch_dagster.defs.partitions import BATCH_PARTITIONS
 from batch_dagster.defs.resources import DatabaseResource, Retention, StorageResource
+from batch_dagster.defs.sensors.timing import timed
 from batch_dagster.storage import scratch
 
 PARTITION_TAG = "dagster/partition"
@@ -79,6 +80,7 @@ def _cursor(text: str | None) -> tuple[int, int] | None:
     description="Deletes the Dagster history (partition, runs, event and step logs) and the working files of "
     "batches that ended more than BATCH_HISTORY_RETENTION_S ago, and sweeps leftover scratch and staged logs.",
 )
+@timed
 def history_retention_sensor(context: dg.SensorEvaluationContext, database: DatabaseResource,
                              storage: StorageResource, retention: Retention) -> dg.SkipReason:
     started, instance = time.monotonic(), context.instance

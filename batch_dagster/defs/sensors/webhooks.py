@@ -8,6 +8,7 @@ import dagster as dg
 from batch_dagster.db import webhooks as outbox
 from batch_dagster.defs.resources import DatabaseResource
 from batch_dagster.defs.resources.webhooks import WebhookConfig, check_secret, event_body
+from batch_dagster.defs.sensors.timing import timed
 
 
 @dg.sensor(
@@ -17,6 +18,7 @@ from batch_dagster.defs.resources.webhooks import WebhookConfig, check_secret, e
     "owner's webhook endpoints (/v1/webhook_endpoints), signed per Standard Webhooks; failed attempts are retried "
     "with exponential backoff, then given up.",
 )
+@timed
 def webhook_sensor(
     context: dg.SensorEvaluationContext, database: DatabaseResource, webhooks: WebhookConfig
 ) -> dg.SkipReason:
