@@ -282,6 +282,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_HISTORY_RETENTION_S", 30 * DAY_S, "Seconds after a batch ends at which its Dagster history "
              "(partition, runs, event logs, step logs) and its folder's working files are deleted; the batch's row, "
              "its summary.json and the files it still has stay. 0: kept for ever.", "Retention", parse=int),
+    Variable("BATCH_HISTORY_MAX_BATCHES", 5000, "The most batch partitions the Dagster UI has to draw: past it the "
+             "batches that ended first have their Dagster history deleted as BATCH_HISTORY_RETENTION_S would, however "
+             "recent (their rows, summary.json and the files still served stay). Every UI page rendered within 3 s at "
+             "5,000 here (make bench-scale); 0: no bound.", "Retention", parse=int),
     Variable("BATCH_SCRATCH_MAX_AGE_S", DAY_S, "Age past which a scratch file (of a process killed while it held "
              "it) or a staged step log of a finished run is swept by the retention sensor.", "Retention",
              parse=int),
@@ -363,6 +367,7 @@ class Settings:
     intake_api_key: str
     webhook_allow: tuple[str, ...]  # hosts or CIDRs keys' own webhook endpoints may reach although internal
     history_retention_s: int  # 0: kept for ever
+    history_max_batches: int  # 0: no bound
     scratch_max_age_s: int
     report_start: date | None  # None: the store's first batch decides (defs/partitions.py)
 
