@@ -31,10 +31,10 @@ import dagster as dg
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.results import committed_shards, shard_keys
-from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.batch import lifecycle
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
-from batch_dagster.defs.resources import LazyS3Resource, PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.defs.resources import DatabaseResource, LazyS3Resource, PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.engine import translate as t
 from batch_dagster.engine.base import EngineCrash, Line, Request
 from batch_dagster.settings import Settings
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 # Read when the tests are collected, before any test moves BATCH_DATA_DIR, so the prepared models are shared.
 MODEL_CACHE = Settings.from_env().model_cache_dir
+STEP_RETRY_DELAY_S = Settings.from_env().step_retry_delay_s  # conftest.py's, so a test's retries wait little
 CHAT_MODEL = "smollm2-135m-instruct"
 EMBED_MODEL = "all-minilm-l6-v2"
 # Run config that keeps in-process runs quiet.
@@ -194,15 +195,16 @@ class Receiver:
 # Definitions.
 
 def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storage_url: str = "",
-              **pipeline: Any) -> dg.Definitions:
+              database_url: str = "", **pipeline: Any) -> dg.Definitions:
     """batch_job over `data_dir` (or batch folders at `storage_url`) on `vllm`, cutting shards of `shard_size`
-    (`pipeline`: PipelineConfig's other fields)."""
+    (`pipeline`: PipelineConfig's other fields); its steps read the store at `database_url` (none: no store)."""
     return dg.Definitions(
-        assets=lifecycle_assets,
+        assets=lifecycle(STEP_RETRY_DELAY_S),
         asset_checks=lifecycle_checks,
         jobs=[batch_job],
         resources={"storage": StorageResource(data_dir=str(data_dir), url=storage_url), "vllm": vllm, "s3": LazyS3Resource(),
-                   "pipeline": PipelineConfig(shard_size=shard_size, **pipeline)},
+                   "pipeline": PipelineConfig(shard_size=shard_size, **pipeline),
+                   "database": DatabaseResource(url=database_url)},
     )
 
 
@@ -492,7 +494,7 @@ class Daemon:
     def __init__(self, tmp_path: Path, vllm: VLLMResource, storage_url: str = "", db_url: str = "", **intake):
         from batch_dagster.defs.assets.delivery import delivered_results
         from batch_dagster.defs.jobs import deliver_results_job
-        from batch_dagster.defs.resources import DatabaseResource, Intake
+        from batch_dagster.defs.resources import Intake
 
         self.data_dir = tmp_path / "data"
         self.storage_url = storage_url
@@ -500,7 +502,7 @@ class Daemon:
         self.db_url = db_url or f"sqlite:///{self.data_dir / 'api.db'}"
         self.intake = Intake(**{"inbox_dir": str(tmp_path / "inbox"), "outbox_dir": str(tmp_path / "outbox"),
                                 "s3_bucket": BUCKET, "settle_s": 0, **intake})
-        base = make_defs(self.data_dir, vllm, storage_url=storage_url)
+        base = make_defs(self.data_dir, vllm, storage_url=storage_url, database_url=self.db_url)
         self.resources = {**base.resources, "database": DatabaseResource(url=self.db_url), "intake": self.intake}
         self.defs = dg.Definitions(assets=[*base.assets, delivered_results], asset_checks=base.asset_checks,
                                    jobs=[*base.jobs, deliver_results_job], resources=self.resources)

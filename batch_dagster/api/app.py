@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from batch_dagster.db import keys, repo
 from batch_dagster.settings import Settings, split_key
 
-from . import batches, errors, estimate, files, metrics, retry, webhooks
+from . import batches, errors, files, metrics, webhooks
 from . import keys as key_routes
 from .context import AppContext
 from .guard import RequestGuard
@@ -40,9 +40,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
     app.state.context = context
     errors.install(app)
     app.include_router(files.router, prefix="/v1")
-    app.include_router(estimate.router, prefix="/v1")
     app.include_router(batches.router, prefix="/v1")
-    app.include_router(retry.router, prefix="/v1")
     app.include_router(webhooks.router, prefix="/v1")
     app.include_router(key_routes.router, prefix="/v1")
 

@@ -24,18 +24,18 @@ def check_batches(config: Settings, session: Session, owner: str) -> None:
                        type=TYPE, code="batch_limit_exceeded")
 
 
-def storage_room(config: Settings, session: Session, owner: str) -> int | None:
+def stored_bytes_room(config: Settings, session: Session, owner: str) -> int | None:
     """The bytes the owner may still store (None: no limit); ApiError 429 when there is no room left."""
     limit = limits_of(session, owner, config).max_stored_bytes
     if limit is None:
         return None
     room = limit - stored_bytes(session, owner)
     if room <= 0:
-        raise storage_full(limit)
+        raise stored_bytes_full(limit)
     return room
 
 
-def storage_full(limit: int) -> ApiError:
+def stored_bytes_full(limit: int) -> ApiError:
     return ApiError(429, f"This key's files would take more than its storage limit of {limit} bytes (its own, or "
                     "else BATCH_KEY_MAX_STORED_BYTES); delete files it no longer needs.",
                     type=TYPE, param="file", code="storage_limit_exceeded")

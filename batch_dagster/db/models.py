@@ -12,6 +12,7 @@ from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, Stri
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from batch_dagster.batchfile.contract import MAX_FILENAME_CHARS, MAX_MODEL_CHARS, MAX_SOURCE_CHARS, MAX_VERSION_CHARS
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.status import TERMINAL
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere the key is a BIGINT.
@@ -106,11 +107,9 @@ class BatchRecord(Base):
     run_id: Mapped[str | None] = mapped_column(String(64))
     # The batch this one retries: set by the retry endpoint only (never from client metadata), same owner.
     parent_batch_id: Mapped[str | None] = mapped_column(String(64))
-    # Its place in the launch order (PRIORITIES; the run queue's dagster/priority, defs/run_limits.py).
-    priority: Mapped[int] = mapped_column(default=0, server_default="0")
-    # The most its successful requests may cost, in the price table's currency (the cost cap; None: uncapped).
-    max_cost: Mapped[float | None]
-    # Queue position and ETA (batchfile/eta.py): the estimate once validated; the run's dagster/priority once
+    # Its options (batchfile/options.py), kept whole: those that differ from their defaults (`options` reads them).
+    stored_options: Mapped[dict[str, Any] | None] = mapped_column("options", JSON)
+    # Queue position and ETA (features/eta.py): the estimate once validated; the run's dagster/priority once
     # launched; the place and end the daemon's queue_eta_sensor stores while the batch has not ended.
     estimate: Mapped[dict[str, Any] | None]
     launch_priority: Mapped[int | None]
@@ -118,6 +117,14 @@ class BatchRecord(Base):
     estimated_completion_at: Mapped[int | None]
     # The first estimated end it was given: what the ETA's error on ended batches is measured against (metrics).
     first_estimated_completion_at: Mapped[int | None]
+
+    @property
+    def options(self) -> BatchOptions:
+        return BatchOptions.from_stored(self.stored_options)
+
+    @options.setter
+    def options(self, options: BatchOptions) -> None:
+        self.stored_options = options.stored()
 
 
 class IntakeRecord(Base):
@@ -138,6 +145,10 @@ class IntakeRecord(Base):
     created_at: Mapped[int]
     delivery_requested_at: Mapped[int | None]
     delivered_at: Mapped[int | None]
+
+
+# A webhook event's type for each terminal status (OpenAI's names), in TERMINAL's order.
+EVENT_TYPES: dict[str, str] = {status: f"batch.{status}" for status in TERMINAL}
 
 
 class WebhookEvent(Base):

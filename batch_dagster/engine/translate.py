@@ -14,7 +14,6 @@ from typing import Any
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.bodies import BodyError, check_body
-from batch_dagster.batchfile.estimate import COMPLETIONS_MAX_TOKENS
 
 # OpenAI sampling fields, plus vLLM's extras that its server also accepts in a body.
 SAMPLING_FIELDS = (
@@ -107,7 +106,7 @@ def max_tokens_of(endpoint: str, body: dict[str, Any], prompt_tokens: int, max_m
     if requested is None:
         # As vLLM's server: chat may use the rest of the context; legacy completions default to 16.
         requested = (max(max_model_len - prompt_tokens, 1) if endpoint in (c.CHAT, c.RESPONSES)
-                     else COMPLETIONS_MAX_TOKENS)
+                     else c.COMPLETIONS_MAX_TOKENS)
     if prompt_tokens + requested > max_model_len:
         raise RequestError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("BATCH_API_KEYS is set but BATCH_INTAKE_API_KEY is not: the drop folders (inbox, S3) take no "
                     "file until it names the key that owns dropped files' batches")
     try:
-        home = ensure_dagster_home()
+        home = ensure_dagster_home(config)
     except ValueError as exc:  # a run limit below 1
         log.error("%s", exc)
         return 2

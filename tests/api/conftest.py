@@ -61,7 +61,7 @@ def serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
         vllm = vllm or fake_vllm(f"api-{tmp_path.name}", engine)
         storage = StorageResource(data_dir=str(data_dir), url=storage_url)
         # The pipeline reads the API's store, as under serve (the cost cap asks it what a key spent).
-        defs = make_defs(data_dir, vllm, shard_size, storage_url, store_url=config.database_url,
+        defs = make_defs(data_dir, vllm, shard_size, storage_url, database_url=config.database_url,
                          key_daily_budget=config.key_daily_budget)
         resources = {"database": DatabaseResource(url=config.database_url), "storage": storage, "vllm": vllm,
                      "pipeline": defs.resources["pipeline"]}

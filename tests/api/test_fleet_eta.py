@@ -4,9 +4,9 @@ batch keeps the first end it was given, which the metrics measure the ETA's erro
 from __future__ import annotations
 
 from batch_dagster.db import BatchRecord
-from batch_dagster.db.eta import refresh_queue
 from batch_dagster.db.fleets import record_fleet
 from batch_dagster.db.models import FleetRecord
+from batch_dagster.features.eta import refresh_queue
 from tests.api.test_queue_store import NOW, add
 from tests.api.test_queue_store import session as session  # noqa: F401 - the store fixture, shared
 

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import dagster as dg
 import pytest
 
 from batch_dagster.batchfile.contract import RequestCounts
 from batch_dagster.batchfile.folder import batch_ids
 from batch_dagster.batchfile.results import committed_shards, shard_keys
-from batch_dagster.definitions import defs as project_defs
+from batch_dagster.definitions import defs
 from batch_dagster.defs.resources import StorageResource
 from batch_dagster.defs.runner import run_batch
+from batch_dagster.settings import Settings
 from tests.helpers import FakeEngine, chat_request, fake_vllm, local_file, make_defs, read_jsonl, write_jsonl
 
 
 def test_project_definitions_load():
+    project_defs = defs()
     job = project_defs.resolve_job_def("batch_job")
     keys = {k.to_user_string() for k in project_defs.resolve_all_asset_keys()}
     lifecycle = {"batch_input", "validated_requests", "batch_shards", "shard_results", "batch_output_files", "batch_usage"}
@@ -29,6 +35,15 @@ def test_project_definitions_load():
     # Runs, not steps, are bounded (the run queue, by their tags): an inference step waits for no pool.
     assert shard_results.op.pool is None
     assert shard_results.op.retry_policy.max_retries >= 1
+
+
+def test_importing_the_definitions_reads_no_setting_and_no_store(tmp_path):
+    """The definitions are built when Dagster loads them: an import parses no setting and opens no store."""
+    code = ("import batch_dagster.definitions as d; print('imported'); d.defs()")
+    env = {**os.environ, "BATCH_SHARD_SIZE": "many", "BATCH_DATABASE_URL": f"sqlite:///{tmp_path / 'store.db'}"}
+    env.pop("BATCH_REPORT_START", None)  # unset: the store's first batch decides, read when they load
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.stdout.strip() == "imported" and "BATCH_SHARD_SIZE='many'" in out.stderr  # read when they load
 
 
 def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, instance):
@@ -105,7 +120,7 @@ def test_the_progress_document_counts_the_committed_shards_never_ahead_of_their_
     seen = []
 
     def check(done_in_shard: int) -> None:
-        [batch_id] = batch_ids(storage.storage())
+        [batch_id] = batch_ids(storage.open())
         folder = storage.folder(batch_id)
         progress = folder.progress()
         markers = committed_shards(folder.storage, folder.results_prefix)
@@ -236,7 +251,7 @@ def test_a_run_that_fails_for_good_keeps_the_committed_shards(tmp_path, data_dir
     assert summary["usage"]["output_tokens"] > 0 and 0 < summary["cost"]["total_cost"]
     folder = StorageResource(data_dir=str(data_dir)).folder(summary["batch_id"])
     assert folder.summary().status == "failed" and folder.summary().errors[0].code == "pipeline_error"
-    _print_summary(run)  # what `batch-dagster run` prints: the failure, and what it kept
+    _print_summary(run, Settings.from_env())  # what `batch-dagster run` prints: the failure, and what it kept
     printed = capsys.readouterr()
     assert "failed" in printed.out and "[pipeline_error]" in printed.err
     assert "requests: 6 total, 2 completed, 4 failed" in printed.out and str(tmp_path / "out") in printed.out

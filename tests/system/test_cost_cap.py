@@ -10,9 +10,9 @@ import json
 import pytest
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.estimate import Tally
 from batch_dagster.batchfile.usage import Usage, cost_of, load_price_table
 from batch_dagster.engine.models import Models
+from batch_dagster.features.estimate import Tally
 from batch_dagster.settings import Settings
 from tests.helpers import CHAT_MODEL, Serve, chat_request, write_jsonl
 

@@ -24,7 +24,6 @@ from batch_dagster.db import Database
 from batch_dagster.db.models import BatchRecord, FleetRecord
 from tests.core.test_deploy_monitoring import dashboard_expressions, keda_queries
 from tests.helpers import (
-    CHAT_MODEL,
     EMBED_MODEL,
     Serve,
     chat_request,

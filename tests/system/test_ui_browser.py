@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -24,7 +24,7 @@ from sqlalchemy import update
 from batch_dagster.db import BatchRecord
 from batch_dagster.defs.assets.batch import lifecycle_assets
 from batch_dagster.defs.assets.checks import lifecycle_checks
-from batch_dagster.defs.assets.daily_report import report_assets
+from batch_dagster.defs.assets.daily_report import report_definitions
 from batch_dagster.defs.instance import INSTANCE_CONFIG
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource
@@ -76,8 +76,8 @@ def ui(tmp_path, monkeypatch):
                 session.execute(update(BatchRecord).where(getattr(BatchRecord, column).is_not(None))
                                 .values({column: getattr(BatchRecord, column) - 86_400}))
             session.commit()
-        report = dg.materialize(report_assets, partition_key=day, instance=instance,
-                                resources={k: resources[k] for k in ("database", "storage")})
+        report = dg.materialize(report_definitions(date(2026, 1, 1)).assets or [], partition_key=day,
+                                instance=instance, resources={k: resources[k] for k in ("database", "storage")})
         assert report.success
         port = free_port()
         env = {**os.environ, "DAGSTER_HOME": str(home), "BATCH_DATA_DIR": str(data)}

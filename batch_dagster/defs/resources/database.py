@@ -9,22 +9,24 @@ from contextlib import contextmanager
 import dagster as dg
 from sqlalchemy.orm import Session
 
-from batch_dagster.db.labels import OwnerLabels
 from batch_dagster.db.repo import ANONYMOUS, owner_of_key
 from batch_dagster.db.session import Database, open_database
+from batch_dagster.defs.run_tags import OwnerLabels
 from batch_dagster.settings import api_key_entries, split_key
+
+from .fields import setting
 
 
 class DatabaseResource(dg.ConfigurableResource):
     """The API's metadata store at `url` (any SQLAlchemy URL), upgraded to the newest schema on first use.
 
-    `url` may carry a password, and the keys are secrets: database_from_env gives them as `dg.EnvVar`s, so the
-    Dagster UI shows the variables' names, never their values.
+    `url` may carry a password, and the keys are secrets: set, they reach it as `dg.EnvVar`s (fields.from_settings),
+    so the Dagster UI shows the variables' names, never their values.
     """
 
-    url: str
-    api_keys: str = ""  # BATCH_API_KEYS: `name:key` or `key` entries
-    intake_api_key: str = ""  # BATCH_INTAKE_API_KEY; empty: see intake_owner
+    url: str = setting("BATCH_DATABASE_URL")  # empty: no store (step_session)
+    api_keys: str = setting("BATCH_API_KEYS", as_text=True)  # its `name:key` or `key` entries, parsed when used
+    intake_api_key: str = setting("BATCH_INTAKE_API_KEY")  # empty: see intake_owner
 
     def database(self) -> Database:
         return open_database(self.url)
@@ -32,6 +34,16 @@ class DatabaseResource(dg.ConfigurableResource):
     @contextmanager
     def session(self) -> Iterator[Session]:
         with self.database().session() as session:
+            yield session
+
+    @contextmanager
+    def step_session(self) -> Iterator[Session | None]:
+        """A step's one session of the store; None without a store (`url` empty: definitions with none, the fast
+        tests'), for the steps that use it only when there is one (the token limit, the cost cap, the estimate)."""
+        if not self.url:
+            yield None
+            return
+        with self.session() as session:
             yield session
 
     def labels(self) -> OwnerLabels:

@@ -10,12 +10,13 @@ from typing import Any, Literal
 
 import dagster as dg
 
-from batch_dagster import settings as s
 from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.defs.run_limits import queue_tags
 from batch_dagster.engine.base import Engine
 from batch_dagster.engine.models import Models, UnknownModel
 from batch_dagster.engine.server import ServerEngine
+
+from .fields import setting
 
 
 @functools.cache
@@ -64,16 +65,16 @@ class VLLMResource(dg.ConfigurableResource):
     `max_concurrency` at a time. Model settings come from the registry file.
     """
 
-    mode: Literal["offline", "server"] = s.default("BATCH_ENGINE_MODE")
-    models_file: str
-    model_cache_dir: str
-    server_urls: list[str] = list(s.default("BATCH_VLLM_SERVER_URLS"))
-    server_api_key: str | None = s.default("BATCH_VLLM_API_KEY")
-    max_concurrency: int = s.default("BATCH_VLLM_MAX_CONCURRENCY")
+    mode: Literal["offline", "server"] = setting("BATCH_ENGINE_MODE")
+    models_file: str = setting("BATCH_MODELS_FILE")
+    model_cache_dir: str = setting("BATCH_MODEL_CACHE")
+    server_urls: list[str] = setting("BATCH_VLLM_SERVER_URLS")
+    server_api_key: str | None = setting("BATCH_VLLM_API_KEY")
+    max_concurrency: int = setting("BATCH_VLLM_MAX_CONCURRENCY")
     request_timeout_s: float = ServerEngine.timeout_s
     failover_s: float = ServerEngine.failover_s  # server mode: how long requests are resent while no server answers
     # Models with a warm fleet, each to its router (BATCH_FLEET_URLS): their batches go there whatever the mode.
-    fleet_urls: dict[str, str] = s.default("BATCH_FLEET_URLS")
+    fleet_urls: dict[str, str] = setting("BATCH_FLEET_URLS")
 
     @property
     def models(self) -> Models:

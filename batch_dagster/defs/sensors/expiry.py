@@ -20,7 +20,7 @@ def file_expiry_sensor(context: dg.SensorEvaluationContext, database: DatabaseRe
     with database.session() as session:
         expired = repo.expired_files(session)
         for file in expired:
-            repo.delete_file(session, storage.storage(), file)
+            repo.delete_file(session, storage.open(), file)
     if expired:
         context.log.info(f"Deleted {len(expired)} expired file(s)")
     return dg.SkipReason(f"{len(expired)} expired file(s) deleted.")

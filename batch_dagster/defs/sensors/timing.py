@@ -14,10 +14,11 @@ from batch_dagster.db.metrics import record_tick
 log = logging.getLogger("batch_dagster.defs.sensors")
 
 
-def timed(evaluate: Callable[..., Any]) -> Callable[..., Any]:
+def timed(evaluate: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
     """`evaluate` (a sensor's function, under @dg.sensor: Dagster reads its parameters through the wrapper) with each
-    evaluation's seconds, and whether it raised, recorded through its `database` resource; a failed record is logged,
-    never the sensor's failure."""
+    evaluation's seconds, and whether it raised, recorded through its `database` resource under the sensor's `name`
+    (by default the function's); a failed record is logged, never the sensor's failure."""
+    sensor = name or evaluate.__name__
 
     @functools.wraps(evaluate)
     def timed_evaluation(*args: Any, **kwargs: Any) -> Any:
@@ -30,8 +31,8 @@ def timed(evaluate: Callable[..., Any]) -> Callable[..., Any]:
             seconds = time.perf_counter() - started
             try:
                 with kwargs["database"].session() as session:
-                    record_tick(session, evaluate.__name__, seconds, ok)
+                    record_tick(session, sensor, seconds, ok)
             except Exception as exc:  # the store away: the sensor's own work stands
-                log.warning("could not record %s's tick: %r", evaluate.__name__, exc)
+                log.warning("could not record %s's tick: %r", sensor, exc)
 
     return timed_evaluation

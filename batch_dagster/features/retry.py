@@ -1,27 +1,74 @@
-"""A retry batch: a child of an ended batch made of its retryable failures, and the results of both merged."""
+"""A retry batch: a child of an ended batch made of its retryable failures (failure.is_retryable: those that were
+not the requests' own), and the results of both merged."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
+from pathlib import Path
 
+import orjson
+import pyarrow.parquet as pq
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from batch_dagster.batchfile.failure import retryable_ids
 from batch_dagster.batchfile.folder import BatchFolder
-from batch_dagster.batchfile.retry import custom_ids_of, merged_lines, retryable_ids, write_retry_input
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.db import repo
+from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S, add_input_file, create_batch
+from batch_dagster.db.models import BatchRecord, FileRecord
 from batch_dagster.storage import file_location
-
-from . import repo
-from .batches import OUTPUT_EXPIRES_AFTER_S, add_input_file, create_batch
-from .models import BatchRecord, FileRecord
 
 # The metadata key a retry batch shows its parent under. Only create_retry writes it (the API refuses it in a
 # client's metadata); what is followed is the batch's own parent_batch_id column, never the metadata.
 PARENT = "parent_batch_id"
 RESERVED_METADATA = (PARENT,)
 MAX_METADATA_PAIRS = 16
+def write_retry_input(requests_path: Path, ids: Collection[str], endpoint: str, dest: Path) -> int:
+    """Write the original requests of `ids` (from the parent's validated requests) as a batch input file.
+
+    Lines keep the parent's order; returns how many were written.
+    """
+    wanted = set(ids)
+    source = pq.ParquetFile(requests_path)
+    written = 0
+    tmp = dest.with_name(dest.name + ".part")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as out:
+        for group in range(source.num_row_groups):
+            table = source.read_row_group(group, columns=["custom_id", "body"])
+            for cid, body in zip(table["custom_id"].to_pylist(), table["body"].to_pylist(), strict=True):
+                if cid in wanted:
+                    # The body is written as validated, byte for byte, so the child runs the same request.
+                    out.write(b'{"custom_id":' + orjson.dumps(cid) + b',"method":"POST","url":' + orjson.dumps(endpoint)
+                              + b',"body":' + body.encode() + b"}\n")
+                    written += 1
+    tmp.replace(dest)
+    return written
+
+
+def custom_ids_of(*files: Iterable[bytes]) -> set[str]:
+    """Every custom_id in these output or error files (their raw lines)."""
+    ids: set[str] = set()
+    for lines in files:
+        ids.update(orjson.loads(raw)["custom_id"] for raw in lines if raw.strip())
+    return ids
+
+
+def merged_lines(parent_lines: Iterator[bytes], child_lines: Iterable[bytes],
+                 child_ids: Collection[str]) -> Iterator[bytes]:
+    """The parent's lines for requests the child did not run, then the child's: each custom_id once.
+
+    Given the parent's and the child's output files this is the merged output; given their error
+    files, the merged errors (the parent's retried failures are replaced by the child's outcome).
+    """
+    for raw in parent_lines:
+        if raw.strip() and orjson.loads(raw)["custom_id"] not in child_ids:
+            yield raw if raw.endswith(b"\n") else raw + b"\n"
+    for raw in child_lines:
+        if raw.strip():
+            yield raw if raw.endswith(b"\n") else raw + b"\n"
 
 
 class CannotRetry(ValueError):
@@ -30,7 +77,8 @@ class CannotRetry(ValueError):
 
 def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, completion_window_s: int | None,
                  launched: bool = False) -> BatchRecord:
-    """A new batch of `parent`'s retryable failed requests, with their original bodies, same endpoint and model."""
+    """A new batch of `parent`'s retryable failed requests, with their original bodies, same endpoint, model and
+    options."""
     if parent.status not in TERMINAL:
         raise CannotRetry(f"Batch {parent.id} is {parent.status}; only a batch that has ended can be retried.")
     error_file = _file(session, parent.error_file_id)
@@ -52,7 +100,7 @@ def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, com
             session, storage, owner=parent.owner, endpoint=parent.endpoint, input_file=input_file, input_from=path,
             completion_window_s=completion_window_s, metadata=metadata, launched=launched,
             output_expires_after=parent.output_expires_after or OUTPUT_EXPIRES_AFTER_S, parent=parent,
-            priority=parent.priority, max_cost=parent.max_cost,
+            options=parent.options,
         )
 
 

@@ -1,7 +1,7 @@
-"""The batch as shown: one typed summary that the CLI, the demo and the delivered summary.json render.
+"""A batch's outcome as people read it: what the CLI and the demo print and the delivered summary.json holds.
 
-Built from what is stored: a finished batch's summary.json (`BatchSummary.of`), the validation of one that
-failed (`BatchSummary.failed`), or the batch record (`db.batches.batch_summary`).
+It is built from what is stored: a finished batch's summary.json (`BatchOutcome.of`), the validation of one that
+failed (`BatchOutcome.failed`), or the batch's row (`db.batches.batch_outcome`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class EngineRun:
 
 
 @dataclass
-class BatchSummary:
+class BatchOutcome:
     """A batch's end as the CLI and the demo show it; `to_dict` is its JSON (the CLI's --json keys)."""
 
     batch_id: str
@@ -61,14 +61,14 @@ class BatchSummary:
     times: dict[str, int] = field(default_factory=dict)  # the status timestamps the record holds (e.g. completed_at)
 
     @classmethod
-    def of(cls, summary: Summary) -> BatchSummary:
+    def of(cls, summary: Summary) -> BatchOutcome:
         return cls(batch_id=summary.batch_id, status=summary.status, endpoint=summary.endpoint, model=summary.model,
                    request_counts=summary.request_counts, usage=summary.usage, cost=summary.cost,
                    errors=summary.errors or None, inference_s=summary.inference_s,
                    output_tokens_per_s=summary.output_tokens_per_s, engine=EngineRun.of(summary.record))
 
     @classmethod
-    def failed(cls, batch_id: str, validation: Validation | None, errors: list[BatchError]) -> BatchSummary:
+    def failed(cls, batch_id: str, validation: Validation | None, errors: list[BatchError]) -> BatchOutcome:
         """A batch that did not finish: what its validation found, and why it failed."""
         return cls(batch_id=batch_id, status=BatchStatus.FAILED,
                    endpoint=validation.endpoint if validation else None,
@@ -100,10 +100,10 @@ class BatchSummary:
 
 
 @dataclass
-class RunSummary:
-    """What `run_batch` returns: the batch's summary and the facts of the run that made it."""
+class RunOutcome:
+    """What `run_batch` returns: the batch's outcome and the facts of the run that made it."""
 
-    batch: BatchSummary
+    batch: BatchOutcome
     run_id: str
     output_file: str
     error_file: str

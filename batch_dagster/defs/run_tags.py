@@ -1,4 +1,4 @@
-"""Readable labels for a batch's runs and materializations: what an analyst recognises a batch by in the UI."""
+"""Every tag of a batch's run, and how owners are shown in them: what an analyst recognises a batch by in the UI."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .models import BatchRecord, FileRecord
-from .repo import owner_of_key
+from batch_dagster.db.models import BatchRecord, FileRecord
+from batch_dagster.db.repo import owner_of_key
 
 OWNER_TAG = "owner"  # the owner's label: shown in the UI, and what the run queue shares runs by (defs/run_limits.py)
 _HASHED = re.compile(r"[0-9a-f]{64}")
@@ -47,10 +47,13 @@ class OwnerLabels:
         return owner[:64]
 
 
-def batch_tags(batch_id: str, *, source: str, filename: str | None, owner: str,
+WAY_IN_TAG = "source"  # the way in a batch came by: api, cli, s3 or inbox
+
+
+def batch_tags(batch_id: str, *, way_in: str, filename: str | None, owner: str,
                labels: OwnerLabels) -> dict[str, str]:
-    """The run tags of a batch: its id, where it came from (api, cli, s3, inbox), its input file and owner."""
-    tags = {"batch_id": batch_id, "source": source, OWNER_TAG: labels.label(owner)}
+    """The run tags of a batch: its id, the way in it came by (api, cli, s3, inbox), its input file and owner."""
+    tags = {"batch_id": batch_id, WAY_IN_TAG: way_in, OWNER_TAG: labels.label(owner)}
     if filename:
         tags["filename"] = filename[:255]
     return tags
@@ -69,8 +72,8 @@ class RunQueue(Protocol):
     def queue_tags(self, model: str | None) -> dict[str, str]: ...
 
 
-def run_tags(batch_id: str, *, source: str, filename: str | None, owner: str, model: str | None,
+def run_tags(batch_id: str, *, way_in: str, filename: str | None, owner: str, model: str | None,
              vllm: RunQueue, labels: OwnerLabels) -> dict[str, str]:
     """Every tag of a batch's run, whoever requests it (the CLI's runner, the API and drop sensors): the batch's
     labels and the run queue's tags for its model, as recorded on the batch at creation."""
-    return batch_tags(batch_id, source=source, filename=filename, owner=owner, labels=labels) | vllm.queue_tags(model)
+    return batch_tags(batch_id, way_in=way_in, filename=filename, owner=owner, labels=labels) | vllm.queue_tags(model)

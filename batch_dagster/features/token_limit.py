@@ -1,4 +1,5 @@
-"""The per-model enqueued-token limit: prompt tokens an owner has waiting or running for one model."""
+"""The per-model enqueued-token limit (BATCH_MAX_ENQUEUED_TOKENS): prompt tokens an owner has waiting or running for
+one model; validation refuses a batch that would take its owner past it (`refuse_over_limit`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.batchfile.validate import ValidationReport
+from batch_dagster.db.models import BatchRecord
 
-from .models import BatchRecord
+from .estimate import Tally
 
 
 def enqueued_tokens(session: Session, storage: Storage, batch_id: str, model: str) -> tuple[str | None, int]:
@@ -39,3 +42,18 @@ def limit_error(model: str, limit: int, tokens: int, enqueued: int) -> c.BatchEr
         f"prompt tokens and {enqueued:,} are already enqueued. Please try submitting your batch again once some "
         "in_progress batches have been completed.",
     )
+
+
+def refuse_over_limit(session: Session | None, folder: BatchFolder, report: ValidationReport, limit: int | None,
+                      tally: Tally | None) -> int | None:
+    """The valid batch's prompt tokens (from its `tally`) when a limit is set (else None); over the limit, an error
+    in `report`. The limit is per owner and model: this batch plus the owner's unfinished batches for the same model
+    in the store (`session`; None: no store, this batch alone), as their validation documents recorded them."""
+    if not limit or tally is None or report.model is None:
+        return None
+    tokens = tally.input_tokens
+    enqueued = 0 if session is None else enqueued_tokens(session, folder.storage, folder.batch_id, report.model)[1]
+    if tokens + enqueued > limit:
+        report.errors.append(limit_error(report.model, limit, tokens, enqueued))
+        report.error_count += 1
+    return tokens

@@ -1,35 +1,37 @@
 """A batch's estimate before it runs: validation's report, its tokens, the range of its cost and of its duration.
 
-The arithmetic only: tokens are counted by a `CountTokens` the caller builds from the model's tokenizer
-(engine/tokens.py), the throughput and the queue come from the store (db/estimate.py). Nothing runs, nothing is
-created. docs/http-api.md ("Estimate") says what each bound assumes.
+Tokens are counted with the model's tokenizer (engine/tokens.py), the durations divide them by the model's engine
+throughput (throughput.py) after the work queued ahead. The API and the CLI estimate a file (`estimate_file`); a
+valid batch's validation writes its own (`write_estimate`). docs/http-api.md ("Estimate") says what each bound
+assumes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import contract as c
-from . import responses
-from .bodies import BodyError, check_body
-from .usage import PriceTable, Usage, cost_of
-from .validate import ValidationReport, validate_stream
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
 
-# A request's prompt tokens as the engine counts them, one count per prompt (a completions or embeddings body
-# may hold several); None when the engine will refuse the request before it runs (its template fails on it).
-CountTokens = Callable[[str, dict[str, Any]], list[int] | None]
-# As vLLM's server (and engine/translate.py): a legacy completion without max_tokens generates at most 16 tokens.
-COMPLETIONS_MAX_TOKENS = 16
+from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile import responses
+from batch_dagster.batchfile.bodies import BodyError, check_body
+from batch_dagster.batchfile.columnar import read_shard
+from batch_dagster.batchfile.folder import BatchFolder
+from batch_dagster.batchfile.registry import served_endpoints
+from batch_dagster.batchfile.status import TERMINAL
+from batch_dagster.batchfile.storage import Storage
+from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of, load_price_table
+from batch_dagster.batchfile.validate import ValidationReport, validate_stream
+from batch_dagster.db.models import BatchRecord
+from batch_dagster.engine.models import Models
+from batch_dagster.engine.tokens import CountTokens
+from batch_dagster.settings import Settings
 
-
-@dataclass(frozen=True)
-class Throughput:
-    """Tokens (prompt and output) the model's engine works through per second of inference."""
-
-    tokens_per_s: float
-    batches: int = 0  # the recent batches it was measured on; 0: the BATCH_ESTIMATE_TOKENS_PER_S default
+from .throughput import Throughput, engine_throughput
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ def max_output_tokens(endpoint: str, body: dict[str, Any], prompts: list[int], c
         return None
     longest = max(prompts, default=0)
     if requested is None:
-        requested = max(context_length - longest, 1) if endpoint in (c.CHAT, c.RESPONSES) else COMPLETIONS_MAX_TOKENS
+        requested = max(context_length - longest, 1) if endpoint in (c.CHAT, c.RESPONSES) else c.COMPLETIONS_MAX_TOKENS
     if longest + requested > context_length:
         return None
     n = body.get("n", 1)
@@ -182,4 +184,65 @@ def estimate_stream(
     estimate = Estimate(report, tally, prices)
     if report.valid and report.model is not None:
         estimate.throughput, estimate.queue = throughput(report.model), queue(report.model)
+    return estimate
+
+
+def queue_ahead(session: Session, model: str, exclude: str | None = None) -> QueueAhead:
+    """Every owner's batches of `model` that have not ended (one engine serves them all), their requests not
+    finished yet, and how many of them validation has not counted yet; without the batch `exclude` (the one
+    validation estimates)."""
+    left = BatchRecord.request_total - BatchRecord.request_completed - BatchRecord.request_failed
+    uncounted = case((BatchRecord.request_total == 0, 1), else_=0)  # validation counts a batch's requests
+    batches, requests, not_counted = session.execute(
+        select(func.count(), func.coalesce(func.sum(left), 0), func.coalesce(func.sum(uncounted), 0))
+        .where(BatchRecord.model == model, BatchRecord.status.not_in(TERMINAL),
+               BatchRecord.id != (exclude or ""))).one()
+    return QueueAhead(int(batches), int(requests), int(not_counted))
+
+
+def estimate_file(f: BinaryIO, *, size: int | None, endpoint: str | None, session: Session, storage: Storage,
+                  models: Models, settings: Settings) -> Estimate:
+    """POST /v1/batches/estimate's and `batch-dagster estimate`'s answer for a file: validated and counted with the
+    model's tokenizer, priced, timed on the model's engine throughput and the queue ahead of it."""
+    return estimate_stream(
+        f, size=size, limits=settings.limits, endpoint=endpoint, served=served_endpoints(models.registry()),
+        counter=models.counter, prices=load_price_table(settings.prices_file),
+        throughput=lambda model: engine_throughput(session, storage, model, settings.estimate_tokens_per_s),
+        queue=lambda model: queue_ahead(session, model))
+
+
+def count_tokens(requests: Path, report: ValidationReport, models: Models, *, needed: bool, log: Any) -> Tally | None:
+    """Validation's one count of a valid batch's tokens, which the token limit, the cost cap and the estimate read:
+    its validated `requests` counted once with the model's tokenizer (each request's prompt and bound on output, as
+    an estimate counts them). None for an invalid batch, or when the tokenizer fails and nothing `needed` the count
+    (a limit that must hold fails the step instead); that failure is logged and the batch runs without an estimate.
+    """
+    if not report.valid or report.model is None or report.endpoint is None:
+        return None
+    try:
+        count, context_length = models.counter(report.model)
+        tally = Tally()
+        for _, body in read_shard(requests):
+            tally.add(report.endpoint, body, count, context_length)
+    except Exception as exc:
+        if needed:
+            raise
+        log.warning(f"The batch's tokens could not be counted, so it has no estimate: {str(exc)[:500]}")
+        return None
+    return tally
+
+
+def write_estimate(session: Session, folder: BatchFolder, report: ValidationReport, tally: Tally,
+                   prices: PriceTable, default_tokens_per_s: float) -> dict[str, Any]:
+    """A valid batch's estimate, made once by validation: what the estimate endpoint answers for its file (validation's
+    `report` and `tally`, the model's engine throughput, the queue without the batch itself), written to its folder
+    (estimate.json; the status sensor copies it onto the batch's row). A re-run keeps the one made first."""
+    if (made := folder.estimate()) is not None:
+        return made
+    model = report.model
+    assert model is not None  # a valid report names its model
+    throughput = engine_throughput(session, folder.storage, model, default_tokens_per_s)
+    queue = queue_ahead(session, model, exclude=folder.batch_id)
+    estimate = Estimate(report, tally, prices, throughput, queue).to_dict()
+    folder.write_estimate(estimate)
     return estimate

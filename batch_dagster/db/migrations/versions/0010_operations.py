@@ -4,16 +4,16 @@ first estimated end of a batch (the ETA's error in the metrics), the sensors' ti
 Existing owners get no key here: the API seeds BATCH_API_KEYS' keys when it starts (db/keys.py), and an owner whose
 key left the variable stays without one.
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-12-02
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009"
-down_revision = "0008"
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
