@@ -204,17 +204,24 @@ def name_unnamed(session: Session) -> None:
     session.flush()
 
 
+def _own(mine, deployment):
+    """A key's own limit, else the deployment's; the key's 0 is no limit (None)."""
+    return deployment if mine is None else mine or None
+
+
+def own_daily_budget(session: Session, owner: str, deployment: float | None) -> float | None:
+    """The daily budget the owner's batches are held to: its key's own, else the deployment's; None: no budget."""
+    row = session.get(ApiKey, owner)
+    return _own(None if row is None else row.daily_budget, deployment)
+
+
 def limits_of(session: Session, owner: str, config: Settings) -> Limits:
     """The limits the owner is held to: its key's own, else the deployment's; None where there is no limit."""
     row = session.get(ApiKey, owner)
     own = Limits() if row is None else Limits.of(row)
-
-    def pick(mine, deployment):
-        return deployment if mine is None else mine or None  # the key's 0: no limit
-
-    return Limits(pick(own.max_active_batches, config.key_max_active_batches),
-                  pick(own.max_stored_bytes, config.key_max_stored_bytes),
-                  pick(own.daily_budget, config.key_daily_budget),
+    return Limits(_own(own.max_active_batches, config.key_max_active_batches),
+                  _own(own.max_stored_bytes, config.key_max_stored_bytes),
+                  _own(own.daily_budget, config.key_daily_budget),
                   config.key_max_priority if own.max_priority is None else own.max_priority)
 
 

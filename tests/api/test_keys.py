@@ -14,7 +14,7 @@ from sqlalchemy import select, text
 from batch_dagster.cli import main as cli
 from batch_dagster.db import Database, keys, repo
 from batch_dagster.db.models import ApiKey
-from tests.helpers import KEY_A, KEY_B, rows, upload
+from tests.helpers import KEY_A, KEY_B, rows, upload, wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -117,3 +117,45 @@ def test_the_keys_command_manages_the_same_store(start_service, tmp_path, monkey
     with Database(service.config.database_url).session() as session:
         assert session.scalar(select(ApiKey.created_by).where(ApiKey.name == "dave")) == "cli"
 
+
+
+def test_a_keys_own_priority_ceiling_and_daily_budget_hold_over_the_deployments(start_service, tmp_path):
+    from batch_dagster.batchfile import contract as c
+    from tests.api.test_estimate import estimate
+
+    service = start_service(key_max_priority=10)  # and no deployment budget
+    a = service.client(KEY_A)
+    file_a = upload(a, tmp_path / "a.jsonl", rows(4, max_tokens=20))
+    bound = estimate(a, file_a)["cost"]["max"]
+    with Database(service.config.database_url).session() as session:
+        _, low = keys.create(session, "low", limits=keys.Limits(max_priority=0, daily_budget=bound / 2))
+    client = service.client(low)
+    file_id = upload(client, tmp_path / "l.jsonl", rows(4, max_tokens=20))
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h",
+                              extra_body={"priority": 5})
+    assert refused.value.body["code"] == "priority_not_allowed" and "above 0" in refused.value.body["message"]
+    # Its own budget is half what the batch may cost: validation refuses it; KEY_A, with none, runs the same.
+    failed = wait_for(client, client.batches.create(input_file_id=file_id, endpoint=CHAT,
+                                                    completion_window="24h").id, {"failed", "completed"})
+    assert [e.code for e in failed.errors.data] == [c.COST_LIMIT_EXCEEDED]
+    done = wait_for(a, a.batches.create(input_file_id=file_a, endpoint=CHAT, completion_window="24h",
+                                        extra_body={"priority": 5}).id, {"failed", "completed"})
+    assert done.status == "completed"
+
+
+def test_the_ui_names_a_keys_owner_as_the_store_does_and_drops_follow_a_rotated_intake_key(tmp_path):
+    from batch_dagster.defs.resources import DatabaseResource
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = Database(url)
+    store.upgrade()
+    with store.session() as session:
+        row, first = keys.create(session, "erin")
+        _, rotated = keys.rotate(session, "erin")
+    store.dispose()
+    database = DatabaseResource(url=url)
+    assert database.labels().label(row.owner) == "erin"  # the metrics' name, not a hash
+    assert DatabaseResource(url=url, intake_api_key=rotated).intake_owner() == row.owner  # her rows, her new key
+    assert database.intake_owner() == ""  # the store has keys and none was chosen for drops: none taken
+    assert "BATCH_INTAKE_API_KEY" in (database.no_intake_owner() or "")
