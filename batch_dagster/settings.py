@@ -250,8 +250,8 @@ class Settings:
         "Requests in flight to the servers at once (server mode).", parse=int)
     fleet_replicas: int = variable(
         "BATCH_FLEET_REPLICAS", 1, "Engine",
-        "`make serve`: vLLM servers of the warm fleet (each on a core of its own, or on a GPU host on GPUs of its "
-        "own) behind vllm-router; 0: no fleet, every batch runs offline in its run.", parse=int)
+        "`make serve`: vLLM servers of each warm fleet (each on a core of its own, or on a GPU host on GPUs of its "
+        "own) behind its vllm-router; 0: no fleet, every batch runs offline in its run.", parse=int)
     # Empty until asked for (Settings.served_fleet_models): reading the registry is no part of reading the settings.
     fleet_models: tuple[str, ...] = variable(
         "BATCH_FLEET_MODELS", "the registry's first chat model", "Engine",
@@ -268,7 +268,7 @@ class Settings:
         "BATCH_FLEET_POLICY", "cache_aware", "Engine",
         "The router's load-balancing policy (vllm-router --policy).", parse=_policy)
     fleet_idle_s: float = variable(
-        "BATCH_FLEET_IDLE_S", 1800.0, "Engine",
+        "BATCH_FLEET_IDLE_S", 1800, "Engine",
         "`make serve`: seconds a fleet whose model has no batch stays warm; then its replicas stop, giving their "
         "memory back (the router stays), and start again on the model's next batch, whose ETA counts the start. 0: "
         "warm for ever.", parse=float)
