@@ -22,6 +22,7 @@ from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import CommittedShard
 from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
 from batch_dagster.batchfile.validate import ValidationReport
+from batch_dagster.db.keys import own_daily_budget
 from batch_dagster.db.models import BatchRecord
 
 from .daily_usage import day_bounds
@@ -92,16 +93,18 @@ def spent_today(session: Session, owner: str, prices: PriceTable, at: float, exc
 
 def batch_cap(session: Session | None, batch_id: str, options: BatchOptions, prices: PriceTable, currency: str,
               daily_budget: float | None, at: float) -> Cap | None:
-    """What caps `batch_id`'s spend at `at`: its `options`' max_cost, and the daily budget of the key that owns it (a
-    batch with a row in the store, `session`; a batch with none, a table batch's, has no key); None when nothing
-    does."""
-    owner = None
-    if session is not None and daily_budget is not None:
-        owner = session.scalar(select(BatchRecord.owner).where(BatchRecord.id == batch_id))
-    budget = daily_budget if owner is not None else None
+    """What caps `batch_id`'s spend at `at`: its `options`' max_cost, and the daily budget of the key that owns it
+    (its key's own, db/keys.py, else `daily_budget`, BATCH_KEY_DAILY_BUDGET) for a batch with a row in the store,
+    `session`; a batch with none, a table batch's, has no key; None when nothing caps it."""
+    owner = None if session is None else session.scalar(select(BatchRecord.owner).where(BatchRecord.id == batch_id))
+    budget = None
+    if session is not None and owner is not None:
+        budget = own_daily_budget(session, owner, daily_budget)
     if options.max_cost is None and budget is None:
         return None
-    spent = spent_today(session, owner, prices, at, batch_id) if session is not None and owner is not None else 0.0
+    spent = 0.0
+    if session is not None and owner is not None and budget is not None:
+        spent = spent_today(session, owner, prices, at, batch_id)
     return Cap(max_cost=options.max_cost, daily_budget=budget, spent_today=spent, currency=currency)
 
 

@@ -59,7 +59,7 @@ def _resources(settings: Settings) -> dict[str, Any]:
     settings, the same objects). No metadata store: a project's batches have no API key, no queue and no row."""
     storage = from_settings(StorageResource, settings)
     return {STORAGE: storage, PIPELINE: from_settings(PipelineConfig, settings),
-            VLLM: from_settings(VLLMResource, settings, fleet_model=settings.served_fleet_model() or ""),
+            VLLM: from_settings(VLLMResource, settings),
             IO_MANAGER: TableIOManager(data_dir=storage.data_dir, url=storage.url)}
 
 
