@@ -2,7 +2,6 @@
 of a team's own project into an answered table asset, each row asked of a model through batch-dagster's pipeline."""
 
 
-import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -53,10 +52,18 @@ def _request(context: dg.ResolutionContext, model: RequestModel) -> TableRequest
         raise ValueError(f"The table batch's {exc}") from None
 
 
-@functools.cache
+_BUILT: dict[str, dict[str, Any]] = {}  # by the settings' repr: they hold a dict (BATCH_FLEET_URLS), no hash
+
+
 def _resources(settings: Settings) -> dict[str, Any]:
     """One object per resource whatever the number of components, as Definitions.merge wants them (the same
     settings, the same objects). No metadata store: a project's batches have no API key, no queue and no row."""
+    if (key := repr(settings)) not in _BUILT:
+        _BUILT[key] = _build_resources(settings)
+    return _BUILT[key]
+
+
+def _build_resources(settings: Settings) -> dict[str, Any]:
     storage = from_settings(StorageResource, settings)
     return {STORAGE: storage, PIPELINE: from_settings(PipelineConfig, settings),
             VLLM: from_settings(VLLMResource, settings),
