@@ -71,6 +71,8 @@ def run_dg(args: list[str], cwd: Path, home: Path) -> str:
     """`dg ARGS` in the project at `cwd`, in this environment; its output (it must succeed)."""
     env = {**os.environ, "DAGSTER_HOME": str(home), "VIRTUAL_ENV": str(Path(sys.executable).parents[1]),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "COLUMNS": "200"}
+    if (cwd / "src").is_dir():  # a project not installed in this environment: its package from its own folder
+        env["PYTHONPATH"] = str(cwd / "src")
     (home / "dagster.yaml").touch()
     out = subprocess.run([str(Path(sys.executable).with_name("dg")), *args], cwd=cwd, env=env, capture_output=True,
                          text=True, timeout=300)
@@ -79,10 +81,17 @@ def run_dg(args: list[str], cwd: Path, home: Path) -> str:
 
 
 def test_dg_check_defs_passes_on_the_example_project_and_on_batch_dagster_itself(tmp_path):
-    for project in (EXAMPLE, REPO):
-        said = run_dg(["check", "defs"], project, tmp_path)
+    # The example, with a second table batch `dg scaffold defs` wrote (as a team adds one), and batch-dagster itself.
+    project = shutil.copytree(EXAMPLE, tmp_path / "reviews", ignore=shutil.ignore_patterns("*.egg-info"))
+    run_dg(["scaffold", "defs", "batch_dagster.components.TableBatchComponent", "summaries", "--upstream", "reviews"],
+           project, tmp_path)
+    scaffolded = (project / "src" / "reviews_example" / "defs" / "summaries" / "defs.yaml").read_text()
+    assert "type: batch_dagster.components.TableBatchComponent" in scaffolded and "upstream: reviews" in scaffolded
+    for root in (project, REPO):
+        said = run_dg(["check", "defs"], root, tmp_path)
         assert "All component YAML validated successfully" in said and "All definitions loaded successfully" in said
-    assert "batch_dagster.components.TableBatchComponent" in run_dg(["list", "components"], EXAMPLE, tmp_path)
+    assert "summaries" in run_dg(["list", "defs"], project, tmp_path)
+    assert "batch_dagster.components.TableBatchComponent" in run_dg(["list", "components"], project, tmp_path)
     listed = run_dg(["list", "defs", "--json"], REPO, tmp_path)
     assert '"batch_input"' in listed and '"shard_results"' in listed
 
