@@ -316,9 +316,10 @@ class Settings:
         "`priority_not_allowed`. 0: keys may only lower theirs.", parse=int)
     key_daily_budget: float | None = variable(
         "BATCH_KEY_DAILY_BUDGET", None, "API",
-        "What one key's batches may cost per UTC day, in the price table's currency (successful requests, at the batch"
-        " price; batches created that day count). A batch whose upper-bound cost is past what is left fails validation"
-        " with `cost_limit_exceeded`; a running one stops there before its next shard. Unset or 0: no budget.",
+        "What one key's batches created on a UTC day may cost in all, in the price table's currency (successful "
+        "requests, at the batch price; a batch's whole spend counts against the day it was created on, even what it "
+        "spends after midnight). A batch whose upper-bound cost is past what is left fails validation with "
+        "`cost_limit_exceeded`; a running one stops there before its next shard. Unset or 0: no budget.",
         parse=_budget)
     key_max_active_batches: int | None = variable(
         "BATCH_KEY_MAX_ACTIVE_BATCHES", 100, "API",

@@ -164,7 +164,7 @@ def _validate(context: dg.AssetExecutionContext, folder: BatchFolder, pipeline: 
             if limit or session is not None else None
         prompt_tokens = refuse_over_limit(session, folder, report, limit, tally)
         if session is not None:
-            refuse_over_cap(session, folder.batch_id, report, tally, pipeline.prices(), budget, time.time())
+            refuse_over_cap(session, folder.batch_id, report, tally, pipeline.prices(), budget)
         head = (pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5)
                 .to_pylist() if report.valid else [])
         if not report.valid:
@@ -343,7 +343,7 @@ def _over_cost_cap(session: Session | None, folder: BatchFolder, model: str, com
     if session is None:
         return False
     reached = cap_reached(session, folder.batch_id, model, committed.values(), pipeline.prices(),
-                          pipeline.key_daily_budget, time.time())
+                          pipeline.key_daily_budget)
     session.commit()
     return reached
 
