@@ -22,12 +22,12 @@ from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
 from batch_dagster.engine.models import Models
 from batch_dagster.features.estimate import estimate_file
+from batch_dagster.features.quotas import KeyLimits, batch_admission, refuse_early
 from batch_dagster.features.retry import RESERVED_METADATA, CannotRetry, create_retry
 from batch_dagster.storage import file_location
 
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
-from .quotas import check_batches
 from .schemas import (
     COMPLETION_WINDOWS,
     MAX_METADATA_KEY,
@@ -131,6 +131,8 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
     so a create either succeeds or leaves nothing behind.
     """
     source = checked_source(body, ctx, session, owner)
+    limits = KeyLimits.of(ctx.config)
+    refuse_early(limits, session, owner, batches=1, nbytes=source.bytes)  # its folder keeps a copy of the input
     batch_id = repo.new_batch_id()
     try:
         row = store_create_batch(
@@ -139,6 +141,7 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
             metadata=body.metadata, batch_id=batch_id, options=BatchOptions.of(body),
             output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
                                   else OUTPUT_EXPIRES_AFTER_S),
+            admit=batch_admission(limits),  # counted again, with the owner locked, once the input is copied
         )
     except BaseException:
         session.rollback()
@@ -177,7 +180,7 @@ def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, own
     if body.priority > ctx.config.key_max_priority:
         raise invalid(f"priority {body.priority} is above {ctx.config.key_max_priority}, the highest a key may ask "
                       "(BATCH_KEY_MAX_PRIORITY).", param="priority", code="priority_not_allowed")
-    check_batches(ctx.config, session, owner)
+    refuse_early(KeyLimits.of(ctx.config), session, owner, batches=1)
     source = repo.get_file(session, owner, body.input_file_id)
     if source is None:
         raise not_found("File", body.input_file_id, param="input_file_id")
@@ -218,9 +221,11 @@ def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) 
     """Extension: create a batch of the failures that were not the requests' own (features/retry.py); its metadata
     names the parent."""
     parent = _owned_batch(session, owner, batch_id)
-    check_batches(ctx.config, session, owner)
+    limits = KeyLimits.of(ctx.config)
+    refuse_early(limits, session, owner, batches=1)
     try:
-        child = create_retry(session, ctx.storage, parent, completion_window_s=ctx.config.completion_window_s)
+        child = create_retry(session, ctx.storage, parent, completion_window_s=ctx.config.completion_window_s,
+                             admit=batch_admission(limits))
     except CannotRetry as exc:
         raise invalid(str(exc), param="batch_id", code="nothing_to_retry") from exc
     return batch_object(child)

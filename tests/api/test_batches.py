@@ -12,12 +12,14 @@ import openai
 import pytest
 
 from batch_dagster.batchfile.folder import batch_ids
+from batch_dagster.engine.models import Models
 from tests.helpers import (
     CHAT_MODEL,
     KEY_A,
     KEY_B,
     FakeEngine,
     FakeVLLM,
+    WordTokenizer,
     chat_request,
     fake_vllm,
     rows,
@@ -277,8 +279,10 @@ def test_cancel_mid_run_keeps_partial_results(start_service, tmp_path):
         client.batches.cancel(batch.id)
 
 
-def test_cancel_before_launch_runs_nothing(start_service, tmp_path):
-    service = start_service(worker=False)
+def test_cancel_before_launch_runs_nothing(start_service, tmp_path, monkeypatch):
+    counted: list[str] = []
+    monkeypatch.setattr(Models, "tokenizer", lambda self, model: counted.append(model) or WordTokenizer())
+    service = start_service(worker=False, key_daily_budget=1.0)  # a budget needs the tokens of a batch that runs
     client = service.client()
     requests = rows(3)
     batch = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", requests),
@@ -295,6 +299,7 @@ def test_cancel_before_launch_runs_nothing(start_service, tmp_path):
     assert sorted(e["custom_id"] for e in err) == sorted(r["custom_id"] for r in requests)
     assert {e["error"]["code"] for e in err} == {"batch_cancelled"}
     assert service.engine.calls == []
+    assert counted == [] and cancelled.model_extra["estimate"] is None  # its requests listed, none tokenized
 
 
 def test_expiry_with_a_short_window(start_service, tmp_path):

@@ -159,11 +159,13 @@ def _validate(context: dg.AssetExecutionContext, folder: BatchFolder, pipeline: 
         elapsed = time.perf_counter() - started
         # The one count of its tokens: a limit that must hold fails the step when the tokenizer fails. Without a
         # limit and a store (no queue, no key, no cap: a run of the definitions alone) nothing reads it.
+        # A batch cancelled (or expired) before its run started runs nothing: its requests are only listed.
         limit, budget = pipeline.max_enqueued_tokens, pipeline.key_daily_budget
+        stopped = folder.stop_reason() is not None
         tally = count_tokens(out, report, vllm.models, needed=bool(limit or budget), log=context.log) \
-            if limit or session is not None else None
+            if (limit or session is not None) and not stopped else None
         prompt_tokens = refuse_over_limit(session, folder, report, limit, tally)
-        if session is not None:
+        if session is not None and not stopped:
             refuse_over_cap(session, folder.batch_id, report, tally, pipeline.prices(), budget)
         head = (pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5)
                 .to_pylist() if report.valid else [])
