@@ -20,6 +20,7 @@ from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, FileRecord, repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
+from batch_dagster.db.keys import limits_of
 from batch_dagster.engine.models import Models
 from batch_dagster.features.estimate import estimate_file
 from batch_dagster.features.quotas import KeyLimits, batch_admission, refuse_early
@@ -131,7 +132,7 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
     so a create either succeeds or leaves nothing behind.
     """
     source = checked_source(body, ctx, session, owner)
-    limits = KeyLimits.of(ctx.config)
+    limits = KeyLimits.of(session, owner, ctx.config)
     refuse_early(limits, session, owner, batches=1, nbytes=source.bytes)  # its folder keeps a copy of the input
     batch_id = repo.new_batch_id()
     try:
@@ -177,10 +178,11 @@ def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, own
         raise invalid(f"Endpoint {clip(body.endpoint)!r} is not supported; use one of {', '.join(ENDPOINTS)}.",
                       param="endpoint", code="invalid_endpoint")
     _check_metadata(body.metadata)
-    if body.priority > ctx.config.key_max_priority:
-        raise invalid(f"priority {body.priority} is above {ctx.config.key_max_priority}, the highest a key may ask "
-                      "(BATCH_KEY_MAX_PRIORITY).", param="priority", code="priority_not_allowed")
-    refuse_early(KeyLimits.of(ctx.config), session, owner, batches=1)
+    highest = limits_of(session, owner, ctx.config).max_priority
+    if highest is not None and body.priority > highest:
+        raise invalid(f"priority {body.priority} is above {highest}, the highest this key may ask (its own, or "
+                      "else BATCH_KEY_MAX_PRIORITY).", param="priority", code="priority_not_allowed")
+    refuse_early(KeyLimits.of(session, owner, ctx.config), session, owner, batches=1)
     source = repo.get_file(session, owner, body.input_file_id)
     if source is None:
         raise not_found("File", body.input_file_id, param="input_file_id")
@@ -221,7 +223,7 @@ def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) 
     """Extension: create a batch of the failures that were not the requests' own (features/retry.py); its metadata
     names the parent."""
     parent = _owned_batch(session, owner, batch_id)
-    limits = KeyLimits.of(ctx.config)
+    limits = KeyLimits.of(session, owner, ctx.config)
     refuse_early(limits, session, owner, batches=1)
     try:
         child = create_retry(session, ctx.storage, parent, completion_window_s=ctx.config.completion_window_s,

@@ -69,7 +69,7 @@ def create_file(
     created_at = repo.now()
     if expires_seconds is not None:
         expires_at = created_at + expires_seconds
-    limits = KeyLimits.of(ctx.config)
+    limits = KeyLimits.of(session, owner, ctx.config)
     refuse_early(limits, session, owner, nbytes=1)  # a key with no room left sends nothing more
     session.rollback()  # no transaction stays open while the upload streams in
     key = file_key(file_id)

@@ -25,6 +25,7 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.results import CommittedShard
 from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
 from batch_dagster.batchfile.validate import ValidationReport
+from batch_dagster.db.keys import own_daily_budget
 from batch_dagster.db.models import BatchRecord
 
 from .daily_usage import day_bounds
@@ -96,9 +97,13 @@ def spent_on_day(session: Session, owner: str, prices: PriceTable, day: date, ex
 def batch_cap(session: Session, batch_id: str, prices: PriceTable, currency: str,
               daily_budget: float | None) -> Cap | None:
     """What caps `batch_id`'s spend: its max_cost, and the budget of the day it was created on less what the key's
-    other batches of that day spent; None when nothing does (no max_cost, no budget) or it has no row."""
+    other batches of that day spent; None when nothing does (no max_cost, no budget) or it has no row. The budget is
+    its key's own (db/keys.py), else `daily_budget` (BATCH_KEY_DAILY_BUDGET)."""
     row = session.scalar(select(BatchRecord).where(BatchRecord.id == batch_id))
-    if row is None or (row.options.max_cost is None and daily_budget is None):
+    if row is None:
+        return None
+    daily_budget = own_daily_budget(session, row.owner, daily_budget)
+    if row.options.max_cost is None and daily_budget is None:
         return None
     spent = 0.0
     if daily_budget is not None:

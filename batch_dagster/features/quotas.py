@@ -1,5 +1,6 @@
-"""Per-key limits: the batches a key has not ended (BATCH_KEY_MAX_ACTIVE_BATCHES) and the bytes it keeps stored
-(BATCH_KEY_MAX_STORED_BYTES). Past one, `OverLimit`, which the API answers with a 429 in OpenAI's shape.
+"""Per-key limits: the batches a key has not ended and the bytes it keeps stored, each the key's own
+(`batch-dagster keys limits`, db/keys.py), else the deployment's (BATCH_KEY_MAX_ACTIVE_BATCHES,
+BATCH_KEY_MAX_STORED_BYTES). Past one, `OverLimit`, which the API answers with a 429 in OpenAI's shape.
 
 Each limit holds where the write it allows is made: the owner's row is locked, the owner's holdings counted and the
 new row added in one transaction (`admit`), so parallel creates and uploads of one key queue there and each sees what
@@ -16,6 +17,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
+from batch_dagster.db.keys import limits_of
 from batch_dagster.db.models import ApiKey, BatchRecord, FileRecord
 from batch_dagster.db.repo import now
 from batch_dagster.settings import Settings
@@ -42,8 +44,10 @@ class KeyLimits:
     max_stored_bytes: int | None = None
 
     @classmethod
-    def of(cls, settings: Settings) -> KeyLimits:
-        return cls(settings.key_max_active_batches, settings.key_max_stored_bytes)
+    def of(cls, session: Session, owner: str, settings: Settings) -> KeyLimits:
+        """The owner's: its key's own, else the deployment's."""
+        limits = limits_of(session, owner, settings)
+        return cls(limits.max_active_batches, limits.max_stored_bytes)
 
 
 def active_batches(session: Session, owner: str) -> int:
@@ -73,13 +77,14 @@ def lock_owner(session: Session, owner: str) -> None:
 def _check(limits: KeyLimits, session: Session, owner: str, batches: int, nbytes: int) -> None:
     if batches and limits.max_active_batches is not None \
             and active_batches(session, owner) + batches > limits.max_active_batches:
-        raise OverLimit(f"This key has {limits.max_active_batches} batches that have not ended, its limit "
-                        "(BATCH_KEY_MAX_ACTIVE_BATCHES); create more when some have ended, or cancel some.",
+        raise OverLimit(f"This key has {limits.max_active_batches} batches that have not ended, its limit (its "
+                        "own, or else BATCH_KEY_MAX_ACTIVE_BATCHES); create more when some have ended, or cancel some.",
                         code="batch_limit_exceeded")
     if limits.max_stored_bytes is not None and stored_bytes(session, owner) + nbytes > limits.max_stored_bytes:
         raise OverLimit(f"This key's files and batches would keep more than its storage limit of "
-                        f"{limits.max_stored_bytes} bytes (BATCH_KEY_MAX_STORED_BYTES); delete files it no longer "
-                        "needs.", code="storage_limit_exceeded", param="file" if not batches else "input_file_id")
+                        f"{limits.max_stored_bytes} bytes (its own, or else BATCH_KEY_MAX_STORED_BYTES); delete "
+                        "files it no longer needs.", code="storage_limit_exceeded",
+                        param="file" if not batches else "input_file_id")
 
 
 def refuse_early(limits: KeyLimits, session: Session, owner: str, *, batches: int = 0, nbytes: int = 0) -> None:

@@ -4,16 +4,16 @@ Batches from before it count their own copy of their input (its File's size, unl
 command-line batch's is): their working files are measured only if retention clears their folder. In SQL, so that the
 offline script (`alembic upgrade --sql`) holds it too.
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-04
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010"
-down_revision = "0009"
+revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
