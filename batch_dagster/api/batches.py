@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import QueryParams
 
 from batch_dagster.batchfile.contract import ENDPOINTS
@@ -22,11 +23,12 @@ from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
 from batch_dagster.db.keys import limits_of
 from batch_dagster.engine.models import Models
-from batch_dagster.features.estimate import estimate_file
+from batch_dagster.features.estimate import Counted, Estimate, count_file, price_file
 from batch_dagster.features.quotas import KeyLimits, batch_admission, refuse_early
 from batch_dagster.features.retry import RESERVED_METADATA, CannotRetry, create_retry
 from batch_dagster.storage import file_location
 
+from .context import AppContext
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
 from .schemas import (
@@ -152,21 +154,42 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
 
 
 @router.post("/batches/estimate", response_model=BatchEstimate)
-def estimate_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, owner: Owner) -> BatchEstimate:
+async def estimate_batch(body: CreateBatchRequest, ctx: Context, owner: Owner) -> BatchEstimate:
     """Extension: what a batch of the caller's file would cost and take, before it is created; nothing is written.
 
     The file is validated as the batch would be, its tokens counted with the model's tokenizer (loaded on the first
     estimate for that model, never at import), priced and timed against the model's measured throughput and queue.
-    The same checks as create, the same 404s.
+    The same checks as create, the same 404s. The count runs on the estimate lane (api/lanes.py), never in the
+    API's worker pool, one file of a key at a time, and is kept by file: a File's bytes never change.
     """
-    source = checked_source(body, ctx, session, owner)
-    path, size = source.path, source.bytes
-    session.rollback()  # no transaction stays open while the file is tokenized (the store is asked again after)
+    async with ctx.estimates.admitted(owner):
+        file_id, path, size = await run_in_threadpool(_estimated_file, body, ctx, owner)
+        kept = (file_id, body.endpoint)
+        counted = ctx.counts.get(kept)
+        if counted is None:
+            counted = await ctx.estimates.run(owner, lambda: ctx.counts.get(kept) or _count(ctx, kept, path, size))
+        estimate = await run_in_threadpool(_priced, ctx, counted)
+    return BatchEstimate.model_validate(estimate.to_dict())
+
+
+def _estimated_file(body: CreateBatchRequest, ctx: AppContext, owner: str) -> tuple[str, str, int]:
+    with ctx.db.session() as session:
+        source = checked_source(body, ctx, session, owner)
+        return source.id, source.path, source.bytes
+
+
+def _count(ctx: AppContext, kept: tuple[str, str], path: str, size: int) -> Counted:
     files, key = file_location(ctx.storage, path)
     with files.open(key) as f:
-        estimate = estimate_file(f, size=size, endpoint=body.endpoint, session=session, storage=ctx.storage,
-                                 models=Models.from_settings(ctx.config), settings=ctx.config)
-    return BatchEstimate.model_validate(estimate.to_dict())
+        counted = count_file(f, size=size, endpoint=kept[1], models=Models.from_settings(ctx.config),
+                             settings=ctx.config)
+    ctx.counts.put(kept, counted)
+    return counted
+
+
+def _priced(ctx: AppContext, counted: Counted) -> Estimate:
+    with ctx.db.session() as session:
+        return price_file(counted, session=session, storage=ctx.storage, settings=ctx.config)
 
 
 def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, owner: str) -> FileRecord:
