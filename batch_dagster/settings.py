@@ -333,9 +333,10 @@ class Settings:
         " key shows as `key-` and a keyed hash). Unset: no authentication, loopback only.",
         parse=api_key_entries, secret=True)
     key_max_priority: int = variable(
-        "BATCH_KEY_MAX_PRIORITY", 10, "API",
+        "BATCH_KEY_MAX_PRIORITY", 0, "API",
         "The highest `priority` (-10..10) a key's batch may ask at create; above it the create answers 400 "
-        "`priority_not_allowed`. 0: keys may only lower theirs.", parse=int)
+        "`priority_not_allowed`. 0 (the default): keys may only lower theirs, so no key puts its backlog ahead of "
+        "everyone's; raise it for the keys that may (`batch-dagster keys limits NAME --max-priority N`).", parse=int)
     key_daily_budget: float | None = variable(
         "BATCH_KEY_DAILY_BUDGET", None, "API",
         "What one key's batches created on a UTC day may cost in all, in the price table's currency (successful "

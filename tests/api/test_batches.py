@@ -177,6 +177,19 @@ def test_a_batchs_priority_is_bounded_and_shown(start_service, tmp_path):
         assert refused.value.code == code and refused.value.param == "priority", refused.value
 
 
+def test_by_default_no_key_may_raise_its_priority(start_service, tmp_path):
+    """BATCH_KEY_MAX_PRIORITY's default: a key may lower its batches' priority, never put them ahead of everyone."""
+    client = start_service(worker=False).client()
+    file_id = upload(client, tmp_path / "in.jsonl", rows(2))
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
+                              extra_body={"priority": 1})
+    assert refused.value.code == "priority_not_allowed"
+    lowered = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
+                                    extra_body={"priority": -1})
+    assert lowered.model_extra["priority"] == -1
+
+
 def test_keys_are_isolated_and_wrong_keys_refused(start_service, tmp_path):
     service = start_service(worker=False)
     a, b = service.client(KEY_A), service.client(KEY_B)
