@@ -84,8 +84,14 @@ def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, com
         raise CannotRetry(f"Batch {parent.id} is {parent.status}; only a batch that has ended can be retried.")
     error_file = _file(session, parent.error_file_id)
     folder = BatchFolder(storage, parent.id)
-    ids = retryable_ids(_lines(storage, error_file)) if error_file is not None else []
-    if not ids or not storage.exists(folder.requests_key):
+    # Each reason its own message: a batch whose files are gone is not one whose requests cannot be retried.
+    if parent.error_file_id is None:
+        raise CannotRetry(f"Batch {parent.id} ended with no error file, so it has no request to retry.")
+    if error_file is None or not _has_bytes(storage, error_file) or not storage.exists(folder.requests_key):
+        raise CannotRetry(f"Batch {parent.id} can no longer be retried: its files were deleted (retention, or its "
+                          "error file was deleted).")
+    ids = retryable_ids(_lines(storage, error_file))
+    if not ids:
         raise CannotRetry(f"Batch {parent.id} has no request to retry: only requests that failed with a server "
                           "error (5xx) or never ran (batch_expired, batch_cancelled, batch_failed) are retried, "
                           "never 4xx.")
@@ -110,6 +116,11 @@ def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, com
         storage.delete(input_file.path)
         storage.delete_folder(BatchFolder(storage, batch_id).prefix)
         raise
+
+
+def _has_bytes(storage: Storage, file: FileRecord) -> bool:
+    files, key = file_location(storage, file.path)
+    return files.exists(key)
 
 
 def _lines(storage: Storage, file: FileRecord | None) -> Iterator[bytes]:
