@@ -109,14 +109,23 @@ def _shown_usage(usage: object) -> BatchUsage:
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:
+    """A create's metadata: bounded (_bound_metadata), and no key the service sets itself."""
+    for key in RESERVED_METADATA:
+        if key in (metadata or {}):
+            raise invalid(f"metadata key {key!r} is reserved: the retry endpoint (POST /v1/batches/{{batch_id}}/retry) "
+                          "sets it on the batches it creates.", "metadata", code="reserved_metadata_key")
+    _bound_metadata(metadata)
+
+
+def _bound_metadata(metadata: dict[str, str] | None) -> None:
+    """Metadata (a create's, or a list's filter) within OpenAI's bounds, and storable on every database: no NUL,
+    which PostgreSQL's text and JSON refuse."""
     if not metadata:
         return
     if len(metadata) > MAX_METADATA_PAIRS:
         raise invalid(f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS} are allowed.", "metadata")
-    for key in RESERVED_METADATA:
-        if key in metadata:
-            raise invalid(f"metadata key {key!r} is reserved: the retry endpoint (POST /v1/batches/{{batch_id}}/retry) "
-                          "sets it on the batches it creates.", "metadata", code="reserved_metadata_key")
+    if any("\x00" in key or "\x00" in value for key, value in metadata.items()):
+        raise invalid("metadata keys and values must not contain NUL characters.", "metadata")
     for key, value in metadata.items():
         if len(key) > MAX_METADATA_KEY:
             raise invalid(f"metadata key {clip(key, 20)!r} is longer than {MAX_METADATA_KEY} characters.",
@@ -261,7 +270,7 @@ def _metadata_filter(query: QueryParams) -> dict[str, str]:
     pairs = {key[len("metadata["):-1]: value for key, value in query.multi_items()
              if key.startswith("metadata[") and key.endswith("]")}
     try:
-        _check_metadata(pairs)
+        _bound_metadata(pairs)  # a reserved key is a filter like any other: retries are found by their parent
     except ApiError as e:
         raise invalid(f"The metadata filter: {e.message}", "metadata") from None
     return pairs

@@ -114,10 +114,13 @@ def list_files(
     session: DbSession,
     owner: Owner,
     after: Text | None = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    # OpenAI's bound; its default (10,000) would make one call of a long history the API's whole work, so the
+    # default is a page like the batch list's: the SDK's list follows `has_more` either way.
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
     order: Literal["asc", "desc"] = "desc",
     purpose: Text | None = None,
 ) -> ListPage[FileObject]:
+    """Newest first by default; `limit` up to 10,000 as OpenAI's, 100 unless asked."""
     page = repo.list_files(session, owner, after=after, limit=limit, ascending=order == "asc", purpose=purpose)
     if page is None:  # only when `after` names no file
         raise not_found("File", str(after), param="after")

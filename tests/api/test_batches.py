@@ -152,10 +152,14 @@ def test_list_filters_by_status_metadata_and_creation_time(start_service, tmp_pa
     with service.http() as http:
         for query, param in (({"status": "done"}, "status"), ({"created_after": "-1"}, "created_after"),
                              ({"created_before": str(2**71)}, "created_before"),
-                             ({"metadata[" + "k" * 65 + "]": "v"}, "metadata"), ({"metadata[k]": "v" * 513}, "metadata")):
+                             ({"metadata[" + "k" * 65 + "]": "v"}, "metadata"), ({"metadata[k]": "v" * 513}, "metadata"),
+                             ({"metadata[team]": "r\x00d"}, "metadata")):  # a NUL: PostgreSQL's 500 before
             response = http.get("/v1/batches", params=query)
             assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
             assert len(response.text) < 1000  # the client's value is not echoed whole
+        body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h",
+                "metadata": {"team": "r\x00d"}}
+        assert http.post("/v1/batches", json=body).status_code == 400
 
 
 def test_a_batchs_priority_is_bounded_and_shown(start_service, tmp_path):
