@@ -94,6 +94,13 @@ def _budget(text: str) -> float | None:
     return value or None  # 0: no budget
 
 
+def _rate(text: str) -> float | None:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise ValueError("must be a share from 0 to 1")
+    return value or None  # 0: no breaker
+
+
 KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -312,6 +319,15 @@ class Settings:
         "BATCH_MAX_ENQUEUED_TOKENS", None, "Limits",
         "Prompt tokens one owner may have enqueued per model (this batch plus the owner's unfinished ones); past it a "
         "batch fails with `token_limit_exceeded`. Unset: no limit.", parse=_limit)
+    error_breaker_lines: int = variable(
+        "BATCH_ERROR_BREAKER_LINES", 200, "Limits",
+        "The error-rate breaker's sample: once at least this many of a batch's lines have ended (it checks before each "
+        "shard), a batch whose failed share is past the rate stops, `failed` with `error_rate_exceeded`, keeping what "
+        "it finished. 0: no breaker.", parse=int)
+    error_breaker_rate: float | None = variable(
+        "BATCH_ERROR_BREAKER_RATE", 0.95, "Limits",
+        "The share (0 to 1) of failed lines among a batch's first BATCH_ERROR_BREAKER_LINES at which it stops; a "
+        "batch's own `error_breaker_rate` (create body) replaces it. 0: no breaker.", parse=_rate)
     estimate_tokens_per_s: float = variable(
         "BATCH_ESTIMATE_TOKENS_PER_S", 250.0, "Limits",
         "Tokens (prompt and output) per second an estimate's duration assumes for a model with no completed batch yet;"

@@ -17,11 +17,12 @@ import dagster as dg
 import orjson
 import pyarrow.parquet as pq
 from dagster_aws.s3 import S3Resource
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.columnar import read_shard, validate_to_parquet, write_shards
-from batch_dagster.batchfile.failure import COST_LIMIT, not_run_lines, stopped_ending
+from batch_dagster.batchfile.failure import COST_LIMIT, ERROR_RATE, breaker_tripped, not_run_lines, stopped_ending
 from batch_dagster.batchfile.folder import (
     BatchFolder,
     Manifest,
@@ -37,6 +38,7 @@ from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import cost_of
 from batch_dagster.batchfile.validate import ValidationReport
 from batch_dagster.db.lifecycle import record_usage
+from batch_dagster.db.models import BatchRecord
 from batch_dagster.defs.dagster_internals import dies_with_its_run
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
@@ -350,6 +352,17 @@ def _over_cost_cap(session: Session | None, folder: BatchFolder, model: str, com
     return reached
 
 
+def _breaker_rate(session: Session | None, batch_id: str, pipeline: PipelineConfig) -> float | None:
+    """The batch's own error_breaker_rate (an API batch's option), else the operator's; the store's transaction ends
+    here."""
+    if session is None:
+        return pipeline.error_breaker_rate
+    row = session.scalar(select(BatchRecord).where(BatchRecord.id == batch_id))
+    own = row.options.error_breaker_rate if row is not None else None
+    session.commit()
+    return own if own is not None else pipeline.error_breaker_rate
+
+
 def _run_shards(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMResource, pipeline: PipelineConfig,
                 session: Session | None) -> dg.MaterializeResult:
     manifest = _manifest(folder)
@@ -375,6 +388,10 @@ def _run_shards(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VL
             if not stopped and _over_cost_cap(session, folder, manifest.model, done, pipeline):
                 folder.request_stop(COST_LIMIT)  # as a cancel stops it: the status follows from the files
                 stopped = COST_LIMIT
+            if not stopped and breaker_tripped((s.request_counts for s in done.values()), pipeline.error_breaker_lines,
+                                               _breaker_rate(session, folder.batch_id, pipeline)):
+                folder.request_stop(ERROR_RATE)  # no more engine time for a batch whose lines nearly all fail
+                stopped = ERROR_RATE
             if stopped:
                 context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
                 break
