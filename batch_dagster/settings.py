@@ -101,6 +101,13 @@ def _budget(text: str) -> float | None:
     return value or None  # 0: no budget
 
 
+def _rate(text: str) -> float | None:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise ValueError("must be a share from 0 to 1")
+    return value or None  # 0: no breaker
+
+
 KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -319,6 +326,15 @@ class Settings:
         "BATCH_MAX_ENQUEUED_TOKENS", None, "Limits",
         "Prompt tokens one owner may have enqueued per model (this batch plus the owner's unfinished ones); past it a "
         "batch fails with `token_limit_exceeded`. Unset: no limit.", parse=_limit)
+    error_breaker_lines: int = variable(
+        "BATCH_ERROR_BREAKER_LINES", 200, "Limits",
+        "The error-rate breaker's sample: once at least this many of a batch's lines have ended (it checks before each "
+        "shard), a batch whose failed share is past the rate stops, `failed` with `error_rate_exceeded`, keeping what "
+        "it finished. 0: no breaker.", parse=int)
+    error_breaker_rate: float | None = variable(
+        "BATCH_ERROR_BREAKER_RATE", 0.95, "Limits",
+        "The share (0 to 1) of failed lines among a batch's first BATCH_ERROR_BREAKER_LINES at which it stops; a "
+        "batch's own `error_breaker_rate` (create body) replaces it. 0: no breaker.", parse=_rate)
     estimate_tokens_per_s: float = variable(
         "BATCH_ESTIMATE_TOKENS_PER_S", 250.0, "Limits",
         "Tokens (prompt and output) per second an estimate's duration assumes for a model with no completed batch yet;"
@@ -349,14 +365,16 @@ class Settings:
         " key shows as `key-` and a keyed hash). Unset: no authentication, loopback only.",
         parse=api_key_entries, secret=True)
     key_max_priority: int = variable(
-        "BATCH_KEY_MAX_PRIORITY", 10, "API",
+        "BATCH_KEY_MAX_PRIORITY", 0, "API",
         "The highest `priority` (-10..10) a key's batch may ask at create; above it the create answers 400 "
-        "`priority_not_allowed`. 0: keys may only lower theirs.", parse=int)
+        "`priority_not_allowed`. 0 (the default): keys may only lower theirs, so no key puts its backlog ahead of "
+        "everyone's; raise it for the keys that may (`batch-dagster keys limits NAME --max-priority N`).", parse=int)
     key_daily_budget: float | None = variable(
         "BATCH_KEY_DAILY_BUDGET", None, "API",
-        "What one key's batches may cost per UTC day, in the price table's currency (successful requests, at the batch"
-        " price; batches created that day count). A batch whose upper-bound cost is past what is left fails validation"
-        " with `cost_limit_exceeded`; a running one stops there before its next shard. Unset or 0: no budget.",
+        "What one key's batches created on a UTC day may cost in all, in the price table's currency (successful "
+        "requests, at the batch price; a batch's whole spend counts against the day it was created on, even what it "
+        "spends after midnight). A batch whose upper-bound cost is past what is left fails validation with "
+        "`cost_limit_exceeded`; a running one stops there before its next shard. Unset or 0: no budget.",
         parse=_budget)
     key_max_active_batches: int | None = variable(
         "BATCH_KEY_MAX_ACTIVE_BATCHES", 100, "API",

@@ -29,7 +29,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
-        context.db.dispose()
+        context.close()
 
     app = FastAPI(
         title="batch-dagster",

@@ -6,6 +6,7 @@ folder before its row exists, so nothing that lists rows ever sees half a batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,7 @@ def create_batch(
     parent: BatchRecord | None = None,
     commit: bool = True,
     options: BatchOptions = BatchOptions(),
+    admit: Callable[[Session, BatchRecord], None] | None = None,
 ) -> BatchRecord:
     """Put the batch's input, deadline and endpoint in its folder, then add its row (committed).
 
@@ -115,7 +117,9 @@ def create_batch(
     `options`: the batch's options, kept whole (a retry passes its parent's). `launched`: the caller requests the
     run itself (else the API sensor launches it). `parent`: the batch this one
     retries (features/retry.py only; it must have the same owner). `commit` False: the caller commits (or rolls back)
-    the row with its own.
+    the row with its own. `admit`: run once the input is in place, before the row is added, in the row's own
+    transaction: it may lock and count what the owner holds, and refuse (features/quotas.py batch_admission), so that
+    the slow copy is outside the lock and the count and the insert are not.
     The batch's model (from its first request, or `model` for a dropped file, whose head the intake read) and,
     for a local file, its request count are recorded on the row: nothing after reads the input to know them.
     """
@@ -145,7 +149,11 @@ def create_batch(
         expires_at=expires_at,
         meta=metadata, output_expires_after=output_expires_after, launched_at=created_at if launched else None,
         model=model, request_total=requests, parent_batch_id=_same_owner(parent, owner), options=options,
+        # The folder's own copy of the input, unless it is the File's bytes (a command-line batch's File is that copy).
+        stored_bytes=0 if input_file.path == folder.input_key else input_file.bytes,
     )
+    if admit is not None:
+        admit(session, row)
     session.add(row)
     if commit:
         session.commit()

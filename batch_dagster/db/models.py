@@ -113,6 +113,10 @@ class BatchRecord(Base):
     # launched; the place and end the daemon's queue_eta_sensor stores while the batch has not ended.
     estimate: Mapped[dict[str, Any] | None]
     launch_priority: Mapped[int | None]
+    # The bytes of its folder no File row counts (its own copy of its input, its working files): what its key keeps
+    # beside its files (features/quotas.py). Its input copy's size at creation; its folder measured once it has ended,
+    # and again after retention.
+    stored_bytes: Mapped[int] = mapped_column(default=0)
     queue_position: Mapped[int | None]
     estimated_completion_at: Mapped[int | None]
     # The first estimated end it was given: what the ETA's error on ended batches is measured against (metrics).

@@ -8,12 +8,14 @@ QueuedRunCoordinator): a run waits in the queue, holding nothing, until it fits.
 soon as it is marked failed.
 
 Keys share the queue fairly by `dagster/priority` (its fair rank: fair_ranks): one key's backlog waits behind the
-first batch of a key that arrives later, which waits for one run slot at most.
+first batch of a key that arrives later, which waits for one run slot of its model at most. Each model and each
+batch priority keeps its own fair clock: runs of another model take other slots, and runs of another priority are
+ordered by that priority first, so neither says how far this queue has moved.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,31 +90,45 @@ def launch_priority(rank: int, priority: int) -> int:
 
 @dataclass(frozen=True)
 class InFlight:
-    """A run the queue holds or runs: its owner's label, its fair rank, and whether it has left the queue."""
+    """A run the queue holds or runs: its owner's label, its fair rank, whether it has left the queue, and the
+    queue it waits in (its model and its batch's priority: each keeps its own fair clock)."""
 
     owner: str
     rank: int
     started: bool
+    queue: Hashable = ""
 
 
-def fair_ranks(in_flight: Iterable[InFlight], owners: Sequence[str]) -> list[int]:
-    """The fair ranks of new runs of `owners` (in the order they are submitted), so that the queue interleaves
-    owners; a higher rank goes first.
+def fair_ranks(in_flight: Iterable[InFlight], owners: Sequence[str],
+               queues: Sequence[Hashable] | None = None) -> list[int]:
+    """The fair ranks of new runs of `owners` (in the order they are submitted; each in its `queues` entry, one
+    queue when not given), so that each queue interleaves owners; a higher rank goes first.
 
-    Start-time fair queueing: a run's turn is its rank's negative. The clock is the latest turn that has started. A
-    new run takes the clock's turn, or the turn after its owner's last run in flight when that is later. So an
-    owner's runs keep their order, a backlog of n runs spreads over the next n turns, and an owner with nothing in
-    flight goes ahead of every run whose turn is past the clock: it waits at most for the runs in the slots.
+    Start-time fair queueing, in each queue on its own: a run's turn is its rank's negative. The queue's clock is
+    the latest turn that has started in it. A new run takes the clock's turn, or the turn after its owner's last
+    run in flight in that queue when that is later. So an owner's runs keep their order, a backlog of n runs spreads
+    over the next n turns, and an owner with nothing in flight goes ahead of every run whose turn is past the clock:
+    it waits at most for the runs in the slots. Another queue's runs never move this queue's clock.
     """
     runs = list(in_flight)
-    started = [-r.rank for r in runs if r.started]
-    clock = max(started) if started else min((-r.rank for r in runs), default=0)
-    last: dict[str, int] = {}
+    started: dict[Hashable, int] = {}
+    earliest: dict[Hashable, int] = {}
+    last: dict[tuple[Hashable, str], int] = {}
     for r in runs:
-        last[r.owner] = max(last.get(r.owner, -r.rank), -r.rank)
+        turn = -r.rank
+        if r.started:
+            started[r.queue] = max(started.get(r.queue, turn), turn)
+        earliest[r.queue] = min(earliest.get(r.queue, turn), turn)
+        last[r.queue, r.owner] = max(last.get((r.queue, r.owner), turn), turn)
     ranks = []
-    for owner in owners:
-        turn = max(clock, last[owner] + 1) if owner in last else clock
-        last[owner] = turn
+    for owner, queue in zip(owners, queues if queues is not None else [""] * len(owners), strict=True):
+        clock = started.get(queue, earliest.get(queue, 0))
+        turn = max(clock, last[queue, owner] + 1) if (queue, owner) in last else clock
+        last[queue, owner] = turn
         ranks.append(-turn)
     return ranks
+
+
+def own_priority(launch: int, rank: int) -> int:
+    """The batch's own priority in a run's dagster/priority (launch_priority's inverse)."""
+    return round((launch - rank) / PRIORITY_STEP)

@@ -1,6 +1,10 @@
 """A batch's cost cap. A batch may spend up to its `max_cost`, and no more than what its key's daily budget has
-left after the key's other batches of the day. Validation refuses a batch whose upper-bound cost is past that
+left after the key's other batches of its day. Validation refuses a batch whose upper-bound cost is past that
 (`refuse_over_cap`); a running batch stops before the shard after it reaches it (`cap_reached`).
+
+A batch's day is the UTC day it was created on, for all it ever spends: the budget of a day bounds what the key's
+batches created that day cost in all, whenever they run. So a batch that runs past midnight stays under its own day's
+budget (it gets no fresh one), and the batches created on a day never share their budget with another day's.
 
 Costs are those of usage.py: successful requests only, at the batch price. What the other batches spent is read
 from the store, one query: an ended batch's final usage, and a running one's as its run records it after each
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -38,7 +42,7 @@ class Cap:
 
     max_cost: float | None = None
     daily_budget: float | None = None
-    spent_today: float = 0.0  # by the key's other batches created this UTC day
+    spent_that_day: float = 0.0  # by the key's other batches created the same UTC day
     currency: str = "USD"
 
     def allowance(self, spent: float = 0.0) -> float | None:
@@ -47,7 +51,7 @@ class Cap:
         if self.max_cost is not None:
             left.append(self.max_cost - spent)
         if self.daily_budget is not None:
-            left.append(self.daily_budget - self.spent_today - spent)
+            left.append(self.daily_budget - self.spent_that_day - spent)
         return min(left) if left else None
 
     def _limits(self) -> str:
@@ -55,8 +59,8 @@ class Cap:
         if self.max_cost is not None:
             parts.append(f"max_cost {self.max_cost:g}")
         if self.daily_budget is not None:
-            parts.append(f"the key's daily budget {self.daily_budget:g}, of which {self.spent_today:g} is spent "
-                         "today by its other batches")
+            parts.append(f"the key's daily budget {self.daily_budget:g}, of which {self.spent_that_day:g} is spent "
+                         "by its other batches created the same UTC day")
         return " and ".join(parts) + f" ({self.currency})"
 
     def refusal(self, upper_bound: float) -> c.BatchError | None:
@@ -77,10 +81,10 @@ class Cap:
         return allowed is not None and allowed <= _EPSILON
 
 
-def spent_today(session: Session, owner: str, prices: PriceTable, at: float, excluding: str) -> float:
-    """The cost of `owner`'s batches created on the UTC day of `at` (epoch seconds), but `excluding`, as the store
-    holds their usage (one query)."""
-    start, end = day_bounds(datetime.fromtimestamp(at, UTC).date())
+def spent_on_day(session: Session, owner: str, prices: PriceTable, day: date, excluding: str) -> float:
+    """The cost of `owner`'s batches created on the UTC `day`, but `excluding`, as the store holds their usage (one
+    query): whatever day they spent it on."""
+    start, end = day_bounds(day)
     rows = session.execute(select(BatchRecord.usage, BatchRecord.model).where(
         BatchRecord.owner == owner, BatchRecord.id != excluding, BatchRecord.created_at >= start,
         BatchRecord.created_at < end))
@@ -92,29 +96,30 @@ def spent_today(session: Session, owner: str, prices: PriceTable, at: float, exc
 
 
 def batch_cap(session: Session | None, batch_id: str, options: BatchOptions, prices: PriceTable, currency: str,
-              daily_budget: float | None, at: float) -> Cap | None:
-    """What caps `batch_id`'s spend at `at`: its `options`' max_cost, and the daily budget of the key that owns it
-    (its key's own, db/keys.py, else `daily_budget`, BATCH_KEY_DAILY_BUDGET) for a batch with a row in the store,
-    `session`; a batch with none, a table batch's, has no key; None when nothing caps it."""
-    owner = None if session is None else session.scalar(select(BatchRecord.owner).where(BatchRecord.id == batch_id))
+              daily_budget: float | None) -> Cap | None:
+    """What caps `batch_id`'s spend: its `options`' max_cost, and, for a batch with a row in the store (`session`),
+    the budget of the day it was created on less what the key's other batches of that day spent; None when nothing
+    does. The budget is its key's own (db/keys.py), else `daily_budget` (BATCH_KEY_DAILY_BUDGET); a batch with no
+    row, a table batch's, has no key and no budget."""
+    row = None if session is None else session.scalar(select(BatchRecord).where(BatchRecord.id == batch_id))
     budget = None
-    if session is not None and owner is not None:
-        budget = own_daily_budget(session, owner, daily_budget)
+    if session is not None and row is not None:
+        budget = own_daily_budget(session, row.owner, daily_budget)
     if options.max_cost is None and budget is None:
         return None
     spent = 0.0
-    if session is not None and owner is not None and budget is not None:
-        spent = spent_today(session, owner, prices, at, batch_id)
-    return Cap(max_cost=options.max_cost, daily_budget=budget, spent_today=spent, currency=currency)
+    if session is not None and row is not None and budget is not None:
+        spent = spent_on_day(session, row.owner, prices, datetime.fromtimestamp(row.created_at, UTC).date(), batch_id)
+    return Cap(max_cost=options.max_cost, daily_budget=budget, spent_that_day=spent, currency=currency)
 
 
 def refuse_over_cap(session: Session | None, batch_id: str, options: BatchOptions, report: ValidationReport,
-                    tally: Tally | None, prices: PriceTable, daily_budget: float | None, at: float) -> None:
+                    tally: Tally | None, prices: PriceTable, daily_budget: float | None) -> None:
     """At validation, an error in the valid `report` when the batch's upper-bound cost (its `tally` priced, each
     request at its most output: the estimate's cost.max) is more than it may spend."""
     if not report.valid or report.model is None:
         return
-    cap = batch_cap(session, batch_id, options, prices, prices.for_model(report.model).currency, daily_budget, at)
+    cap = batch_cap(session, batch_id, options, prices, prices.for_model(report.model).currency, daily_budget)
     if cap is None:
         return
     if tally is None:  # its tokenizer failed (count_tokens logged why): no cap is checked by guessing
@@ -127,10 +132,10 @@ def refuse_over_cap(session: Session | None, batch_id: str, options: BatchOption
 
 
 def cap_reached(session: Session | None, batch_id: str, options: BatchOptions, model: str,
-                committed: Iterable[CommittedShard], prices: PriceTable, daily_budget: float | None, at: float) -> bool:
+                committed: Iterable[CommittedShard], prices: PriceTable, daily_budget: float | None) -> bool:
     """While it runs, before a shard: whether the batch, having spent what its `committed` shards cost, must run no
     other shard."""
-    cap = batch_cap(session, batch_id, options, prices, prices.for_model(model).currency, daily_budget, at)
+    cap = batch_cap(session, batch_id, options, prices, prices.for_model(model).currency, daily_budget)
     if cap is None:
         return False
     usage = Usage()

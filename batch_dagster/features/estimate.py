@@ -1,9 +1,9 @@
 """A batch's estimate before it runs: validation's report, its tokens, the range of its cost and of its duration.
 
 Tokens are counted with the model's tokenizer (engine/tokens.py), the durations divide them by the model's engine
-throughput (throughput.py) after the work queued ahead. The API and the CLI estimate a file (`estimate_file`); a
-valid batch's validation writes its own (`write_estimate`). docs/http-api.md ("Estimate") says what each bound
-assumes.
+throughput (throughput.py) after the work queued ahead. The API (`count_file`, then `price_file`) and the CLI
+(`estimate_file`) estimate a file; a valid batch's validation writes its own (`write_estimate`). docs/http-api.md
+("Estimate") says what each bound assumes.
 """
 
 from __future__ import annotations
@@ -152,7 +152,16 @@ class Estimate:
         }
 
 
-def estimate_stream(
+@dataclass(frozen=True)
+class Counted:
+    """A file's validation report and its tokens: what an estimate computes from the file's bytes alone (so one
+    File's count serves each estimate of it)."""
+
+    report: ValidationReport
+    tally: Tally
+
+
+def count_stream(
     f: BinaryIO,
     *,
     size: int | None,
@@ -160,11 +169,8 @@ def estimate_stream(
     endpoint: str | None,
     served: Collection[str],
     counter: Callable[[str], tuple[CountTokens, int]],
-    prices: PriceTable,
-    throughput: Callable[[str], Throughput],
-    queue: Callable[[str], QueueAhead],
-) -> Estimate:
-    """Validate the file and count its tokens in one pass; then price it and time it.
+) -> Counted:
+    """Validate the file and count its tokens in one pass.
 
     `counter(model)` is the model's CountTokens and context length; it is asked for once, for a model the
     registry (`served`) serves, so an unknown model costs no tokenizer.
@@ -181,10 +187,34 @@ def estimate_stream(
             tally.add(request["url"], request["body"], *found)
 
     report = validate_stream(f, size=size, limits=limits, endpoint=endpoint, models=served, on_request=on_request)
-    estimate = Estimate(report, tally, prices)
-    if report.valid and report.model is not None:
-        estimate.throughput, estimate.queue = throughput(report.model), queue(report.model)
+    return Counted(report, tally)
+
+
+def priced(counted: Counted, prices: PriceTable, throughput: Callable[[str], Throughput],
+           queue: Callable[[str], QueueAhead]) -> Estimate:
+    """A counted file priced, and timed on the model's throughput after the queue ahead of it (as they are now)."""
+    estimate = Estimate(counted.report, counted.tally, prices)
+    if counted.report.valid and counted.report.model is not None:
+        model = counted.report.model
+        estimate.throughput, estimate.queue = throughput(model), queue(model)
     return estimate
+
+
+def estimate_stream(
+    f: BinaryIO,
+    *,
+    size: int | None,
+    limits: c.Limits,
+    endpoint: str | None,
+    served: Collection[str],
+    counter: Callable[[str], tuple[CountTokens, int]],
+    prices: PriceTable,
+    throughput: Callable[[str], Throughput],
+    queue: Callable[[str], QueueAhead],
+) -> Estimate:
+    """Validate the file and count its tokens in one pass (`count_stream`); then price it and time it."""
+    counted = count_stream(f, size=size, limits=limits, endpoint=endpoint, served=served, counter=counter)
+    return priced(counted, prices, throughput, queue)
 
 
 def queue_ahead(session: Session, model: str, exclude: str | None = None) -> QueueAhead:
@@ -200,15 +230,26 @@ def queue_ahead(session: Session, model: str, exclude: str | None = None) -> Que
     return QueueAhead(int(batches), int(requests), int(not_counted))
 
 
+def count_file(f: BinaryIO, *, size: int | None, endpoint: str | None, models: Models,
+               settings: Settings) -> Counted:
+    """A file validated and counted with its model's tokenizer: the slow part of an estimate, and its file's alone."""
+    return count_stream(f, size=size, limits=settings.limits, endpoint=endpoint,
+                        served=served_endpoints(models.registry()), counter=models.counter)
+
+
+def price_file(counted: Counted, *, session: Session, storage: Storage, settings: Settings) -> Estimate:
+    """A counted file priced, and timed on the model's engine throughput and the queue ahead of it."""
+    return priced(counted, load_price_table(settings.prices_file),
+                  throughput=lambda model: engine_throughput(session, storage, model, settings.estimate_tokens_per_s),
+                  queue=lambda model: queue_ahead(session, model))
+
+
 def estimate_file(f: BinaryIO, *, size: int | None, endpoint: str | None, session: Session, storage: Storage,
                   models: Models, settings: Settings) -> Estimate:
-    """POST /v1/batches/estimate's and `batch-dagster estimate`'s answer for a file: validated and counted with the
+    """`batch-dagster estimate`'s answer for a file (the API's, in two steps): validated and counted with the
     model's tokenizer, priced, timed on the model's engine throughput and the queue ahead of it."""
-    return estimate_stream(
-        f, size=size, limits=settings.limits, endpoint=endpoint, served=served_endpoints(models.registry()),
-        counter=models.counter, prices=load_price_table(settings.prices_file),
-        throughput=lambda model: engine_throughput(session, storage, model, settings.estimate_tokens_per_s),
-        queue=lambda model: queue_ahead(session, model))
+    return price_file(count_file(f, size=size, endpoint=endpoint, models=models, settings=settings),
+                      session=session, storage=storage, settings=settings)
 
 
 def count_tokens(requests: Path, report: ValidationReport, models: Models, *, needed: bool, log: Any) -> Tally | None:

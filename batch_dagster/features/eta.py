@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
@@ -128,7 +128,9 @@ def refresh_queue(session: Session, *, slots: int, default_tokens_per_s: float, 
     """Recompute every not-ended batch's queue position and estimated end, per model; store those that changed
     (committed) and return them."""
     rows = session.execute(
-        select(BatchRecord, FileRecord.bytes).join(FileRecord, FileRecord.id == BatchRecord.input_file_id)
+        # A batch whose uploaded input was deleted is still queued: its folder's copy of the input is its size.
+        select(BatchRecord, func.coalesce(FileRecord.bytes, BatchRecord.stored_bytes, 0))
+        .outerjoin(FileRecord, FileRecord.id == BatchRecord.input_file_id)
         .where(BatchRecord.status.in_(NOT_ENDED))).all()
     by_model: dict[str | None, list[tuple[BatchRecord, int]]] = defaultdict(list)
     for batch, nbytes in rows:

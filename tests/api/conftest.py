@@ -62,7 +62,9 @@ def serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
         storage = StorageResource(data_dir=str(data_dir), url=storage_url)
         # The pipeline reads the API's store, as under serve (the cost cap asks it what a key spent).
         defs = make_defs(data_dir, vllm, shard_size, storage_url, database_url=config.database_url,
-                         key_daily_budget=config.key_daily_budget, reuse_answers=config.reuse_answers)
+                         key_daily_budget=config.key_daily_budget, error_breaker_lines=config.error_breaker_lines,
+                         error_breaker_rate=config.error_breaker_rate,
+                         reuse_answers=config.reuse_answers)
         resources = {"database": DatabaseResource(url=config.database_url), "storage": storage, "vllm": vllm,
                      "pipeline": defs.resources["pipeline"]}
         server = stack.enter_context(ApiServer(create_app(config)))

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 
 import openai
 import pytest
 
+from batch_dagster.api.context import ESTIMATES_QUEUED_PER_KEY
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.folder import BatchFolder, batch_ids
 from batch_dagster.batchfile.usage import Price, PriceTable
 from batch_dagster.batchfile.validate import MAX_ERRORS, MORE_ERRORS
 from batch_dagster.cli import main
+from batch_dagster.engine.models import Models
 from batch_dagster.features.estimate import Estimate, QueueAhead, estimate_stream, max_output_tokens
 from batch_dagster.features.throughput import Throughput
-from tests.helpers import CHAT_MODEL, KEY_B, chat_request, rows, upload, wait_for
+from tests.helpers import CHAT_MODEL, KEY_B, Flood, chat_request, rows, upload, wait_for
 
 
 def use_store(monkeypatch, database_url: str, storage_url: str) -> None:
@@ -225,3 +228,34 @@ def test_a_model_not_served_loads_no_tokenizer():
 def test_no_measured_rate_no_duration():
     estimate = run([chat("a", "hi", max_tokens=3)], rate=0.0)
     assert estimate.to_dict()["duration_s"] is None and estimate.to_dict()["cost"] is not None
+
+
+def test_a_flood_of_one_keys_estimates_leaves_the_api_serving_everyone(start_service, tmp_path, monkeypatch):
+    """45 estimates of one key, each file's tokenization held until released (the cores stay free: what runs out,
+    if anything, is a pool; before the estimate lane, 40 held estimates took every worker thread and the next
+    request of any key waited): past the key's bound they answer 429 at once, another key is served while the rest
+    wait, and those answer once released, all from one count of the file."""
+    release, counting = threading.Event(), []
+    count = Models.counter
+
+    def held(self, model):
+        counting.append(model)
+        release.wait(60)
+        return count(self, model)
+
+    monkeypatch.setattr(Models, "counter", held)
+    service = start_service(worker=False)
+    file_id = upload(service.client(), tmp_path / "in.jsonl", rows(3, max_tokens=4))
+    body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    flood = Flood(service, "/v1/batches/estimate", body, 45)
+    flood.wait_answered(45 - ESTIMATES_QUEUED_PER_KEY)
+    assert set(flood.statuses) == {429} and flood.held() == ESTIMATES_QUEUED_PER_KEY and counting == [CHAT_MODEL]
+    with service.http(KEY_B) as other:  # served while the key's estimates wait for their count
+        assert other.get("/v1/batches", timeout=10).status_code == 200
+        file_b = upload(service.client(KEY_B), tmp_path / "b.jsonl", rows(2))
+        assert other.get(f"/v1/files/{file_b}", timeout=10).status_code == 200
+    assert not release.is_set() and flood.held() == ESTIMATES_QUEUED_PER_KEY
+    release.set()
+    statuses = flood.join()
+    assert statuses.count(200) == ESTIMATES_QUEUED_PER_KEY and statuses.count(429) == 45 - ESTIMATES_QUEUED_PER_KEY
+    assert counting == [CHAT_MODEL]  # one count of the file, which the other estimates shared

@@ -81,6 +81,19 @@ def test_every_unfinished_batch_is_placed_and_only_what_moved_is_written(session
 
 
 
+
+def test_a_batch_whose_upload_was_deleted_keeps_its_place(session):
+    """Its File is gone (the key deleted the upload after create): it is still queued, sized by its folder's copy
+    of its input, and every batch behind it waits for it."""
+    add(session, "first", "validating", file="gone", stored_bytes=2000)
+    add(session, "second", "validating", file="f2000")
+    set_launch_priorities(session, {"first": 0, "second": -1})
+    refresh_queue(session, slots=1, default_tokens_per_s=250.0, now=NOW)
+    stored = {b.id: (b.queue_position, b.estimated_completion_at) for b in session.query(BatchRecord)}
+    assert stored["first"][0] == 1 and stored["second"][0] == 2
+    assert stored["second"][1] > stored["first"][1] > NOW
+
+
 def waiting(batch_id: str, work: float | None, *, priority: int = 0, rank: int | None = 0, pk: int = 1,
             input_bytes: int = 0) -> Entry:
     launched = None if rank is None else launch_priority(rank, priority)

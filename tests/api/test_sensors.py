@@ -154,5 +154,6 @@ def test_a_batchs_own_priority_goes_before_the_fair_order_and_equals_interleave(
     order = sorted(tags, key=lambda k: -int(tags[k][PRIORITY_TAG]))  # as the run queue launches them (stable)
     # The priority-5 batch first; then the fair order (a's backlog interleaved with b); the lowered one last.
     assert order == ["batch_4", "batch_0", "batch_3", "batch_1", "batch_2", "batch_5"], order
-    # The fair part is its own tag: later launches rank against it, not against a batch's own priority.
-    assert [tags[f"batch_{i}"][RANK_TAG] for i in range(6)] == ["0", "-1", "-2", "0", "-3", "-1"]
+    # The fair part is its own tag: later launches rank against it, not against a batch's own priority; and each
+    # priority is a fair queue of its own (a's priority-5 batch and b's lowered one are first in theirs).
+    assert [tags[f"batch_{i}"][RANK_TAG] for i in range(6)] == ["0", "-1", "-2", "0", "0", "0"]

@@ -45,3 +45,25 @@ def test_runs_without_a_priority_and_an_empty_queue():
     assert fair_ranks([], ["a", "b", "a"]) == [0, 0, -1]
     # Runs the CLI started (no priority tag: 0) count as started at rank 0.
     assert fair_ranks([InFlight("cli", 0, True)], ["a"]) == [0]
+
+
+def test_another_models_runs_do_not_move_this_models_clock():
+    """a's backlog of model m1 has its first run in m1's one slot; c's runs of m2 have gone far ahead (turn 50 has
+    started there). b's first m1 run waits for m1's one slot only, not behind a's whole backlog."""
+    m1, m2 = ("m1", 0), ("m2", 0)
+    in_flight = [InFlight("a", 0, True, m1), *(InFlight("a", -r, False, m1) for r in range(1, 10))]
+    in_flight += [InFlight("c", -r, True, m2) for r in range(51)]
+    [b_rank] = fair_ranks(in_flight, ["b"], [m1])
+    queued = [(r.owner, r.rank) for r in in_flight if not r.started and r.queue == m1] + [("b", b_rank)]
+    assert queue_order(queued) == ["b"] + ["a"] * 9
+    [c_more] = fair_ranks(in_flight, ["c"], [m2])
+    assert c_more == -51  # after its own runs of m2: the m1 queue moves nothing there
+
+
+def test_another_prioritys_runs_do_not_move_this_prioritys_clock():
+    """High-priority runs of d have run far ahead; at priority 0, b's first run still goes before a's backlog."""
+    low, high = ("m", 0), ("m", 5)
+    in_flight = [InFlight("a", 0, True, low), *(InFlight("a", -r, False, low) for r in range(1, 6))]
+    in_flight += [InFlight("d", -r, True, high) for r in range(30)]
+    [b_rank] = fair_ranks(in_flight, ["b"], [low])
+    assert b_rank > max(r.rank for r in in_flight if not r.started and r.queue == low)

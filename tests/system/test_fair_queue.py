@@ -30,7 +30,7 @@ def test_a_second_keys_batch_finishes_while_the_first_keys_backlog_waits(tmp_pat
              "body": {"model": EMBED_MODEL, "input": f"sentence number {i}"}} for i in range(2)]
     # 10 s an engine call: A's first run is still running when B's batch reaches the queue.
     serve = Serve(tmp_path, module="tests.daemon_defs", BATCH_TEST_CALLS=str(tmp_path / "calls.jsonl"),
-                  BATCH_TEST_CALL_S="10", BATCH_OFFLINE_RUNS="1")
+                  BATCH_TEST_CALL_S="10", BATCH_OFFLINE_RUNS="1", BATCH_KEY_MAX_PRIORITY="5")
     serve.env["BATCH_API_KEYS"] = f"tenant-a:{KEY_A},{KEY_B}"
     with serve:
         a, b = (OpenAI(base_url=f"http://127.0.0.1:{serve.api_port}/v1", api_key=key, max_retries=0, timeout=30)

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 def test_a_batch_waits_in_place_and_both_end_near_their_eta(tmp_path, vllm_server):
     serve = Serve(tmp_path, BATCH_ENGINE_MODE="server", BATCH_VLLM_SERVER_URLS=vllm_server, BATCH_SHARD_SIZE="2",
-                  BATCH_RUNS_PER_MODEL="1")
+                  BATCH_RUNS_PER_MODEL="1", BATCH_KEY_MAX_PRIORITY="5")
     with serve:
         client = OpenAI(base_url=f"http://127.0.0.1:{serve.api_port}/v1", api_key=SERVE_API_KEY, max_retries=0,
                         timeout=30)

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.columnar import read_shard
-from batch_dagster.batchfile.failure import COST_LIMIT
+from batch_dagster.batchfile.failure import COST_LIMIT, ERROR_RATE, breaker_tripped
 from batch_dagster.batchfile.folder import BatchFolder, Progress
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import CommittedShard, commit_shard, committed_shards, progress_of
@@ -141,7 +141,7 @@ def _over_cost_cap(session: Session | None, folder: BatchFolder, options: BatchO
     """Whether the batch's spend has reached its cost cap; the store's transaction ends here, so none is held while a
     shard runs."""
     reached = cap_reached(session, folder.batch_id, options, model, committed.values(), pipeline.prices(),
-                          pipeline.key_daily_budget, time.time())
+                          pipeline.key_daily_budget)
     if session is not None:
         session.commit()
     return reached
@@ -192,6 +192,8 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
     folder.write_progress(base)
     engine = None  # built at the first shard that runs: a stopped batch never loads the model
     options = batch_options(session, folder)
+    # The batch's own error_breaker_rate (an API batch's option), else the operator's.
+    breaker_rate = options.error_breaker_rate if options.error_breaker_rate is not None else pipeline.error_breaker_rate
     store = answer_store(options, folder, pipeline)
     identity = model_identity(vllm.model_record(manifest.model)) if store is not None else {}
     started = time.perf_counter()
@@ -204,6 +206,10 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
             if not stopped and _over_cost_cap(session, folder, options, manifest.model, done, pipeline):
                 folder.request_stop(COST_LIMIT)  # as a cancel stops it: the status follows from the files
                 stopped = COST_LIMIT
+            if not stopped and breaker_tripped((s.request_counts for s in done.values()), pipeline.error_breaker_lines,
+                                               breaker_rate):
+                folder.request_stop(ERROR_RATE)  # no more engine time for a batch whose lines nearly all fail
+                stopped = ERROR_RATE
             if stopped:
                 context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
                 break

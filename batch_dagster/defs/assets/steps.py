@@ -88,10 +88,13 @@ def validate(folder: BatchFolder, pipeline: PipelineConfig, vllm: VLLMResource, 
         # The one count of its tokens: a limit that must hold fails the step when the tokenizer fails.
         limit, budget = pipeline.max_enqueued_tokens, pipeline.key_daily_budget
         options = batch_options(session, folder)
-        wanted = limit or session is not None or options.max_cost is not None or count
+        # A batch cancelled (or expired) before its run started runs nothing: its requests are only listed.
+        stopped = folder.stop_reason() is not None
+        wanted = (limit or session is not None or options.max_cost is not None or count) and not stopped
         tally = count_tokens(out, report, vllm.models, needed=bool(limit or budget), log=log) if wanted else None
         prompt_tokens = refuse_over_limit(session, folder, report, limit, tally)
-        refuse_over_cap(session, folder.batch_id, options, report, tally, pipeline.prices(), budget, time.time())
+        if not stopped:
+            refuse_over_cap(session, folder.batch_id, options, report, tally, pipeline.prices(), budget)
         head = (pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5)
                 .to_pylist() if report.valid else [])
         if not report.valid:
