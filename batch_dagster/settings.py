@@ -21,6 +21,7 @@ from typing import Any
 
 from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.batchfile.windows import CompletionWindows
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR / "config"
@@ -117,6 +118,12 @@ def api_key_entries(text: str) -> tuple[str, ...]:
             raise ValueError(f"entry {number}: {'an empty key' if not key else 'a repeated key or name'}")
         keys.add(key)
         names.add(name)
+    return entries
+
+
+def _windows(text: str) -> tuple[str, ...]:
+    entries = _csv(text)
+    CompletionWindows.of(entries)  # refuses an entry that is not a window
     return entries
 
 
@@ -301,9 +308,12 @@ class Settings:
     max_json_body_bytes: int = variable(
         "BATCH_MAX_JSON_BODY_BYTES", 1 << 20, "API",
         "Largest JSON request body the API reads (413 past it).", parse=int)
-    completion_window_s: int = variable(
-        "BATCH_COMPLETION_WINDOW_S", DAY_S, "API",
-        "Seconds after creation at which a batch expires (API and drop-folder batches).", parse=int)
+    completion_windows: tuple[str, ...] = variable(
+        "BATCH_COMPLETION_WINDOWS", ("1h", "24h"), "API",
+        "The `completion_window` values a batch may ask, comma-separated: a whole number of hours and `h`. Its batch "
+        "expires that long after it is created; `24h=600` makes the 24h window 600 s long (tests, benches). A dropped "
+        "file's batch takes the longest; each window's price is in BATCH_PRICES_FILE (`[windows.NAME]`).",
+        parse=_windows)
     # Its entries are `name:key` or `key` (split_key).
     api_keys: tuple[str, ...] = variable(
         "BATCH_API_KEYS", (), "API",
@@ -387,6 +397,10 @@ class Settings:
     @property
     def limits(self) -> Limits:
         return Limits(max_requests=self.max_requests, max_bytes=self.max_bytes, max_line_bytes=self.max_line_bytes)
+
+    @property
+    def windows(self) -> CompletionWindows:
+        return CompletionWindows.of(self.completion_windows)
 
     @property
     def scratch_dir(self) -> Path:

@@ -21,7 +21,8 @@ from batch_dagster.db import BatchRecord, FileRecord, repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
 from batch_dagster.engine.models import Models
-from batch_dagster.features.estimate import estimate_file
+from batch_dagster.features.estimate import estimate_file, unreachable_deadline
+from batch_dagster.features.eta import meets_deadline
 from batch_dagster.features.retry import RESERVED_METADATA, CannotRetry, create_retry
 from batch_dagster.storage import file_location
 
@@ -29,7 +30,6 @@ from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
 from .quotas import check_batches
 from .schemas import (
-    COMPLETION_WINDOWS,
     MAX_METADATA_KEY,
     MAX_METADATA_PAIRS,
     MAX_METADATA_VALUE,
@@ -77,7 +77,9 @@ def _queue_place(row: BatchRecord) -> dict[str, Any]:
         log.warning("Stored estimate that is not an estimate object: %.200r", row.estimate)
         estimate = None
     return {"queue_position": None if ended else row.queue_position,
-            "estimated_completion_at": None if ended else row.estimated_completion_at, "estimate": estimate}
+            "estimated_completion_at": None if ended else row.estimated_completion_at,
+            "meets_deadline": None if ended else meets_deadline(row.estimated_completion_at, row.expires_at),
+            "deadline_at_risk_at": row.deadline_at_risk_at, "estimate": estimate}
 
 
 def _shown_metadata(meta: object) -> dict[str, str] | None:
@@ -131,15 +133,19 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
     so a create either succeeds or leaves nothing behind.
     """
     source = checked_source(body, ctx, session, owner)
-    batch_id = repo.new_batch_id()
+    batch_id, window = repo.new_batch_id(), ctx.config.windows.window(body.completion_window)
     try:
         row = store_create_batch(
             session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source,
-            input_from=source, completion_window_s=ctx.config.completion_window_s,
-            metadata=body.metadata, batch_id=batch_id, options=BatchOptions.of(body),
+            input_from=source, window=window, metadata=body.metadata, batch_id=batch_id,
+            options=BatchOptions.of(body), commit=False,
             output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
                                   else OUTPUT_EXPIRES_AFTER_S),
         )
+        # The model is the file's first request's, which creating the batch read.
+        if refusal := unreachable_deadline(session, row.model, source.bytes, window):
+            raise invalid(refusal, param="completion_window", code="deadline_unreachable")
+        session.commit()
     except BaseException:
         session.rollback()
         _remove_folder(ctx.storage, batch_id)
@@ -161,15 +167,18 @@ def estimate_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, o
     files, key = file_location(ctx.storage, path)
     with files.open(key) as f:
         estimate = estimate_file(f, size=size, endpoint=body.endpoint, session=session, storage=ctx.storage,
-                                 models=Models.from_settings(ctx.config), settings=ctx.config)
+                                 models=Models.from_settings(ctx.config), settings=ctx.config,
+                                 window=ctx.config.windows.window(body.completion_window))
+    if refusal := estimate.deadline_refusal():
+        raise invalid(refusal, param="completion_window", code="deadline_unreachable")
     return BatchEstimate.model_validate(estimate.to_dict())
 
 
 def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, owner: str) -> FileRecord:
     """The caller's input File of a create body, every field checked: create and estimate refuse the same."""
-    if body.completion_window not in COMPLETION_WINDOWS:
-        raise invalid(f"completion_window {clip(body.completion_window)!r} is not supported; use '24h'.",
-                      param="completion_window", code="invalid_completion_window")
+    if refusal := ctx.config.windows.refusal(body.completion_window):
+        code, message = refusal
+        raise invalid(message, param="completion_window", code=code)
     if body.endpoint not in ENDPOINTS:
         raise invalid(f"Endpoint {clip(body.endpoint)!r} is not supported; use one of {', '.join(ENDPOINTS)}.",
                       param="endpoint", code="invalid_endpoint")
@@ -220,7 +229,7 @@ def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) 
     parent = _owned_batch(session, owner, batch_id)
     check_batches(ctx.config, session, owner)
     try:
-        child = create_retry(session, ctx.storage, parent, completion_window_s=ctx.config.completion_window_s)
+        child = create_retry(session, ctx.storage, parent, windows=ctx.config.windows)
     except CannotRetry as exc:
         raise invalid(str(exc), param="batch_id", code="nothing_to_retry") from exc
     return batch_object(child)
