@@ -139,6 +139,12 @@ def _day(text: str) -> date:
     return date.fromisoformat(text)
 
 
+def _budget_mode(text: str) -> str:
+    if text not in ("fixed", "adaptive"):
+        raise ValueError("must be fixed or adaptive")
+    return text
+
+
 def _policy(text: str) -> str:
     if text not in POLICIES:
         raise ValueError(f"not a vllm-router policy; choose one of {', '.join(POLICIES)}")
@@ -242,6 +248,14 @@ class Settings:
     vllm_max_concurrency: int = variable(
         "BATCH_VLLM_MAX_CONCURRENCY", 64, "Engine",
         "Requests in flight to the servers at once (server mode).", parse=int)
+    vllm_budget: str = variable(
+        "BATCH_VLLM_BUDGET", "fixed", "Engine",
+        "How many requests a batch keeps in flight on the servers (server mode, a fleet). `fixed`: "
+        "BATCH_VLLM_MAX_CONCURRENCY. `adaptive`, for servers that also answer interactive requests: a budget up to "
+        "it, recomputed every half second from the servers' own metrics (vLLM's /metrics: requests running and "
+        "waiting, time to first token, inter-token latency): down to one at once when other clients' requests "
+        "appear, halved when their latencies rise or a server answers 429 or 503, grown again while they keep up "
+        "(engine/budget.py).", parse=_budget_mode)
     fleet_replicas: int = variable(
         "BATCH_FLEET_REPLICAS", 1, "Engine",
         "`make serve`: vLLM servers of the warm fleet (each on a core of its own, or on a GPU host on GPUs of its "
