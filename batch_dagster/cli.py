@@ -252,6 +252,83 @@ def cmd_instance(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
+    """Manage the API's keys in its store (BATCH_DATABASE_URL): the API refuses a revoked or rotated key from its
+    next request on. A new key is printed once, on stdout; the store keeps its SHA-256 only."""
+    from batch_dagster.db import Database, keys
+
+    store = Database(settings.database_url)
+    store.upgrade()
+    limits = keys.Limits(getattr(args, "max_active_batches", None), getattr(args, "max_stored_bytes", None),
+                         getattr(args, "daily_budget", None), getattr(args, "max_priority", None))
+    try:
+        with store.session() as session:
+            key = None
+            if args.action == "list":
+                rows = keys.list_keys(session, revoked=args.all)
+            elif args.action == "create":
+                row, key = keys.create(session, args.name, admin=args.admin, limits=limits)
+                rows = [row]
+            elif args.action == "rotate":
+                row, key = keys.rotate(session, args.name)
+                rows = [row]
+            elif args.action == "revoke":
+                rows = [keys.revoke(session, args.name)]
+            else:
+                rows = [keys.set_limits(session, args.name, limits, admin=args.admin)]
+            shown = [_key_record(row) for row in rows]
+    except keys.KeyProblem as exc:
+        print(f"batch-dagster: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.dispose()
+    if args.json:
+        _print_json(shown if args.action == "list" else {**shown[0], **({"key": key} if key else {})})
+        return 0
+    for record in shown:
+        limits_text = ", ".join(f"{k}={'default' if v is None else v}" for k, v in record["limits"].items())
+        state = "revoked" if record["revoked_at"] else "admin" if record["admin"] else "key"
+        print(f"{record['name']}\t{state}\t{limits_text}", file=sys.stderr if key else sys.stdout)
+    if key:
+        print(key)  # shown once: the store keeps its hash only
+    return 0
+
+
+def _key_record(row: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from batch_dagster.db import keys
+
+    return {"name": row.name, "admin": row.admin, "created_at": row.created_at, "created_by": row.created_by,
+            "rotated_at": row.rotated_at, "revoked_at": row.revoked_at, "limits": asdict(keys.Limits.of(row))}
+
+
+def _key_parsers(sub: Any) -> None:
+    p = sub.add_parser("keys", help="manage the API's keys: create, list, revoke, rotate, limits (in its store)")
+    actions = p.add_subparsers(dest="action", required=True)
+    limits = argparse.ArgumentParser(add_help=False)
+    for flag, kind, meaning in (("--max-active-batches", int, "batches not ended at once"),
+                                ("--max-stored-bytes", int, "bytes of files kept"),
+                                ("--daily-budget", float, "cost per UTC day"),
+                                ("--max-priority", int, "the highest priority its batches may ask (-10..10)")):
+        limits.add_argument(flag, type=kind, help=f"its own limit of {meaning}; 0: none; unset: the deployment's")
+    listing = actions.add_parser("list", help="the keys (names, roles, limits; never the keys)")
+    listing.add_argument("--all", action="store_true", help="the revoked keys too")
+    create = actions.add_parser("create", help="a new key, printed once", parents=[limits])
+    create.add_argument("name")
+    create.add_argument("--admin", action="store_true", help="it may manage keys (/v1/keys)")
+    for action, meaning in (("rotate", "a new key for the same owner, printed once; the old key stops working"),
+                            ("revoke", "refuse the key from its next request on")):
+        actions.add_parser(action, help=meaning).add_argument("name")
+    change = actions.add_parser("limits", help="replace a key's limits (those not given: the deployment's)",
+                                parents=[limits])
+    change.add_argument("name")
+    change.add_argument("--admin", action=argparse.BooleanOptionalAction, help="make it an admin key, or not")
+    for action in actions.choices.values():
+        action.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_keys)
+
+
 def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     """The command line, its defaults from `settings` (by default, the environment's)."""
     from batch_dagster.settings import POLICIES
@@ -310,6 +387,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("instance", help="prepare DAGSTER_HOME with this project's dagster.yaml (storage on "
                                           "Postgres when DAGSTER_PG_URL is set; the run limits of the settings)")
     p.set_defaults(func=cmd_instance)
+    _key_parsers(sub)
     return parser
 
 

@@ -135,6 +135,19 @@ def _allow(text: str) -> tuple[str, ...]:
     return entries
 
 
+def parse_fleet_urls(text: str) -> dict[str, str]:
+    """BATCH_FLEET_URLS' `model=url` entries, by model."""
+    urls: dict[str, str] = {}
+    for number, entry in enumerate(_csv(text), 1):
+        model, equals, url = entry.partition("=")
+        if not equals or not model.strip() or not url.strip().startswith(("http://", "https://")):
+            raise ValueError(f"entry {number} ({entry!r}) is not `model=http(s)://host:port`")
+        if model.strip() in urls:
+            raise ValueError(f"entry {number} names {model.strip()!r} a second time")
+        urls[model.strip()] = url.strip().rstrip("/")
+    return urls
+
+
 def _day(text: str) -> date:
     return date.fromisoformat(text)
 
@@ -258,24 +271,33 @@ class Settings:
         "(engine/budget.py).", parse=_budget_mode)
     fleet_replicas: int = variable(
         "BATCH_FLEET_REPLICAS", 1, "Engine",
-        "`make serve`: vLLM servers of the warm fleet (each on a core of its own, or on a GPU host on GPUs of its "
-        "own) behind vllm-router; 0: no fleet, every batch runs offline in its run.", parse=int)
-    # Empty until asked for (Settings.served_fleet_model): reading the registry is no part of reading the settings.
-    fleet_model: str = variable(
-        "BATCH_FLEET_MODEL", "the registry's first chat model", "Engine",
-        "`make serve`: the model the fleet serves; batches of other models run offline.", derive=lambda v: "")
+        "`make serve`: vLLM servers of each warm fleet (each on a core of its own, or on a GPU host on GPUs of its "
+        "own) behind its vllm-router; 0: no fleet, every batch runs offline in its run.", parse=int)
+    # Empty until asked for (Settings.served_fleet_models): reading the registry is no part of reading the settings.
+    fleet_models: tuple[str, ...] = variable(
+        "BATCH_FLEET_MODELS", "the registry's first chat model", "Engine",
+        "`make serve`: comma-separated registry models (chat and embeddings alike), each given a warm fleet behind a "
+        "vllm-router of its own; batches of other models run in their runs' processes.", parse=_csv,
+        derive=lambda v: ())
     fleet_port: int = variable(
         "BATCH_FLEET_PORT", 0, "Engine",
-        "`make serve` and `batch-dagster fleet`: the fleet router's port; replicas take the next ports. 0: a block of "
-        "free ports chosen at start (logged), so two `serve`s on one machine never collide; the daemon is told the "
-        "router's URL.", parse=int)
+        "`make serve` and `batch-dagster fleet`: the first fleet's router port; its replicas take the next ports, then "
+        "its router's metrics exporter, and the next fleet the next block. 0: a free block of ports per fleet chosen "
+        "at start (logged), so two `serve`s on one machine never collide; the daemon is told the routers' URLs.",
+        parse=int)
     fleet_policy: str = variable(
         "BATCH_FLEET_POLICY", "cache_aware", "Engine",
         "The router's load-balancing policy (vllm-router --policy).", parse=_policy)
-    fleet_url: str = variable(
-        "BATCH_FLEET_URL", "", "Engine",
-        "The router (or server) of a running fleet for BATCH_FLEET_MODEL: its batches run in server mode there. `make "
-        "serve` sets it for its daemon when it starts a fleet.",)
+    fleet_idle_s: float = variable(
+        "BATCH_FLEET_IDLE_S", 1800, "Engine",
+        "`make serve`: seconds a fleet whose model has no batch stays warm; then its replicas stop, giving their "
+        "memory back (the router stays), and start again on the model's next batch, whose ETA counts the start. 0: "
+        "warm for ever.", parse=float)
+    fleet_urls: dict[str, str] = variable(
+        "BATCH_FLEET_URLS", "", "Engine",
+        "Comma-separated `model=url` entries: the router (or server) of a running fleet for each model; its batches "
+        "run in server mode there. `make serve` sets it for its daemon from the fleets it starts; on Kubernetes, each "
+        "model's router Service.", parse=parse_fleet_urls)
     offline_runs: int = variable(
         "BATCH_OFFLINE_RUNS", DEFAULT_OFFLINE_RUNS, "Engine",
         "Runs holding an in-process engine (a model with no fleet or server) at once; more wait in Dagster's run "
@@ -398,6 +420,12 @@ class Settings:
         "Seconds after a batch ends at which its Dagster history (partition, runs, event logs, step logs) and its "
         "folder's working files are deleted; the batch's row, its summary.json and the files it still has stay. 0: "
         "kept for ever.", parse=int)
+    history_max_batches: int = variable(
+        "BATCH_HISTORY_MAX_BATCHES", 5000, "Retention",
+        "The most batch partitions the Dagster UI has to draw: past it the batches that ended first have their "
+        "Dagster history deleted as BATCH_HISTORY_RETENTION_S would, however recent (their rows, summary.json and the "
+        "files still served stay). Every UI page rendered within 3 s at 5,000 here (make bench-scale); 0: no bound.",
+        parse=int)
     scratch_max_age_s: int = variable(
         "BATCH_SCRATCH_MAX_AGE_S", DAY_S, "Retention",
         "Age past which a scratch file (of a process killed while it held it) or a staged step log of a finished run "
@@ -425,11 +453,17 @@ class Settings:
         """Where batch folders and files live (BATCH_STORAGE_URL)."""
         return open_batch_storage(self.data_dir, self.storage_url)
 
-    def served_fleet_model(self) -> str | None:
-        """The model a warm fleet serves: BATCH_FLEET_MODEL, else the registry's first chat model (None: none)."""
+    def served_fleet_models(self) -> tuple[list[str], list[str]]:
+        """The models `make serve` keeps a warm fleet of: BATCH_FLEET_MODELS, else the registry's first chat model;
+        and the names BATCH_FLEET_MODELS lists that the registry does not have (they get no fleet)."""
         from batch_dagster.batchfile.registry import default_chat_model, load_registry
 
-        return self.fleet_model or default_chat_model(load_registry(self.models_file))
+        registry = load_registry(self.models_file)
+        if not self.fleet_models:
+            first = default_chat_model(registry)
+            return ([first] if first else []), []
+        listed = list(dict.fromkeys(self.fleet_models))
+        return [m for m in listed if m in registry], [m for m in listed if m not in registry]
 
     @classmethod
     def from_env(cls) -> Settings:

@@ -4,7 +4,7 @@ The engine runs in the daemon's run processes, so what a test needs to see cross
 files: every engine call is appended to $BATCH_TEST_CALLS, and the $BATCH_TEST_KILL_ON_CALL-th call of a
 process kills that process with SIGKILL, as the OOM killer or a crash would; each call takes
 $BATCH_TEST_CALL_S seconds. Runs use the in-process executor: the process that dies is then the run
-worker itself, and the tests stay quick. A model with a fleet ($BATCH_FLEET_URL) runs on that fleet for real.
+worker itself, and the tests stay quick. A model with a fleet ($BATCH_FLEET_URLS) runs on that fleet for real.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def defs() -> dg.Definitions:
         resources={
             **resources_from_env(settings),
             "vllm": LoggedVLLM(models_file=str(settings.models_file), model_cache_dir="/nonexistent",
-                               fleet_model=settings.fleet_model, fleet_url=settings.fleet_url),
+                               fleet_urls=dict(settings.fleet_urls)),
         },
         executor=dg.in_process_executor,
     )

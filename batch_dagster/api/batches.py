@@ -20,6 +20,7 @@ from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, FileRecord, repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
+from batch_dagster.db.keys import limits_of
 from batch_dagster.engine.models import Models
 from batch_dagster.features.estimate import estimate_file, unreachable_deadline
 from batch_dagster.features.eta import meets_deadline
@@ -183,9 +184,10 @@ def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, own
         raise invalid(f"Endpoint {clip(body.endpoint)!r} is not supported; use one of {', '.join(ENDPOINTS)}.",
                       param="endpoint", code="invalid_endpoint")
     _check_metadata(body.metadata)
-    if body.priority > ctx.config.key_max_priority:
-        raise invalid(f"priority {body.priority} is above {ctx.config.key_max_priority}, the highest a key may ask "
-                      "(BATCH_KEY_MAX_PRIORITY).", param="priority", code="priority_not_allowed")
+    highest = limits_of(session, owner, ctx.config).max_priority
+    if highest is not None and body.priority > highest:
+        raise invalid(f"priority {body.priority} is above {highest}, the highest this key may ask (its own, or "
+                      "else BATCH_KEY_MAX_PRIORITY).", param="priority", code="priority_not_allowed")
     check_batches(ctx.config, session, owner)
     source = repo.get_file(session, owner, body.input_file_id)
     if source is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from batch_dagster.batchfile.contract import MAX_FILENAME_CHARS, MAX_MODEL_CHARS, MAX_SOURCE_CHARS, MAX_VERSION_CHARS
@@ -26,12 +26,30 @@ class Base(DeclarativeBase):
 
 
 class ApiKey(Base):
-    """An owner of files and batches: the SHA-256 of an API key (the key itself is never stored)."""
+    """An owner of files and batches, and the API key it calls with (by its SHA-256: the key itself is never stored).
+
+    `owner` never changes: it is what the owner's rows are stored under (the hash of its first key). A rotation
+    gives it a new key (`key_hash`); a revoked key (`revoked_at`) is refused from its next request on. Each limit
+    is the key's own, or the deployment's (BATCH_KEY_*) when NULL; 0 is no limit. An owner with no key_hash calls
+    with no key: the keyless loopback owner, or one whose key is gone.
+    """
 
     __tablename__ = "api_keys"
+    __table_args__ = (Index("ix_api_keys_name", "name", unique=True),
+                      Index("ix_api_keys_key_hash", "key_hash", unique=True))
 
     owner: Mapped[str] = mapped_column(String(64), primary_key=True)
     created_at: Mapped[int]
+    name: Mapped[str | None] = mapped_column(String(64))  # the operator's name for it (metrics, the UI)
+    key_hash: Mapped[str | None] = mapped_column(String(64))
+    admin: Mapped[bool] = mapped_column(default=False, server_default="0")  # may manage keys (/v1/keys)
+    created_by: Mapped[str | None] = mapped_column(String(32))  # `cli`, `api` or BATCH_API_KEYS (seeded)
+    revoked_at: Mapped[int | None]
+    rotated_at: Mapped[int | None]
+    max_active_batches: Mapped[int | None]
+    max_stored_bytes: Mapped[int | None]
+    daily_budget: Mapped[float | None] = mapped_column(Float)
+    max_priority: Mapped[int | None] = mapped_column(Integer)
 
 
 class FileRecord(Base):
@@ -105,6 +123,8 @@ class BatchRecord(Base):
     # When the queue first estimated that the batch will end after expires_at (features/eta.py): its
     # batch.deadline_at_risk event is written in the same transaction, once.
     deadline_at_risk_at: Mapped[int | None]
+    # The first estimated end it was given: what the ETA's error on ended batches is measured against (metrics).
+    first_estimated_completion_at: Mapped[int | None]
 
     @property
     def window(self) -> str | None:
@@ -207,3 +227,33 @@ class WebhookDelivery(Base):
     delivered_at: Mapped[int | None]
     failed_at: Mapped[int | None]  # given up after the last attempt
     last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class SensorTick(Base):
+    """How one sensor's evaluations went, as the sensor itself counts them (defs/sensors/timing.py): the metrics'
+    tick durations, read by the API, which loads no Dagster."""
+
+    __tablename__ = "sensor_ticks"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    ticks: Mapped[int] = mapped_column(default=0)
+    failures: Mapped[int] = mapped_column(default=0)
+    seconds_total: Mapped[float] = mapped_column(Float, default=0.0)
+    last_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    last_at: Mapped[int]
+
+
+class FleetRecord(Base):
+    """A warm fleet `make serve` runs for a model (serve/fleets.py): where its router is, whether its replicas are
+    up, and how long they took to start last, which the ETA adds while they are not."""
+
+    __tablename__ = "fleets"
+
+    model: Mapped[str] = mapped_column(String(MAX_MODEL_CHARS), primary_key=True)
+    url: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16))  # FLEET_STATES
+    start_s: Mapped[float | None] = mapped_column(Float)
+    changed_at: Mapped[int]
+
+
+FLEET_STATES = ("starting", "warm", "asleep", "failed")

@@ -7,10 +7,10 @@ taking every run slot. The limits are the run queue's `tag_concurrency_limits` (
 QueuedRunCoordinator): a run waits in the queue, holding nothing, until it fits. A dead run stops counting as
 soon as it is marked failed.
 
-Runs launch by `dagster/priority` (launch_priority): the batch's own priority first; then its deadline, the
-earliest first (deadline_term); then its fair rank (fair_ranks), so that among batches of one priority due in the
-same hour one key's backlog waits behind the first batch of a key that arrives later, which waits for one run slot
-at most.
+Runs launch by `dagster/priority` (launch_priority): the batch's own priority first; then, within a priority, the
+earliest deadline first, each step of its fair rank (fair_ranks) counting as RANK_DEADLINE_S more of deadline: among
+batches submitted within minutes of each other, one key's backlog waits behind the first batch of a key that arrives
+later, which waits for one run slot at most, while a batch due hours sooner goes ahead of them all.
 """
 
 from __future__ import annotations
@@ -23,17 +23,15 @@ ENGINE_TAG = "batch/engine"
 MODEL_TAG = "batch/model"
 OFFLINE, SERVER = "offline", "server"
 PRIORITY_TAG = "dagster/priority"  # the run queue launches higher first, and in submission order among equals
-# A run's fair rank (fair_ranks), tagged beside its dagster/priority, which adds its deadline term (deadline_term, in
-# steps of DEADLINE_STEP: more than fair ranks ever span) and the batch's own priority (-10..10) times PRIORITY_STEP
-# (more than deadline terms span): a higher priority goes first, then the earlier deadline, and equals interleave
-# owners.
+# A run's fair rank (fair_ranks), tagged beside its dagster/priority, which is the batch's own priority (-10..10)
+# times PRIORITY_STEP (more than deadlines and ranks span), plus its deadline term (deadline_term: seconds before
+# NO_DEADLINE), plus its fair rank times RANK_DEADLINE_S.
 RANK_TAG = "fair_rank"
-DEADLINE_STEP = 1_000_000
-# Deadlines in the same clock hour count as equal: keys' batches due together still interleave by fair rank (#18),
-# and a 1h batch is due in an earlier hour than every 24h batch created less than 23 h before it.
-DEADLINE_GRAIN_S = 3600
+# What one step of fair rank weighs in deadline: keys' batches submitted less than this apart interleave (#18); a
+# 1h batch goes ahead of 24h batches whatever their keys' backlogs (up to 23 h of them: 138 ranks).
+RANK_DEADLINE_S = 600
 NO_DEADLINE = 2**31  # past every deadline the store holds (MAX_UNIX_S): a batch with none goes last
-PRIORITY_STEP = 10**14  # more than NO_DEADLINE // DEADLINE_GRAIN_S * DEADLINE_STEP
+PRIORITY_STEP = 10**12
 # The run queue's part of dagster.yaml lies between these lines; `batch-dagster instance` writes it from the settings.
 BEGIN = "# BEGIN run limits: written by `batch-dagster instance` from BATCH_OFFLINE_RUNS and BATCH_RUNS_PER_MODEL"
 END = "# END run limits"
@@ -91,17 +89,15 @@ def with_run_limits(config: str, offline_runs: int, runs_per_model: int) -> str:
 
 
 def deadline_term(expires_at: int | None) -> int:
-    """The deadline's part of a run's dagster/priority: higher for an earlier deadline (its batch's expires_at, by
-    the hour: DEADLINE_GRAIN_S); 0, the lowest, for none (as a run with no tag, the command line's). Within one
-    hour, the fair rank decides."""
-    due = min(expires_at if expires_at is not None else NO_DEADLINE, NO_DEADLINE)
-    return (NO_DEADLINE // DEADLINE_GRAIN_S - due // DEADLINE_GRAIN_S) * DEADLINE_STEP
+    """The deadline's part of a run's dagster/priority: higher for an earlier deadline (its batch's expires_at, in
+    seconds); 0, the lowest, for none (as a run with no tag, the command line's)."""
+    return NO_DEADLINE - min(expires_at if expires_at is not None else NO_DEADLINE, NO_DEADLINE)
 
 
 def launch_priority(rank: int, priority: int, expires_at: int | None = None) -> int:
-    """A run's dagster/priority: its batch's own priority first, then its deadline (deadline_term), then its fair rank
-    (fair_ranks)."""
-    return priority * PRIORITY_STEP + deadline_term(expires_at) + rank
+    """A run's dagster/priority: its batch's own priority first, then its deadline (deadline_term) less
+    RANK_DEADLINE_S per step of its fair rank (fair_ranks, 0 or below)."""
+    return priority * PRIORITY_STEP + deadline_term(expires_at) + rank * RANK_DEADLINE_S
 
 
 @dataclass(frozen=True)

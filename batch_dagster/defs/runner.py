@@ -145,7 +145,7 @@ def run_batch(
     from batch_dagster.defs.run_tags import run_tags
 
     if defs is None:
-        from batch_dagster.definitions import defs as project_defs
+        from batch_dagster.defs.definitions import defs as project_defs
 
         defs = project_defs()
     if instance is None:

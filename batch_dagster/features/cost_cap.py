@@ -21,6 +21,7 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.results import CommittedShard
 from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
 from batch_dagster.batchfile.validate import ValidationReport
+from batch_dagster.db.keys import own_daily_budget
 from batch_dagster.db.models import BatchRecord, priced_window
 
 from .daily_usage import day_bounds
@@ -92,9 +93,13 @@ def spent_today(session: Session, owner: str, prices: PriceTable, at: float, exc
 
 def batch_cap(session: Session, batch_id: str, prices: PriceTable, currency: str, daily_budget: float | None,
               at: float) -> Cap | None:
-    """What caps `batch_id`'s spend at `at`; None when nothing does (no max_cost, no budget) or it has no row."""
+    """What caps `batch_id`'s spend at `at`; None when nothing does (no max_cost, no budget) or it has no row. The
+    budget is its key's own (db/keys.py), else `daily_budget` (BATCH_KEY_DAILY_BUDGET)."""
     row = session.scalar(select(BatchRecord).where(BatchRecord.id == batch_id))
-    if row is None or (row.options.max_cost is None and daily_budget is None):
+    if row is None:
+        return None
+    daily_budget = own_daily_budget(session, row.owner, daily_budget)
+    if row.options.max_cost is None and daily_budget is None:
         return None
     spent = spent_today(session, row.owner, prices, at, batch_id) if daily_budget is not None else 0.0
     return Cap(max_cost=row.options.max_cost, daily_budget=daily_budget, spent_today=spent, currency=currency)

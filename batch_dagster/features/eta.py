@@ -20,6 +20,7 @@ from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
+from batch_dagster.db.fleets import start_delays
 from batch_dagster.db.lifecycle import add_event
 from batch_dagster.db.models import DEADLINE_AT_RISK, BatchRecord, FileRecord
 
@@ -154,6 +155,7 @@ def refresh_queue(session: Session, *, slots: int, default_tokens_per_s: float, 
     by_model: dict[str | None, list[tuple[BatchRecord, int]]] = defaultdict(list)
     for batch, nbytes in rows:
         by_model[batch.model].append((batch, nbytes))
+    waits = start_delays(session, now)  # a warm fleet asleep or starting: its replicas' start comes first
     moved, changes, at_risk = [], [], []
     for model, batches in by_model.items():
         entries = [Entry(
@@ -163,13 +165,17 @@ def refresh_queue(session: Session, *, slots: int, default_tokens_per_s: float, 
             input_bytes=nbytes,
             done=(b.request_completed + b.request_failed) / b.request_total if b.request_total else 0.0,
             in_progress_at=b.in_progress_at) for b, nbytes in batches]
-        places = plan(entries, queue_throughput(session, model, default_tokens_per_s), slots, now)
+        places = plan(entries, queue_throughput(session, model, default_tokens_per_s), slots,
+                      now + waits.get(model or "", 0.0))
         for b, _ in batches:
             place = places[b.id]
             if (b.queue_position, b.estimated_completion_at) != (place.queue_position, place.estimated_completion_at):
                 moved.append(Moved(b.id, b.run_id, place, b.queue_position != place.queue_position))
+                # The first end it is given stays: the metrics' ETA error is measured against it.
+                first = b.first_estimated_completion_at or place.estimated_completion_at
                 changes.append({"pk": b.pk, "queue_position": place.queue_position,
-                                "estimated_completion_at": place.estimated_completion_at})
+                                "estimated_completion_at": place.estimated_completion_at,
+                                "first_estimated_completion_at": first})
             if b.deadline_at_risk_at is None and meets_deadline(place.estimated_completion_at, b.expires_at) is False \
                     and _flag_at_risk(session, b, round(now)):
                 at_risk.append(Moved(b.id, b.run_id, place, False))

@@ -180,7 +180,7 @@ def test_with_api_keys_and_no_owner_named_the_drop_sensors_take_no_file_and_say_
 def test_dropped_files_runs_are_tagged_for_the_run_queue_by_their_model(tmp_path):
     FAKES["inbox-queue"] = FakeEngine()
     vllm = FakeVLLM(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent",
-                    fake="inbox-queue", fleet_model=CHAT_MODEL, fleet_url="http://127.0.0.1:9")
+                    fake="inbox-queue", fleet_urls={CHAT_MODEL: "http://127.0.0.1:9"})
     daemon = Daemon(tmp_path, vllm)
     inbox = Path(daemon.intake.inbox_dir)
     inbox.mkdir(parents=True)

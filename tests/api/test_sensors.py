@@ -35,7 +35,7 @@ def sensor_env(tmp_path):
     # The chat model has a warm fleet (nothing listens there: no request is sent); other models run offline.
     resources = {"database": DatabaseResource(url=f"sqlite:///{tmp_path / 'api.db'}"), "storage": storage,
                  "pipeline": PipelineConfig(),
-                 "vllm": real_vllm(fleet_model=CHAT_MODEL, fleet_url=f"http://127.0.0.1:{free_port()}")}
+                 "vllm": real_vllm(fleet_urls={CHAT_MODEL: f"http://127.0.0.1:{free_port()}"})}
     with dg.instance_for_test() as instance:
         yield instance, resources, storage
 
@@ -112,7 +112,7 @@ def test_runs_are_tagged_for_the_run_queue_by_the_model_of_their_file(sensor_env
 
 
 def test_the_vllm_resource_says_which_models_are_served():
-    fleet = real_vllm(fleet_model=CHAT_MODEL, fleet_url="http://router:8200")
+    fleet = real_vllm(fleet_urls={CHAT_MODEL: "http://router:8200"})
     assert fleet.queue_tags(CHAT_MODEL) == {"batch/engine": "server", "batch/model": CHAT_MODEL}
     assert fleet.queue_tags(EMBED_MODEL) == {"batch/engine": "offline", "batch/model": EMBED_MODEL}
     assert fleet.queue_tags(None) == {"batch/engine": "offline"}

@@ -174,7 +174,10 @@ def make_targets() -> frozenset[str]:
 
 
 def options(parser: argparse.ArgumentParser) -> frozenset[str]:
-    return frozenset(parser._option_string_actions)
+    """A parser's flags, and those of its own subcommands (`keys create --admin`)."""
+    nested = [options(p) for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+              for p in a.choices.values()]
+    return frozenset(parser._option_string_actions).union(*nested)
 
 
 @cache

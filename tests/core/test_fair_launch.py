@@ -50,13 +50,13 @@ def test_runs_without_a_priority_and_an_empty_queue():
     assert fair_ranks([InFlight("cli", 0, True)], ["a"]) == [0]
 
 
-def test_within_a_priority_the_earliest_deadline_goes_first_and_keys_interleave_within_an_hour():
-    now = 1_800_000_000 - 1_800_000_000 % HOUR  # on the hour
-    # a's backlog of 24h batches is queued; then b's 24h batch and c's 1h batch arrive.
+def test_within_a_priority_the_earliest_deadline_goes_first_and_keys_interleave_among_batches_due_together():
+    now = 1_800_000_000
+    # a's backlog of 24h batches is queued; then, a minute later, b's 24h batch and c's 1h batch arrive.
     in_flight = submit([], ["a"] * 3)
     [b, c] = fair_ranks(in_flight, ["b", "c"])
     runs = [(f"a{i}", launch_priority(r.rank, 0, now + DAY)) for i, r in enumerate(in_flight)]
-    runs += [("b", launch_priority(b, 0, now + DAY + 60)), ("c-1h", launch_priority(c, 0, now + HOUR))]
+    runs += [("b", launch_priority(b, 0, now + 60 + DAY)), ("c-1h", launch_priority(c, 0, now + 60 + HOUR))]
     assert queue_order(runs) == ["c-1h", "a0", "b", "a1", "a2"]
     # A 24h batch created 23.5 h ago is due before a 1h batch created now: earliest deadline, not shortest window.
     runs += [("old-24h", launch_priority(0, 0, now + HOUR // 2))]
@@ -64,6 +64,7 @@ def test_within_a_priority_the_earliest_deadline_goes_first_and_keys_interleave_
     # A higher priority still goes first, whatever its deadline; no deadline goes after every one.
     runs += [("urgent-24h", launch_priority(-5, 1, now + DAY)), ("cli", launch_priority(0, 0, None))]
     assert queue_order(runs)[0] == "urgent-24h" and queue_order(runs)[-1] == "cli"
-    # The terms never overlap: fair ranks span less than an hour of deadline, deadlines less than a priority.
-    assert deadline_term(now) - deadline_term(now + HOUR) > 10**5
-    assert deadline_term(None) == deadline_term(2**40) == 0 and deadline_term(0) < PRIORITY_STEP
+    # No deadline (a run with no tag: the command line's) is 0; every deadline the store holds is under a priority.
+    assert deadline_term(None) == deadline_term(2**40) == 0 and deadline_term(0) < PRIORITY_STEP // 2
+    # A fair rank weighs RANK_DEADLINE_S of deadline: a key's 11th batch goes after another's first due 100 min later.
+    assert launch_priority(-10, 0, now) < launch_priority(0, 0, now + 6000 - 1)

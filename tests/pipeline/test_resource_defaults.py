@@ -27,8 +27,8 @@ def test_resource_defaults_are_the_settings_defaults(empty_env):
     assert (pipeline.shard_size, pipeline.limits, Path(pipeline.prices_file), pipeline.max_enqueued_tokens) == (
         s.shard_size, s.limits, s.prices_file, s.max_enqueued_tokens)
     vllm = VLLMResource(models_file="m.toml", model_cache_dir="models")
-    assert (vllm.mode, tuple(vllm.server_urls), vllm.server_api_key, vllm.max_concurrency, vllm.fleet_url) == (
-        s.engine_mode, s.vllm_server_urls, s.vllm_api_key, s.vllm_max_concurrency, s.fleet_url)
+    assert (vllm.mode, tuple(vllm.server_urls), vllm.server_api_key, vllm.max_concurrency, vllm.fleet_urls) == (
+        s.engine_mode, s.vllm_server_urls, s.vllm_api_key, s.vllm_max_concurrency, s.fleet_urls)
     assert (vllm.request_timeout_s, vllm.failover_s) == (ServerEngine([]).timeout_s, ServerEngine([]).failover_s)
     intake = Intake(inbox_dir="in", outbox_dir="out")
     assert (intake.s3_bucket, intake.s3_prefix, intake.s3_output_prefix, intake.completion_windows) == (
@@ -41,7 +41,7 @@ def test_resources_from_an_empty_environment_hold_the_settings(empty_env):
     resources = resources_from_env()
     assert resources["pipeline"].shard_size == empty_env.shard_size
     assert resources["intake"].inbox_dir == str(empty_env.inbox_dir)
-    assert resources["vllm"].fleet_model == empty_env.served_fleet_model()
+    assert resources["vllm"].fleet_urls == empty_env.fleet_urls == {}
 
 
 def test_a_set_variable_reaches_the_resource_as_an_env_var(empty_env, monkeypatch):

@@ -25,8 +25,7 @@ def resources_from_env(settings: Settings | None = None) -> dict[str, Any]:
         "pipeline": from_settings(PipelineConfig, settings),
         # Endpoint, region and credentials come from boto3's own variables (AWS_ENDPOINT_URL, AWS_*).
         "s3": LazyS3Resource(),
-        # The fleet's model is read from the registry when none is set (Settings.served_fleet_model).
-        "vllm": from_settings(VLLMResource, settings, fleet_model=settings.served_fleet_model() or ""),
+        "vllm": from_settings(VLLMResource, settings),
         "database": from_settings(DatabaseResource, settings),
         "intake": from_settings(Intake, settings),
         "webhooks": from_settings(WebhookConfig, settings),

@@ -74,8 +74,8 @@ class VLLMResource(dg.ConfigurableResource):
     budget: Literal["fixed", "adaptive"] = setting("BATCH_VLLM_BUDGET")
     request_timeout_s: float = ServerEngine.timeout_s
     failover_s: float = ServerEngine.failover_s  # server mode: how long requests are resent while no server answers
-    fleet_model: str = ""  # a model with a warm fleet: its batches go to `fleet_url` whatever the mode
-    fleet_url: str = setting("BATCH_FLEET_URL")
+    # Models with a warm fleet, each to its router (BATCH_FLEET_URLS): their batches go there whatever the mode.
+    fleet_urls: dict[str, str] = setting("BATCH_FLEET_URLS")
 
     @property
     def models(self) -> Models:
@@ -95,8 +95,8 @@ class VLLMResource(dg.ConfigurableResource):
 
     def server_urls_for(self, model: str) -> list[str] | None:
         """Where a model's requests go in server mode (its fleet first), or None when it runs offline."""
-        if self.fleet_url and model == self.fleet_model:
-            return [self.fleet_url]
+        if model in self.fleet_urls:
+            return [self.fleet_urls[model]]
         return self.server_urls if self.mode == "server" else None
 
     def queue_tags(self, model: str | None) -> dict[str, str]:

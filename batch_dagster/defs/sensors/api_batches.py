@@ -25,6 +25,7 @@ from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, Stora
 from batch_dagster.defs.run_limits import PRIORITY_TAG
 from batch_dagster.defs.run_tags import OWNER_TAG, input_filenames, run_tags
 from batch_dagster.defs.sensors.fairness import with_launch_order
+from batch_dagster.defs.sensors.timing import timed
 from batch_dagster.features.eta import set_launch_priorities
 
 PARTITION_TAG = "dagster/partition"
@@ -83,6 +84,7 @@ def run_key(instance: dg.DagsterInstance, batch_id: str) -> str:
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Adds each batch created through the API as a partition and runs batch_job for it.",
 )
+@timed
 def api_batch_sensor(context: dg.SensorEvaluationContext, database: DatabaseResource,
                      vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
     with database.session() as session:
@@ -357,6 +359,7 @@ def next_cursor(cursor: StatusCursor, plan: TickPlan, done: TickDone, latest_cha
     "for good (after Dagster's run retries; the batch keeps the shards they finished) or whose process is gone "
     f"with serve. Follows the runs that changed since its cursor; sweeps every active batch every {SWEEP_EVERY_S} s.",
 )
+@timed
 def api_batch_status_sensor(
     context: dg.SensorEvaluationContext, database: DatabaseResource, storage: StorageResource,
     pipeline: PipelineConfig,

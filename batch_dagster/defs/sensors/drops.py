@@ -28,6 +28,7 @@ from batch_dagster.defs.resources import DatabaseResource, Intake, StorageResour
 from batch_dagster.defs.run_limits import PRIORITY_TAG
 from batch_dagster.defs.run_tags import OWNER_TAG, run_tags
 from batch_dagster.defs.sensors.fairness import with_launch_order
+from batch_dagster.defs.sensors.timing import timed
 from batch_dagster.features.eta import set_launch_priorities
 from batch_dagster.storage.transfer import s3_uri
 
@@ -176,7 +177,7 @@ def s3_sensor(bucket_set: bool) -> dg.SensorDefinition:
         default_status=dg.DefaultSensorStatus.RUNNING if bucket_set else dg.DefaultSensorStatus.STOPPED,
         description="Runs each new .jsonl object under s3://$BATCH_S3_BUCKET/$BATCH_S3_PREFIX as a batch and writes "
         "its results under $BATCH_S3_OUTPUT_PREFIX<batch_id>/.",
-    )(watch_s3_bucket)
+    )(timed(watch_s3_bucket, "s3_upload_sensor"))
 
 
 # As the declarations' default makes it (no bucket: stopped); the definitions build it from the settings.
@@ -212,6 +213,7 @@ def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: 
     description="Runs each .jsonl file dropped into the inbox folder ($BATCH_INBOX_DIR) as a batch, once it is "
     "completely written, and writes its results to <outbox>/<batch_id>/.",
 )
+@timed
 def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, database: DatabaseResource,
                  storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
     if reason := database.no_intake_owner():

@@ -10,6 +10,7 @@ import dagster as dg
 
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig
 from batch_dagster.defs.run_limits import model_run_limit
+from batch_dagster.defs.sensors.timing import timed
 from batch_dagster.features.eta import refresh_queue
 
 POSITION_TAG, ETA_TAG = "batch/queue_position", "batch/estimated_completion_at"
@@ -21,6 +22,7 @@ POSITION_TAG, ETA_TAG = "batch/queue_position", "batch/estimated_completion_at"
     description="Keeps each unfinished batch's queue_position and estimated_completion_at up to date (the API "
     "shows them); a run's tags show its batch's place while it waits in the run queue.",
 )
+@timed
 def queue_eta_sensor(context: dg.SensorEvaluationContext, database: DatabaseResource,
                      pipeline: PipelineConfig) -> dg.SkipReason:
     # The run queue's own limit; an instance without one (a test's) counts the settings' number.

@@ -6,6 +6,7 @@ import dagster as dg
 
 from batch_dagster.db import repo
 from batch_dagster.defs.resources import DatabaseResource, StorageResource
+from batch_dagster.defs.sensors.timing import timed
 
 
 @dg.sensor(
@@ -13,6 +14,7 @@ from batch_dagster.defs.resources import DatabaseResource, StorageResource
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Deletes files (uploads and batch outputs) whose expires_at has passed: their rows and their bytes.",
 )
+@timed
 def file_expiry_sensor(context: dg.SensorEvaluationContext, database: DatabaseResource,
                        storage: StorageResource) -> dg.SkipReason:
     with database.session() as session:

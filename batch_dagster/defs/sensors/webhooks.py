@@ -7,6 +7,7 @@ import dagster as dg
 
 from batch_dagster.defs.resources import DatabaseResource
 from batch_dagster.defs.resources.webhooks import WebhookConfig
+from batch_dagster.defs.sensors.timing import timed
 from batch_dagster.features.webhooks import check_secret, deliver_due
 
 
@@ -17,6 +18,7 @@ from batch_dagster.features.webhooks import check_secret, deliver_due
     "owner's webhook endpoints (/v1/webhook_endpoints), signed per Standard Webhooks; failed attempts are retried "
     "with exponential backoff, then given up.",
 )
+@timed
 def webhook_sensor(
     context: dg.SensorEvaluationContext, database: DatabaseResource, webhooks: WebhookConfig
 ) -> dg.SkipReason:

@@ -1,16 +1,16 @@
 """Deadlines: when the queue first estimated that a batch will end after its deadline (its batch.deadline_at_risk
 event is written then, once).
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0012
+Revises: 0010 (0011 is left to issue 29's migration; the chain is fixed at merge)
 Create Date: 2026-12-03
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010"
-down_revision = "0009"
+revision = "0012"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
