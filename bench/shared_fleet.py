@@ -104,7 +104,7 @@ def main() -> None:
     n = int(os.environ.get("BENCH_SHARED_REQUESTS") or 500)
     rate = float(os.environ.get("BENCH_SHARED_RATE") or 1.0)
     alone_s = float(os.environ.get("BENCH_SHARED_ALONE_S") or 30)
-    batch_tokens = int(os.environ.get("BENCH_SHARED_BATCH_TOKENS") or 16)
+    batch_tokens = int(os.environ.get("BENCH_SHARED_BULK_TOKENS") or 16)
     chat_tokens = int(os.environ.get("BENCH_SHARED_CHAT_TOKENS") or 16)
     concurrency = int(os.environ.get("BENCH_SHARED_CONCURRENCY") or 32)
     out = Path(os.environ.get("BENCH_SHARED_OUT") or REPO / "bench" / "results" / "shared_fleet.json")
