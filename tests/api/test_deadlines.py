@@ -1,5 +1,5 @@
 """Completion windows through the openai SDK: the windows the operator offers (each its deadline and its price),
-a clear 400 for any other, the queue ordering the shorter window first, and a batch that will miss its deadline
+a clear 400 for any other, the queue ordering the earliest deadline first, and a batch that will miss its deadline
 saying so before it expires (a field and a webhook event)."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_each_offered_window_sets_the_deadline_and_the_price_and_any_other_is_a_
     assert hour_cost.total_cost == pytest.approx(day_cost.total_cost * 1.5)
 
 
-def test_the_shorter_window_goes_first_and_a_batch_that_will_miss_its_deadline_says_so(start_service, tmp_path):
+def test_the_earlier_deadline_goes_first_and_a_batch_that_will_miss_its_deadline_says_so(start_service, tmp_path):
     # The 1h window is 5 s long: at the default rate (BATCH_ESTIMATE_TOKENS_PER_S) this file takes longer.
     service = start_service(worker=False, completion_windows=("1h=5", "24h"))
     client = service.client()
@@ -58,7 +58,7 @@ def test_the_shorter_window_goes_first_and_a_batch_that_will_miss_its_deadline_s
     patient = create(client, file_id, "24h")
     urgent = create(client, file_id, "1h")  # submitted later, due sooner
     assert urgent.meets_deadline is None and urgent.deadline_at_risk_at is None  # not placed yet
-    # The launch sensor's tick: the run queue launches by these dagster/priority tags, the shorter window first.
+    # The launch sensor's tick: the run queue launches by these dagster/priority tags, the earliest deadline first.
     launched = api_batch_sensor(dg.build_sensor_context(instance=service.instance,
                                                         resources=service.worker.sensor_resources))
     assert isinstance(launched, dg.SensorResult)
