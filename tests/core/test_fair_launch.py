@@ -1,6 +1,6 @@
 """The launch order of batch runs (defs/run_limits.py fair_ranks): keys interleaved, each key's runs in order,
-a key with nothing in flight behind one run slot at most (issue #18); within a priority, the shorter completion window
-first (issue #32)."""
+a key with nothing in flight behind one run slot at most (issue #18); within a priority, the earliest deadline first
+(issue #32)."""
 
 from __future__ import annotations
 
