@@ -168,7 +168,8 @@ def _validate(context: dg.AssetExecutionContext, folder: BatchFolder, pipeline: 
             if (limit or session is not None) and not stopped else None
         prompt_tokens = refuse_over_limit(session, folder, report, limit, tally)
         if session is not None and not stopped:
-            refuse_over_cap(session, folder.batch_id, report, tally, pipeline.prices(), budget)
+            refuse_over_cap(session, folder.batch_id, report, tally, pipeline.prices(), budget,
+                            folder.completion_window())
         head = (pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5)
                 .to_pylist() if report.valid else [])
         if not report.valid:
@@ -347,7 +348,7 @@ def _over_cost_cap(session: Session | None, folder: BatchFolder, model: str, com
     if session is None:
         return False
     reached = cap_reached(session, folder.batch_id, model, committed.values(), pipeline.prices(),
-                          pipeline.key_daily_budget)
+                          pipeline.key_daily_budget, folder.completion_window())
     session.commit()
     return reached
 
@@ -543,7 +544,7 @@ def batch_usage(
                          allow_retries=False)
     usage = merged.usage
     prices = pipeline.prices()
-    cost = cost_of(usage, manifest.model, prices)
+    cost = cost_of(usage, manifest.model, prices, folder.completion_window())
     if unpriced := prices.unlisted(manifest.model):  # said where the cost is read, not left as a silent 0
         context.log.warning(f"{unpriced}; add it to {pipeline.prices_file} (BATCH_PRICES_FILE)")
     shards = committed_shards(folder.storage, folder.results_prefix).values()
