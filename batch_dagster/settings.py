@@ -22,6 +22,7 @@ from typing import Any
 from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.reuse import DEFAULT_MAX_BYTES as DEFAULT_ANSWER_STORE_BYTES
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.batchfile.windows import CompletionWindows
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR / "config"
@@ -134,6 +135,12 @@ def api_key_entries(text: str) -> tuple[str, ...]:
     return entries
 
 
+def _windows(text: str) -> tuple[str, ...]:
+    entries = _csv(text)
+    CompletionWindows.of(entries)  # refuses an entry that is not a window
+    return entries
+
+
 def _allow(text: str) -> tuple[str, ...]:
     from batch_dagster.egress import Allow
 
@@ -157,6 +164,12 @@ def parse_fleet_urls(text: str) -> dict[str, str]:
 
 def _day(text: str) -> date:
     return date.fromisoformat(text)
+
+
+def _budget_mode(text: str) -> str:
+    if text not in ("fixed", "adaptive"):
+        raise ValueError("must be fixed or adaptive")
+    return text
 
 
 def _policy(text: str) -> str:
@@ -262,6 +275,14 @@ class Settings:
     vllm_max_concurrency: int = variable(
         "BATCH_VLLM_MAX_CONCURRENCY", 64, "Engine",
         "Requests in flight to the servers at once (server mode).", parse=int)
+    vllm_budget: str = variable(
+        "BATCH_VLLM_BUDGET", "fixed", "Engine",
+        "How many requests a batch keeps in flight on the servers (server mode, a fleet). `fixed`: "
+        "BATCH_VLLM_MAX_CONCURRENCY. `adaptive`, for servers that also answer interactive requests: a budget up to "
+        "it, recomputed every half second from the servers' own metrics (vLLM's /metrics: requests running and "
+        "waiting, time to first token, inter-token latency): down to one at once when other clients' requests "
+        "appear, halved when their latencies rise or a server answers 429 or 503, grown again while they keep up "
+        "(engine/budget.py).", parse=_budget_mode)
     fleet_replicas: int = variable(
         "BATCH_FLEET_REPLICAS", 1, "Engine",
         "`make serve`: vLLM servers of each warm fleet (each on a core of its own, or on a GPU host on GPUs of its "
@@ -355,9 +376,12 @@ class Settings:
     max_json_body_bytes: int = variable(
         "BATCH_MAX_JSON_BODY_BYTES", 1 << 20, "API",
         "Largest JSON request body the API reads (413 past it).", parse=int)
-    completion_window_s: int = variable(
-        "BATCH_COMPLETION_WINDOW_S", DAY_S, "API",
-        "Seconds after creation at which a batch expires (API and drop-folder batches).", parse=int)
+    completion_windows: tuple[str, ...] = variable(
+        "BATCH_COMPLETION_WINDOWS", ("1h", "24h"), "API",
+        "The `completion_window` values a batch may ask, comma-separated: a whole number of hours and `h`. Its batch "
+        "expires that long after it is created; `24h=600` makes the 24h window 600 s long (tests, benches). A dropped "
+        "file's batch takes the longest; each window's price is in BATCH_PRICES_FILE (`[windows.NAME]`).",
+        parse=_windows)
     # Its entries are `name:key` or `key` (split_key).
     api_keys: tuple[str, ...] = variable(
         "BATCH_API_KEYS", (), "API",
@@ -449,6 +473,10 @@ class Settings:
     @property
     def limits(self) -> Limits:
         return Limits(max_requests=self.max_requests, max_bytes=self.max_bytes, max_line_bytes=self.max_line_bytes)
+
+    @property
+    def windows(self) -> CompletionWindows:
+        return CompletionWindows.of(self.completion_windows)
 
     @property
     def scratch_dir(self) -> Path:

@@ -605,8 +605,7 @@ class Daemon:
         from batch_dagster.api.app import create_app
 
         config = replace(Settings.from_env(), api_keys=(), database_url=self.db_url, data_dir=self.data_dir,
-                         storage_url=self.storage_url or str(self.data_dir), max_upload_bytes=1 << 20,
-                         completion_window_s=86_400)
+                         storage_url=self.storage_url or str(self.data_dir), max_upload_bytes=1 << 20)
         server = stack.enter_context(ApiServer(create_app(config)))
         return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 

@@ -18,12 +18,14 @@ from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import committed_output
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.batchfile.windows import Window
 from batch_dagster.db import BatchRecord, FileRecord, repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
 from batch_dagster.db.keys import limits_of
 from batch_dagster.engine.models import Models
-from batch_dagster.features.estimate import Counted, Estimate, count_file, price_file
+from batch_dagster.features.estimate import Counted, Estimate, count_file, price_file, unreachable_deadline
+from batch_dagster.features.eta import meets_deadline
 from batch_dagster.features.quotas import KeyLimits, batch_admission, refuse_early
 from batch_dagster.features.retry import RESERVED_METADATA, CannotRetry, create_retry
 from batch_dagster.storage import file_location
@@ -32,7 +34,6 @@ from .context import AppContext
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
 from .schemas import (
-    COMPLETION_WINDOWS,
     MAX_METADATA_KEY,
     MAX_METADATA_PAIRS,
     MAX_METADATA_VALUE,
@@ -80,7 +81,9 @@ def _queue_place(row: BatchRecord) -> dict[str, Any]:
         log.warning("Stored estimate that is not an estimate object: %.200r", row.estimate)
         estimate = None
     return {"queue_position": None if ended else row.queue_position,
-            "estimated_completion_at": None if ended else row.estimated_completion_at, "estimate": estimate}
+            "estimated_completion_at": None if ended else row.estimated_completion_at,
+            "meets_deadline": None if ended else meets_deadline(row.estimated_completion_at, row.expires_at),
+            "deadline_at_risk_at": row.deadline_at_risk_at, "estimate": estimate}
 
 
 def _shown_metadata(meta: object) -> dict[str, str] | None:
@@ -145,16 +148,20 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
     source = checked_source(body, ctx, session, owner)
     limits = KeyLimits.of(session, owner, ctx.config)
     refuse_early(limits, session, owner, batches=1, nbytes=source.bytes)  # its folder keeps a copy of the input
-    batch_id = repo.new_batch_id()
+    batch_id, window = repo.new_batch_id(), ctx.config.windows.window(body.completion_window)
     try:
         row = store_create_batch(
             session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source,
-            input_from=source, completion_window_s=ctx.config.completion_window_s,
-            metadata=body.metadata, batch_id=batch_id, options=BatchOptions.of(body),
+            input_from=source, window=window, metadata=body.metadata, batch_id=batch_id,
+            options=BatchOptions.of(body), commit=False,
             output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
                                   else OUTPUT_EXPIRES_AFTER_S),
             admit=batch_admission(limits),  # counted again, with the owner locked, once the input is copied
         )
+        # The model is the file's first request's, which creating the batch read.
+        if refusal := unreachable_deadline(session, row.model, source.bytes, window):
+            raise invalid(refusal, param="completion_window", code="deadline_unreachable")
+        session.commit()
     except BaseException:
         session.rollback()
         _remove_folder(ctx.storage, batch_id)
@@ -177,7 +184,9 @@ async def estimate_batch(body: CreateBatchRequest, ctx: Context, owner: Owner) -
         counted = ctx.counts.get(kept)
         if counted is None:
             counted = await ctx.estimates.run(owner, lambda: ctx.counts.get(kept) or _count(ctx, kept, path, size))
-        estimate = await run_in_threadpool(_priced, ctx, counted)
+        estimate = await run_in_threadpool(_priced, ctx, counted, ctx.config.windows.window(body.completion_window))
+    if refusal := estimate.deadline_refusal():
+        raise invalid(refusal, param="completion_window", code="deadline_unreachable")
     return BatchEstimate.model_validate(estimate.to_dict())
 
 
@@ -196,16 +205,16 @@ def _count(ctx: AppContext, kept: tuple[str, str], path: str, size: int) -> Coun
     return counted
 
 
-def _priced(ctx: AppContext, counted: Counted) -> Estimate:
+def _priced(ctx: AppContext, counted: Counted, window: Window) -> Estimate:
     with ctx.db.session() as session:
-        return price_file(counted, session=session, storage=ctx.storage, settings=ctx.config)
+        return price_file(counted, session=session, storage=ctx.storage, settings=ctx.config, window=window)
 
 
 def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, owner: str) -> FileRecord:
     """The caller's input File of a create body, every field checked: create and estimate refuse the same."""
-    if body.completion_window not in COMPLETION_WINDOWS:
-        raise invalid(f"completion_window {clip(body.completion_window)!r} is not supported; use '24h'.",
-                      param="completion_window", code="invalid_completion_window")
+    if refusal := ctx.config.windows.refusal(body.completion_window):
+        code, message = refusal
+        raise invalid(message, param="completion_window", code=code)
     if body.endpoint not in ENDPOINTS:
         raise invalid(f"Endpoint {clip(body.endpoint)!r} is not supported; use one of {', '.join(ENDPOINTS)}.",
                       param="endpoint", code="invalid_endpoint")
@@ -258,8 +267,7 @@ def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) 
     limits = KeyLimits.of(session, owner, ctx.config)
     refuse_early(limits, session, owner, batches=1)
     try:
-        child = create_retry(session, ctx.storage, parent, completion_window_s=ctx.config.completion_window_s,
-                             admit=batch_admission(limits))
+        child = create_retry(session, ctx.storage, parent, windows=ctx.config.windows, admit=batch_admission(limits))
     except CannotRetry as exc:
         raise invalid(str(exc), param="batch_id", code="nothing_to_retry") from exc
     return batch_object(child)

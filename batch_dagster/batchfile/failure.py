@@ -152,9 +152,10 @@ def keep_finished(folder: BatchFolder, reason: str, prices: PriceTable) -> Summa
                                error_codes=result.error_codes, reused=result.reused))
     shards = committed_shards(folder.storage, folder.results_prefix).values()
     inference_s = round(sum(s.duration_s for s in shards), 3)
+    cost = cost_of(result.usage, validation.model, prices, folder.completion_window())
     summary = Summary(
         batch_id=folder.batch_id, status=status, endpoint=validation.endpoint, model=validation.model,
-        request_counts=result.request_counts, usage=result.usage, cost=cost_of(result.usage, validation.model, prices),
+        request_counts=result.request_counts, usage=result.usage, cost=cost,
         error_codes=result.error_codes, inference_s=inference_s,
         output_tokens_per_s=round(result.usage.output_tokens / inference_s, 1) if inference_s else 0.0,
         record={"engine_start_s": round(sum(s.engine_start_s for s in shards), 3)},

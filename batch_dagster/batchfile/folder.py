@@ -4,7 +4,7 @@ The folder is the contract between the Dagster run, the API and the sensors. The
 way through it, in the order of the listing below; each internal JSON document is a typed object.
 
     batches/<batch_id>/
-      batch.json          Declared: the endpoint the batch was created for (API batches)
+      batch.json          Declared: the endpoint and the completion window the batch was created with
       source.json         Source: where a dropped file is fetched from, and its File's key
       table.json          TableDrop: a dropped table's name, what its sidecar asks, its rows refused before a request
       table.parquet       a dropped table's key columns, one row per row of the table
@@ -117,12 +117,15 @@ class Document:
 
 @dataclass
 class Declared(Document):
-    """What the batch was created with: every request's url must match `endpoint`. `options`: those of a batch that
-    has no row in the metadata store (a table batch's); an API batch's options are on its row, and only there."""
+    """What the batch was created with: every request's url must match `endpoint`; `completion_window` prices it
+    (None: a batch with no window, from the command line, or from before windows were recorded). `options`: those
+    of a batch that has no row in the metadata store (a table batch's); an API batch's options are on its row, and
+    only there."""
 
     TYPED = {"options": BatchOptions.from_stored}
 
     endpoint: str
+    completion_window: str | None = None
     options: BatchOptions | None = None
 
 
@@ -344,16 +347,18 @@ class BatchFolder:
     def declared(self) -> Declared | None:
         return self._read("batch.json", Declared)
 
-    def set_endpoint(self, endpoint: str) -> None:
-        self.declare(Declared(endpoint))
-
-    def declare(self, declared: Declared) -> None:
-        self._write("batch.json", declared)
+    def declare(self, endpoint: str, completion_window: str | None = None, options: BatchOptions | None = None) -> None:
+        self._write("batch.json", Declared(endpoint, completion_window, options))
 
     def endpoint(self) -> str | None:
         """The batch's declared endpoint, or None (the first request's url then decides)."""
         declared = self.declared()
         return declared.endpoint if declared else None
+
+    def completion_window(self) -> str | None:
+        """The window the batch was created with, which prices it (None: none; the price table's batch price)."""
+        declared = self.declared()
+        return declared.completion_window if declared else None
 
     def source(self) -> Source | None:
         return self._read("source.json", Source)

@@ -177,10 +177,10 @@ def folder_bytes(session: Session, folder: BatchFolder) -> int:
     return max(folder.storage.total_size(folder.prefix) - int(served or 0), 0)
 
 
-def add_event(session: Session, batch_id: str, owner: str, status: str, at: int | None = None) -> WebhookEvent:
-    """The webhook event of a batch that just reached `status` (terminal); committed by the caller."""
-    event = WebhookEvent(id=new_id("evt_"), type=EVENT_TYPES[status], batch_id=batch_id, owner=owner,
-                         created_at=at or now())
+def add_event(session: Session, batch_id: str, owner: str, event_type: str, at: int | None = None) -> WebhookEvent:
+    """A webhook event of a batch (EVENT_TYPES: it just reached that terminal status; DEADLINE_AT_RISK); committed
+    by the caller."""
+    event = WebhookEvent(id=new_id("evt_"), type=event_type, batch_id=batch_id, owner=owner, created_at=at or now())
     session.add(event)
     return event
 
@@ -200,7 +200,7 @@ def apply(session: Session, folder: BatchFolder, batch: BatchRecord, obs: Observ
     ))
     if result.rowcount == 1 and values.get("status") in TERMINAL:
         # In the status's own transaction: exactly one event per batch that ends, whoever stored the end.
-        add_event(session, batch.id, batch.owner, values["status"])
+        add_event(session, batch.id, batch.owner, EVENT_TYPES[values["status"]])
     if result.rowcount == 1 and values.get("status") in TERMINAL:
         ended: dict[str, Any] = {}
         if obs.has_files:

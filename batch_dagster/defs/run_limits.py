@@ -7,10 +7,12 @@ taking every run slot. The limits are the run queue's `tag_concurrency_limits` (
 QueuedRunCoordinator): a run waits in the queue, holding nothing, until it fits. A dead run stops counting as
 soon as it is marked failed.
 
-Keys share the queue fairly by `dagster/priority` (its fair rank: fair_ranks): one key's backlog waits behind the
-first batch of a key that arrives later, which waits for one run slot of its model at most. Each model and each
-batch priority keeps its own fair clock: runs of another model take other slots, and runs of another priority are
-ordered by that priority first, so neither says how far this queue has moved.
+Runs launch by `dagster/priority` (launch_priority): the batch's own priority first; then, within a priority, the
+earliest deadline first, each step of its fair rank (fair_ranks) counting as RANK_DEADLINE_S more of deadline: among
+batches submitted within minutes of each other, one key's backlog waits behind the first batch of a key that arrives
+later, which waits for one run slot of its model at most, while a batch due hours sooner goes ahead of them all.
+Each model and each batch priority keeps its own fair clock: runs of another model take other slots, and runs of
+another priority are ordered by that priority first, so neither says how far this queue has moved.
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ ENGINE_TAG = "batch/engine"
 MODEL_TAG = "batch/model"
 OFFLINE, SERVER = "offline", "server"
 PRIORITY_TAG = "dagster/priority"  # the run queue launches higher first, and in submission order among equals
-# A run's fair rank (fair_ranks), tagged beside its dagster/priority, which adds the batch's own priority (-10..10)
-# times PRIORITY_STEP, more than fair ranks ever span: a higher priority goes first, and equals interleave owners.
+# A run's fair rank (fair_ranks), tagged beside its dagster/priority, which is the batch's own priority (-10..10)
+# times PRIORITY_STEP (more than deadlines and ranks span), plus its deadline term (deadline_term: seconds before
+# NO_DEADLINE), plus its fair rank times RANK_DEADLINE_S.
 RANK_TAG = "fair_rank"
-PRIORITY_STEP = 1_000_000
+# What one step of fair rank weighs in deadline: keys' batches submitted less than this apart interleave (#18); a
+# 1h batch goes ahead of 24h batches whatever their keys' backlogs (up to 23 h of them: 138 ranks).
+RANK_DEADLINE_S = 600
+NO_DEADLINE = 2**31  # past every deadline the store holds (MAX_UNIX_S): a batch with none goes last
+PRIORITY_STEP = 10**12
 # The run queue's part of dagster.yaml lies between these lines; `batch-dagster instance` writes it from the settings.
 BEGIN = "# BEGIN run limits: written by `batch-dagster instance` from BATCH_OFFLINE_RUNS and BATCH_RUNS_PER_MODEL"
 END = "# END run limits"
@@ -83,9 +90,16 @@ def with_run_limits(config: str, offline_runs: int, runs_per_model: int) -> str:
     return head + run_limits_yaml(offline_runs, runs_per_model) + tail
 
 
-def launch_priority(rank: int, priority: int) -> int:
-    """A run's dagster/priority: its batch's own priority first, then its fair rank (fair_ranks)."""
-    return priority * PRIORITY_STEP + rank
+def deadline_term(expires_at: int | None) -> int:
+    """The deadline's part of a run's dagster/priority: higher for an earlier deadline (its batch's expires_at, in
+    seconds); 0, the lowest, for none (as a run with no tag, the command line's)."""
+    return NO_DEADLINE - min(expires_at if expires_at is not None else NO_DEADLINE, NO_DEADLINE)
+
+
+def launch_priority(rank: int, priority: int, expires_at: int | None = None) -> int:
+    """A run's dagster/priority: its batch's own priority first, then its deadline (deadline_term) less
+    RANK_DEADLINE_S per step of its fair rank (fair_ranks, 0 or below)."""
+    return priority * PRIORITY_STEP + deadline_term(expires_at) + rank * RANK_DEADLINE_S
 
 
 @dataclass(frozen=True)
@@ -130,5 +144,6 @@ def fair_ranks(in_flight: Iterable[InFlight], owners: Sequence[str],
 
 
 def own_priority(launch: int, rank: int) -> int:
-    """The batch's own priority in a run's dagster/priority (launch_priority's inverse)."""
-    return round((launch - rank) / PRIORITY_STEP)
+    """The batch's own priority in a run's dagster/priority (launch_priority's inverse: its deadline term and fair
+    rank together span less than half a PRIORITY_STEP)."""
+    return round((launch - rank * RANK_DEADLINE_S) / PRIORITY_STEP)

@@ -1,4 +1,5 @@
-"""The server engine: requests sent concurrently, with a bound, to OpenAI-compatible vLLM servers."""
+"""The server engine: requests sent concurrently, within a budget (engine/budget.py), to OpenAI-compatible vLLM
+servers."""
 
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ from batch_dagster.settings import default
 
 from . import translate as t
 from .base import EngineCrash, Line, OnProgress, Request
+from .budget import Budget, recomputed
 
 log = logging.getLogger(__name__)
 
 _ATTEMPTS = 3  # answers of 500 before a request's error line
 # What a router (or a proxy) answers when no healthy server can take the request: the request is resent.
 _SERVER_AWAY = {502, 503, 504}
+# A server asking for less (rate limited; vLLM's 503 when its queue is full): the request waits and is sent again.
+_BUSY = {429, 503}
 
 
 def _error_line(custom_id: str, status: int, payload: Any) -> Line:
@@ -58,6 +62,7 @@ class ServerEngine:
     timeout_s: float = 600.0
     api_key: str | None = None
     failover_s: float = 120.0  # how long requests are resent while no server answers
+    budget: str = default("BATCH_VLLM_BUDGET")  # "fixed": max_concurrency in flight; "adaptive": engine/budget.py
 
     def run(self, endpoint: str, requests: Sequence[Request], on_progress: OnProgress | None = None) -> list[Line]:
         return asyncio.run(self._run(endpoint, requests, on_progress))
@@ -65,11 +70,12 @@ class ServerEngine:
     async def _run(self, endpoint: str, requests: Sequence[Request], on_progress: OnProgress | None) -> list[Line]:
         if not self.base_urls:
             raise EngineCrash("Server mode needs at least one server URL.")
-        limit = asyncio.Semaphore(self.max_concurrency)
         urls = [u.rstrip("/") + endpoint for u in self.base_urls]
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        limits = httpx.Limits(max_connections=self.max_concurrency)
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers, limits=limits) as client:
+        limits = httpx.Limits(max_connections=self.max_concurrency + 4)  # and the budget's readings of the servers
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers, limits=limits) as client, \
+                recomputed(Budget(self.max_concurrency, adaptive=self.budget == "adaptive"), client,
+                           self.base_urls) as budget:
 
             async def one(custom_id: str, body: dict[str, Any], first: int) -> Line:
                 try:
@@ -77,8 +83,7 @@ class ServerEngine:
                 except t.RequestError as exc:  # mistyped: the same 400 line as offline, never sent
                     line = exc.line(custom_id)
                 else:
-                    async with limit:
-                        line = await self._send(client, urls, first, custom_id, server_body(endpoint, body))
+                    line = await self._send(client, urls, first, custom_id, server_body(endpoint, body), budget)
                 if on_progress is not None:
                     on_progress(1)
                 return line
@@ -95,42 +100,54 @@ class ServerEngine:
                 raise
 
     async def _send(self, client: httpx.AsyncClient, urls: Sequence[str], first: int, custom_id: str,
-                    body: dict[str, Any]) -> Line:
-        """One request, resent while its servers are away (the next URL each time, with backoff).
+                    body: dict[str, Any], budget: Budget) -> Line:
+        """One request, sent within the budget (a place held only while it is out) and resent until a server
+        answers it for good.
 
-        A server that went away (connection refused or reset, or a router's 502/503/504 when it has no
-        healthy replica) costs the request nothing until `failover_s` has passed with no server
-        answering: then the shard fails (EngineCrash) and the step retries it. A 4xx is the request's
-        own error; other 5xx answers become its error line after a few attempts.
+        A server that went away (connection refused or reset, or a router's 502/503/504 when it has no healthy
+        replica) costs the request nothing until `failover_s` has passed with no server answering any request: then
+        the shard fails (EngineCrash) and the step retries it. A busy server (429, or vLLM's own 503 when its queue
+        is full) costs nothing either: the budget backs off and the request waits its turn again, however long the
+        servers are busy (a 429 is an answer: it never counts as away). A request whose place the budget takes back
+        for interactive traffic is sent again when there is room. A 4xx is the request's own error; other 5xx
+        answers become its error line after a few attempts.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.failover_s
+        since = loop.time()
         server_errors = 0
         for attempt in itertools.count():
             url = urls[(first + attempt) % len(urls)]
-            try:
-                response = await client.post(url, json=body)
-            except httpx.TransportError as exc:
-                gone = f"{url} unreachable: {exc!r}"
-            else:
+            gone, response = "", None
+            async with budget.place() as held:
+                try:
+                    response = await held.run(client.post(url, json=body))
+                except httpx.TransportError as exc:
+                    gone = f"{url} unreachable: {exc!r}"
+            if response is None and not gone:
+                continue  # taken back: its place went to interactive traffic
+            budget.answered(None if response is None else response.status_code)
+            if response is not None:
                 try:
                     payload, from_vllm = response.json(), True
                 except ValueError:
                     payload, from_vllm = {"message": response.text[:500]}, False
-                if response.status_code == 200:
+                status = response.status_code
+                if status == 200:
                     return c.success_line(custom_id, payload)
-                if response.status_code < 500:
-                    return _error_line(custom_id, response.status_code, payload)
+                if status in _BUSY and (status == 429 or from_vllm):
+                    gone = "" if status == 429 else f"{url} answered {status} (busy)"
+                elif status < 500:
+                    return _error_line(custom_id, status, payload)
                 # vLLM answers errors in JSON; a plain-text 5xx is the router's "error sending request" to a
                 # replica that just died, before its health checks take it out of rotation.
-                if response.status_code in _SERVER_AWAY or not from_vllm:
-                    gone = f"{url} answered {response.status_code}"
+                elif status in _SERVER_AWAY or not from_vllm:
+                    gone = f"{url} answered {status}"
                 else:
                     server_errors += 1
                     if server_errors >= _ATTEMPTS:
-                        return _error_line(custom_id, response.status_code, payload)
-                    gone = ""
-            if gone and loop.time() >= deadline:
+                        return _error_line(custom_id, status, payload)
+            # Away means no server answered any request since: one that answers others is there, only busy.
+            if gone and loop.time() - max(since, budget.answered_at) >= self.failover_s:
                 raise EngineCrash(f"No server answered for {self.failover_s:.0f}s; last: {gone}")
             await asyncio.sleep(min(0.5 * 2 ** min(attempt, 5), 10.0))
         raise AssertionError("unreachable")

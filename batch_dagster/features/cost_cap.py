@@ -27,7 +27,7 @@ from batch_dagster.batchfile.results import CommittedShard
 from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
 from batch_dagster.batchfile.validate import ValidationReport
 from batch_dagster.db.keys import own_daily_budget
-from batch_dagster.db.models import BatchRecord
+from batch_dagster.db.models import BatchRecord, priced_window
 
 from .daily_usage import day_bounds
 from .estimate import Tally
@@ -85,13 +85,14 @@ def spent_on_day(session: Session, owner: str, prices: PriceTable, day: date, ex
     """The cost of `owner`'s batches created on the UTC `day`, but `excluding`, as the store holds their usage (one
     query): whatever day they spent it on."""
     start, end = day_bounds(day)
-    rows = session.execute(select(BatchRecord.usage, BatchRecord.model).where(
+    rows = session.execute(select(BatchRecord.usage, BatchRecord.model, BatchRecord.completion_window,
+                                  BatchRecord.expires_at).where(
         BatchRecord.owner == owner, BatchRecord.id != excluding, BatchRecord.created_at >= start,
         BatchRecord.created_at < end))
     total = 0.0
-    for usage, model in rows:
+    for usage, model, window, expires_at in rows:
         if usage and model:
-            total += cost_of(Usage.from_dict(usage), model, prices).total_cost
+            total += cost_of(Usage.from_dict(usage), model, prices, priced_window(window, expires_at)).total_cost
     return round(total, 8)
 
 
@@ -114,9 +115,10 @@ def batch_cap(session: Session | None, batch_id: str, options: BatchOptions, pri
 
 
 def refuse_over_cap(session: Session | None, batch_id: str, options: BatchOptions, report: ValidationReport,
-                    tally: Tally | None, prices: PriceTable, daily_budget: float | None) -> None:
-    """At validation, an error in the valid `report` when the batch's upper-bound cost (its `tally` priced, each
-    request at its most output: the estimate's cost.max) is more than it may spend."""
+                    tally: Tally | None, prices: PriceTable, daily_budget: float | None,
+                    window: str | None = None) -> None:
+    """At validation, an error in the valid `report` when the batch's upper-bound cost (its `tally` priced for its
+    `window`, each request at its most output: the estimate's cost.max) is more than it may spend."""
     if not report.valid or report.model is None:
         return
     cap = batch_cap(session, batch_id, options, prices, prices.for_model(report.model).currency, daily_budget)
@@ -125,20 +127,21 @@ def refuse_over_cap(session: Session | None, batch_id: str, options: BatchOption
     if tally is None:  # its tokenizer failed (count_tokens logged why): no cap is checked by guessing
         raise RuntimeError(f"The batch has a cost cap, and its tokens could not be counted with {report.model}'s "
                            "tokenizer; see the warning above.")
-    error = cap.refusal(tally.cost(report.model, prices)["max"])
+    error = cap.refusal(tally.cost(report.model, prices, window)["max"])
     if error is not None:
         report.errors.append(error)
         report.error_count += 1
 
 
 def cap_reached(session: Session | None, batch_id: str, options: BatchOptions, model: str,
-                committed: Iterable[CommittedShard], prices: PriceTable, daily_budget: float | None) -> bool:
-    """While it runs, before a shard: whether the batch, having spent what its `committed` shards cost, must run no
-    other shard."""
+                committed: Iterable[CommittedShard], prices: PriceTable, daily_budget: float | None,
+                window: str | None = None) -> bool:
+    """While it runs, before a shard: whether the batch, having spent what its `committed` shards cost (priced for
+    its `window`), must run no other shard."""
     cap = batch_cap(session, batch_id, options, prices, prices.for_model(model).currency, daily_budget)
     if cap is None:
         return False
     usage = Usage()
     for shard in committed:
         usage += shard.usage
-    return cap.reached(cost_of(usage, model, prices).total_cost)
+    return cap.reached(cost_of(usage, model, prices, window).total_cost)

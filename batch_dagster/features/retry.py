@@ -15,6 +15,7 @@ from batch_dagster.batchfile.failure import retryable_ids
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.batchfile.windows import CompletionWindows, Window
 from batch_dagster.db import repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S, add_input_file, create_batch
 from batch_dagster.db.models import BatchRecord, FileRecord
@@ -75,11 +76,20 @@ class CannotRetry(ValueError):
     """The batch has no request to retry (or has not ended yet); the message says which."""
 
 
-def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, completion_window_s: int | None,
+def retry_window(parent: BatchRecord, windows: CompletionWindows) -> Window | None:
+    """The window of a retry of `parent`: its parent's, from now (the longest offered when the operator no longer
+    offers that one); none for a parent that had no deadline (the command line's)."""
+    if parent.expires_at is None:
+        return None
+    return windows.window(parent.completion_window) if parent.completion_window in windows.lengths \
+        else windows.default
+
+
+def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, windows: CompletionWindows,
                  launched: bool = False, admit: Callable[[Session, BatchRecord], None] | None = None) -> BatchRecord:
-    """A new batch of `parent`'s retryable failed requests, with their original bodies, same endpoint, model and
-    options. `admit`: the owner's limits (features/quotas.py batch_admission), checked before its row is added; a
-    refusal leaves no File and no folder."""
+    """A new batch of `parent`'s retryable failed requests, with their original bodies, same endpoint, model,
+    options and window (retry_window). `admit`: the owner's limits (features/quotas.py batch_admission), checked
+    before its row is added; a refusal leaves no File and no folder."""
     if parent.status not in TERMINAL:
         raise CannotRetry(f"Batch {parent.id} is {parent.status}; only a batch that has ended can be retried.")
     error_file = _file(session, parent.error_file_id)
@@ -107,7 +117,7 @@ def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, com
             metadata = dict(list(inherited.items())[: MAX_METADATA_PAIRS - 1]) | {PARENT: parent.id}
             return create_batch(
                 session, storage, owner=parent.owner, endpoint=parent.endpoint, input_file=input_file,
-                input_from=path, completion_window_s=completion_window_s, metadata=metadata, launched=launched,
+                input_from=path, window=retry_window(parent, windows), metadata=metadata, launched=launched,
                 output_expires_after=parent.output_expires_after or OUTPUT_EXPIRES_AFTER_S, parent=parent,
                 options=parent.options, batch_id=batch_id, admit=admit,
             )

@@ -15,6 +15,7 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.folder import BatchFolder, batch_ids
 from batch_dagster.batchfile.usage import Price, PriceTable
 from batch_dagster.batchfile.validate import MAX_ERRORS, MORE_ERRORS
+from batch_dagster.batchfile.windows import Window
 from batch_dagster.cli import main
 from batch_dagster.engine.models import Models
 from batch_dagster.features.estimate import Estimate, QueueAhead, estimate_stream, max_output_tokens
@@ -68,7 +69,8 @@ def test_an_estimate_counts_what_the_batch_then_bills_and_learns_its_rate(start_
     # `batch-dagster estimate FILE --json` against the same store answers what the API answers.
     use_store(monkeypatch, service.config.database_url, service.config.storage_url)
     code, out, _ = cli(capsys, "estimate", str(tmp_path / "in.jsonl"), "--json")
-    assert code == 0 and json.loads(out) == again
+    assert again["meets_deadline"] is True  # the API's estimate is for a window; a local file's has none
+    assert code == 0 and json.loads(out) == {**again, "meets_deadline": None}
 
 
 def test_an_estimate_is_the_callers_and_checks_what_create_checks(start_service, tmp_path):
@@ -82,8 +84,10 @@ def test_an_estimate_is_the_callers_and_checks_what_create_checks(start_service,
     with pytest.raises(openai.BadRequestError) as bad:
         estimate(client, file_id, endpoint="/v1/nope")
     assert bad.value.body["code"] == "invalid_endpoint"
-    with pytest.raises(openai.BadRequestError):
-        estimate(client, file_id, completion_window="1h")
+    for window, code in (("2h", "completion_window_not_offered"), ("soon", "invalid_completion_window")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            estimate(client, file_id, completion_window=window)
+        assert (refused.value.body["code"], refused.value.body["param"]) == (code, "completion_window")
 
     # A batch of the model not finished yet is work queued ahead of this one (whoever owns it).
     queued = other.batches.create(input_file_id=upload(other, tmp_path / "b.jsonl", rows(4, max_tokens=4)),
@@ -141,7 +145,7 @@ def chat(cid: str, text: str, **params) -> dict:
 
 
 def run(rows: list, *, context: int = 100, rate: float = 10.0, queue: QueueAhead = QueueAhead(),
-        counted: list | None = None) -> Estimate:
+        counted: list | None = None, window: Window | None = None) -> Estimate:
     data = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
 
     def counter(model: str):
@@ -151,7 +155,7 @@ def run(rows: list, *, context: int = 100, rate: float = 10.0, queue: QueueAhead
 
     return estimate_stream(io.BytesIO(data), size=len(data), limits=c.Limits(), endpoint=None, served=SERVED,
                            counter=counter, prices=PRICES, throughput=lambda m: Throughput(rate, 3),
-                           queue=lambda m: queue)
+                           queue=lambda m: queue, window=window)
 
 
 @pytest.mark.parametrize(("endpoint", "body", "prompts", "bound"), [
@@ -195,6 +199,23 @@ def test_a_file_is_tallied_priced_and_timed():
     assert d["tokens_per_s"] == 10.0 and d["throughput_batches"] == 3
     assert d["queued_ahead"] == 3 and d["queued_ahead_requests"] == 6 and d["queued_ahead_uncounted"] == 1
     assert d["object"] == "batch.estimate" and d["errors"] == {"object": "list", "data": []}
+
+
+def test_the_window_prices_the_estimate_and_its_deadline_is_met_possible_or_refused():
+    rows = [chat("a", "one two three four five six seven eight nine ten", max_tokens=10)]  # 10 in, 10 out
+    prices = PriceTable(PRICES.prices, windows={"1h": {"batch_discount": 0.25}})
+    assert run(rows).meets_deadline() is None and run(rows).deadline_refusal() is None  # no window: no deadline
+    queued = QueueAhead(batches=1, requests=1)  # min 1 s (10 prompt tokens at 10/s), max (20 + 20) / 10 = 4 s
+    roomy = run(rows, queue=queued, window=Window("1h", 3600))
+    assert roomy.to_dict()["meets_deadline"] is True and roomy.deadline_refusal() is None
+    assert run(rows, queue=queued, window=Window("1h", 3)).to_dict()["meets_deadline"] is False  # possible, late
+    tight = run(rows, queue=queued, window=Window("1h", 0))
+    assert "'1h' leaves 0 s; this batch needs at least 1 s" in (tight.deadline_refusal() or "")
+    priced = estimate_stream(io.BytesIO(json.dumps(rows[0]).encode() + b"\n"), size=None, limits=c.Limits(),
+                             endpoint=None, served=SERVED, counter=lambda m: (words, 100), prices=prices,
+                             throughput=lambda m: Throughput(10.0, 3), queue=lambda m: QueueAhead(),
+                             window=Window("1h", 3600))
+    assert priced.to_dict()["cost"]["min"] == pytest.approx(10 * 0.75e-6)  # 1.0 per 1M at 25% off
 
 
 def test_a_real_cost_of_successful_requests_lies_in_the_range():

@@ -102,7 +102,7 @@ def test_runs_are_tagged_for_the_run_queue_by_the_model_of_their_file(sensor_env
                                     size=path.stat().st_size)
             storage.open().put_file(upload.path, path)  # as the API stores an upload, then copies it in
             ids[name] = create_batch(session, storage.open(), owner="a", endpoint=EMBEDDINGS if name == "offline"
-                                     else CHAT, input_file=upload, input_from=upload, completion_window_s=None).id
+                                     else CHAT, input_file=upload, input_from=upload, window=None).id
     tags = {r.partition_key: r.tags for r in tick(api_batch_sensor, instance, resources).run_requests}
 
     queue = {name: {k: v for k, v in tags[ids[name]].items() if k.startswith("batch/")} for name in files}

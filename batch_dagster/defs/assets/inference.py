@@ -141,7 +141,7 @@ def _over_cost_cap(session: Session | None, folder: BatchFolder, options: BatchO
     """Whether the batch's spend has reached its cost cap; the store's transaction ends here, so none is held while a
     shard runs."""
     reached = cap_reached(session, folder.batch_id, options, model, committed.values(), pipeline.prices(),
-                          pipeline.key_daily_budget)
+                          pipeline.key_daily_budget, folder.completion_window())
     if session is not None:
         session.commit()
     return reached

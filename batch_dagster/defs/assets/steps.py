@@ -94,7 +94,8 @@ def validate(folder: BatchFolder, pipeline: PipelineConfig, vllm: VLLMResource, 
         tally = count_tokens(out, report, vllm.models, needed=bool(limit or budget), log=log) if wanted else None
         prompt_tokens = refuse_over_limit(session, folder, report, limit, tally)
         if not stopped:
-            refuse_over_cap(session, folder.batch_id, options, report, tally, pipeline.prices(), budget)
+            refuse_over_cap(session, folder.batch_id, options, report, tally, pipeline.prices(), budget,
+                            folder.completion_window())
         head = (pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5)
                 .to_pylist() if report.valid else [])
         if not report.valid:
@@ -202,7 +203,7 @@ def summarize(folder: BatchFolder, pipeline: PipelineConfig, vllm: VLLMResource,
                          allow_retries=False)
     usage = merged.usage
     prices = pipeline.prices()
-    cost = cost_of(usage, manifest.model, prices)
+    cost = cost_of(usage, manifest.model, prices, folder.completion_window())
     if unpriced := prices.unlisted(manifest.model):  # said where the cost is read, not left as a silent 0
         log.warning(f"{unpriced}; add it to {pipeline.prices_file} (BATCH_PRICES_FILE)")
     shards = committed_shards(folder.storage, folder.results_prefix).values()

@@ -102,8 +102,10 @@ def api_batch_sensor(context: dg.SensorEvaluationContext, database: DatabaseReso
         tags = [run_tags(b.id, way_in="api", filename=filenames.get(b.id), owner=b.owner, model=b.model,
                          vllm=vllm, labels=labels) for b in rows]
         priorities = [b.options.priority for b in rows]
-    # Higher priority first; among equals, oldest first and owners interleaved: the run queue launches by these.
-    tags = with_launch_order(context.instance, batch_job.name, tags, OWNER_TAG, priorities)
+        deadlines = [b.expires_at for b in rows]
+    # Higher priority first, then the earlier deadline; among equals, oldest first and owners interleaved: the run
+    # queue launches by these.
+    tags = with_launch_order(context.instance, batch_job.name, tags, OWNER_TAG, priorities, deadlines)
     with database.session() as session:  # each batch's place in the launch order, for its queue_position
         set_launch_priorities(session, {b: int(t[PRIORITY_TAG]) for b, t in zip(waiting, tags, strict=True)})
     context.log.info(f"Launching {len(waiting)} batch(es): {', '.join(waiting)}")

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from batch_dagster.batchfile import table as t
 from batch_dagster.batchfile.contract import BatchError
-from batch_dagster.batchfile.folder import BatchFolder, Declared
+from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import iter_lines
 from batch_dagster.batchfile.table import Rendered, TableRequest
@@ -106,7 +106,7 @@ def _in_pipeline(context: dg.AssetExecutionContext, batch: TableBatch, rendered:
                             "discarded, the batch starts afresh (answers it kept are still reused)")
         _remove(folder)
     if not folder.has_input():
-        folder.declare(Declared(batch.request.endpoint, options=batch.options))  # it has no row: its options here
+        folder.declare(batch.request.endpoint, options=batch.options)  # it has no row: its options here
         with folder.storage.writing(folder.input_key) as path:
             path.write_bytes(payload)
     if folder.manifest() is None:  # a retry, or a run after one that failed, resumes at the shards
