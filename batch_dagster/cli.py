@@ -28,9 +28,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         max_bytes=args.max_bytes or settings.limits.max_bytes,
         max_line_bytes=settings.limits.max_line_bytes,
     )
-    from batch_dagster.batchfile.registry import load_registry, served_endpoints
+    from batch_dagster.batchfile.registry import load_registry, served
 
-    models = served_endpoints(load_registry(settings.models_file))
+    models = served(load_registry(settings.models_file))
     report = validate_file(args.file, limits=limits, endpoint=args.endpoint, models=models)
     if args.json:
         rejected = {"rejected_count": report.rejected_count, "rejected": [e.to_dict() for e in report.rejected]}
@@ -55,7 +55,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     """What a batch of FILE would cost and take: tokens counted with the model's tokenizer, priced, timed against
     the store's record of the model's recent batches and its queue (POST /v1/batches/estimate's answer)."""
     from batch_dagster.batchfile.estimate import estimate_stream
-    from batch_dagster.batchfile.registry import served_endpoints
+    from batch_dagster.batchfile.registry import served
     from batch_dagster.batchfile.usage import load_price_table
     from batch_dagster.db import Database
     from batch_dagster.db.estimate import measured_throughput, queue_ahead
@@ -68,7 +68,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         with store.session() as session, open(args.file, "rb", buffering=1 << 20) as f:
             estimate = estimate_stream(
                 f, size=os.fstat(f.fileno()).st_size, limits=settings.limits, endpoint=args.endpoint,
-                served=served_endpoints(models.registry()), counter=models.counter,
+                served=served(models.registry()), counter=models.counter,
                 prices=load_price_table(settings.prices_file),
                 throughput=lambda m: measured_throughput(session, storage, m, settings.estimate_tokens_per_s),
                 queue=lambda m: queue_ahead(session, m))

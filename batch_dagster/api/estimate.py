@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from batch_dagster.batchfile.estimate import estimate_stream
-from batch_dagster.batchfile.registry import served_endpoints
+from batch_dagster.batchfile.registry import served
 from batch_dagster.batchfile.usage import load_price_table
 from batch_dagster.db.estimate import measured_throughput, queue_ahead
 from batch_dagster.engine.models import Models
@@ -35,7 +35,7 @@ def estimate_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, o
     with files.open(key) as f:
         estimate = estimate_stream(
             f, size=size, limits=config.limits, endpoint=body.endpoint,
-            served=served_endpoints(models.registry()), counter=models.counter,
+            served=served(models.registry()), counter=models.counter,
             prices=load_price_table(config.prices_file),
             throughput=lambda model: measured_throughput(session, ctx.storage, model, config.estimate_tokens_per_s),
             queue=lambda model: queue_ahead(session, model))

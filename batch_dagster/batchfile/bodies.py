@@ -1,13 +1,13 @@
-"""Type and range checks of request bodies, per endpoint, after the public OpenAI API schema.
+"""Type and range checks of request bodies, per endpoint, after the public OpenAI API schema and vLLM's extras.
 
-Validation calls `check_body` for every line, so a body the pipeline or an engine could not take
-(a string temperature, a content part whose text is a number, a body nested too deep to store)
-is an error at its line instead of a failed batch. Fields outside the schema are passed through
-untouched, but only if they are nested at most `MAX_DEPTH` levels; that limit holds for every
-endpoint (`check_depth`), /v1/responses included.
+Validation calls `check_body` for every line, so a body the pipeline or an engine could not take (a string
+temperature, a content part whose text is a number, a field the field matrix refuses, a body nested too deep to
+store) is an error at its line instead of a failed batch or a silently changed request. What each field does, and
+why a refused one is refused, is batchfile/fields.py; the types and ranges of the fields it honors are the structs
+below. A body may be nested at most `MAX_DEPTH` levels on every endpoint.
 
-The schema is a set of msgspec structs: `msgspec.convert` checks a parsed body in C, several
-times faster than the same checks in Python, which matters at 50,000 lines per file.
+The schema is a set of msgspec structs: `msgspec.convert` checks a parsed body in C, several times faster than the
+same checks in Python, which matters at 50,000 lines per file.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from . import contract as c
+from .fields import SERVED_PARTS, Serves, part_refusal, refusal
 
 # Nesting levels of a body (the body itself is level 1). orjson, which stores bodies, stops at
 # 254 levels; real bodies (tool schemas included) stay far below this.
@@ -49,17 +50,24 @@ Probability = Annotated[float, _range(0, 1)]
 Penalty = Annotated[float, _range(-2, 2)]
 Int64 = Annotated[int, _range(-(2**63), 2**63 - 1)]
 TokenId = Annotated[int, _range(0, MAX_TOKEN_ID)]
+TokenIds = Annotated[list[TokenId], msgspec.Meta(min_length=1)]
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 Object = dict[str, Any]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
 
 
-# Chat content parts: the types OpenAI's schema lists, told apart by `type`.
+# Chat content parts: the types OpenAI's schema lists, told apart by `type` (which of them a model takes: fields.py).
 class TextPart(msgspec.Struct, tag="text", tag_field="type"):
     text: str
 
 
+class ImageUrl(msgspec.Struct):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class ImageUrlPart(msgspec.Struct, tag="image_url", tag_field="type"):
-    image_url: Object
+    image_url: ImageUrl
 
 
 class InputAudioPart(msgspec.Struct, tag="input_audio", tag_field="type"):
@@ -77,13 +85,82 @@ class RefusalPart(msgspec.Struct, tag="refusal", tag_field="type"):
 Part = TextPart | ImageUrlPart | InputAudioPart | FilePart | RefusalPart
 
 
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class Message(msgspec.Struct):
     role: Role
-    # null is an assistant turn that carries tool calls instead; the engine reads it as "".
+    # null is an assistant turn that carries tool calls instead.
     content: str | list[Part] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[Object] | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+# Structured outputs: OpenAI's response formats (chat, and vLLM's completions) and vLLM's own constraints.
+class JsonSchema(msgspec.Struct):
+    name: Name
+    schema: Object | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextFormat(msgspec.Struct, tag="text", tag_field="type"):
+    pass
+
+
+class JsonObjectFormat(msgspec.Struct, tag="json_object", tag_field="type"):
+    pass
+
+
+class JsonSchemaFormat(msgspec.Struct, tag="json_schema", tag_field="type"):
+    json_schema: JsonSchema
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
+
+
+class StructuredOutputs(msgspec.Struct, forbid_unknown_fields=True):
+    json: Object | str | None = None
+    regex: str | None = None
+    choice: Annotated[list[str], msgspec.Meta(min_length=1)] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_fallback: bool | None = None
+    disable_any_whitespace: bool | None = None
+    disable_additional_properties: bool | None = None
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+
+# Tools.
+class Function(msgspec.Struct):
+    name: Name
+    description: str | None = None
+    parameters: Object | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct):
+    function: Function
+    type: Literal["function"] = "function"
+
+
+class NamedFunction(msgspec.Struct):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct):
+    function: NamedFunction
+    type: Literal["function"] = "function"
 
 
 class _Sampling(msgspec.Struct):
@@ -91,7 +168,6 @@ class _Sampling(msgspec.Struct):
 
     model: str | None = None  # present and non-empty: validate checks it first
     max_tokens: PositiveInt | None = None
-    max_completion_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
     top_p: Probability | None = None
     n: Annotated[int, _range(1, 128)] | None = None
@@ -107,45 +183,136 @@ class _Sampling(msgspec.Struct):
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0)] | None = None
     min_tokens: Annotated[int, _range(0)] | None = None
     ignore_eos: bool | None = None
+    stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: TokenIds | None = None
+    prompt_logprobs: Annotated[int, _range(-1, 20)] | None = None
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    logprob_token_ids: TokenIds | None = None
+    truncate_prompt_tokens: Annotated[int, _range(-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    structured_outputs: StructuredOutputs | None = None
+    response_format: ResponseFormat | None = None
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    add_special_tokens: bool | None = None
+    echo: bool | None = None
 
 
 class ChatBody(_Sampling):
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)] = []
+    max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, _range(0, 20)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    include_reasoning: bool | None = None
     enable_thinking: bool | None = None
     chat_template_kwargs: Object | None = None
-    response_format: Object | None = None
-    tools: list[Object] | None = None
-    tool_choice: str | Object | None = None
-    parallel_tool_calls: bool | None = None
-    metadata: Object | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    documents: list[dict[str, str]] | None = None
+    return_prompt_text: bool | None = None
+    modalities: list[str] | None = None
     store: bool | None = None
+    service_tier: str | None = None
 
 
 class CompletionBody(_Sampling):
     # `prompt` is checked by `_prompts`: msgspec unions take one array type only.
     logprobs: Annotated[int, _range(0, 5)] | None = None
-    echo: bool | None = None
-    best_of: Annotated[int, _range(1, 20)] | None = None
-    suffix: str | None = None
 
 
 class EmbeddingBody(msgspec.Struct):
     model: str | None = None  # present and non-empty: validate checks it first
     encoding_format: Literal["float", "base64"] | None = None
-    dimensions: PositiveInt | None = None
     user: str | None = None
+    embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] | None = None
+    endianness: Literal["native", "big", "little"] | None = None
+    use_activation: bool | None = None
+    truncate_prompt_tokens: Annotated[int, _range(-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    add_special_tokens: bool | None = None
+
+
+class ResponsesJsonSchemaFormat(msgspec.Struct, tag="json_schema", tag_field="type"):
+    name: Name
+    schema: Object | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextConfig(msgspec.Struct):
+    format: TextFormat | JsonObjectFormat | ResponsesJsonSchemaFormat | None = None
+
+
+class ResponsesTool(msgspec.Struct, tag="function", tag_field="type"):
+    name: Name
+    description: str | None = None
+    parameters: Object | None = None
+    strict: bool | None = None
+
+
+class ResponsesNamedTool(msgspec.Struct):
+    name: str
+    type: Literal["function"] = "function"
+
+
+class Reasoning(msgspec.Struct):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class ResponsesBody(msgspec.Struct):
+    # `input` is checked by `_responses_input`: its items are told apart by an optional `type`.
+    model: str | None = None  # present and non-empty: validate checks it first
+    instructions: str | None = None
+    max_output_tokens: PositiveInt | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    top_logprobs: Annotated[int, _range(0, 20)] | None = None
+    include: list[str] | None = None
+    metadata: dict[str, Annotated[str, msgspec.Meta(max_length=512)]] | None = None
+    user: str | None = None
+    text: TextConfig | None = None
+    tools: list[ResponsesTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesNamedTool | None = None
+    parallel_tool_calls: bool | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    reasoning: Reasoning | None = None
+    include_reasoning: bool | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    stream: bool | None = None
+    chat_template_kwargs: Object | None = None
+    enable_response_messages: bool | None = None
+    seed: Int64 | None = None
+    stop: str | list[str] | None = None
+    top_k: Annotated[int, _range(-1)] | None = None
+    min_p: Probability | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Annotated[float, _range(-100, 100)]] | None = None
+    ignore_eos: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    stop_token_ids: list[TokenId] | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 SCHEMAS: dict[str, type[msgspec.Struct]] = {
-    c.CHAT: ChatBody, c.COMPLETIONS: CompletionBody, c.EMBEDDINGS: EmbeddingBody,
+    c.CHAT: ChatBody, c.COMPLETIONS: CompletionBody, c.EMBEDDINGS: EmbeddingBody, c.RESPONSES: ResponsesBody,
 }
-_PROMPT = {c.COMPLETIONS: "prompt", c.EMBEDDINGS: "input"}
-# The body fields each endpoint knows (what docs/formats.md lists).
-FIELDS = {url: frozenset(schema.__struct_fields__) | {_PROMPT.get(url, "messages")} for url, schema in SCHEMAS.items()}
-# Schema fields that hold free-form JSON, whose depth msgspec does not bound.
-_FREE_FORM = frozenset({"logit_bias", "chat_template_kwargs", "response_format", "tools", "tool_choice", "metadata"})
+# Each endpoint's prompt field, checked by hand (msgspec unions take one array type only).
+PROMPT = {c.CHAT: "messages", c.COMPLETIONS: "prompt", c.EMBEDDINGS: "input", c.RESPONSES: "input"}
+# The body fields each endpoint types (what the field matrix honors).
+TYPED = {url: frozenset(schema.__struct_fields__) | {PROMPT[url]} for url, schema in SCHEMAS.items()}
 # msgspec's messages end in " - at `$.path`"; a missing field is named in the message.
 _AT = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _MISSING = re.compile(r"missing required field `([^`]+)`")
@@ -156,46 +323,127 @@ _JSON_TYPES = {"float": "number", "int": "integer", "str": "string", "bool": "bo
 _JSON_TYPE = re.compile(r"(?<=[`| ])(float|int|str|bool)(?=[`| ])")
 
 
-def check_body(url: str, body: dict[str, Any]) -> None:
-    """Raise BodyError for the first field of `body` of the wrong type, out of range, or nested too deep.
+def check_body(url: str, body: dict[str, Any], serves: Serves | None = None) -> None:
+    """Raise BodyError for the first field of `body` the field matrix refuses (for a model that `serves`; None: not
+    known), of the wrong type or out of range, or nested too deep.
 
     `body.model` and the presence of the prompt field are the caller's to check (validate does).
     """
     if _plain(url, body):
         return
+    prompt = PROMPT[url]
     try:
+        for key, value in body.items():
+            if value is not None and (why := refusal(url, key, body, serves)) is not None:
+                raise BodyError(f"body.{key}", f"Field 'body.{key}' is refused: {why}.")
         msgspec.convert(body, SCHEMAS[url])
-        prompt = _PROMPT.get(url)
-        if prompt is not None:
-            _prompts(body[prompt], f"body.{prompt}")
+        _PROMPT_CHECKS[url](body[prompt], f"body.{prompt}", serves)
     except msgspec.ValidationError as exc:
         wrong: BodyError | None = _body_error(str(exc))
     except BodyError as exc:
         wrong = exc
     else:
         wrong = None
-    fields = FIELDS[url]
-    # Depth first: a body too deep to store must fail the file even when a field is also mistyped.
-    if wrong is not None or not fields.issuperset(body) or not _FREE_FORM.isdisjoint(body):
-        for key, value in body.items():
-            if (wrong is not None or key not in fields or key in _FREE_FORM) and type(value) in (dict, list):
-                _bounded(value, f"body.{key}", 2)
-    if url == c.CHAT and wrong is None:
-        for i, m in enumerate(body["messages"]):
-            # Content parts and fields outside the schema may nest: bound the message (level 3).
-            if len(m) > 2 or type(m.get("content")) is list:
-                _bounded(m, f"body.messages[{i}]", 3)
+    # Depth first: a body too deep to store must fail the file even when a field is also wrong.
+    for key, value in body.items():
+        if key == prompt and type(value) is list:
+            for i, item in enumerate(value):  # a message or input item (level 3) names itself
+                if type(item) is dict or type(item) is list:
+                    _bounded(item, f"body.{key}[{i}]", 3)
+        elif type(value) is dict or type(value) is list:
+            _bounded(value, f"body.{key}", 2)
     if wrong is not None:
         raise wrong
 
 
+def _parts_refused(parts: list[Any], param: str, serves: Serves | None) -> None:
+    """Refuse a content part the model does not take (an image on a text model, audio, a file), by its place."""
+    images = 0
+    for j, part in enumerate(parts):
+        kind = part.get("type") if type(part) is dict else None
+        if kind not in SERVED_PARTS:
+            continue  # not a part at all: its type error is the schema's
+        if (why := part_refusal(kind, serves)) is not None:
+            raise BodyError(f"{param}[{j}]", f"Content part '{param}[{j}]' ({kind}) is refused: {why}.")
+        images += kind in ("image_url", "input_image")
+        if serves is not None and images > serves.images:
+            raise BodyError(f"{param}[{j}]", f"Content part '{param}[{j}]' is refused: this model takes at most "
+                                             f"{serves.images} image(s) per request.")
+
+
+def _messages(messages: Any, param: str, serves: Serves | None) -> None:
+    """Chat messages: the schema types them; here their content parts are checked against the model."""
+    if type(messages) is not list:
+        return
+    for i, m in enumerate(messages):
+        if type(m) is dict and type(m.get("content")) is list:
+            _parts_refused(m["content"], f"{param}[{i}].content", serves)
+
+
+_ITEM_ROLES = ("user", "assistant", "system", "developer")
+_ITEM_FIELDS = {"function_call": ("call_id", "name", "arguments"), "function_call_output": ("call_id", "output")}
+_TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
+
+
+def _responses_input(value: Any, param: str, serves: Serves | None) -> None:
+    """/v1/responses `input`: a string, or message, `function_call` and `function_call_output` items."""
+    if type(value) is str:
+        if not value:
+            raise BodyError(param, f"Field {param!r} must not be empty.")
+        return
+    if type(value) is not list or not value:
+        raise BodyError(param, f"Field {param!r} must be a string or a non-empty array of input items.")
+    for i, item in enumerate(value):
+        where = f"{param}[{i}]"
+        if type(item) is not dict:
+            raise BodyError(where, f"Field {where!r} must be an object (a message, or a function call or its output).")
+        kind = item.get("type", "message")
+        if kind in _ITEM_FIELDS:
+            for name in _ITEM_FIELDS[kind]:
+                if type(item.get(name)) is not str:
+                    raise BodyError(f"{where}.{name}", f"Field '{where}.{name}' must be a string.")
+            continue
+        if kind != "message":
+            raise BodyError(f"{where}.type", f"Field '{where}.type' is {c.quoted(kind)}: only 'message', "
+                                             "'function_call' and 'function_call_output' items are served.")
+        if item.get("role") not in _ITEM_ROLES:
+            raise BodyError(f"{where}.role", f"Field '{where}.role' must be one of {', '.join(_ITEM_ROLES)}.")
+        content = item.get("content")
+        if type(content) is str:
+            continue
+        if type(content) is not list:
+            raise BodyError(f"{where}.content", f"Field '{where}.content' must be a string or an array of parts.")
+        _parts_refused(content, f"{where}.content", serves)
+        for j, part in enumerate(content):
+            at = f"{where}.content[{j}]"
+            kind = part.get("type") if type(part) is dict else None
+            if kind in _TEXT_PARTS:
+                if type(part.get(_TEXT_PARTS[kind])) is not str:
+                    raise BodyError(at, f"Field {at!r} must hold its text as a string.")
+            elif kind == "input_image":
+                if type(part.get("image_url")) is not str:
+                    raise BodyError(f"{at}.image_url", f"Field '{at}.image_url' must be a string (a URL).")
+            else:
+                raise BodyError(at, f"Field {at!r} must be a content part ('input_text', 'output_text' or "
+                                    "'input_image').")
+
+
+def _prompt(value: Any, param: str, serves: Serves | None) -> None:
+    _prompts(value, param)
+
+
+_PROMPT_CHECKS = {c.CHAT: _messages, c.COMPLETIONS: _prompt, c.EMBEDDINGS: _prompt, c.RESPONSES: _responses_input}
+
+
 # The fast path: most bodies hold text messages or prompts and a few numbers in range. Those are
 # recognized here with a few dict lookups; anything else goes through the schema above. The
-# ranges are the schema's (tests/core/test_bodies.py checks that this never accepts more).
+# ranges are the schema's, the fields those the matrix honors for every value and model (tests/core/test_bodies.py
+# checks that this never accepts more).
 _NUM = (int, float)
 _PLAIN_SCALARS: dict[str, tuple[tuple[type, ...], float, float]] = {
     "max_tokens": ((int,), 1, 2**63),
     "max_completion_tokens": ((int,), 1, 2**63),
+    "max_output_tokens": ((int,), 1, 2**63),
     "temperature": (_NUM, 0, 2),
     "top_p": (_NUM, 0, 1),
     "n": ((int,), 1, 128),
@@ -206,21 +454,28 @@ _PLAIN_SCALARS: dict[str, tuple[tuple[type, ...], float, float]] = {
     "min_p": (_NUM, 0, 1),
     "min_tokens": ((int,), 0, 2**63),
 }
-# Booleans on every endpoint that knows them (`logprobs` is not: an integer for completions).
-_PLAIN_SWITCHES = frozenset({"ignore_eos", "stream", "enable_thinking", "echo"})
-_PLAIN_TEXT = {c.CHAT: "messages", c.COMPLETIONS: "prompt", c.EMBEDDINGS: "input"}
+# Booleans (`logprobs` is not: an integer for completions). `stream` is plain only when false.
+_PLAIN_SWITCHES = frozenset({"ignore_eos", "enable_thinking", "echo", "stream"})
+_PLAIN_STRINGS = frozenset({"user", "instructions"})
+_PLAIN_KEYS = {url: frozenset((*_PLAIN_SCALARS, *_PLAIN_SWITCHES, *_PLAIN_STRINGS, "stop")) & TYPED[url]
+               for url in SCHEMAS}
 _ROLES = frozenset(Role.__args__)  # type: ignore[attr-defined]
 
 
 def _plain(url: str, body: dict[str, Any]) -> bool:
     """True for a body of text and in-range numbers only; False means "ask the schema", not "invalid"."""
-    text = _PLAIN_TEXT[url]
+    text = PROMPT[url]
+    keys = _PLAIN_KEYS[url]
     for key, value in body.items():
         if key == "model" or key == text:
             continue
+        if key not in keys:
+            return False
         spec = _PLAIN_SCALARS.get(key)
         if spec is None:
-            if type(value) is bool and key in _PLAIN_SWITCHES:
+            if type(value) is bool and key in _PLAIN_SWITCHES and not (key == "stream" and value):
+                continue
+            if key in _PLAIN_STRINGS and type(value) is str:
                 continue
             if key == "stop" and (type(value) is str or type(value) is list and all(type(s) is str for s in value)):
                 continue
@@ -229,7 +484,7 @@ def _plain(url: str, body: dict[str, Any]) -> bool:
             return False
     value = body[text]
     if url != c.CHAT:
-        return type(value) is str
+        return type(value) is str and (url != c.RESPONSES or value != "")
     for m in value:
         if type(m) is not dict or len(m) != 2 or type(m.get("content")) is not str:
             return False

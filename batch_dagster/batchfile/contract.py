@@ -76,6 +76,7 @@ COST_LIMIT_EXCEEDED = "cost_limit_exceeded"
 # Request-level error codes written to the error file.
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 ENGINE_ERROR = "engine_error"
+OUT_OF_MEMORY = "out_of_memory"  # a request that alone ran the engine out of memory
 BATCH_EXPIRED = "batch_expired"
 BATCH_CANCELLED = "batch_cancelled"
 BATCH_FAILED = "batch_failed"  # the batch's run failed for good before this request ran

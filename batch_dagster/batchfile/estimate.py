@@ -20,7 +20,7 @@ from .validate import ValidationReport, validate_stream
 # A request's prompt tokens as the engine counts them, one count per prompt (a completions or embeddings body
 # may hold several); None when the engine will refuse the request before it runs (its template fails on it).
 CountTokens = Callable[[str, dict[str, Any]], list[int] | None]
-# As vLLM's server (and engine/translate.py): a legacy completion without max_tokens generates at most 16 tokens.
+# As vLLM's server: a legacy completion without max_tokens generates at most 16 tokens.
 COMPLETIONS_MAX_TOKENS = 16
 
 
@@ -42,7 +42,7 @@ class QueueAhead:
 
 
 def max_output_tokens(endpoint: str, body: dict[str, Any], prompts: list[int], context_length: int) -> int | None:
-    """The most output tokens a request can produce; None when the engine refuses it (as translate.max_tokens_of:
+    """The most output tokens a request can produce; None when the engine refuses it (as vLLM's server does:
     a bad `max_tokens`, or a prompt and completion past the context)."""
     if endpoint == c.EMBEDDINGS:
         return 0 if all(p <= context_length for p in prompts) else None
@@ -65,8 +65,6 @@ def max_output_tokens(endpoint: str, body: dict[str, Any], prompts: list[int], c
 
 def _refused_by_schema(endpoint: str, body: dict[str, Any]) -> bool:
     """Whether validation rejected the body (it ends as its own 400 line and never runs)."""
-    if endpoint == c.RESPONSES:
-        return bool(responses.body_problems(body))
     try:
         check_body(endpoint, body)
     except BodyError:

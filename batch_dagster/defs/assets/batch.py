@@ -31,7 +31,7 @@ from batch_dagster.batchfile.folder import (
     Summary,
     Validation,
 )
-from batch_dagster.batchfile.registry import served_endpoints
+from batch_dagster.batchfile.registry import served
 from batch_dagster.batchfile.results import commit_shard, committed_shards, merge, progress_of
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import cost_of
@@ -143,7 +143,7 @@ def validated_requests(
             size=size,
             limits=pipeline.limits,
             endpoint=folder.endpoint(),
-            models=served_endpoints(vllm.registry()),
+            models=served(vllm.registry()),
         )
         elapsed = time.perf_counter() - started
         tally = count_tokens(out, report, pipeline, vllm, context.log)  # the limit, the cap, the estimate

@@ -106,7 +106,7 @@ class VLLMResource(dg.ConfigurableResource):
         urls = self.server_urls_for(model)
         if urls is not None:
             return ServerEngine(urls, self.max_concurrency, self.request_timeout_s, self.server_api_key,
-                                self.failover_s)
+                                self.failover_s, spec.serves)
         from batch_dagster.engine.offline import engine_for
 
         return engine_for(spec, self.model_path(spec))
