@@ -112,14 +112,14 @@ def _print_summary(run: RunSummary) -> None:
         if len(errors) > 20:
             print(f"  ... and {len(errors) - 20} more", file=sys.stderr)
         if summary.usage is not None:  # it kept what its run finished
-            print(f"  requests: {rc.total} total, {rc.completed} completed, {rc.failed} failed")
+            print(f"  requests: {rc.describe()}")
             print(f"  output:   {run.output_file}\n  errors:   {run.error_file}")
         if run.log_file:
             print(f"  log:      {run.log_file}", file=sys.stderr)
         return
     usage, cost = summary.usage, summary.cost
     assert usage is not None and cost is not None  # a batch that ended has both
-    print(f"  requests: {rc.total} total, {rc.completed} completed, {rc.failed} failed")
+    print(f"  requests: {rc.describe()}")
     print(f"  tokens:   {usage.input_tokens} input, {usage.output_tokens} output "
           f"({summary.output_tokens_per_s} output tokens/s over {summary.inference_s or 0:.1f}s of inference)")
     print(f"  cost:     {cost.total_cost:.6f} {cost.currency} (batch discount {cost.batch_discount:.0%})")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -200,7 +200,7 @@ class Progress(Document):
     def counts(self) -> RequestCounts:
         """The batch's request_counts so far: the committed shards', and the live shard's finished requests as
         completed (an approximation until it commits)."""
-        counts = RequestCounts(self.request_counts.total, self.request_counts.completed, self.request_counts.failed)
+        counts = replace(self.request_counts)
         if self.shard is not None:
             counts.completed = min(counts.completed + self.done, counts.total - counts.failed)
         return counts

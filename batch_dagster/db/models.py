@@ -11,7 +11,13 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from batch_dagster.batchfile.contract import MAX_FILENAME_CHARS, MAX_MODEL_CHARS, MAX_SOURCE_CHARS, MAX_VERSION_CHARS
+from batch_dagster.batchfile.contract import (
+    MAX_FILENAME_CHARS,
+    MAX_MODEL_CHARS,
+    MAX_SOURCE_CHARS,
+    MAX_VERSION_CHARS,
+    RequestCounts,
+)
 from batch_dagster.batchfile.status import TERMINAL
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere the key is a BIGINT.
@@ -78,6 +84,7 @@ class BatchRecord(Base):
     request_total: Mapped[int] = mapped_column(default=0)
     request_completed: Mapped[int] = mapped_column(default=0)
     request_failed: Mapped[int] = mapped_column(default=0)
+    request_incomplete_structured: Mapped[int] = mapped_column(default=0, server_default="0")
     # "metadata" is reserved on declarative classes; the column keeps the API's name.
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
     model: Mapped[str | None] = mapped_column(String(MAX_MODEL_CHARS))
@@ -98,6 +105,11 @@ class BatchRecord(Base):
     launch_priority: Mapped[int | None]
     queue_position: Mapped[int | None]
     estimated_completion_at: Mapped[int | None]
+
+    def counts(self) -> RequestCounts:
+        """The batch's request_counts, from its `request_*` columns."""
+        return RequestCounts(self.request_total, self.request_completed, self.request_failed,
+                             self.request_incomplete_structured)
 
 
 class IntakeRecord(Base):

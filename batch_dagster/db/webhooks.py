@@ -17,7 +17,6 @@ from typing import Any
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.contract import RequestCounts
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.usage import Usage
 
@@ -137,8 +136,7 @@ def event_data(session: Session, events: Sequence[WebhookEvent]) -> dict[str, di
         batch = batches.get(event.batch_id)
         data[event.id] = {"id": event.batch_id} if batch is None else {
             "id": event.batch_id,
-            "request_counts": RequestCounts(batch.request_total, batch.request_completed,
-                                            batch.request_failed).to_dict(),
+            "request_counts": batch.counts().to_dict(),
             "usage": Usage.from_dict(batch.usage or {}).to_dict(),
         }
     return data

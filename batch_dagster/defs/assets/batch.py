@@ -34,6 +34,7 @@ from batch_dagster.batchfile.folder import (
 from batch_dagster.batchfile.registry import served
 from batch_dagster.batchfile.results import commit_shard, committed_shards, merge, progress_of
 from batch_dagster.batchfile.status import BatchStatus
+from batch_dagster.batchfile.structured import asks_structured
 from batch_dagster.batchfile.usage import cost_of
 from batch_dagster.defs.dagster_internals import dies_with_its_run
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
@@ -342,8 +343,9 @@ def shard_results(
                 context.log.error(f"Shard {index}: engine crashed on the last attempt; its requests become errors")
                 lines = engine_error_lines(requests, str(exc))
                 engine = vllm.engine(manifest.model)
+            structured = {cid for cid, body in requests if asks_structured(manifest.endpoint, body)}
             summary = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
-                                   engine_start_s=vllm.engine_start_s(manifest.model, t0))
+                                   engine_start_s=vllm.engine_start_s(manifest.model, t0), structured=structured)
             done[index] = summary
             base = progress_of(done, manifest.total_requests, manifest.shard_count)  # after the marker
             folder.write_progress(base)
