@@ -179,7 +179,8 @@ def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storag
 
 
 def real_vllm(**kwargs) -> VLLMResource:
-    return VLLMResource(models_file=str(Settings.from_env().models_file), model_cache_dir=str(MODEL_CACHE), **kwargs)
+    return VLLMResource(**{"models_file": str(Settings.from_env().models_file), "model_cache_dir": str(MODEL_CACHE),
+                           **kwargs})
 
 
 def run_on_real_engine(tmp_path: Path, data_dir: Path, instance: dg.DagsterInstance, rows: list, **vllm_kwargs):

@@ -155,7 +155,12 @@ def _prompt(value: Any, param: str, serves: Serves | None) -> None:
     _prompts(value, param)
 
 
-_PROMPT_CHECKS = {c.CHAT: _messages, c.COMPLETIONS: _prompt, c.EMBEDDINGS: _prompt, c.RESPONSES: _responses_input}
+def _typed(value: Any, param: str, serves: Serves | None) -> None:
+    """Score and rerank texts: the schema types them all."""
+
+
+_PROMPT_CHECKS = {c.CHAT: _messages, c.COMPLETIONS: _prompt, c.EMBEDDINGS: _prompt, c.RESPONSES: _responses_input,
+                  c.SCORE: _typed, c.RERANK: _typed}
 
 
 # The fast path: most bodies hold text messages or prompts and a few numbers in range. Those are
@@ -187,6 +192,8 @@ _ROLES = frozenset(Role.__args__)  # type: ignore[attr-defined]
 
 def _plain(url: str, body: dict[str, Any]) -> bool:
     """True for a body of text and in-range numbers only; False means "ask the schema", not "invalid"."""
+    if url in (c.SCORE, c.RERANK):
+        return False
     text = PROMPT[url]
     keys = _PLAIN_KEYS[url]
     for key, value in body.items():

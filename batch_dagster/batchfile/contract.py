@@ -12,7 +12,9 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 RESPONSES = "/v1/responses"
-ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
+SCORE = "/v1/score"  # vLLM's: the similarity of queries and documents
+RERANK = "/v1/rerank"  # vLLM's (Jina and Cohere's shape): documents ranked for a query
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK)
 
 # The longest values the store keeps from a client (db/models.py sizes its columns by them). Each is checked
 # where it comes in (the API, validation, the drop intake), so no write of one tenant's value fails later.

@@ -44,8 +44,8 @@ class QueueAhead:
 def max_output_tokens(endpoint: str, body: dict[str, Any], prompts: list[int], context_length: int) -> int | None:
     """The most output tokens a request can produce; None when the engine refuses it (as vLLM's server does:
     a bad `max_tokens`, or a prompt and completion past the context)."""
-    if endpoint == c.EMBEDDINGS:
-        return 0 if all(p <= context_length for p in prompts) else None
+    if endpoint in (c.EMBEDDINGS, c.SCORE, c.RERANK):  # no output tokens
+        return 0 if endpoint != c.EMBEDDINGS or all(p <= context_length for p in prompts) else None
     if endpoint == c.RESPONSES:
         body = responses.chat_body(body)
     requested = body.get("max_completion_tokens", body.get("max_tokens"))

@@ -17,7 +17,7 @@ from .schema import PROMPT, SCHEMAS
 
 BEGIN, END = "<!-- BEGIN GENERATED: fields -->", "<!-- END GENERATED: fields -->"
 _NAMES = {c.CHAT: "Chat completions", c.COMPLETIONS: "Completions", c.EMBEDDINGS: "Embeddings",
-          c.RESPONSES: "Responses"}
+          c.RESPONSES: "Responses", c.SCORE: "Score", c.RERANK: "Rerank"}
 
 
 def _num(v: float) -> str:

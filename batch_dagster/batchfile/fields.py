@@ -13,9 +13,6 @@ from typing import Any
 
 from . import contract as c
 
-SCORE = "/v1/score"
-RERANK = "/v1/rerank"
-
 
 @dataclass(frozen=True)
 class Serves:
@@ -297,11 +294,47 @@ _RESPONSES = {
         "watermarking", "session_id", "mm_payload", "return_mm_kwargs")},
 }
 
+NO_SCORE_TEMPLATE = "it goes to a score template, and the registry's scoring models (embedding models) have none"
+OTHER_NAMES = "vLLM's other name for what this endpoint takes as {name}: use {name}"
+_SCORING = {
+    "model": SAMPLING["model"],
+    "documents": honored("the texts scored: a string or strings"),
+    "user": SAMPLING["user"],
+    "truncate_prompt_tokens": honored("keep only each text's last (or first) N tokens (vLLM)"),
+    "truncation_side": SAMPLING["truncation_side"],
+    "max_tokens_per_query": honored("cut each query to N tokens (vLLM; 0: not cut)"),
+    "max_tokens_per_doc": honored("cut each document to N tokens (vLLM; 0: not cut)"),
+    "use_activation": refused("an embedding model's score is a cosine similarity, with no activation to switch"),
+    "instruction": refused(NO_SCORE_TEMPLATE),
+    "chat_template_kwargs": refused(NO_SCORE_TEMPLATE),
+    "padding": _EMBEDDINGS["padding"],
+    "priority": SAMPLING["priority"],
+    "request_id": SAMPLING["request_id"],
+    "cache_salt": SAMPLING["cache_salt"],
+    "mm_processor_kwargs": refused(NO_MM_KWARGS),
+}
+_SCORE = {
+    **_SCORING,
+    "queries": honored("the text(s) each document is scored against: one, or one per document"),
+    "text_1": refused(OTHER_NAMES.format(name="queries")),
+    "data_1": refused(OTHER_NAMES.format(name="queries")),
+    "text_2": refused(OTHER_NAMES.format(name="documents")),
+    "data_2": refused(OTHER_NAMES.format(name="documents")),
+    "items": refused(OTHER_NAMES.format(name="documents")),
+}
+_RERANK = {
+    **_SCORING,
+    "query": honored("the text the documents are ranked for"),
+    "top_n": honored("how many of the best documents to return (0: all)"),
+}
+
 FIELDS: dict[str, dict[str, Field]] = {
     c.CHAT: {**SAMPLING, **_CHAT_ONLY},
     c.COMPLETIONS: {**SAMPLING, **_COMPLETIONS_ONLY},
     c.EMBEDDINGS: _EMBEDDINGS,
     c.RESPONSES: _RESPONSES,
+    c.SCORE: _SCORE,
+    c.RERANK: _RERANK,
 }
 
 UNKNOWN = "it is not a request field of {url}"

@@ -12,18 +12,35 @@ from typing import Any
 def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
-    return "".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
+    if not isinstance(content, list):
+        return ""
+    return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+def _message(item: Any) -> dict[str, Any]:
+    """An input item as the chat message it amounts to: a message, a tool call (its arguments), a tool's output.
+    A mistyped item (validation refused it: its request never runs) counts as empty text."""
+    if not isinstance(item, dict):
+        return {"role": "user", "content": ""}
+    kind = item.get("type", "message")
+    if kind == "function_call":
+        return {"role": "assistant", "content": _text(item.get("arguments"))}
+    if kind == "function_call_output":
+        return {"role": "tool", "content": _text(item.get("output"))}
+    role = item.get("role")
+    return {"role": role if isinstance(role, str) else "user", "content": _text(item.get("content"))}
 
 
 def chat_body(body: dict[str, Any]) -> dict[str, Any]:
     """The chat completions body a responses body amounts to: instructions first, as a system message."""
-    messages = [{"role": "system", "content": body["instructions"]}] if body.get("instructions") else []
-    value = body["input"]
-    if isinstance(value, str):
-        messages.append({"role": "user", "content": value})
+    instructions = body.get("instructions")
+    messages = [{"role": "system", "content": instructions}] if isinstance(instructions, str) and instructions else []
+    value = body.get("input")
+    if isinstance(value, list):
+        messages += [_message(item) for item in value]
     else:
-        messages += [{"role": item["role"], "content": _text(item.get("content"))} for item in value]
-    chat: dict[str, Any] = {"model": body["model"], "messages": messages}
+        messages.append({"role": "user", "content": _text(value)})
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     for name in ("temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                  "frequency_penalty", "stop"):
         if body.get(name) is not None:

@@ -283,10 +283,34 @@ class ResponsesBody(msgspec.Struct):
     structured_outputs: StructuredOutputs | None = None
 
 
+Texts = str | Annotated[list[str], msgspec.Meta(min_length=1)]
+
+
+class _ScoringBody(msgspec.Struct):
+    model: str | None = None  # present and non-empty: validate checks it first
+    documents: Texts = ""
+    user: str | None = None
+    truncate_prompt_tokens: Annotated[int, _range(-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    max_tokens_per_query: Annotated[int, _range(0)] | None = None
+    max_tokens_per_doc: Annotated[int, _range(0)] | None = None
+
+
+class ScoreBody(_ScoringBody):
+    queries: Texts = ""
+
+
+class RerankBody(_ScoringBody):
+    query: str = ""
+    top_n: Annotated[int, _range(0)] | None = None
+
+
 SCHEMAS: dict[str, type[msgspec.Struct]] = {
     c.CHAT: ChatBody, c.COMPLETIONS: CompletionBody, c.EMBEDDINGS: EmbeddingBody, c.RESPONSES: ResponsesBody,
+    c.SCORE: ScoreBody, c.RERANK: RerankBody,
 }
-# Each endpoint's prompt field, checked by hand (msgspec unions take one array type only).
-PROMPT = {c.CHAT: "messages", c.COMPLETIONS: "prompt", c.EMBEDDINGS: "input", c.RESPONSES: "input"}
+# Each endpoint's prompt field (score and rerank: what they score; validation checks their query is there too).
+PROMPT = {c.CHAT: "messages", c.COMPLETIONS: "prompt", c.EMBEDDINGS: "input", c.RESPONSES: "input",
+          c.SCORE: "documents", c.RERANK: "documents"}
 # The body fields each endpoint types (what the field matrix honors).
 TYPED = {url: frozenset(schema.__struct_fields__) | {PROMPT[url]} for url, schema in SCHEMAS.items()}

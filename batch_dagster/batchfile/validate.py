@@ -21,11 +21,13 @@ BOM = b"\xef\xbb\xbf"
 _READ_CHUNK = 1 << 20
 
 # What each endpoint's body must carry besides `model`: (field, must be a list).
-_REQUIRED_BODY_FIELD = {
-    c.CHAT: ("messages", True),
-    c.COMPLETIONS: ("prompt", False),
-    c.EMBEDDINGS: ("input", False),
-    c.RESPONSES: ("input", False),
+_REQUIRED_BODY_FIELDS = {
+    c.CHAT: (("messages", True),),
+    c.COMPLETIONS: (("prompt", False),),
+    c.EMBEDDINGS: (("input", False),),
+    c.RESPONSES: (("input", False),),
+    c.SCORE: (("queries", False), ("documents", False)),
+    c.RERANK: (("query", False), ("documents", False)),
 }
 
 OnRequest = Callable[[int, dict[str, Any]], None]
@@ -296,12 +298,12 @@ def _check_request(request: dict[str, Any], line_no: int, endpoint: str | None, 
         error(c.INVALID_REQUEST, f"Field 'body.model' is {len(model)} characters long; the limit is "
               f"{MAX_MODEL_CHARS}.", line_no, "body.model")
         return False
-    name, must_be_list = _REQUIRED_BODY_FIELD[url]
-    value = body.get(name)
-    if value is None or (must_be_list and (not isinstance(value, list) or not value)):
-        kind = "a non-empty list" if must_be_list else "present"
-        error(c.INVALID_REQUEST, f"Field 'body.{name}' must be {kind} for {url}.", line_no, f"body.{name}")
-        return False
+    for name, must_be_list in _REQUIRED_BODY_FIELDS[url]:
+        value = body.get(name)
+        if value is None or (must_be_list and (not isinstance(value, list) or not value)):
+            kind = "a non-empty list" if must_be_list else "present"
+            error(c.INVALID_REQUEST, f"Field 'body.{name}' must be {kind} for {url}.", line_no, f"body.{name}")
+            return False
     try:
         check_body(url, body, serves(model))
     except BodyError as exc:

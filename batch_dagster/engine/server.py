@@ -44,16 +44,36 @@ class ServerEngine:
     async def _run(self, endpoint: str, requests: Sequence[Request], on_progress: OnProgress | None) -> list[Line]:
         if not self.base_urls:
             raise EngineCrash("Server mode needs at least one server URL.")
-        urls = [u.rstrip("/") + endpoint for u in self.base_urls]
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         limits = httpx.Limits(max_connections=self.max_concurrency)
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers, limits=limits) as client:
+            urls = [u + endpoint for u in await self._servers(client)]
 
             async def send(custom_id: str, body: dict[str, Any], first: int) -> Line:
                 return await self._send(client, urls, first, custom_id, body)
 
             return await dispatch(endpoint, requests, send, serves=self.serves, lanes=len(urls),
                                   limit=self.max_concurrency, on_progress=on_progress)
+
+    async def _servers(self, client: httpx.AsyncClient) -> list[str]:
+        """The vLLM servers behind the base URLs: for a vllm-router, the healthy replicas it lists (GET /workers).
+
+        Bodies go to vLLM as they are. vllm-router (0.1.17) parses a request into its own types and sends what it
+        kept, which drops fields it does not know (a chat tool's `strict`, embeddings' `embed_dtype`) and breaks
+        /v1/rerank; the router still checks the replicas' health and restarts nothing of ours, and a URL that lists
+        no workers (a vLLM server, or a router that is away) is used as it is.
+        """
+        found: list[str] = []
+        for base in self.base_urls:
+            base = base.rstrip("/")
+            try:
+                answer = await client.get(base + "/workers", timeout=5)
+                workers = answer.json().get("workers", []) if answer.status_code == 200 else []
+                healthy = [w["url"].rstrip("/") for w in workers if w.get("is_healthy", True)]
+            except (httpx.HTTPError, ValueError, AttributeError, TypeError, KeyError):
+                healthy = []
+            found += healthy or [base]
+        return list(dict.fromkeys(found))
 
     async def _send(self, client: httpx.AsyncClient, urls: Sequence[str], first: int, custom_id: str,
                     body: dict[str, Any]) -> Line:

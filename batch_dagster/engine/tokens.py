@@ -64,6 +64,10 @@ def _prompts(tokenizer: Any, endpoint: str, body: dict[str, Any]) -> list[int]:
         text = tokenizer.apply_chat_template(_messages(body), tokenize=False, add_generation_prompt=True,
                                              **_template_kwargs(body))
         return [len(tokenizer.encode(text, add_special_tokens=False))]
+    if endpoint in (c.SCORE, c.RERANK):  # an embedding model embeds each text once
+        query = body.get("queries", body.get("query"))
+        texts = [*(query if isinstance(query, list) else [query]), *_prompt_list(body["documents"])]
+        return [sum(len(tokenizer.encode(t)) for t in texts if isinstance(t, str))]
     field = "prompt" if endpoint == c.COMPLETIONS else "input"
     return [len(p) if isinstance(p, list) else len(tokenizer.encode(p)) for p in _prompt_list(body[field])]
 

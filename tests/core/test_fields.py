@@ -25,7 +25,8 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
 
 def body(url: str, **fields) -> dict:
     prompt = {c.CHAT: {"messages": [{"role": "user", "content": "hi"}]}, c.COMPLETIONS: {"prompt": "hi"},
-              c.EMBEDDINGS: {"input": "hi"}, c.RESPONSES: {"input": "hi"}}[url]
+              c.EMBEDDINGS: {"input": "hi"}, c.RESPONSES: {"input": "hi"},
+              c.SCORE: {"queries": "hi", "documents": ["a", "b"]}, c.RERANK: {"query": "hi", "documents": ["a"]}}[url]
     return {"model": MODEL, **prompt, **fields}
 
 
@@ -35,7 +36,8 @@ def rejected(tmp_path: Path, url: str, fields: dict, serves: Serves = TEXT_MODEL
         [{}, fields])]
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    report = validate_file(path, models={MODEL: serves if url != c.EMBEDDINGS else Serves((c.EMBEDDINGS,))})
+    embeds = (c.EMBEDDINGS, c.SCORE, c.RERANK)
+    report = validate_file(path, models={MODEL: serves if url not in embeds else Serves(embeds)})
     assert report.valid, report.errors
     return [(e.line, e.param, e.message) for e in report.rejected]
 

@@ -132,3 +132,17 @@ def test_usage_counts_response_objects_beside_chat_bodies():
     usage.add_body(response)
     usage.add_body({"usage": {"prompt_tokens": 5, "completion_tokens": 4}})  # a chat body beside it
     assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens, usage.reasoning_tokens) == (16, 7, 2, 1)
+
+
+def test_any_stored_responses_body_shards_and_counts_as_text(tmp_path):
+    # Tool-conversation items, and mistyped ones (refused at their line, stored all the same), never fail the file.
+    items = [{"type": "message", "role": "user", "content": "Weather?"},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]
+    assert [m["role"] for m in chat_body(line("a", input=items)["body"])["messages"]] == ["user", "assistant", "tool"]
+    rows = [line("ok", input=items), line("bad", input=["text", 5, {"role": 7}]), line("worse", input={"x": 1},
+                                                                                      instructions=3)]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = validate_to_parquet(path, tmp_path / "requests.parquet", models={MODEL: (c.RESPONSES,)})
+    assert report.valid and [e.line for e in report.rejected] == [2, 3]
