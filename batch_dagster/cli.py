@@ -30,7 +30,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     )
     from batch_dagster.batchfile.registry import load_registry, served
 
-    models = served(load_registry(settings.models_file))
+    models = served(load_registry(settings.models_file), settings.image_sources)
     report = validate_file(args.file, limits=limits, endpoint=args.endpoint, models=models)
     if args.json:
         rejected = {"rejected_count": report.rejected_count, "rejected": [e.to_dict() for e in report.rejected]}
@@ -68,7 +68,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         with store.session() as session, open(args.file, "rb", buffering=1 << 20) as f:
             estimate = estimate_stream(
                 f, size=os.fstat(f.fileno()).st_size, limits=settings.limits, endpoint=args.endpoint,
-                served=served(models.registry()), counter=models.counter,
+                served=served(models.registry(), settings.image_sources), counter=models.counter,
                 prices=load_price_table(settings.prices_file),
                 throughput=lambda m: measured_throughput(session, storage, m, settings.estimate_tokens_per_s),
                 queue=lambda m: queue_ahead(session, m))

@@ -19,6 +19,8 @@ from string import Template
 from typing import Any
 
 from batch_dagster.batchfile.contract import Limits
+from batch_dagster.batchfile.image_sources import DEFAULT_MAX_BYTES as DEFAULT_MAX_IMAGE_BYTES
+from batch_dagster.batchfile.image_sources import ImageSources
 from batch_dagster.batchfile.storage import Storage
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -206,6 +208,12 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BATCH_MAX_ENQUEUED_TOKENS", None, "Prompt tokens one owner may have enqueued per model (this batch "
              "plus the owner's unfinished ones); past it a batch fails with `token_limit_exceeded`. Unset: no "
              "limit.", "Limits", parse=_limit),
+    Variable("BATCH_IMAGE_HOSTS", (), "Comma-separated hosts whose http(s) image URLs a request may name, on a model "
+             "whose registry entry takes images (`images_per_request`); each image is fetched once per batch, with the "
+             "webhooks' address checks (public addresses, or BATCH_WEBHOOK_ALLOW). Unset: data URLs only.", "Limits",
+             parse=_csv),
+    Variable("BATCH_MAX_IMAGE_BYTES", DEFAULT_MAX_IMAGE_BYTES, "Bytes of one image a request sends (a data URL's "
+             "data) or names (a fetched one).", "Limits", parse=int),
     Variable("BATCH_ESTIMATE_TOKENS_PER_S", 250.0, "Tokens (prompt and output) per second an estimate's duration "
              "assumes for a model with no completed batch yet; once it has some, their measured rate is used. "
              "The default is about what one CPU replica of SmolLM2-135M generates (a low rate once prompt tokens count "
@@ -319,6 +327,8 @@ class Settings:
     max_bytes: int
     max_line_bytes: int
     max_enqueued_tokens: int | None
+    image_hosts: tuple[str, ...]
+    max_image_bytes: int
     estimate_tokens_per_s: float
     max_upload_bytes: int
     max_json_body_bytes: int
@@ -346,6 +356,10 @@ class Settings:
     @property
     def limits(self) -> Limits:
         return Limits(max_requests=self.max_requests, max_bytes=self.max_bytes, max_line_bytes=self.max_line_bytes)
+
+    @property
+    def image_sources(self) -> ImageSources:
+        return ImageSources.of(self.image_hosts, self.max_image_bytes)
 
     @property
     def scratch_dir(self) -> Path:

@@ -183,11 +183,12 @@ def real_vllm(**kwargs) -> VLLMResource:
                            **kwargs})
 
 
-def run_on_real_engine(tmp_path: Path, data_dir: Path, instance: dg.DagsterInstance, rows: list, **vllm_kwargs):
+def run_on_real_engine(tmp_path: Path, data_dir: Path, instance: dg.DagsterInstance, rows: list,
+                       shard_size: int = 1000, **vllm_kwargs):
     """`run_batch` of `rows` on the real engine: the summary, and the output and error lines by custom_id."""
     from batch_dagster.defs.runner import run_batch
 
-    defs = make_defs(data_dir, real_vllm(**vllm_kwargs))
+    defs = make_defs(data_dir, real_vllm(**vllm_kwargs), shard_size=shard_size)
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
                         defs=defs, instance=instance).to_dict()
     out = {line["custom_id"]: line for line in read_jsonl(tmp_path / "out" / "output.jsonl")}

@@ -35,7 +35,7 @@ def estimate_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, o
     with files.open(key) as f:
         estimate = estimate_stream(
             f, size=size, limits=config.limits, endpoint=body.endpoint,
-            served=served(models.registry()), counter=models.counter,
+            served=served(models.registry(), config.image_sources), counter=models.counter,
             prices=load_price_table(config.prices_file),
             throughput=lambda model: measured_throughput(session, ctx.storage, model, config.estimate_tokens_per_s),
             queue=lambda model: queue_ahead(session, model))

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from . import contract as c
+from . import image_sources
 from .fields import SERVED_PARTS, Serves, part_refusal, refusal
 from .schema import MAX_TOKEN_ID, PROMPT, SCHEMAS, TYPED, Role
 
@@ -88,10 +89,17 @@ def _parts_refused(parts: list[Any], param: str, serves: Serves | None) -> None:
             continue  # not a part at all: its type error is the schema's
         if (why := part_refusal(kind, serves)) is not None:
             raise BodyError(f"{param}[{j}]", f"Content part '{param}[{j}]' ({kind}) is refused: {why}.")
-        images += kind in ("image_url", "input_image")
+        if kind not in ("image_url", "input_image"):
+            continue
+        images += 1
         if serves is not None and images > serves.images:
             raise BodyError(f"{param}[{j}]", f"Content part '{param}[{j}]' is refused: this model takes at most "
                                              f"{serves.images} image(s) per request.")
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url  # chat's {"url": ...}, responses' plain URL
+        why = image_sources.refusal(url, serves.image_sources if serves is not None else None)
+        if why is not None:
+            raise BodyError(f"{param}[{j}]", f"Content part '{param}[{j}]' ({kind}) is refused: {why}.")
 
 
 def _messages(messages: Any, param: str, serves: Serves | None) -> None:

@@ -43,7 +43,8 @@ class QueueAhead:
 
 def max_output_tokens(endpoint: str, body: dict[str, Any], prompts: list[int], context_length: int) -> int | None:
     """The most output tokens a request can produce; None when the engine refuses it (as vLLM's server does:
-    a bad `max_tokens`, or a prompt and completion past the context)."""
+    a bad `max_tokens` or one past the context, a prompt that fills it). A `max_tokens` past what the prompt leaves
+    of the context is cut to it, as vLLM's server cuts it."""
     if endpoint in (c.EMBEDDINGS, c.SCORE, c.RERANK):  # no output tokens
         return 0 if endpoint != c.EMBEDDINGS or all(p <= context_length for p in prompts) else None
     if endpoint == c.RESPONSES:
@@ -52,10 +53,11 @@ def max_output_tokens(endpoint: str, body: dict[str, Any], prompts: list[int], c
     if requested is not None and (not isinstance(requested, int) or isinstance(requested, bool) or requested < 1):
         return None
     longest = max(prompts, default=0)
-    if requested is None:
-        requested = max(context_length - longest, 1) if endpoint in (c.CHAT, c.RESPONSES) else COMPLETIONS_MAX_TOKENS
-    if longest + requested > context_length:
+    if longest >= context_length or (requested or 0) > context_length:
         return None
+    if requested is None:
+        requested = context_length - longest if endpoint in (c.CHAT, c.RESPONSES) else COMPLETIONS_MAX_TOKENS
+    requested = min(requested, context_length - longest)
     n = body.get("n", 1)
     choices = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
     if choices > 1 and body.get("temperature") == 0:  # vLLM: "n must be 1 when using greedy sampling"

@@ -12,17 +12,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import contract as c
+from .image_sources import ImageSources
 
 
 @dataclass(frozen=True)
 class Serves:
     """What a model takes, as the registry says: its endpoints, tool calls (a tool-call parser is named),
-    reasoning (a reasoning parser is named), and image parts (how many per request; 0: none)."""
+    reasoning (a reasoning parser is named), and image parts (how many per request; 0: none), from which sources."""
 
     endpoints: tuple[str, ...] = ()
     tool_calls: bool = False
     reasoning: bool = False
     images: int = 0
+    # Where its images may come from (the operator's, not the registry's); None: not known here, not checked.
+    image_sources: ImageSources | None = None
 
 
 # Why a field's value (in its body) is refused for a model that `serves` (None: not known), or None when it is not.

@@ -23,6 +23,7 @@ way through it, in the order of the listing below; each internal JSON document i
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from collections.abc import Callable, Collection
@@ -46,6 +47,7 @@ SUMMARY = "summary.json"
 REQUESTS = "requests.parquet"
 ESTIMATE = "estimate.json"  # the valid batch's estimate, written by validation
 RESULTS = "results"
+IMAGES = "images"  # the images requests name by URL, fetched once per batch (a data URL per file)
 _SHARD_SUMMARY = re.compile(r"^shard-(\d{5,})\.json$")
 
 
@@ -278,6 +280,10 @@ class BatchFolder:
     @property
     def results_prefix(self) -> str:
         return self.key(RESULTS)
+
+    def image_key(self, url: str) -> str:
+        """Where the image `url` names is kept once fetched (by the URL's hash: a URL is a client's value)."""
+        return self.key(f"{IMAGES}/{hashlib.sha256(url.encode()).hexdigest()}")
 
     @property
     def output_key(self) -> str:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from .fields import Serves
+from .image_sources import ImageSources
 
 Task = Literal["generate", "embed"]
 _ENDPOINTS_BY_TASK = {
@@ -98,9 +99,9 @@ def parse_registry(data: dict[str, Any]) -> dict[str, ModelSpec]:
     return specs
 
 
-def served(registry: dict[str, ModelSpec]) -> dict[str, Serves]:
-    """Model name -> what it serves: what validation checks a file against."""
-    return {name: spec.serves for name, spec in registry.items()}
+def served(registry: dict[str, ModelSpec], image_sources: ImageSources | None = None) -> dict[str, Serves]:
+    """Model name -> what it serves (images from `image_sources`, the operator's): what validation checks against."""
+    return {name: replace(spec.serves, image_sources=image_sources) for name, spec in registry.items()}
 
 
 def default_chat_model(specs: dict[str, ModelSpec]) -> str | None:

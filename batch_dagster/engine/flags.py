@@ -24,6 +24,8 @@ def engine_kwargs(spec: ModelSpec, model_path: str) -> dict[str, Any]:
     }
     if spec.task == "embed":
         kwargs["runner"] = "pooling"
+    if spec.images_per_request:
+        kwargs["limit_mm_per_prompt"] = {"image": spec.images_per_request}
     optional = {
         "max_model_len": spec.max_model_len,
         "max_num_seqs": spec.max_num_seqs,

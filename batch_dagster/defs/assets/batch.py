@@ -40,7 +40,9 @@ from batch_dagster.defs.dagster_internals import dies_with_its_run
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.egress import Allow
 from batch_dagster.engine.base import EngineCrash
+from batch_dagster.image_fetch import ImageFetcher
 from batch_dagster.settings import Settings
 from batch_dagster.storage import file_location
 from batch_dagster.storage.transfer import fetch
@@ -144,7 +146,7 @@ def validated_requests(
             size=size,
             limits=pipeline.limits,
             endpoint=folder.endpoint(),
-            models=served(vllm.registry()),
+            models=served(vllm.registry(), pipeline.image_sources),
         )
         elapsed = time.perf_counter() - started
         tally = count_tokens(out, report, pipeline, vllm, context.log)  # the limit, the cap, the estimate
@@ -314,6 +316,8 @@ def shard_results(
     base = progress_of(done, manifest.total_requests, manifest.shard_count, before.committed_at if before else None)
     folder.write_progress(base)
     engine = None  # built at the first shard that runs: a stopped batch never loads the model
+    images = ImageFetcher(folder, pipeline.image_sources, Allow.parse(pipeline.fetch_allow)) \
+        if vllm.spec(manifest.model).images_per_request else None
     started = time.perf_counter()
     ran_requests = 0
     ran_tokens = 0
@@ -334,7 +338,11 @@ def shard_results(
             t0 = time.perf_counter()
             try:
                 progress = _ShardProgress(folder, base, index, len(requests), context.log)
-                lines = engine.run(manifest.endpoint, requests, on_progress=progress)
+                # Images named by URL, fetched once per batch: a request whose image cannot be had is its 400 line.
+                sent, unfetched = images.inline(manifest.endpoint, requests) if images else (requests, [])
+                if unfetched:
+                    progress(len(unfetched))
+                lines = engine.run(manifest.endpoint, sent, on_progress=progress) + unfetched
             except EngineCrash as exc:
                 vllm.reset(manifest.model)
                 if context.retry_number < INFERENCE_RETRIES:

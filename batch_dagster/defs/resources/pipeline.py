@@ -13,6 +13,7 @@ import dagster as dg
 
 from batch_dagster import settings as s
 from batch_dagster.batchfile.contract import Limits
+from batch_dagster.batchfile.image_sources import ImageSources
 from batch_dagster.batchfile.usage import PriceTable, load_price_table
 
 
@@ -29,10 +30,19 @@ class PipelineConfig(dg.ConfigurableResource):
     store_url: str = ""
     key_daily_budget: float | None = s.default("BATCH_KEY_DAILY_BUDGET")  # the cost cap's; None: no budget
     estimate_tokens_per_s: float = s.default("BATCH_ESTIMATE_TOKENS_PER_S")  # a validated batch's estimate
+    # Image parts: the hosts their http(s) URLs may name (fetched once per batch), the bytes of one image, and the
+    # internal addresses a fetch may reach (the webhooks' allow-list).
+    image_hosts: list[str] = list(s.default("BATCH_IMAGE_HOSTS"))
+    max_image_bytes: int = s.default("BATCH_MAX_IMAGE_BYTES")
+    fetch_allow: list[str] = list(s.default("BATCH_WEBHOOK_ALLOW"))
 
     @property
     def limits(self) -> Limits:
         return Limits(max_requests=self.max_requests, max_bytes=self.max_bytes, max_line_bytes=self.max_line_bytes)
+
+    @property
+    def image_sources(self) -> ImageSources:
+        return ImageSources.of(self.image_hosts, self.max_image_bytes)
 
     def prices(self) -> PriceTable:
         return load_price_table(Path(self.prices_file))
@@ -58,4 +68,7 @@ def pipeline_config_from_env(settings: s.Settings) -> PipelineConfig:
         store_url=env_or("BATCH_DATABASE_URL", settings.database_url),
         key_daily_budget=settings.key_daily_budget,  # a float: EnvVar reads strings and ints only
         estimate_tokens_per_s=settings.estimate_tokens_per_s,
+        image_hosts=list(settings.image_hosts),
+        max_image_bytes=env_or("BATCH_MAX_IMAGE_BYTES", settings.max_image_bytes),
+        fetch_allow=list(settings.webhook_allow),
     )

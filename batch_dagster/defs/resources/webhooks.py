@@ -15,7 +15,7 @@ from standardwebhooks.webhooks import EmptyWebhookSecretError
 
 from batch_dagster import settings as s
 from batch_dagster.db.webhooks import SECRET_PREFIX
-from batch_dagster.egress import Allow, check
+from batch_dagster.egress import Allow, pinned
 
 Post = tuple[str, str | None, str, bytes]  # url, the endpoint's secret (None: the global one), event id, body
 _ERROR_BYTES = 200  # of an endpoint's error answer, kept with the attempt
@@ -78,7 +78,7 @@ class WebhookConfig(dg.ConfigurableResource):
                 headers = self.headers(event_id, body, secret=secret)
                 target, extensions = httpx.URL(url), dict[str, Any]()
                 if secret is not None:  # an owner's endpoint (the operator's global ones are trusted)
-                    target, extensions = await _pinned(target, allow)
+                    target, extensions = await pinned(target, allow)
                     headers["host"] = httpx.URL(url).netloc.decode("ascii")
                 async with client.stream("POST", target, content=body, headers=headers,
                                          extensions=extensions) as response:
@@ -100,14 +100,6 @@ class WebhookConfig(dg.ConfigurableResource):
                     return f"{type(exc).__name__}: {exc}"
 
             return list(await asyncio.gather(*(one(*post) for post in posts)))
-
-
-async def _pinned(url: httpx.URL, allow: Allow) -> tuple[httpx.URL, dict[str, Any]]:
-    """`url` with its host replaced by the one address it was checked at (egress.check: public or allowed), so a
-    second resolution cannot point elsewhere (DNS rebinding); TLS still names, and verifies, the host."""
-    port = url.port or (443 if url.scheme == "https" else 80)
-    address = await asyncio.to_thread(check, url.host, port, allow)
-    return url.copy_with(host=str(address)), {"sni_hostname": url.host} if url.scheme == "https" else {}
 
 
 def webhooks_from_env(settings: s.Settings) -> WebhookConfig:
