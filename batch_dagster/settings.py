@@ -1,18 +1,19 @@
-"""The one configuration: every BATCH_* variable, its default and its meaning, and the only reader of them.
+"""The one configuration: every BATCH_* variable, declared once as a field of `Settings`, and the only reader of them.
 
-`VARIABLES` is the list the docs' configuration tables are generated from
-(`python -m batch_dagster.settings --markdown`); a test checks that every variable the code names is
-in it. Defaults work on a laptop.
+A declaration holds the variable's default, its meaning and how its text is read. The docs' configuration tables
+(`python -m batch_dagster.settings --markdown`), `VARIABLES` and the Dagster resources' fields are derived from it;
+a test checks that every variable the code names is declared. Defaults work on a laptop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from datetime import date
 from pathlib import Path
 from string import Template
@@ -35,7 +36,7 @@ VLLM_SERVER_PORT = 8100  # `batch-dagster vllm-server`'s port unless --port
 
 @dataclass(frozen=True)
 class Variable:
-    """One environment variable: its default, how its text is read, what it means, and which Settings field holds it.
+    """One environment variable: its default, how its text is read, what it means, and the Settings field it fills.
 
     `default` is the value when the variable is unset: a typed value, or text read as if the variable were set
     to it, after the variables it names (`$BATCH_DATA_DIR/models`) are filled in. `derive` computes a default from the
@@ -48,12 +49,13 @@ class Variable:
     section: str
     parse: Callable[[str], Any] = str
     derive: Callable[[Mapping[str, Any]], Any] | None = None
-    attr: str = ""  # the Settings field; empty: the name without BATCH_, lower case
     secret: bool = False  # a credential: never quoted in a message
+    field: str = ""  # the Settings field that holds it (set from the declaration)
 
     @property
-    def field(self) -> str:
-        return self.attr or self.name.removeprefix("BATCH_").lower()
+    def text_is_value(self) -> bool:
+        """Whether the variable's text, as set, is its value (a Dagster EnvVar can then carry it to a resource)."""
+        return self.secret or self.parse in (str, int, Path, _limit)
 
     def text(self) -> str:
         """The default as the docs show it ("" for none)."""
@@ -128,6 +130,19 @@ def _allow(text: str) -> tuple[str, ...]:
     return entries
 
 
+def parse_fleet_urls(text: str) -> dict[str, str]:
+    """BATCH_FLEET_URLS' `model=url` entries, by model."""
+    urls: dict[str, str] = {}
+    for number, entry in enumerate(_csv(text), 1):
+        model, equals, url = entry.partition("=")
+        if not equals or not model.strip() or not url.strip().startswith(("http://", "https://")):
+            raise ValueError(f"entry {number} ({entry!r}) is not `model=http(s)://host:port`")
+        if model.strip() in urls:
+            raise ValueError(f"entry {number} names {model.strip()!r} a second time")
+        urls[model.strip()] = url.strip().rstrip("/")
+    return urls
+
+
 def _day(text: str) -> date:
     return date.fromisoformat(text)
 
@@ -154,128 +169,13 @@ def _data(v: Mapping[str, Any]) -> Path:
     return v["BATCH_DATA_DIR"]
 
 
-VARIABLES: tuple[Variable, ...] = (
-    Variable("BATCH_DATA_DIR", "./data", "This process's local folder: batch folders, uploaded files and reports "
-             "(unless BATCH_STORAGE_URL points elsewhere), scratch, logs and (by default) the SQLite store and the "
-             "models.", "Storage", parse=lambda t: Path(t).resolve()),
-    Variable("BATCH_STORAGE_URL", "$BATCH_DATA_DIR", "Where batch folders, uploaded files and reports live: a local "
-             "path, or "
-             "s3://bucket/prefix on any S3-compatible store (boto3's own AWS_ENDPOINT_URL, AWS_* configure it). "
-             "Every process of a deployment must name the same place.", "Storage",
-             derive=lambda v: storage_location(_data(v))[0]),
-    Variable("BATCH_MODEL_CACHE", "$BATCH_DATA_DIR/models", "Where embedded models are prepared.", "Storage",
-             parse=Path, attr="model_cache_dir"),
-    Variable("BATCH_DATABASE_URL", "sqlite:///$BATCH_DATA_DIR/batch-api.db",
-             "The API's metadata store: any SQLAlchemy URL (e.g. postgresql+psycopg://...).", "Storage", secret=True),
-    Variable("BATCH_MODELS_FILE", CONFIG_DIR / "models.toml", "The model registry.", "Models", parse=Path),
-    Variable("BATCH_PRICES_FILE", CONFIG_DIR / "prices.toml", "The price table (per million tokens, "
-             "batch discount).", "Models", parse=Path),
-    Variable("BATCH_ENGINE_MODE", "offline", "`offline`: vLLM in the run's process; `server`: OpenAI-compatible "
-             "vLLM servers at BATCH_VLLM_SERVER_URLS.", "Engine"),
-    Variable("BATCH_VLLM_SERVER_URLS", (), "Comma-separated base URLs of vLLM servers (server mode).", "Engine",
-             parse=_csv),
-    Variable("BATCH_VLLM_API_KEY", None, "The key the vLLM servers expect, if any.", "Engine", secret=True),
-    Variable("BATCH_VLLM_MAX_CONCURRENCY", 64, "Requests in flight to the servers at once (server mode).",
-             "Engine", parse=int),
-    Variable("BATCH_FLEET_REPLICAS", 1, "`make serve`: vLLM servers of the warm fleet (pinned one per core) behind "
-             "vllm-router; 0: no fleet, every batch runs offline in its run.", "Engine", parse=int),
-    # Empty until asked for (Settings.served_fleet_model): reading the registry is no part of reading the settings.
-    Variable("BATCH_FLEET_MODEL", "the registry's first chat model", "`make serve`: the model the fleet serves; "
-             "batches of other models run offline.", "Engine", derive=lambda v: ""),
-    Variable("BATCH_FLEET_PORT", 0, "`make serve` and `batch-dagster fleet`: the fleet router's port; replicas "
-             "take the next ports. 0: a block of free ports chosen at start (logged), so two `serve`s on one "
-             "machine never collide; the daemon is told the router's URL.", "Engine", parse=int),
-    Variable("BATCH_FLEET_POLICY", "cache_aware", "The router's load-balancing policy (vllm-router --policy).",
-             "Engine", parse=_policy),
-    Variable("BATCH_FLEET_URL", "", "The router (or server) of a running fleet for BATCH_FLEET_MODEL: its batches "
-             "run in server mode there. `make serve` sets it for its daemon when it starts a fleet.", "Engine"),
-    Variable("BATCH_OFFLINE_RUNS", DEFAULT_OFFLINE_RUNS, "Runs holding an in-process engine (a model "
-             "with no fleet or server) at once; more wait in Dagster's run queue. One per GPU. `batch-dagster "
-             "instance` writes it into $DAGSTER_HOME/dagster.yaml.", "Engine", parse=int),
-    Variable("BATCH_RUNS_PER_MODEL", DEFAULT_RUNS_PER_MODEL, "Runs of one model at once (batches "
-             "sharing its fleet); more wait in the run queue. Written into dagster.yaml, as BATCH_OFFLINE_RUNS.",
-             "Engine", parse=int),
-    Variable("BATCH_EXECUTOR", "in_process", "How batch_job runs its steps: `in_process` (one after the other in the "
-             "run's process), `multiprocess` (a process per step) or `k8s` (dagster-k8s' k8s_job_executor: a pod per "
-             "step, the inference step's pod asking for a GPU by its tags).", "Engine"),
-    Variable("BATCH_STEP_RETRY_DELAY_S", 2.0, "Seconds before the inference step's first retry after an engine "
-             "crash (doubling for the next); read when the definitions load.", "Engine", parse=float),
-    Variable("BATCH_SHARD_SIZE", 1000, "Requests per shard: the unit of commit, resume and progress.",
-             "Limits", parse=int),
-    Variable("BATCH_MAX_REQUESTS", Limits.max_requests, "Requests per input file.", "Limits", parse=int),
-    Variable("BATCH_MAX_BYTES", Limits.max_bytes, "Bytes per input file.", "Limits", parse=int),
-    Variable("BATCH_MAX_LINE_BYTES", Limits.max_line_bytes, "Bytes per input line.", "Limits", parse=int),
-    Variable("BATCH_MAX_ENQUEUED_TOKENS", None, "Prompt tokens one owner may have enqueued per model (this batch "
-             "plus the owner's unfinished ones); past it a batch fails with `token_limit_exceeded`. Unset: no "
-             "limit.", "Limits", parse=_limit),
-    Variable("BATCH_IMAGE_HOSTS", (), "Comma-separated hosts whose http(s) image URLs a request may name, on a model "
-             "whose registry entry takes images (`images_per_request`); each image is fetched once per batch, with the "
-             "webhooks' address checks (public addresses, or BATCH_WEBHOOK_ALLOW). Unset: data URLs only.", "Limits",
-             parse=_csv),
-    Variable("BATCH_MAX_IMAGE_BYTES", DEFAULT_MAX_IMAGE_BYTES, "Bytes of one image a request sends (a data URL's "
-             "data) or names (a fetched one).", "Limits", parse=int),
-    Variable("BATCH_ESTIMATE_TOKENS_PER_S", 250.0, "Tokens (prompt and output) per second an estimate's duration "
-             "assumes for a model with no completed batch yet; once it has some, their measured rate is used. "
-             "The default is about what one CPU replica of SmolLM2-135M generates (a low rate once prompt tokens count "
-             "too).", "Limits", parse=float),
-    Variable("BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "Largest upload the API accepts (413 past it).", "API",
-             parse=int),
-    Variable("BATCH_MAX_JSON_BODY_BYTES", 1 << 20, "Largest JSON request body the API reads (413 past it).",
-             "API", parse=int),
-    Variable("BATCH_COMPLETION_WINDOW_S", DAY_S, "Seconds after creation at which a batch expires "
-             "(API and drop-folder batches).", "API", parse=int),
-    Variable("BATCH_API_KEYS", (), "Comma-separated API keys, each `name:key` or a bare `key`; the name is the "
-             "owner the Dagster UI shows (a bare key shows as `key-` and a keyed hash). Unset: no authentication, "
-             "loopback only.", "API", parse=api_key_entries, secret=True),
-    Variable("BATCH_KEY_MAX_PRIORITY", 10, "The highest `priority` (-10..10) a key's batch may ask at create; "
-             "above it the create answers 400 `priority_not_allowed`. 0: keys may only lower theirs.", "API",
-             parse=int),
-    Variable("BATCH_KEY_DAILY_BUDGET", None, "What one key's batches may cost per UTC day, in the price table's "
-             "currency (successful requests, at the batch price; batches created that day count). A batch whose "
-             "upper-bound cost is past what is left fails validation with `cost_limit_exceeded`; a running one stops "
-             "there before its next shard. Unset or 0: no budget.", "API", parse=_budget),
-    Variable("BATCH_KEY_MAX_ACTIVE_BATCHES", 100, "Batches one key may have unfinished at once (created, not "
-             "ended); past it creating a batch answers 429 `batch_limit_exceeded`. 0: no limit.", "API",
-             parse=_limit),
-    Variable("BATCH_KEY_MAX_STORED_BYTES", 100 << 30, "Bytes of files one key may keep stored (its uploads and "
-             "its batches' output and error files, until deleted or expired); past it an upload answers 429 "
-             "`storage_limit_exceeded`. 0: no limit.", "API", parse=_limit),
-    Variable("BATCH_API_HOST", LOOPBACK, "The address `make serve` binds the API to.", "API"),
-    Variable("BATCH_API_PORT", 8000, "The API's port under `make serve`.", "API", parse=int),
-    Variable("BATCH_WEBHOOK_URLS", (), "Comma-separated endpoints that get a signed POST when a batch ends "
-             "(batch.completed, batch.failed, batch.expired, batch.cancelled); unset: no webhooks.", "API",
-             parse=_csv),
-    Variable("BATCH_WEBHOOK_SECRET", "", "The Standard Webhooks secret (`whsec_` and base64) webhooks are signed "
-             "with; needed with BATCH_WEBHOOK_URLS.", "API", secret=True),
-    Variable("BATCH_S3_BUCKET", "", "The bucket the S3 drop sensor watches; unset: the sensor is off.",
-             "Drop folders"),
-    Variable("BATCH_S3_PREFIX", "incoming/", "Where in the bucket new .jsonl files are picked up.", "Drop folders"),
-    Variable("BATCH_S3_OUTPUT_PREFIX", "results/", "Where results go: <prefix><batch_id>/ in the same bucket.",
-             "Drop folders"),
-    Variable("BATCH_INBOX_DIR", "$BATCH_DATA_DIR/inbox", "The local inbox folder the inbox sensor watches.",
-             "Drop folders", parse=Path),
-    Variable("BATCH_OUTBOX_DIR", "the inbox's sibling outbox/", "Where the inbox's results go: "
-             "<outbox>/<batch_id>/.", "Drop folders", parse=Path,
-             derive=lambda v: v["BATCH_INBOX_DIR"].parent / "outbox"),
-    Variable("BATCH_INTAKE_API_KEY", "", "The key (one of BATCH_API_KEYS) whose owner dropped files' batches "
-             "belong to: listed under it in the API, its webhooks told. Unset while BATCH_API_KEYS is set: the drop "
-             "sensors take no file (each tick skips, saying so), since no key was chosen to own them. Unset with "
-             "no keys: the keyless loopback owner.", "Drop folders", secret=True),
-    Variable("BATCH_WEBHOOK_ALLOW", (), "Comma-separated hosts or CIDRs that keys' own webhook endpoints may reach "
-             "although not public (loopback, private, link-local); unset: public addresses only. BATCH_WEBHOOK_URLS "
-             "are the operator's and always trusted.", "API", parse=_allow),
-    # Retention: how long a batch's working history is kept, and where the daily report starts.
-    Variable("BATCH_HISTORY_RETENTION_S", 30 * DAY_S, "Seconds after a batch ends at which its Dagster history "
-             "(partition, runs, event logs, step logs) and its folder's working files are deleted; the batch's row, "
-             "its summary.json and the files it still has stay. 0: kept for ever.", "Retention", parse=int),
-    Variable("BATCH_SCRATCH_MAX_AGE_S", DAY_S, "Age past which a scratch file (of a process killed while it held "
-             "it) or a staged step log of a finished run is swept by the retention sensor.", "Retention",
-             parse=int),
-    Variable("BATCH_REPORT_START", "the day of the store's first batch", "The first day (YYYY-MM-DD) of the daily "
-             "report's partitions; unset: the UTC day of the store's first batch, read when the definitions load "
-             "(today while there is none).", "Retention", parse=_day, derive=lambda v: None),
-)
-_BY_NAME = {v.name: v for v in VARIABLES}
+_DECLARED = "variable"  # the metadata key of a Settings field's declaration
+
+
+def variable(name: str, default: Any, section: str, meaning: str, *, parse: Callable[[str], Any] = str,
+             derive: Callable[[Mapping[str, Any]], Any] | None = None, secret: bool = False) -> Any:
+    """A Settings field filled from the environment variable `name`: the one declaration of a setting."""
+    return dataclasses.field(metadata={_DECLARED: Variable(name, default, meaning, section, parse, derive, secret)})
 
 
 def is_set(name: str) -> bool:
@@ -289,69 +189,238 @@ def _raw(name: str) -> str:
     return os.environ.get(name, "").strip()
 
 
+def declared(name: str) -> Variable:
+    """The declaration of the variable `name` (KeyError: none)."""
+    return _BY_NAME[name]
+
+
+def is_derived(name: str) -> bool:
+    """Whether the variable's default is derived from other variables (it has no value of its own)."""
+    variable = _BY_NAME[name]
+    return variable.derive is not None or (isinstance(variable.default, str) and "$" in variable.default)
+
+
 def default(name: str) -> Any:
     """A variable's typed default, for a field that holds it (a resource's, an option's): never a second literal.
 
     Only for defaults that name no other variable; those are derived where the settings are read."""
     variable = _BY_NAME[name]
-    if variable.derive is not None or (isinstance(variable.default, str) and "$" in variable.default):
+    if is_derived(name):
         raise ValueError(f"{name}'s default is derived from other settings: read it from Settings.from_env()")
     return variable.parse(variable.default) if isinstance(variable.default, str) else variable.default
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Every setting, typed, as the environment gives it now: one field per variable (Variable.field)."""
+    """Every setting, typed, as the environment gives it now: one field per environment variable, each declared
+    once here with its default, its meaning and how its text is read. The docs' tables (`markdown`), `VARIABLES`
+    and the Dagster resources' fields (defs/resources/settings.py) are derived from these declarations."""
 
-    data_dir: Path
-    storage_url: str
-    model_cache_dir: Path
-    database_url: str
-    models_file: Path
-    prices_file: Path
-    engine_mode: str
-    vllm_server_urls: tuple[str, ...]
-    vllm_api_key: str | None
-    vllm_max_concurrency: int
-    fleet_replicas: int
-    fleet_model: str  # empty: see served_fleet_model
-    fleet_port: int
-    fleet_policy: str
-    fleet_url: str
-    offline_runs: int
-    runs_per_model: int
-    executor: str
-    step_retry_delay_s: float
-    shard_size: int
-    max_requests: int
-    max_bytes: int
-    max_line_bytes: int
-    max_enqueued_tokens: int | None
-    image_hosts: tuple[str, ...]
-    max_image_bytes: int
-    estimate_tokens_per_s: float
-    max_upload_bytes: int
-    max_json_body_bytes: int
-    completion_window_s: int
-    api_keys: tuple[str, ...]  # entries: `name:key` or `key` (split_key)
-    key_max_priority: int
-    key_daily_budget: float | None
-    key_max_active_batches: int | None
-    key_max_stored_bytes: int | None
-    api_host: str
-    api_port: int
-    webhook_urls: tuple[str, ...]
-    webhook_secret: str
-    s3_bucket: str
-    s3_prefix: str
-    s3_output_prefix: str
-    inbox_dir: Path
-    outbox_dir: Path
-    intake_api_key: str
-    webhook_allow: tuple[str, ...]  # hosts or CIDRs keys' own webhook endpoints may reach although internal
-    history_retention_s: int  # 0: kept for ever
-    scratch_max_age_s: int
-    report_start: date | None  # None: the store's first batch decides (defs/partitions.py)
+    data_dir: Path = variable(
+        "BATCH_DATA_DIR", "./data", "Storage",
+        "This process's local folder: batch folders, uploaded files and reports (unless BATCH_STORAGE_URL points "
+        "elsewhere), scratch, logs and (by default) the SQLite store and the models.",
+        parse=lambda t: Path(t).resolve())
+    storage_url: str = variable(
+        "BATCH_STORAGE_URL", "$BATCH_DATA_DIR", "Storage",
+        "Where batch folders, uploaded files and reports live: a local path, or s3://bucket/prefix on any "
+        "S3-compatible store (boto3's own AWS_ENDPOINT_URL, AWS_* configure it). Every process of a deployment must "
+        "name the same place.", derive=lambda v: storage_location(_data(v))[0])
+    model_cache_dir: Path = variable(
+        "BATCH_MODEL_CACHE", "$BATCH_DATA_DIR/models", "Storage",
+        "Where embedded models are prepared.", parse=Path)
+    database_url: str = variable(
+        "BATCH_DATABASE_URL", "sqlite:///$BATCH_DATA_DIR/batch-api.db", "Storage",
+        "The API's metadata store: any SQLAlchemy URL (e.g. postgresql+psycopg://...).", secret=True)
+    models_file: Path = variable(
+        "BATCH_MODELS_FILE", CONFIG_DIR / "models.toml", "Models",
+        "The model registry.", parse=Path)
+    prices_file: Path = variable(
+        "BATCH_PRICES_FILE", CONFIG_DIR / "prices.toml", "Models",
+        "The price table (per million tokens, batch discount).", parse=Path)
+    engine_mode: str = variable(
+        "BATCH_ENGINE_MODE", "offline", "Engine",
+        "`offline`: vLLM in the run's process; `server`: OpenAI-compatible vLLM servers at BATCH_VLLM_SERVER_URLS.",)
+    vllm_server_urls: tuple[str, ...] = variable(
+        "BATCH_VLLM_SERVER_URLS", (), "Engine",
+        "Comma-separated base URLs of vLLM servers (server mode).", parse=_csv)
+    vllm_api_key: str | None = variable(
+        "BATCH_VLLM_API_KEY", None, "Engine",
+        "The key the vLLM servers expect, if any.", secret=True)
+    vllm_max_concurrency: int = variable(
+        "BATCH_VLLM_MAX_CONCURRENCY", 64, "Engine",
+        "Requests in flight to the servers at once (server mode).", parse=int)
+    fleet_replicas: int = variable(
+        "BATCH_FLEET_REPLICAS", 1, "Engine",
+        "`make serve`: vLLM servers of each warm fleet (each on a core of its own, or on a GPU host on GPUs of its "
+        "own) behind its vllm-router; 0: no fleet, every batch runs offline in its run.", parse=int)
+    # Empty until asked for (Settings.served_fleet_models): reading the registry is no part of reading the settings.
+    fleet_models: tuple[str, ...] = variable(
+        "BATCH_FLEET_MODELS", "the registry's first chat model", "Engine",
+        "`make serve`: comma-separated registry models (chat and embeddings alike), each given a warm fleet behind a "
+        "vllm-router of its own; batches of other models run in their runs' processes.", parse=_csv,
+        derive=lambda v: ())
+    fleet_port: int = variable(
+        "BATCH_FLEET_PORT", 0, "Engine",
+        "`make serve` and `batch-dagster fleet`: the first fleet's router port; its replicas take the next ports, then "
+        "its router's metrics exporter, and the next fleet the next block. 0: a free block of ports per fleet chosen "
+        "at start (logged), so two `serve`s on one machine never collide; the daemon is told the routers' URLs.",
+        parse=int)
+    fleet_policy: str = variable(
+        "BATCH_FLEET_POLICY", "cache_aware", "Engine",
+        "The router's load-balancing policy (vllm-router --policy).", parse=_policy)
+    fleet_idle_s: float = variable(
+        "BATCH_FLEET_IDLE_S", 1800, "Engine",
+        "`make serve`: seconds a fleet whose model has no batch stays warm; then its replicas stop, giving their "
+        "memory back (the router stays), and start again on the model's next batch, whose ETA counts the start. 0: "
+        "warm for ever.", parse=float)
+    fleet_urls: dict[str, str] = variable(
+        "BATCH_FLEET_URLS", "", "Engine",
+        "Comma-separated `model=url` entries: the router (or server) of a running fleet for each model; its batches "
+        "run in server mode there. `make serve` sets it for its daemon from the fleets it starts; on Kubernetes, each "
+        "model's router Service.", parse=parse_fleet_urls)
+    offline_runs: int = variable(
+        "BATCH_OFFLINE_RUNS", DEFAULT_OFFLINE_RUNS, "Engine",
+        "Runs holding an in-process engine (a model with no fleet or server) at once; more wait in Dagster's run "
+        "queue. Each such engine takes the GPUs its process sees (on one machine, all of them), so raise it only "
+        "where each run has GPUs of its own (a pod per run or step on Kubernetes). `batch-dagster instance` writes it "
+        "into $DAGSTER_HOME/dagster.yaml.", parse=int)
+    runs_per_model: int = variable(
+        "BATCH_RUNS_PER_MODEL", DEFAULT_RUNS_PER_MODEL, "Engine",
+        "Runs of one model at once (batches sharing its fleet); more wait in the run queue. Written into dagster.yaml,"
+        " as BATCH_OFFLINE_RUNS.", parse=int)
+    executor: str = variable(
+        "BATCH_EXECUTOR", "in_process", "Engine",
+        "How batch_job runs its steps: `in_process` (one after the other in the run's process), `multiprocess` (a "
+        "process per step) or `k8s` (dagster-k8s' k8s_job_executor: a pod per step, the inference step's pod asking "
+        "for a GPU by its tags).",)
+    step_retry_delay_s: float = variable(
+        "BATCH_STEP_RETRY_DELAY_S", 2.0, "Engine",
+        "Seconds before the inference step's first retry after an engine crash (doubling for the next); read when the "
+        "definitions load.", parse=float)
+    shard_size: int = variable(
+        "BATCH_SHARD_SIZE", 1000, "Limits",
+        "Requests per shard: the unit of commit, resume and progress.", parse=int)
+    max_requests: int = variable(
+        "BATCH_MAX_REQUESTS", Limits.max_requests, "Limits",
+        "Requests per input file.", parse=int)
+    max_bytes: int = variable(
+        "BATCH_MAX_BYTES", Limits.max_bytes, "Limits",
+        "Bytes per input file.", parse=int)
+    max_line_bytes: int = variable(
+        "BATCH_MAX_LINE_BYTES", Limits.max_line_bytes, "Limits",
+        "Bytes per input line.", parse=int)
+    max_enqueued_tokens: int | None = variable(
+        "BATCH_MAX_ENQUEUED_TOKENS", None, "Limits",
+        "Prompt tokens one owner may have enqueued per model (this batch plus the owner's unfinished ones); past it a "
+        "batch fails with `token_limit_exceeded`. Unset: no limit.", parse=_limit)
+    image_hosts: tuple[str, ...] = variable(
+        "BATCH_IMAGE_HOSTS", (), "Limits",
+        "Comma-separated hosts whose http(s) image URLs a request may name, on a model whose registry entry takes "
+        "images (`images_per_request`); each image is fetched once per batch, with the webhooks' address checks "
+        "(public addresses, or BATCH_WEBHOOK_ALLOW). Unset: data URLs only.", parse=_csv)
+    max_image_bytes: int = variable(
+        "BATCH_MAX_IMAGE_BYTES", DEFAULT_MAX_IMAGE_BYTES, "Limits",
+        "Bytes of one image a request sends (a data URL's data) or names (a fetched one).", parse=int)
+    estimate_tokens_per_s: float = variable(
+        "BATCH_ESTIMATE_TOKENS_PER_S", 250.0, "Limits",
+        "Tokens (prompt and output) per second an estimate's duration assumes for a model with no completed batch yet;"
+        " once it has some, their measured rate is used. The default is about what one CPU replica of SmolLM2-135M "
+        "generates (a low rate once prompt tokens count too).", parse=float)
+    max_upload_bytes: int = variable(
+        "BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "API",
+        "Largest upload the API accepts (413 past it).", parse=int)
+    max_json_body_bytes: int = variable(
+        "BATCH_MAX_JSON_BODY_BYTES", 1 << 20, "API",
+        "Largest JSON request body the API reads (413 past it).", parse=int)
+    completion_window_s: int = variable(
+        "BATCH_COMPLETION_WINDOW_S", DAY_S, "API",
+        "Seconds after creation at which a batch expires (API and drop-folder batches).", parse=int)
+    # Its entries are `name:key` or `key` (split_key).
+    api_keys: tuple[str, ...] = variable(
+        "BATCH_API_KEYS", (), "API",
+        "Comma-separated API keys, each `name:key` or a bare `key`; the name is the owner the Dagster UI shows (a bare"
+        " key shows as `key-` and a keyed hash). Unset: no authentication, loopback only.",
+        parse=api_key_entries, secret=True)
+    key_max_priority: int = variable(
+        "BATCH_KEY_MAX_PRIORITY", 10, "API",
+        "The highest `priority` (-10..10) a key's batch may ask at create; above it the create answers 400 "
+        "`priority_not_allowed`. 0: keys may only lower theirs.", parse=int)
+    key_daily_budget: float | None = variable(
+        "BATCH_KEY_DAILY_BUDGET", None, "API",
+        "What one key's batches may cost per UTC day, in the price table's currency (successful requests, at the batch"
+        " price; batches created that day count). A batch whose upper-bound cost is past what is left fails validation"
+        " with `cost_limit_exceeded`; a running one stops there before its next shard. Unset or 0: no budget.",
+        parse=_budget)
+    key_max_active_batches: int | None = variable(
+        "BATCH_KEY_MAX_ACTIVE_BATCHES", 100, "API",
+        "Batches one key may have unfinished at once (created, not ended); past it creating a batch answers 429 "
+        "`batch_limit_exceeded`. 0: no limit.", parse=_limit)
+    key_max_stored_bytes: int | None = variable(
+        "BATCH_KEY_MAX_STORED_BYTES", 100 << 30, "API",
+        "Bytes of files one key may keep stored (its uploads and its batches' output and error files, until deleted or"
+        " expired); past it an upload answers 429 `storage_limit_exceeded`. 0: no limit.", parse=_limit)
+    api_host: str = variable(
+        "BATCH_API_HOST", LOOPBACK, "API",
+        "The address `make serve` binds the API to.",)
+    api_port: int = variable(
+        "BATCH_API_PORT", 8000, "API",
+        "The API's port under `make serve`.", parse=int)
+    webhook_urls: tuple[str, ...] = variable(
+        "BATCH_WEBHOOK_URLS", (), "API",
+        "Comma-separated endpoints that get a signed POST when a batch ends (batch.completed, batch.failed, "
+        "batch.expired, batch.cancelled); unset: no webhooks.", parse=_csv)
+    webhook_secret: str = variable(
+        "BATCH_WEBHOOK_SECRET", "", "API",
+        "The Standard Webhooks secret (`whsec_` and base64) webhooks are signed with; needed with BATCH_WEBHOOK_URLS.",
+        secret=True)
+    s3_bucket: str = variable(
+        "BATCH_S3_BUCKET", "", "Drop folders",
+        "The bucket the S3 drop sensor watches; unset: the sensor is off.",)
+    s3_prefix: str = variable(
+        "BATCH_S3_PREFIX", "incoming/", "Drop folders",
+        "Where in the bucket new .jsonl files are picked up.",)
+    s3_output_prefix: str = variable(
+        "BATCH_S3_OUTPUT_PREFIX", "results/", "Drop folders",
+        "Where results go: <prefix><batch_id>/ in the same bucket.",)
+    inbox_dir: Path = variable(
+        "BATCH_INBOX_DIR", "$BATCH_DATA_DIR/inbox", "Drop folders",
+        "The local inbox folder the inbox sensor watches.", parse=Path)
+    outbox_dir: Path = variable(
+        "BATCH_OUTBOX_DIR", "the inbox's sibling outbox/", "Drop folders",
+        "Where the inbox's results go: <outbox>/<batch_id>/.",
+        parse=Path, derive=lambda v: v["BATCH_INBOX_DIR"].parent / "outbox")
+    intake_api_key: str = variable(
+        "BATCH_INTAKE_API_KEY", "", "Drop folders",
+        "The key (one of BATCH_API_KEYS) whose owner dropped files' batches belong to: listed under it in the API, its"
+        " webhooks told. Unset while BATCH_API_KEYS is set: the drop sensors take no file (each tick skips, saying "
+        "so), since no key was chosen to own them. Unset with no keys: the keyless loopback owner.", secret=True)
+    webhook_allow: tuple[str, ...] = variable(
+        "BATCH_WEBHOOK_ALLOW", (), "API",
+        "Comma-separated hosts or CIDRs that keys' own webhook endpoints may reach although not public (loopback, "
+        "private, link-local); unset: public addresses only. BATCH_WEBHOOK_URLS are the operator's and always trusted.",
+        parse=_allow)
+    # Retention: how long a batch's working history is kept, and where the daily report starts.
+    history_retention_s: int = variable(
+        "BATCH_HISTORY_RETENTION_S", 30 * DAY_S, "Retention",
+        "Seconds after a batch ends at which its Dagster history (partition, runs, event logs, step logs) and its "
+        "folder's working files are deleted; the batch's row, its summary.json and the files it still has stay. 0: "
+        "kept for ever.", parse=int)
+    history_max_batches: int = variable(
+        "BATCH_HISTORY_MAX_BATCHES", 5000, "Retention",
+        "The most batch partitions the Dagster UI has to draw: past it the batches that ended first have their "
+        "Dagster history deleted as BATCH_HISTORY_RETENTION_S would, however recent (their rows, summary.json and the "
+        "files still served stay). Every UI page rendered within 3 s at 5,000 here (make bench-scale); 0: no bound.",
+        parse=int)
+    scratch_max_age_s: int = variable(
+        "BATCH_SCRATCH_MAX_AGE_S", DAY_S, "Retention",
+        "Age past which a scratch file (of a process killed while it held it) or a staged step log of a finished run "
+        "is swept by the retention sensor.", parse=int)
+    # None: the store's first batch decides (defs/partitions.py), when the definitions load.
+    report_start: date | None = variable(
+        "BATCH_REPORT_START", "the day of the store's first batch", "Retention",
+        "The first day (YYYY-MM-DD) of the daily report's partitions; unset: the UTC day of the store's first batch, "
+        "read when the definitions load (today while there is none).", parse=_day, derive=lambda v: None)
 
     @property
     def limits(self) -> Limits:
@@ -370,11 +439,17 @@ class Settings:
         """Where batch folders and files live (BATCH_STORAGE_URL)."""
         return open_batch_storage(self.data_dir, self.storage_url)
 
-    def served_fleet_model(self) -> str | None:
-        """The model a warm fleet serves: BATCH_FLEET_MODEL, else the registry's first chat model (None: none)."""
+    def served_fleet_models(self) -> tuple[list[str], list[str]]:
+        """The models `make serve` keeps a warm fleet of: BATCH_FLEET_MODELS, else the registry's first chat model;
+        and the names BATCH_FLEET_MODELS lists that the registry does not have (they get no fleet)."""
         from batch_dagster.batchfile.registry import default_chat_model, load_registry
 
-        return self.fleet_model or default_chat_model(load_registry(self.models_file))
+        registry = load_registry(self.models_file)
+        if not self.fleet_models:
+            first = default_chat_model(registry)
+            return ([first] if first else []), []
+        listed = list(dict.fromkeys(self.fleet_models))
+        return [m for m in listed if m in registry], [m for m in listed if m not in registry]
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -382,6 +457,10 @@ class Settings:
         for variable in VARIABLES:  # in order: a default may name the variables before it
             values[variable.name] = variable.read(values)
         return cls(**{_BY_NAME[name].field: value for name, value in values.items()})
+
+
+VARIABLES: tuple[Variable, ...] = tuple(replace(f.metadata[_DECLARED], field=f.name) for f in fields(Settings))
+_BY_NAME = {v.name: v for v in VARIABLES}
 
 
 def markdown() -> str:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 
+from batch_dagster.defs.instance import INSTANCE_CONFIG
 from bench.measure import stop_service
 from bench.postgres import TempPostgres, _free_port
 
@@ -160,7 +161,7 @@ def serve(database_url: str | None, workdir: Path):
     home, data = workdir / "dagster_home", workdir / "data"
     home.mkdir(parents=True, exist_ok=True)
     # The project's instance config, with runs queued one at a time.
-    config = (REPO / "dagster.yaml").read_text().replace(
+    config = INSTANCE_CONFIG.read_text().replace(
         "concurrency:\n  runs:\n", "concurrency:\n  runs:\n    max_concurrent_runs: 1\n", 1)
     assert "max_concurrent_runs: 1" in config, "the repo's dagster.yaml has no concurrency.runs block"
     (home / "dagster.yaml").write_text(config)

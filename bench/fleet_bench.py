@@ -79,7 +79,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = Settings.from_env()
     policy = os.environ.get("BENCH_FLEET_POLICY") or settings.fleet_policy
-    vllm = resources_from_env()["vllm"]
+    vllm = resources_from_env()["vllm"].process_config_and_initialize()  # its variables read, as a run reads them
     spec = vllm.spec(model)
     work = Path(tempfile.mkdtemp(prefix="batch-dagster-bench-fleet-"))
     report: dict[str, Any] = {"meta": {

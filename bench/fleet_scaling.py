@@ -41,7 +41,7 @@ def shards_of(input_path: Path, work: Path, model: str, shard_size: int) -> list
 
 
 def free_port_block(n: int) -> int:
-    """A port p such that p .. p+n-1 are free on loopback now (the router and its replicas)."""
+    """A port p such that p .. p+n-1 are free on loopback now (a fleet's block: fleet.block_size)."""
     return fleet.free_port_block(n, "127.0.0.1")
 
 
@@ -108,7 +108,7 @@ def _replica_counts(ports: list[int]) -> list[dict[str, float]]:
 
 
 def _start_fleet(model: str, replicas: int, policy: str, work: Path) -> tuple[subprocess.Popen, str, int, float]:
-    port = free_port_block(replicas + 1)
+    port = free_port_block(fleet.block_size(replicas))
     cli = Path(sys.executable).with_name("batch-dagster")
     env = dict(os.environ)
     env["BATCH_DATA_DIR"] = str(work / "data")  # the fleet's logs go under the work folder

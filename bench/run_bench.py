@@ -417,7 +417,7 @@ def main() -> None:
     keep = os.environ.get("BENCH_KEEP_WORK") == "1"
 
     work = Path(tempfile.mkdtemp(prefix="batch-dagster-bench-"))
-    vllm = resources_from_env()["vllm"]
+    vllm = resources_from_env()["vllm"].process_config_and_initialize()  # its variables read, as a run reads them
     spec, stage_env = vllm.spec(model), {}
     if os.environ.get("BENCH_DTYPE"):
         spec = replace(spec, dtype=os.environ["BENCH_DTYPE"])

@@ -266,7 +266,7 @@ def bench_sensors(s: Stores, sizes: Sizes) -> dict:
         launched = instance.get_runs_count(dg.RunsFilter(job_name="batch_job"))
         assert launched == sizes.active, f"{launched} runs for {sizes.active} batches"
         # In progress: every batch's run has validated its file and cut it in 4 shards, 2 committed.
-        folders = resources["storage"].storage()
+        folders = resources["storage"].open()
         for _, batch_id in burst:
             write_in_progress(folders, batch_id, shards=4, committed=2)
         status_ticks = [tick(api_batch_status_sensor, instance, resources)[0] for _ in range(SENSOR_TICKS)]

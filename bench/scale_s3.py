@@ -87,7 +87,7 @@ def bench_s3(s: Stores, sizes: Sizes) -> dict:
             boto3.client("s3").create_bucket(Bucket=BUCKET)
             for round_, shards in enumerate(SHARDS):
                 resources = sensor_resources(s, storage_url=f"s3://{BUCKET}/shards{shards}")
-                folders = resources["storage"].storage()
+                folders = resources["storage"].open()
                 # Each round its own batches: the previous round's are made terminal first.
                 with store.session() as session:
                     session.execute(update(BatchRecord).where(BatchRecord.status == "in_progress")

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from batch_dagster.serve import fleet
 from bench.api_load import OWN_PREFIXES, _free_port, _wait_http
 from bench.fleet_report import latency_phases, median, median_phases
 from bench.fleet_scaling import free_port_block
@@ -38,7 +39,7 @@ def serve(work: Path, model_cache: Path) -> Iterator[tuple[str, Path, Path]]:
     own = OWN_PREFIXES
     env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
     env.update({"DAGSTER_HOME": str(home), "BATCH_DATA_DIR": str(data), "BATCH_MODEL_CACHE": str(model_cache),
-                "BATCH_API_KEYS": KEY, "BATCH_FLEET_PORT": str(free_port_block(4))})
+                "BATCH_API_KEYS": KEY, "BATCH_FLEET_PORT": str(free_port_block(fleet.block_size(1)))})
     port = _free_port()
     log_path = work / "serve.log"
     with open(log_path, "w") as log:

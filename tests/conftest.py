@@ -6,7 +6,8 @@ The suite is in tiers, one folder each, marked by folder here so that no test re
              no vLLM, no server, seconds. Its tests build their own files and import nothing from
              tests/helpers.py (which loads Dagster); tests/core/test_tiers.py checks this.
 - pipeline/  the Dagster pipeline in-process, on the fake engine; the engine's logic on a stubbed vLLM
-- api/       the HTTP API, the store and the sensors in-process, on the fake engine
+- api/       the features (batch_dagster/features/), the store, the HTTP API and the sensors in-process, on the fake
+             engine
 - system/    the real vLLM engine, the real Dagster daemon, `serve`, CLI runs on the real engine, the benchmarks
 
 `pytest -m "not system"` (`make test-fast`) runs the first three. Helpers live in tests/helpers.py; conftest

@@ -4,7 +4,7 @@ The engine runs in the daemon's run processes, so what a test needs to see cross
 files: every engine call is appended to $BATCH_TEST_CALLS, and the $BATCH_TEST_KILL_ON_CALL-th call of a
 process kills that process with SIGKILL, as the OOM killer or a crash would; each call takes
 $BATCH_TEST_CALL_S seconds. Runs use the in-process executor: the process that dies is then the run
-worker itself, and the tests stay quick. A model with a fleet ($BATCH_FLEET_URL) runs on that fleet for real.
+worker itself, and the tests stay quick. A model with a fleet ($BATCH_FLEET_URLS) runs on that fleet for real.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import dagster as dg
 
-from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.batch import lifecycle
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import VLLMResource
@@ -58,16 +58,19 @@ def engine_calls(path) -> list[dict]:
     return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
 
 
-settings = Settings.from_env()
-defs = dg.Definitions(
-    assets=lifecycle_assets,
-    asset_checks=lifecycle_checks,
-    jobs=[batch_job],
-    sensors=[api_batch_sensor, api_batch_status_sensor, history_retention_sensor],  # as the project's serve runs
-    resources={
-        **resources_from_env(),
-        "vllm": LoggedVLLM(models_file=str(settings.models_file), model_cache_dir="/nonexistent",
-                           fleet_model=settings.fleet_model, fleet_url=settings.fleet_url),
-    },
-    executor=dg.in_process_executor,
-)
+@dg.definitions
+def defs() -> dg.Definitions:
+    """Built when the daemon loads them, from its environment (as the project's are)."""
+    settings = Settings.from_env()
+    return dg.Definitions(
+        assets=lifecycle(settings.step_retry_delay_s),
+        asset_checks=lifecycle_checks,
+        jobs=[batch_job],
+        sensors=[api_batch_sensor, api_batch_status_sensor, history_retention_sensor],  # as the project's serve runs
+        resources={
+            **resources_from_env(settings),
+            "vllm": LoggedVLLM(models_file=str(settings.models_file), model_cache_dir="/nonexistent",
+                               fleet_urls=dict(settings.fleet_urls)),
+        },
+        executor=dg.in_process_executor,
+    )

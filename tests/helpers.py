@@ -8,16 +8,19 @@ this module stays cheap, also for the daemon's processes that load tests/daemon_
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,10 +32,10 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.batchfile.results import committed_shards, shard_keys
-from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.batch import lifecycle
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
-from batch_dagster.defs.resources import LazyS3Resource, PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.defs.resources import DatabaseResource, LazyS3Resource, PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.engine.base import EngineCrash, Line, Request
 from batch_dagster.engine.lines import RequestError
 from batch_dagster.engine.offline import OfflineEngine
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 # Read when the tests are collected, before any test moves BATCH_DATA_DIR, so the prepared models are shared.
 MODEL_CACHE = Settings.from_env().model_cache_dir
+STEP_RETRY_DELAY_S = Settings.from_env().step_retry_delay_s  # conftest.py's, so a test's retries wait little
 CHAT_MODEL = "smollm2-135m-instruct"
 EMBED_MODEL = "all-minilm-l6-v2"
 # Run config that keeps in-process runs quiet.
@@ -56,11 +60,38 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
 # logs themselves (test_retention.py) ask for them.
 NO_STEP_LOGS = {"compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager",
                                  "class": "NoOpComputeLogManager"}}
+# The runs' events in memory (Dagster's own in-memory event log), not in a SQLite file per run that Dagster connects to
+# again for every event: that was the largest part of an in-process run's time. The tests run their runs in this
+# process (execute_in_process), never in another that would have to read them.
+IN_MEMORY_EVENTS = {"event_log_storage": {"module": "dagster._core.storage.event_log",
+                                          "class": "InMemoryEventLogStorage"}}
 
 
-def dagster_instance(step_logs: bool = False):
-    """A test Dagster instance (a context manager), without the runs' step logs unless asked."""
-    return dg.instance_for_test(overrides=None if step_logs else NO_STEP_LOGS)
+# An empty test instance's folder per configuration, made once per process and copied for each test: a new one's
+# SQLite run and schedule storages were most of the time it took to open (their schema, then Dagster's data
+# migrations).
+_INSTANCE_TEMPLATES: dict[str, Path] = {}
+_TEMPLATES_LOCK = threading.Lock()
+
+
+@contextmanager
+def dagster_instance(step_logs: bool = False, events_on_disk: bool = False) -> Iterator[dg.DagsterInstance]:
+    """A new, empty test Dagster instance, without the runs' step logs and with its events in memory, unless asked
+    (`events_on_disk`: SQLite's event log, a database per run, as a project instance keeps them)."""
+    overrides = ({} if events_on_disk else IN_MEMORY_EVENTS) | ({} if step_logs else NO_STEP_LOGS)
+    key = json.dumps(overrides, sort_keys=True)
+    with _TEMPLATES_LOCK:
+        if key not in _INSTANCE_TEMPLATES:
+            template = Path(tempfile.mkdtemp(prefix="dagster-instance-"))
+            atexit.register(shutil.rmtree, template, True)
+            with dg.instance_for_test(overrides=overrides, temp_dir=str(template)):
+                pass
+            _INSTANCE_TEMPLATES[key] = template
+    with tempfile.TemporaryDirectory(prefix="dagster-instance-") as tmp:
+        home = Path(tmp) / "home"
+        shutil.copytree(_INSTANCE_TEMPLATES[key], home)
+        with dg.instance_for_test(overrides=overrides, temp_dir=str(home)) as instance:
+            yield instance
 
 
 # Batch files.
@@ -166,15 +197,16 @@ class Receiver:
 # Definitions.
 
 def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storage_url: str = "",
-              **pipeline: Any) -> dg.Definitions:
+              database_url: str = "", **pipeline: Any) -> dg.Definitions:
     """batch_job over `data_dir` (or batch folders at `storage_url`) on `vllm`, cutting shards of `shard_size`
-    (`pipeline`: PipelineConfig's other fields)."""
+    (`pipeline`: PipelineConfig's other fields); its steps read the store at `database_url` (none: no store)."""
     return dg.Definitions(
-        assets=lifecycle_assets,
+        assets=lifecycle(STEP_RETRY_DELAY_S),
         asset_checks=lifecycle_checks,
         jobs=[batch_job],
         resources={"storage": StorageResource(data_dir=str(data_dir), url=storage_url), "vllm": vllm, "s3": LazyS3Resource(),
-                   "pipeline": PipelineConfig(shard_size=shard_size, **pipeline)},
+                   "pipeline": PipelineConfig(shard_size=shard_size, **pipeline),
+                   "database": DatabaseResource(url=database_url)},
     )
 
 
@@ -507,7 +539,7 @@ class Daemon:
     def __init__(self, tmp_path: Path, vllm: VLLMResource, storage_url: str = "", db_url: str = "", **intake):
         from batch_dagster.defs.assets.delivery import delivered_results
         from batch_dagster.defs.jobs import deliver_results_job
-        from batch_dagster.defs.resources import DatabaseResource, Intake
+        from batch_dagster.defs.resources import Intake
 
         self.data_dir = tmp_path / "data"
         self.storage_url = storage_url
@@ -515,7 +547,7 @@ class Daemon:
         self.db_url = db_url or f"sqlite:///{self.data_dir / 'api.db'}"
         self.intake = Intake(**{"inbox_dir": str(tmp_path / "inbox"), "outbox_dir": str(tmp_path / "outbox"),
                                 "s3_bucket": BUCKET, "settle_s": 0, **intake})
-        base = make_defs(self.data_dir, vllm, storage_url=storage_url)
+        base = make_defs(self.data_dir, vllm, storage_url=storage_url, database_url=self.db_url)
         self.resources = {**base.resources, "database": DatabaseResource(url=self.db_url), "intake": self.intake}
         self.defs = dg.Definitions(assets=[*base.assets, delivered_results], asset_checks=base.asset_checks,
                                    jobs=[*base.jobs, deliver_results_job], resources=self.resources)
@@ -592,7 +624,7 @@ def serve_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 class Serve:
-    """serve in `tmp_path` (its DAGSTER_HOME links the repo's dagster.yaml); `module` replaces the project's
+    """serve in `tmp_path` (its DAGSTER_HOME links the package's dagster.yaml); `module` replaces the project's
     definitions (a workspace.yaml in the working directory points the daemon at it)."""
 
     def __init__(self, tmp_path: Path, *, module: str | None = None, ui: bool = False, **env: str):

@@ -6,21 +6,25 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from batch_dagster.db import repo
-from batch_dagster.settings import Settings
+from batch_dagster.db import keys, repo
+from batch_dagster.settings import Settings, split_key
 
-from . import batches, errors, estimate, files, retry, webhooks
+from . import batches, errors, files, metrics, webhooks
+from . import keys as key_routes
 from .context import AppContext
 from .guard import RequestGuard
 
 
 def create_app(config: Settings | None = None) -> FastAPI:
-    """Build the app; the store's schema is upgraded to head here, before the first request."""
+    """Build the app; the store's schema is upgraded to head and BATCH_API_KEYS seeded into it here, before the
+    first request (KeyProblem when an entry names a key made with `batch-dagster keys`)."""
     config = config or Settings.from_env()
     context = AppContext.build(config)
     context.db.upgrade()
     with context.db.session() as session:
-        repo.ensure_owners(session, [*context.owners.values(), repo.ANONYMOUS])
+        repo.ensure_owners(session, [repo.ANONYMOUS])
+        keys.seed(session, map(split_key, config.api_keys))
+        context.keyed = keys.keyed(session)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -36,15 +40,15 @@ def create_app(config: Settings | None = None) -> FastAPI:
     app.state.context = context
     errors.install(app)
     app.include_router(files.router, prefix="/v1")
-    app.include_router(estimate.router, prefix="/v1")
     app.include_router(batches.router, prefix="/v1")
-    app.include_router(retry.router, prefix="/v1")
     app.include_router(webhooks.router, prefix="/v1")
+    app.include_router(key_routes.router, prefix="/v1")
 
     @app.get("/health", include_in_schema=False)
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    metrics.install(app, context)
     app.add_middleware(RequestGuard, context=context)
     app.openapi = _without_422(app)  # type: ignore[method-assign]
     return app

@@ -1,4 +1,4 @@
-"""/v1/batches: create a batch from an uploaded file, follow it, list, cancel."""
+"""/v1/batches: create a batch from an uploaded file (or estimate one), follow it, list, cancel, retry."""
 
 from __future__ import annotations
 
@@ -13,13 +13,17 @@ from starlette.datastructures import QueryParams
 
 from batch_dagster.batchfile.contract import ENDPOINTS
 from batch_dagster.batchfile.folder import BatchFolder
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import committed_output
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, FileRecord, repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
-from batch_dagster.db.retry import RESERVED_METADATA
+from batch_dagster.db.keys import limits_of
+from batch_dagster.engine.models import Models
+from batch_dagster.features.estimate import estimate_file
+from batch_dagster.features.retry import RESERVED_METADATA, CannotRetry, create_retry
 from batch_dagster.storage import file_location
 
 from .deps import Context, DbSession, Owner
@@ -58,9 +62,8 @@ def batch_object(row: BatchRecord) -> Batch:
         failed_at=row.failed_at, expired_at=row.expired_at, cancelling_at=row.cancelling_at,
         cancelled_at=row.cancelled_at,
         request_counts=BatchRequestCounts(**row.counts().to_dict()),
-        metadata=_shown_metadata(row.meta), model=row.model, usage=_shown_usage(row.usage), priority=row.priority,
-        max_cost=row.max_cost,
-        **_queue_place(row),
+        metadata=_shown_metadata(row.meta), model=row.model, usage=_shown_usage(row.usage),
+        **row.options.model_dump(), **_queue_place(row),
     )
 
 
@@ -133,7 +136,7 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
         row = store_create_batch(
             session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source,
             input_from=source, completion_window_s=ctx.config.completion_window_s,
-            metadata=body.metadata, batch_id=batch_id, priority=body.priority, max_cost=body.max_cost,
+            metadata=body.metadata, batch_id=batch_id, options=BatchOptions.of(body),
             output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
                                   else OUTPUT_EXPIRES_AFTER_S),
         )
@@ -142,6 +145,24 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
         _remove_folder(ctx.storage, batch_id)
         raise
     return batch_object(row)
+
+
+@router.post("/batches/estimate", response_model=BatchEstimate)
+def estimate_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, owner: Owner) -> BatchEstimate:
+    """Extension: what a batch of the caller's file would cost and take, before it is created; nothing is written.
+
+    The file is validated as the batch would be, its tokens counted with the model's tokenizer (loaded on the first
+    estimate for that model, never at import), priced and timed against the model's measured throughput and queue.
+    The same checks as create, the same 404s.
+    """
+    source = checked_source(body, ctx, session, owner)
+    path, size = source.path, source.bytes
+    session.rollback()  # no transaction stays open while the file is tokenized (the store is asked again after)
+    files, key = file_location(ctx.storage, path)
+    with files.open(key) as f:
+        estimate = estimate_file(f, size=size, endpoint=body.endpoint, session=session, storage=ctx.storage,
+                                 models=Models.from_settings(ctx.config), settings=ctx.config)
+    return BatchEstimate.model_validate(estimate.to_dict())
 
 
 def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, owner: str) -> FileRecord:
@@ -153,9 +174,10 @@ def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, own
         raise invalid(f"Endpoint {clip(body.endpoint)!r} is not supported; use one of {', '.join(ENDPOINTS)}.",
                       param="endpoint", code="invalid_endpoint")
     _check_metadata(body.metadata)
-    if body.priority > ctx.config.key_max_priority:
-        raise invalid(f"priority {body.priority} is above {ctx.config.key_max_priority}, the highest a key may ask "
-                      "(BATCH_KEY_MAX_PRIORITY).", param="priority", code="priority_not_allowed")
+    highest = limits_of(session, owner, ctx.config).max_priority
+    if highest is not None and body.priority > highest:
+        raise invalid(f"priority {body.priority} is above {highest}, the highest this key may ask (its own, or "
+                      "else BATCH_KEY_MAX_PRIORITY).", param="priority", code="priority_not_allowed")
     check_batches(ctx.config, session, owner)
     source = repo.get_file(session, owner, body.input_file_id)
     if source is None:
@@ -190,6 +212,19 @@ def _owned_batch(session, owner: str, batch_id: str) -> BatchRecord:
 @router.get("/batches/{batch_id}", response_model=Batch)
 def retrieve_batch(batch_id: Text, session: DbSession, owner: Owner) -> Batch:
     return batch_object(_owned_batch(session, owner, batch_id))
+
+
+@router.post("/batches/{batch_id}/retry", response_model=Batch)
+def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) -> Batch:
+    """Extension: create a batch of the failures that were not the requests' own (features/retry.py); its metadata
+    names the parent."""
+    parent = _owned_batch(session, owner, batch_id)
+    check_batches(ctx.config, session, owner)
+    try:
+        child = create_retry(session, ctx.storage, parent, completion_window_s=ctx.config.completion_window_s)
+    except CannotRetry as exc:
+        raise invalid(str(exc), param="batch_id", code="nothing_to_retry") from exc
+    return batch_object(child)
 
 
 def _metadata_filter(query: QueryParams) -> dict[str, str]:

@@ -82,6 +82,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: _documented("The request body is larger than the limit."),
     429: _documented("A limit of this key is reached: batches not yet ended, or bytes of files stored."),
 }
+# The key management endpoints' (api/keys.py): also a key that is not an admin's, and a name taken or revoked.
+ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    403: _documented("The key is not an admin key."),
+    409: _documented("A key with this name exists already, or the key is revoked."),
+}
 
 
 def _allowed_methods(app: FastAPI, request: Request) -> list[str]:

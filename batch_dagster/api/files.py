@@ -13,12 +13,12 @@ from fastapi.responses import FileResponse, StreamingResponse
 from batch_dagster.batchfile.folder import file_key
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import FileRecord, repo
-from batch_dagster.db.retry import CannotRetry, merged_content
+from batch_dagster.features.retry import CannotRetry, merged_content
 from batch_dagster.storage import LocalStorage, file_location
 
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
-from .quotas import storage_full, storage_room
+from .quotas import stored_bytes_full, stored_bytes_room
 from .schemas import FileDeleted, FileObject, ListPage, Text, shown
 from .uploads import jsonl_problem, sanitize_filename
 
@@ -69,12 +69,12 @@ def create_file(
     created_at = repo.now()
     if expires_seconds is not None:
         expires_at = created_at + expires_seconds
-    room = storage_room(ctx.config, session, owner)
+    room = stored_bytes_room(ctx.config, session, owner)
     key = file_key(file_id)
     with ctx.storage.writing(key) as dest:
         size = _store_upload(file, dest, ctx.config.max_upload_bytes)
         if room is not None and size > room:  # raised inside: the object is never written
-            raise storage_full(ctx.config.key_max_stored_bytes or 0)
+            raise stored_bytes_full(ctx.config.key_max_stored_bytes or 0)
     row = repo.add_file(session, FileRecord(
         id=file_id, owner=owner, bytes=size, created_at=created_at, expires_at=expires_at, filename=filename,
         purpose=purpose, path=key,

@@ -1,7 +1,8 @@
 """The guard in front of the app (pure ASGI): the caller's key is checked, then the body is bounded, before
 any of the body is read.
 
-A request without a right key is answered 401 from its headers alone. A body past its limit (the upload limit
+A request without a live key is answered 401 from its headers alone (the key looked up in the store, so a revoked
+one is refused at once); the caller found is the request's `state.caller`. A body past its limit (the upload limit
 for `POST /v1/files`, the JSON limit for everything else) is answered 413, whether the client declared its length
 or sends it chunked. A refused request's connection is then closed (`connection: close`) after at most
 LINGER_BYTES more of its body, or LINGER_S: time for the client to read the answer, never the whole body.
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from .context import AppContext
-from .deps import owner_of_header
+from .deps import caller_of_header
 from .errors import ApiError, error_response
 from .uploads import MULTIPART_SLACK
 
@@ -33,11 +35,13 @@ class RequestGuard:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         path = scope["path"]
-        if self.context.owners and (path == "/v1" or path.startswith("/v1/")):
+        if path == "/v1" or path.startswith("/v1/"):
+            authorization = headers.get(b"authorization", b"").decode("latin-1")
             try:
-                owner_of_header(headers.get(b"authorization", b"").decode("latin-1"), self.context.owners)
+                caller = await run_in_threadpool(caller_of_header, authorization, self.context)
             except ApiError as exc:
                 return await _refuse(exc.response(), receive, send)
+            scope.setdefault("state", {})["caller"] = caller
         limit, too_large = self._limit(scope)
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:

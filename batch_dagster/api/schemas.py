@@ -7,14 +7,14 @@ from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
 from pydantic import AfterValidator, BaseModel, Field, model_serializer
 
-from batch_dagster.batchfile.contract import ENDPOINTS, MAX_COST
+from batch_dagster.batchfile.contract import ENDPOINTS
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.status import BatchStatus
-from batch_dagster.db.webhooks import EVENT_TYPES
+from batch_dagster.db.models import EVENT_TYPES
 
 T = TypeVar("T")
 COMPLETION_WINDOWS = ("24h",)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
-MIN_PRIORITY, MAX_PRIORITY = -10, 10  # a batch's `priority` (extension)
 MAX_UNIX_S = 2**31 - 1  # a timestamp the store's integer columns hold (PostgreSQL's integer: 2038)
 
 
@@ -117,7 +117,7 @@ class BatchUsage(BaseModel):
     total_tokens: int = 0
 
 
-class Batch(BaseModel):
+class Batch(BatchOptions):  # with the options (extensions) the batch was created with
     id: str
     object: Literal["batch"] = "batch"
     endpoint: str
@@ -140,8 +140,6 @@ class Batch(BaseModel):
     metadata: dict[str, str] | None = None
     model: str | None = None
     usage: BatchUsage
-    priority: int = 0  # extension: see CreateBatchRequest
-    max_cost: float | None = None  # extension: see CreateBatchRequest
     # Extensions (docs/http-api.md, "Queue position and ETA"): null once the batch has ended; the estimate once
     # it is validated.
     queue_position: int | None = None
@@ -160,16 +158,12 @@ Metadata = Annotated[dict[Text, Text], Field(json_schema_extra={
     "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE}})]
 
 
-class CreateBatchRequest(BaseModel):
+class CreateBatchRequest(BatchOptions):  # OpenAI's fields, and the options (extensions; the SDK's extra_body)
     input_file_id: Text
     endpoint: Text = Field(json_schema_extra={"enum": list(ENDPOINTS)})
     completion_window: Text = Field(json_schema_extra={"enum": list(COMPLETION_WINDOWS)})
     metadata: Metadata | None = None
     output_expires_after: ExpiresAfter | None = None
-    # Extension: the launch order across the queue, higher first (the SDK sends it with extra_body).
-    priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY)
-    # Extension: the cost cap, in the price table's currency (batchfile/cost_cap.py).
-    max_cost: float | None = Field(default=None, gt=0, le=MAX_COST, allow_inf_nan=False, strict=True)
 
 
 # Webhook endpoints: OpenAI's webhook_endpoint objects (the openai SDK's client.webhooks), for batch events only.
@@ -227,7 +221,7 @@ class EstimateDuration(BaseModel):
 
 
 class BatchEstimate(BaseModel):
-    """batchfile/estimate.py's Estimate.to_dict; the numbers are null for an invalid file."""
+    """features/estimate.py's Estimate.to_dict; the numbers are null for an invalid file."""
 
     object: Literal["batch.estimate"] = "batch.estimate"
     valid: bool

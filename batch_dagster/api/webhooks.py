@@ -8,9 +8,9 @@ from urllib.parse import urlsplit
 import httpx
 from fastapi import APIRouter, Query
 
-from batch_dagster.db import webhooks as store
 from batch_dagster.db.models import WebhookEndpointRecord
 from batch_dagster.egress import Allow, Refused, check
+from batch_dagster.features import webhooks as store
 
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, clip, invalid, not_found

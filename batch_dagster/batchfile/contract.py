@@ -23,6 +23,8 @@ MAX_FILENAME_CHARS = 255  # a File's name
 MAX_SOURCE_CHARS = 1024  # a dropped file's s3:// or file:// URI
 MAX_VERSION_CHARS = 255  # its ETag, or size and mtime
 MAX_COST = 1e9  # a batch's max_cost, in the price table's currency
+# A legacy completion without max_tokens generates at most 16 tokens (OpenAI's default, and vLLM's server's).
+COMPLETIONS_MAX_TOKENS = 16
 
 
 def _first_request(head: bytes, whole: bool) -> dict[str, Any] | None:
@@ -72,7 +74,7 @@ MIXED_MODELS = "mixed_models"
 MODEL_NOT_FOUND = "model_not_found"
 TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"  # the owner's enqueued prompt tokens for the model
 # The batch's cost cap (max_cost, the key's daily budget): at validation, in errors.data; while it runs, on the
-# error lines of the requests it did not run (batchfile/cost_cap.py).
+# error lines of the requests it did not run (features/cost_cap.py).
 COST_LIMIT_EXCEEDED = "cost_limit_exceeded"
 
 # Request-level error codes written to the error file.

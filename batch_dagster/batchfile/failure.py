@@ -1,7 +1,7 @@
 """A batch whose run failed for good keeps what it finished: the committed shards' lines, and an error line for
 every other request, so each custom_id is in the output or the error file exactly once and a retry runs again
 exactly those that never ran. It ends the way a cancel ends, with its own code (`batch_failed`); `stopped_ending`
-says how a batch asked to stop (cancel, expiry, its cost cap) ends.
+says how a batch asked to stop (cancel, expiry, its cost cap) ends, and `is_retryable` which error lines a retry runs.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+import orjson
+
 from . import contract as c
-from . import cost_cap
 from .columnar import custom_ids
 from .folder import BatchFolder, Merged, Summary
 from .results import committed_shards, merge
@@ -22,7 +23,13 @@ from .usage import PriceTable, cost_of
 LINE_REASON_CHARS = 200
 ERROR_REASON_CHARS = 2000
 NOT_RUN_CODES = {BatchStatus.CANCELLED: c.BATCH_CANCELLED, BatchStatus.EXPIRED: c.BATCH_EXPIRED}
-STOP_REASONS = (BatchStatus.CANCELLED, BatchStatus.EXPIRED, cost_cap.COST_LIMIT)  # Stop.reason's values
+# Stop.reason of a batch its cost cap stopped (beside "cancelled" and "expired"); its error lines carry the same code.
+COST_LIMIT = c.COST_LIMIT_EXCEEDED
+STOP_REASONS = (BatchStatus.CANCELLED, BatchStatus.EXPIRED, COST_LIMIT)  # Stop.reason's values
+# A request's line when the cost cap stopped its batch before it ran, and the batch's errors.data.
+COST_LIMIT_NOT_RUN = "The batch reached its cost limit (max_cost or the key's daily budget) before this request ran."
+COST_LIMIT_ERROR = c.BatchError(c.COST_LIMIT_EXCEEDED, "The batch reached its cost limit (max_cost or the key's daily "
+                                                       "budget); the requests it had not run are in the error file.")
 
 
 class Ending(NamedTuple):
@@ -37,10 +44,28 @@ class Ending(NamedTuple):
 def stopped_ending(reason: str) -> Ending:
     """The end of a batch stopped for `reason` (a Stop.reason): a cancel or an expiry ends with that status; its
     cost cap fails it with errors.data saying so (OpenAI has no status of its own for that)."""
-    if reason == cost_cap.COST_LIMIT:
-        return Ending(BatchStatus.FAILED, c.COST_LIMIT_EXCEEDED, cost_cap.NOT_RUN_MESSAGE, [cost_cap.STOP_ERROR])
+    if reason == COST_LIMIT:
+        return Ending(BatchStatus.FAILED, c.COST_LIMIT_EXCEEDED, COST_LIMIT_NOT_RUN, [COST_LIMIT_ERROR])
     status = BatchStatus(reason)
     return Ending(status, NOT_RUN_CODES[status], f"The batch was {reason} before this request ran.", [])
+
+
+# A request is retried only when its failure was not its own: a 5xx line (engine_error, out_of_memory) or a request
+# that never ran (these codes). A 4xx line would fail again the same way.
+RETRIED_CODES = (c.BATCH_EXPIRED, c.BATCH_CANCELLED, c.BATCH_FAILED, c.COST_LIMIT_EXCEEDED)
+
+
+def is_retryable(line: dict[str, Any]) -> bool:
+    """Whether an error-file line failed for a reason that is not the request's own."""
+    response = line.get("response")
+    if response:
+        return int(response.get("status_code") or 0) >= 500
+    return (line.get("error") or {}).get("code") in RETRIED_CODES
+
+
+def retryable_ids(lines: Iterable[bytes]) -> list[str]:
+    """The custom_ids of the retryable lines of an error file (its raw lines), in file order."""
+    return [line["custom_id"] for raw in lines if raw.strip() and is_retryable(line := orjson.loads(raw))]
 
 
 def clip(text: str, limit: int) -> str:

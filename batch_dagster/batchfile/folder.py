@@ -135,7 +135,7 @@ class Deadline(Document):
 
 @dataclass
 class Stop(Document):
-    reason: str  # BatchStatus.CANCELLED or EXPIRED, or cost_cap.COST_LIMIT (failure.STOP_REASONS)
+    reason: str  # BatchStatus.CANCELLED or EXPIRED, or failure.COST_LIMIT (failure.STOP_REASONS)
     at: float
 
 
@@ -375,7 +375,7 @@ class BatchFolder:
         self._write(self.VALIDATION, validation)
 
     def estimate(self) -> dict[str, Any] | None:
-        """The valid batch's estimate as validation made it: a `batch.estimate` object (batchfile/estimate.py)."""
+        """The valid batch's estimate as validation made it: a `batch.estimate` object (features/estimate.py)."""
         data = self.storage.read_bytes(self.key(ESTIMATE))
         return None if data is None else orjson.loads(data)
 

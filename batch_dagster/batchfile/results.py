@@ -27,7 +27,7 @@ __all__ = ["RequestCounts"]  # defined with the contract; imported from here too
 
 
 @dataclass
-class ShardSummary:
+class CommittedShard:
     """What one committed shard holds."""
 
     index: int
@@ -48,7 +48,7 @@ class ShardSummary:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ShardSummary:
+    def from_dict(cls, d: dict[str, Any]) -> CommittedShard:
         return cls(
             index=d["index"],
             request_counts=RequestCounts.from_dict(d["request_counts"]),
@@ -75,10 +75,10 @@ def shard_keys(results_prefix: str, index: int) -> tuple[str, str, str]:
 def commit_shard(
     storage: Storage, results_prefix: str, index: int, lines: Iterable[dict[str, Any]], duration_s: float = 0.0,
     engine_start_s: float = 0.0, structured: Collection[str] = (),
-) -> ShardSummary:
+) -> CommittedShard:
     """Split a shard's lines into output and error lines and commit them atomically. `structured`: the custom_ids
     of the requests that asked for structured output (those cut short are counted)."""
-    summary = ShardSummary(index=index, duration_s=round(duration_s, 3), engine_start_s=round(engine_start_s, 3))
+    summary = CommittedShard(index=index, duration_s=round(duration_s, 3), engine_start_s=round(engine_start_s, 3))
     ok, failed = bytearray(), bytearray()
     for line in lines:
         summary.request_counts.total += 1
@@ -101,18 +101,18 @@ def commit_shard(
     return summary
 
 
-def committed_shards(storage: Storage, results_prefix: str) -> dict[int, ShardSummary]:
+def committed_shards(storage: Storage, results_prefix: str) -> dict[int, CommittedShard]:
     """Summaries of the shards already committed, by index."""
     found = {}
     for key in storage.list(results_prefix):
         index = committed_index(key.rsplit("/", 1)[-1])
         data = storage.read_bytes(key) if index is not None else None
         if index is not None and data is not None:
-            found[index] = ShardSummary.from_dict(orjson.loads(data))
+            found[index] = CommittedShard.from_dict(orjson.loads(data))
     return found
 
 
-def progress_of(shards: dict[int, ShardSummary], total_requests: int, shard_count: int | None,
+def progress_of(shards: dict[int, CommittedShard], total_requests: int, shard_count: int | None,
                 committed_at: float | None = None) -> Progress:
     """The progress document of a batch whose committed shards are `shards`, between two shards (nothing live);
     `committed_at`: when the last of them committed (default: now, as written right after its marker)."""

@@ -90,6 +90,14 @@ class PriceTable:
     def for_model(self, model: str) -> Price:
         return self.prices.get(model, self.default)
 
+    def unlisted(self, model: str) -> str | None:
+        """What to tell the user when `model` has no entry (it is priced by the defaults), or None."""
+        if model in self.prices:
+            return None
+        d = self.default
+        return (f"model {model!r} is not in the price table: priced at its [defaults] ({d.input_per_1m} input, "
+                f"{d.output_per_1m} output {d.currency} per 1M tokens)")
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PriceTable:
         """Build from a parsed price file: `[defaults]` and `[models.NAME]` tables."""

@@ -22,9 +22,10 @@ from batch_dagster.batchfile.contract import (
     model_of_head,
 )
 from batch_dagster.batchfile.folder import BatchFolder, file_key
+from batch_dagster.batchfile.options import BatchOptions
+from batch_dagster.batchfile.outcome import BatchOutcome
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.storage import Storage
-from batch_dagster.batchfile.summary import BatchSummary
 from batch_dagster.batchfile.usage import Cost, Usage
 from batch_dagster.storage import file_location
 
@@ -53,10 +54,10 @@ def head_model(head: bytes) -> str | None:
     return model_of_head(head, whole=len(head) < HEAD_BYTES)
 
 
-def scan(source: Path) -> tuple[bytes, int]:
+def scan(input_path: Path) -> tuple[bytes, int]:
     """A local input's first HEAD_BYTES and its number of lines (its requests, until validation counts them)."""
     lines, last = 0, b"\n"
-    with open(source, "rb") as f:
+    with open(input_path, "rb") as f:
         head = f.read(HEAD_BYTES)
         chunk = head
         while chunk:
@@ -103,16 +104,16 @@ def create_batch(
     model: str | None = None,
     parent: BatchRecord | None = None,
     commit: bool = True,
-    priority: int = 0,
-    max_cost: float | None = None,
+    options: BatchOptions = BatchOptions(),
 ) -> BatchRecord:
     """Put the batch's input, deadline and endpoint in its folder, then add its row (committed).
 
     `input_from`: a local file copied in now, a stored File copied in now, a URI the run fetches
     (dropped files), or None when the input is in the folder already. `completion_window_s` None: the batch
     never expires. `endpoint` None: the first request's url decides.
-    `launched`: the caller requests the run itself (else the API sensor launches it). `parent`: the batch this one
-    retries (db/retry.py only; it must have the same owner). `commit` False: the caller commits (or rolls back)
+    `options`: the batch's options, kept whole (a retry passes its parent's). `launched`: the caller requests the
+    run itself (else the API sensor launches it). `parent`: the batch this one
+    retries (features/retry.py only; it must have the same owner). `commit` False: the caller commits (or rolls back)
     the row with its own.
     The batch's model (from its first request, or `model` for a dropped file, whose head the intake read) and,
     for a local file, its request count are recorded on the row: nothing after reads the input to know them.
@@ -142,8 +143,7 @@ def create_batch(
         completion_window=COMPLETION_WINDOW, status=BatchStatus.VALIDATING, created_at=created_at,
         expires_at=expires_at,
         meta=metadata, output_expires_after=output_expires_after, launched_at=created_at if launched else None,
-        model=model, request_total=requests, parent_batch_id=_same_owner(parent, owner), priority=priority,
-        max_cost=max_cost,
+        model=model, request_total=requests, parent_batch_id=_same_owner(parent, owner), options=options,
     )
     session.add(row)
     if commit:
@@ -197,25 +197,25 @@ def register_dropped(session: Session, storage: Storage, dropped: DroppedFile, *
     return batch
 
 
-def register_local(session: Session, storage: Storage, source: Path, *, owner: str,
+def register_local(session: Session, storage: Storage, input_path: Path, *, owner: str,
                    batch_id: str | None = None) -> BatchRecord:
-    """A batch started from the command line; it has no deadline. `source` is copied once, into the batch's
-    folder, and its File is that copy (the endpoint is the first request's)."""
+    """A batch started from the command line; it has no deadline. The file at `input_path` is copied once, into the
+    batch's folder, and its File is that copy (the endpoint is the first request's)."""
     batch_id = batch_id or repo.new_batch_id()
-    input_file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename=source.name,
-                                size=source.stat().st_size, path=BatchFolder(storage, batch_id).input_key)
+    input_file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename=input_path.name,
+                                size=input_path.stat().st_size, path=BatchFolder(storage, batch_id).input_key)
     return create_batch(session, storage, owner=owner, endpoint=None, input_file=input_file,
-                        input_from=source, completion_window_s=None,
-                        metadata={"source": source.resolve().as_uri()[:512]}, launched=True, batch_id=batch_id)
+                        input_from=input_path, completion_window_s=None,
+                        metadata={"source": input_path.resolve().as_uri()[:512]}, launched=True, batch_id=batch_id)
 
 
 STATUS_TIMES = ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
                 "cancelled_at")
 
 
-def batch_summary(batch: BatchRecord, cost: Cost | None = None) -> BatchSummary:
+def batch_outcome(batch: BatchRecord, cost: Cost | None = None) -> BatchOutcome:
     """The batch as shown, from its record (and its cost, which the folder's summary.json holds)."""
-    return BatchSummary(
+    return BatchOutcome(
         batch_id=batch.id, status=batch.status, endpoint=batch.endpoint, model=batch.model,
         request_counts=batch.counts(),
         usage=None if batch.usage is None else Usage.from_dict(batch.usage), cost=cost,
@@ -224,8 +224,8 @@ def batch_summary(batch: BatchRecord, cost: Cost | None = None) -> BatchSummary:
     )
 
 
-def result_summary(batch: BatchRecord, intake: IntakeRecord, cost: Cost | None, files: list[str]) -> dict:
+def delivered_summary(batch: BatchRecord, intake: IntakeRecord, cost: Cost | None, files: list[str]) -> dict:
     """The summary.json written beside a dropped file's results: the batch as the API shows it, and its cost."""
-    shown = batch_summary(batch, cost)
+    shown = batch_outcome(batch, cost)
     return {"id": shown.batch_id, "source": intake.source, **shown.shown(), "errors": shown.errors_shown(),
             "files": files, **shown.times}

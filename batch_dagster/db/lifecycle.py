@@ -16,16 +16,15 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, update
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.contract import MAX_MODEL_CHARS, PIPELINE_ERROR, BatchError
+from batch_dagster.batchfile.contract import MAX_MODEL_CHARS, PIPELINE_ERROR, BatchError, new_id
 from batch_dagster.batchfile.folder import BatchFolder, Progress
 from batch_dagster.batchfile.results import RequestCounts, committed_shards, progress_of
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.usage import Usage
 
-from .models import BatchRecord, FileRecord
+from .models import EVENT_TYPES, BatchRecord, FileRecord, WebhookEvent
 from .repo import new_file_id, now
-from .webhooks import add_event
 
 
 @dataclass
@@ -168,6 +167,14 @@ def _result_files(folder: BatchFolder, batch: BatchRecord, at: int) -> list[File
     return files
 
 
+def add_event(session: Session, batch_id: str, owner: str, status: str, at: int | None = None) -> WebhookEvent:
+    """The webhook event of a batch that just reached `status` (terminal); committed by the caller."""
+    event = WebhookEvent(id=new_id("evt_"), type=EVENT_TYPES[status], batch_id=batch_id, owner=owner,
+                         created_at=at or now())
+    session.add(event)
+    return event
+
+
 def apply(session: Session, folder: BatchFolder, batch: BatchRecord, obs: Observation) -> BatchRecord:
     """Persist what `obs` changes; on reaching the end, register the output and error files, once.
 
@@ -196,6 +203,15 @@ def apply(session: Session, folder: BatchFolder, batch: BatchRecord, obs: Observ
     session.commit()
     session.refresh(batch)
     return batch
+
+
+def record_usage(session: Session, batch_id: str, usage: Usage) -> None:
+    """A running batch's usage so far (its committed shards'), stored by its own run after each shard commits, so
+    that the store holds what it has spent when another batch's cost cap asks (features/cost_cap.py); the status
+    sensor stores the same from the progress document a tick later. A batch that has ended keeps its final usage."""
+    session.execute(update(BatchRecord).where(BatchRecord.id == batch_id, BatchRecord.status.not_in(TERMINAL))
+                    .values(usage=usage.to_dict()))
+    session.commit()
 
 
 def sync_progress(session: Session, storage: Storage, batch: BatchRecord) -> BatchRecord:

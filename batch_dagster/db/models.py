@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from batch_dagster.batchfile.contract import (
@@ -18,6 +18,7 @@ from batch_dagster.batchfile.contract import (
     MAX_VERSION_CHARS,
     RequestCounts,
 )
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.status import TERMINAL
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere the key is a BIGINT.
@@ -31,12 +32,30 @@ class Base(DeclarativeBase):
 
 
 class ApiKey(Base):
-    """An owner of files and batches: the SHA-256 of an API key (the key itself is never stored)."""
+    """An owner of files and batches, and the API key it calls with (by its SHA-256: the key itself is never stored).
+
+    `owner` never changes: it is what the owner's rows are stored under (the hash of its first key). A rotation
+    gives it a new key (`key_hash`); a revoked key (`revoked_at`) is refused from its next request on. Each limit
+    is the key's own, or the deployment's (BATCH_KEY_*) when NULL; 0 is no limit. An owner with no key_hash calls
+    with no key: the keyless loopback owner, or one whose key is gone.
+    """
 
     __tablename__ = "api_keys"
+    __table_args__ = (Index("ix_api_keys_name", "name", unique=True),
+                      Index("ix_api_keys_key_hash", "key_hash", unique=True))
 
     owner: Mapped[str] = mapped_column(String(64), primary_key=True)
     created_at: Mapped[int]
+    name: Mapped[str | None] = mapped_column(String(64))  # the operator's name for it (metrics, the UI)
+    key_hash: Mapped[str | None] = mapped_column(String(64))
+    admin: Mapped[bool] = mapped_column(default=False, server_default="0")  # may manage keys (/v1/keys)
+    created_by: Mapped[str | None] = mapped_column(String(32))  # `cli`, `api` or BATCH_API_KEYS (seeded)
+    revoked_at: Mapped[int | None]
+    rotated_at: Mapped[int | None]
+    max_active_batches: Mapped[int | None]
+    max_stored_bytes: Mapped[int | None]
+    daily_budget: Mapped[float | None] = mapped_column(Float)
+    max_priority: Mapped[int | None] = mapped_column(Integer)
 
 
 class FileRecord(Base):
@@ -95,16 +114,24 @@ class BatchRecord(Base):
     run_id: Mapped[str | None] = mapped_column(String(64))
     # The batch this one retries: set by the retry endpoint only (never from client metadata), same owner.
     parent_batch_id: Mapped[str | None] = mapped_column(String(64))
-    # Its place in the launch order (PRIORITIES; the run queue's dagster/priority, defs/run_limits.py).
-    priority: Mapped[int] = mapped_column(default=0, server_default="0")
-    # The most its successful requests may cost, in the price table's currency (the cost cap; None: uncapped).
-    max_cost: Mapped[float | None]
-    # Queue position and ETA (batchfile/eta.py): the estimate once validated; the run's dagster/priority once
+    # Its options (batchfile/options.py), kept whole: those that differ from their defaults (`options` reads them).
+    stored_options: Mapped[dict[str, Any] | None] = mapped_column("options", JSON)
+    # Queue position and ETA (features/eta.py): the estimate once validated; the run's dagster/priority once
     # launched; the place and end the daemon's queue_eta_sensor stores while the batch has not ended.
     estimate: Mapped[dict[str, Any] | None]
     launch_priority: Mapped[int | None]
     queue_position: Mapped[int | None]
     estimated_completion_at: Mapped[int | None]
+    # The first estimated end it was given: what the ETA's error on ended batches is measured against (metrics).
+    first_estimated_completion_at: Mapped[int | None]
+
+    @property
+    def options(self) -> BatchOptions:
+        return BatchOptions.from_stored(self.stored_options)
+
+    @options.setter
+    def options(self, options: BatchOptions) -> None:
+        self.stored_options = options.stored()
 
     def counts(self) -> RequestCounts:
         """The batch's request_counts, from its `request_*` columns."""
@@ -130,6 +157,10 @@ class IntakeRecord(Base):
     created_at: Mapped[int]
     delivery_requested_at: Mapped[int | None]
     delivered_at: Mapped[int | None]
+
+
+# A webhook event's type for each terminal status (OpenAI's names), in TERMINAL's order.
+EVENT_TYPES: dict[str, str] = {status: f"batch.{status}" for status in TERMINAL}
 
 
 class WebhookEvent(Base):
@@ -192,3 +223,33 @@ class WebhookDelivery(Base):
     delivered_at: Mapped[int | None]
     failed_at: Mapped[int | None]  # given up after the last attempt
     last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class SensorTick(Base):
+    """How one sensor's evaluations went, as the sensor itself counts them (defs/sensors/timing.py): the metrics'
+    tick durations, read by the API, which loads no Dagster."""
+
+    __tablename__ = "sensor_ticks"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    ticks: Mapped[int] = mapped_column(default=0)
+    failures: Mapped[int] = mapped_column(default=0)
+    seconds_total: Mapped[float] = mapped_column(Float, default=0.0)
+    last_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    last_at: Mapped[int]
+
+
+class FleetRecord(Base):
+    """A warm fleet `make serve` runs for a model (serve/fleets.py): where its router is, whether its replicas are
+    up, and how long they took to start last, which the ETA adds while they are not."""
+
+    __tablename__ = "fleets"
+
+    model: Mapped[str] = mapped_column(String(MAX_MODEL_CHARS), primary_key=True)
+    url: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16))  # FLEET_STATES
+    start_s: Mapped[float | None] = mapped_column(Float)
+    changed_at: Mapped[int]
+
+
+FLEET_STATES = ("starting", "warm", "asleep", "failed")

@@ -1,6 +1,7 @@
-"""The project's Dagster instance: DAGSTER_HOME with the repo's dagster.yaml, shared by CLI and UI.
+"""The project's Dagster instance: DAGSTER_HOME with the package's dagster.yaml, shared by CLI and UI.
 
-DAGSTER_HOME/dagster.yaml links to the repo's dagster.yaml (storage: SQLite files under DAGSTER_HOME), unless the
+DAGSTER_HOME/dagster.yaml links to batch_dagster/config/dagster.yaml (storage: SQLite files under DAGSTER_HOME),
+installed with the package, so that an install from a wheel keeps the run limits and retries. Unless the
 settings make it differ; then it is written. BATCH_OFFLINE_RUNS and BATCH_RUNS_PER_MODEL replace the run queue's
 limits (batch_dagster/defs/run_limits.py). With DAGSTER_PG_URL set, dagster-postgres' storage block (runs, event logs,
 schedules) is added, which names the variable, not its value: Dagster reads the URL at start-up, so the password
@@ -15,9 +16,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from batch_dagster.defs.run_limits import with_run_limits
-from batch_dagster.settings import DEFAULT_OFFLINE_RUNS, DEFAULT_RUNS_PER_MODEL, PACKAGE_DIR, Settings
+from batch_dagster.settings import CONFIG_DIR, DEFAULT_OFFLINE_RUNS, DEFAULT_RUNS_PER_MODEL, Settings
 
-REPO_INSTANCE_CONFIG = PACKAGE_DIR.parent / "dagster.yaml"
+INSTANCE_CONFIG = CONFIG_DIR / "dagster.yaml"
 # Not a BATCH_* variable: Dagster itself reads it, through the `env:` reference in the storage block.
 PG_URL_VARIABLE = "DAGSTER_PG_URL"
 # The first line of a dagster.yaml this module wrote; only such a file (or the link) is ever replaced.
@@ -96,51 +97,49 @@ def compute_logs_place(storage_url: str) -> tuple[str, str] | None:
 
 def instance_config(postgres: bool, storage_url: str = "", offline_runs: int = DEFAULT_OFFLINE_RUNS,
                     runs_per_model: int = DEFAULT_RUNS_PER_MODEL) -> str:
-    """The text of DAGSTER_HOME/dagster.yaml: the repo's with these run limits, plus the Postgres storage block when
-    `postgres` and the S3 compute log block when `storage_url` is on S3. Exactly the repo's text when that changes
+    """The text of DAGSTER_HOME/dagster.yaml: the package's with these run limits, plus the Postgres storage block when
+    `postgres` and the S3 compute log block when `storage_url` is on S3. Exactly the package's text when that changes
     nothing (then DAGSTER_HOME links to it)."""
-    base = REPO_INSTANCE_CONFIG.read_text()
+    base = INSTANCE_CONFIG.read_text()
     text = with_run_limits(base, offline_runs, runs_per_model)
     logs = compute_logs_place(storage_url)
     if not postgres and logs is None and text == base:
         return base
     because = ", ".join(name for name, on in ((PG_URL_VARIABLE, postgres), ("BATCH_STORAGE_URL", logs),
                                               ("BATCH_OFFLINE_RUNS / BATCH_RUNS_PER_MODEL", text != base)) if on)
-    header = f"{WRITTEN_MARK} from {REPO_INSTANCE_CONFIG.name} because of {because}. Do not edit.\n"
+    header = f"{WRITTEN_MARK} from {INSTANCE_CONFIG.name} because of {because}. Do not edit.\n"
     blocks = (POSTGRES_STORAGE if postgres else "") + (S3_COMPUTE_LOGS.format(bucket=logs[0], prefix=logs[1])
                                                          if logs else "")
     return header + text.rstrip("\n") + "\n" + blocks
 
 
-def ensure_dagster_home() -> Path:
+def ensure_dagster_home(settings: Settings | None = None) -> Path:
     """Set DAGSTER_HOME (default ./.dagster_home) and give it this project's dagster.yaml.
 
     A dagster.yaml the user wrote is left alone; the link or a file written here follows DAGSTER_PG_URL,
-    BATCH_STORAGE_URL and the run limits' settings. Raises ValueError for a DAGSTER_PG_URL that cannot work (before
-    anything is written) or a run limit below 1.
+    BATCH_STORAGE_URL and the run limits' settings (`settings`; by default, the environment's). Raises ValueError
+    for a DAGSTER_PG_URL that cannot work (before anything is written) or a run limit below 1.
     """
     postgres = export_pg_url()
     home = Path(os.environ.get("DAGSTER_HOME") or Path.cwd() / ".dagster_home").resolve()
     os.environ["DAGSTER_HOME"] = str(home)
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
-    if not REPO_INSTANCE_CONFIG.exists():
-        return home
     ours = config.is_symlink() or (config.exists() and config.read_text().startswith(WRITTEN_MARK))
     if config.exists() and not ours:
         return home
-    settings = Settings.from_env()
+    settings = settings or Settings.from_env()
     text = instance_config(postgres, settings.storage_url, settings.offline_runs,
                            settings.runs_per_model)
-    if text != REPO_INSTANCE_CONFIG.read_text():
+    if text != INSTANCE_CONFIG.read_text():
         if config.is_symlink() or not config.exists() or config.read_text() != text:
             config.unlink(missing_ok=True)
             tmp = config.with_suffix(".yaml.tmp")
             tmp.write_text(text)
             tmp.replace(config)
-    elif not config.is_symlink():
+    elif not config.is_symlink() or config.resolve() != INSTANCE_CONFIG.resolve():  # a link to where it was
         config.unlink(missing_ok=True)
-        config.symlink_to(REPO_INSTANCE_CONFIG)
+        config.symlink_to(INSTANCE_CONFIG)
     return home
 
 

@@ -1,15 +1,18 @@
-"""Every job, and the schedule that runs the daily report."""
+"""Every job: the batch's lifecycle, and the delivery of a dropped file's results (the daily report's job and
+schedule are built with its partitions: assets/daily_report.py)."""
+
+from __future__ import annotations
 
 import dagster as dg
 
 from batch_dagster.defs.assets.batch import lifecycle_assets
-from batch_dagster.defs.assets.daily_report import daily_usage_report
 from batch_dagster.defs.assets.delivery import delivered_results
 from batch_dagster.defs.run_limits import ENGINE_TAG, OFFLINE
-from batch_dagster.settings import Settings
+
+BATCH_JOB = "batch_job"
 
 
-def batch_executor(name: str | None = None) -> dg.ExecutorDefinition:
+def batch_executor(name: str) -> dg.ExecutorDefinition:
     """How batch_job runs its steps (BATCH_EXECUTOR).
 
     By default in the run's own process: the lifecycle is a chain with nothing to run in parallel, and a
@@ -19,7 +22,6 @@ def batch_executor(name: str | None = None) -> dg.ExecutorDefinition:
     run that skips the committed shards (dagster.yaml run_retries). On Kubernetes, `k8s` runs each step in its
     own pod, so that only the inference step's pod asks for a GPU (batch_dagster/defs/k8s.py).
     """
-    name = name or Settings.from_env().executor
     if name == "in_process":
         return dg.in_process_executor
     if name == "multiprocess":
@@ -31,10 +33,10 @@ def batch_executor(name: str | None = None) -> dg.ExecutorDefinition:
     raise ValueError(f"BATCH_EXECUTOR {name!r} is not one of in_process, multiprocess, k8s")
 
 
+# Its executor is the definitions' (batch_executor of BATCH_EXECUTOR, read when they load: defs/definitions.py).
 batch_job = dg.define_asset_job(
-    "batch_job",
+    BATCH_JOB,
     selection=dg.AssetSelection.assets(*lifecycle_assets),
-    executor_def=batch_executor(),
     description="Validate, shard, infer, merge and price one batch (the partition key is the batch id).",
     # The run queue's limits count runs by these tags. The sensors tag each run by its model; a run launched
     # without them (the UI's launchpad, a job backfill) is counted as holding an engine: the safe guess. As
@@ -46,22 +48,5 @@ deliver_results_job = dg.define_asset_job(
     "deliver_results_job",
     selection=[delivered_results],
     description="Write a dropped file's results back beside it (started by the S3 and inbox sensors).",
+    executor_def=dg.multi_or_in_process_executor,  # Dagster's default, whatever batch_job's is
 )
-
-daily_usage_report_job = dg.define_asset_job(
-    "daily_usage_report_job",
-    selection=dg.AssetSelection.assets(daily_usage_report),
-    description="Build one day's usage report (the partition key is the UTC day).",
-)
-
-# Shortly after midnight UTC, for the day that just ended (the newest partition).
-daily_usage_report_schedule = dg.build_schedule_from_partitioned_job(
-    daily_usage_report_job,
-    name="daily_usage_report_schedule",
-    hour_of_day=0,
-    minute_of_hour=15,
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Builds yesterday's usage report at 00:15 UTC.",
-)
-
-all_jobs = [batch_job, deliver_results_job, daily_usage_report_job]

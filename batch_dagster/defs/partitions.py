@@ -14,9 +14,9 @@ from batch_dagster.settings import Settings
 def report_start(settings: Settings) -> date:
     """The daily report's first day: BATCH_REPORT_START, else the UTC day of the store's first batch, else today.
 
-    Partitions definitions are fixed when the definitions load, so the store is read then, once (one row, by primary
-    key): every day before it would be a grey "missing" partition with nothing to report. A store with no batch yet
-    (or unreachable) starts today, whose partition appears once the day is over.
+    Partitions definitions are fixed when the definitions load (never at import), so the store is read then, once
+    (one row, by primary key): every day before it would be a grey "missing" partition with nothing to report. A
+    store with no batch yet (or unreachable) starts today, whose partition appears once the day is over.
     """
     if settings.report_start is not None:
         return settings.report_start
@@ -28,6 +28,7 @@ def report_start(settings: Settings) -> date:
 BATCH_PARTITIONS = "batches"
 batches = dg.DynamicPartitionsDefinition(name=BATCH_PARTITIONS)
 
-# end_offset=0: the newest partition is yesterday, so today is never reported before it is over.
-daily = dg.DailyPartitionsDefinition(start_date=report_start(Settings.from_env()).isoformat(), timezone="UTC",
-                                     end_offset=0)
+def daily_partitions(start: date) -> dg.DailyPartitionsDefinition:
+    """One partition per UTC day from `start` (report_start, when the definitions load). end_offset=0: the newest
+    partition is yesterday, so today is never reported before it is over."""
+    return dg.DailyPartitionsDefinition(start_date=start.isoformat(), timezone="UTC", end_offset=0)

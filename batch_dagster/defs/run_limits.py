@@ -1,12 +1,13 @@
 """How the Dagster run queue bounds batch runs: the tags that say what a run needs, and the limits on them.
 
 A run whose model has no server holds a vLLM engine in its own process, so few of them fit on a machine
-(one per GPU). A run whose model is served (a warm fleet, or server mode) holds no engine: such runs share
-the model's servers, and only a per-model bound keeps one model's batches from taking every run slot. The
-limits are the run queue's `tag_concurrency_limits` (the daemon's QueuedRunCoordinator): a run waits in the
-queue, holding nothing, until it fits. A dead run stops counting as soon as it is marked failed.
+(one: each engine takes every GPU its process sees). A run whose model is served (a warm fleet, or server mode)
+holds no engine: such runs share the model's servers, and only a per-model bound keeps one model's batches from
+taking every run slot. The limits are the run queue's `tag_concurrency_limits` (the daemon's
+QueuedRunCoordinator): a run waits in the queue, holding nothing, until it fits. A dead run stops counting as
+soon as it is marked failed.
 
-Keys share the queue fairly by `dagster/priority` (fair_priorities): one key's backlog waits behind the
+Keys share the queue fairly by `dagster/priority` (its fair rank: fair_ranks): one key's backlog waits behind the
 first batch of a key that arrives later, which waits for one run slot at most.
 """
 
@@ -20,8 +21,8 @@ ENGINE_TAG = "batch/engine"
 MODEL_TAG = "batch/model"
 OFFLINE, SERVER = "offline", "server"
 PRIORITY_TAG = "dagster/priority"  # the run queue launches higher first, and in submission order among equals
-# The fair part of a run's priority (fair_priorities), kept beside the whole: a batch's own priority (-10..10) counts
-# PRIORITY_STEP each, more than fair ranks ever span, so a higher priority goes first and equals interleave owners.
+# A run's fair rank (fair_ranks), tagged beside its dagster/priority, which adds the batch's own priority (-10..10)
+# times PRIORITY_STEP, more than fair ranks ever span: a higher priority goes first, and equals interleave owners.
 RANK_TAG = "fair_rank"
 PRIORITY_STEP = 1_000_000
 # The run queue's part of dagster.yaml lies between these lines; `batch-dagster instance` writes it from the settings.
@@ -46,7 +47,7 @@ def run_limits_yaml(offline_runs: int, runs_per_model: int) -> str:
 concurrency:
   runs:
     tag_concurrency_limits:
-      # Runs that hold a vLLM engine in their own process: one per GPU, one on a laptop.
+      # Runs that hold a vLLM engine in their own process (each takes every GPU its process sees).
       - key: {ENGINE_TAG}
         value: {OFFLINE}
         limit: {offline_runs}
@@ -81,37 +82,37 @@ def with_run_limits(config: str, offline_runs: int, runs_per_model: int) -> str:
 
 
 def launch_priority(rank: int, priority: int) -> int:
-    """A run's dagster/priority: its batch's own priority first, then its fair rank (fair_priorities)."""
+    """A run's dagster/priority: its batch's own priority first, then its fair rank (fair_ranks)."""
     return priority * PRIORITY_STEP + rank
 
 
 @dataclass(frozen=True)
 class InFlight:
-    """A run the queue holds or runs: its owner's label, its fair rank's priority, and whether it has left the queue."""
+    """A run the queue holds or runs: its owner's label, its fair rank, and whether it has left the queue."""
 
     owner: str
-    priority: int
+    rank: int
     started: bool
 
 
-def fair_priorities(in_flight: Iterable[InFlight], owners: Sequence[str]) -> list[int]:
-    """The priorities of new runs of `owners` (in the order they are submitted), so the queue interleaves owners.
+def fair_ranks(in_flight: Iterable[InFlight], owners: Sequence[str]) -> list[int]:
+    """The fair ranks of new runs of `owners` (in the order they are submitted), so that the queue interleaves
+    owners; a higher rank goes first.
 
-    Start-time fair queueing: each run gets a rank, its priority's negative. The clock is the highest rank that has
-    started; a new run ranks at the clock, or one past its owner's last run in flight when that is later. So an
-    owner's runs keep their order, a backlog of n runs spreads over the next n ranks, and an owner with nothing in
-    flight goes ahead of every run of a rank past the clock: behind at most the runs in the slots it waits for.
+    Start-time fair queueing: a run's turn is its rank's negative. The clock is the latest turn that has started. A
+    new run takes the clock's turn, or the turn after its owner's last run in flight when that is later. So an
+    owner's runs keep their order, a backlog of n runs spreads over the next n turns, and an owner with nothing in
+    flight goes ahead of every run whose turn is past the clock: it waits at most for the runs in the slots.
     """
     runs = list(in_flight)
-    started = [-r.priority for r in runs if r.started]
-    clock = max(started) if started else min((-r.priority for r in runs), default=0)
+    started = [-r.rank for r in runs if r.started]
+    clock = max(started) if started else min((-r.rank for r in runs), default=0)
     last: dict[str, int] = {}
     for r in runs:
-        last[r.owner] = max(last.get(r.owner, -r.priority), -r.priority)
-    priorities = []
+        last[r.owner] = max(last.get(r.owner, -r.rank), -r.rank)
+    ranks = []
     for owner in owners:
-        rank = max(clock, last[owner] + 1) if owner in last else clock
-        last[owner] = rank
-        priorities.append(-rank)
-    return priorities
-
+        turn = max(clock, last[owner] + 1) if owner in last else clock
+        last[owner] = turn
+        ranks.append(-turn)
+    return ranks

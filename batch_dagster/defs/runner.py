@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 import threading
 import time
@@ -17,51 +16,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from batch_dagster.batchfile.contract import PIPELINE_ERROR, BatchError
-from batch_dagster.batchfile.eta import bounded_work, running_remaining_s
 from batch_dagster.batchfile.failure import keep_finished
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder, Progress
-from batch_dagster.batchfile.summary import BatchSummary, RunSummary
+from batch_dagster.batchfile.outcome import BatchOutcome, RunOutcome
+from batch_dagster.features.eta import RunningEta
 from batch_dagster.terminal import output_to_log
-
-# The CLI process running a batch's run (in that process: `execute_in_process`, no launcher): "host:pid:start time".
-# Dagster's run monitoring cannot tell that such a run's process died (the default launcher does not check run
-# workers), so a run whose CLI process was killed would stay STARTED, holding its run-queue slot, for ever.
-CLI_PROCESS_TAG = "batch/cli_process"
-CLI_GONE = "The `batch-dagster run` process that ran it is gone (killed while it ran)."
-
-
-def _process_label(pid: int) -> str | None:
-    import psutil
-
-    try:
-        return f"{socket.gethostname()}:{pid}:{psutil.Process(pid).create_time()}"
-    except psutil.NoSuchProcess:
-        return None
-
-
-def cli_process_gone(run: Any) -> bool:
-    """Whether an unfinished run was started by a `batch-dagster run` process of this machine that is gone."""
-    import dagster as dg
-
-    label = run.tags.get(CLI_PROCESS_TAG)
-    if not label or run.status not in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
-        return False
-    host, pid, _ = label.rsplit(":", 2)
-    # Another machine's process cannot be seen from here; a pid reused since has another start time.
-    return host == socket.gethostname() and pid.isdigit() and _process_label(int(pid)) != label
-
-
-def fail_runs_of_gone_cli_processes(instance: Any) -> list[str]:
-    """Mark failed the runs whose `batch-dagster run` process is gone (at the next CLI start); their run ids."""
-    import dagster as dg
-
-    failed = []
-    for run in instance.get_runs(dg.RunsFilter(job_name="batch_job", statuses=[dg.DagsterRunStatus.STARTING,
-                                                                               dg.DagsterRunStatus.STARTED])):
-        if cli_process_gone(run):
-            instance.report_run_failed(run, CLI_GONE)
-            failed.append(run.run_id)
-    return failed
 
 
 class ProgressBar(threading.Thread):
@@ -77,7 +36,7 @@ class ProgressBar(threading.Thread):
             return
         from tqdm import tqdm
 
-        bar, shown, started, eta = None, None, time.time(), Eta()
+        bar, shown, eta = None, None, RunningEta(0.0, 0.0)
         while True:
             stopping = self.stop.wait(0.5)  # once more after the stop, so the bar ends on the final counts
             manifest = self.folder.manifest()
@@ -85,7 +44,7 @@ class ProgressBar(threading.Thread):
                 if bar is None:
                     bar = tqdm(total=manifest.total_requests, unit="req", desc="requests",
                                file=self.stream or sys.stderr)
-                    started, eta = time.time(), Eta.of(self.folder.estimate())
+                    eta = RunningEta.of(self.folder.estimate(), manifest.total_requests)
                 # The progress document: the committed shards' totals and the live shard's count, in one read.
                 progress = self.folder.progress() or Progress()
                 counts = progress.request_counts
@@ -95,7 +54,7 @@ class ProgressBar(threading.Thread):
                 if state != shown:  # redraw only on change: a log file gets one line per step, not per tick
                     shown = state
                     bar.set_postfix(failed=failed, shards=f"{committed}/{manifest.shard_count}",
-                                    eta=eta.clock(done / max(manifest.total_requests, 1), time.time() - started),
+                                    eta=clock(eta, done),
                                     refresh=False)
                     bar.update(done - bar.n)
             if stopping:
@@ -104,51 +63,43 @@ class ProgressBar(threading.Thread):
             bar.close()
 
 
-class Eta:
-    """The bar's estimated end, as the clock will show it: the run's time and its fraction done, against its
-    estimate's tokens at the estimate's rate (batchfile/eta.py), the same arithmetic as the API's
-    estimated_completion_at."""
+def clock(eta: RunningEta, done: int) -> str:
+    """The bar's estimated end once `done` requests have finished, as the clock will show it ("?": nothing to say
+    yet): the arithmetic of the API's estimated_completion_at (features/eta.py)."""
+    now = time.time()
+    left = eta.remaining_s(done, now)
+    return "?" if left is None else time.strftime("%H:%M:%S", time.localtime(now + left))
 
-    def __init__(self, work: float = 0.0, tokens_per_s: float = 0.0):
-        self.work, self.tokens_per_s = work, tokens_per_s
 
-    @classmethod
-    def of(cls, estimate: dict[str, Any] | None) -> Eta:
-        return cls(bounded_work(estimate) or 0.0, float((estimate or {}).get("tokens_per_s") or 0.0))
-
-    def clock(self, done: float, elapsed_s: float) -> str:
-        if done <= 0 and self.tokens_per_s <= 0:
-            return "?"
-        left = running_remaining_s(self.work, self.tokens_per_s, done, elapsed_s)
-        return time.strftime("%H:%M:%S", time.localtime(time.time() + left))
+def resource(defs: Any, key: str) -> Any:
+    """The resource `key` of `defs` as a run resolves it: a field a set variable fills is a dg.EnvVar (the UI shows
+    its name) until then."""
+    return defs.resources[key].process_config_and_initialize()
 
 
 class CliBatch:
     """The batch in the metadata store, when the definitions have one: the one record of batches (the daily
     usage report reads it), listed under the owner of dropped files' batches."""
 
-    def __init__(self, defs: Any, file: Path):
+    def __init__(self, defs: Any, input_path: Path):
         from batch_dagster.db import repo
         from batch_dagster.db.batches import head_model, register_local, scan
-        from batch_dagster.db.labels import OwnerLabels
+        from batch_dagster.defs.run_tags import OwnerLabels
 
-        storage = defs.resources["storage"]
-        # Resolved as a run resolves it: its url and keys may be dg.EnvVars (kept out of the UI).
-        self.database = defs.resources.get("database")
-        if self.database is not None:
-            self.database = self.database.process_config_and_initialize()
-        self.storage = storage.storage()
+        database = resource(defs, "database") if "database" in defs.resources else None
+        self.database = database if database is not None and database.url else None  # an empty url: no store
+        self.storage = resource(defs, "storage").open()
         # A command-line batch belongs to the drop folders' owner, else (keys and none named) the keyless one.
         self.owner = (self.database.intake_owner() if self.database is not None else "") or repo.ANONYMOUS
         self.labels = self.database.labels() if self.database is not None else OwnerLabels()
         self.model: str | None  # the model of its first request, as the batch record holds it
         if self.database is None:  # no store: the batch folder alone
             self.batch_id = repo.new_batch_id()
-            self.model = head_model(scan(file)[0])
-            BatchFolder(self.storage, self.batch_id).put_input(file)
+            self.model = head_model(scan(input_path)[0])
+            BatchFolder(self.storage, self.batch_id).put_input(input_path)
             return
         with self.database.session() as session:
-            row = register_local(session, self.storage, file, owner=self.owner)
+            row = register_local(session, self.storage, input_path, owner=self.owner)
             self.batch_id, self.model = row.id, row.model
 
     def sync(self, run_failure: str | None) -> None:
@@ -171,9 +122,9 @@ def _failure_message(result: Any) -> str:
 
 
 def run_batch(
-    file: Path, out_dir: Path, *, show_progress: bool = True, defs: Any = None, instance: Any = None,
+    input_path: Path, out_dir: Path, *, show_progress: bool = True, defs: Any = None, instance: Any = None,
     log_dir: Path | None = None,
-) -> RunSummary:
+) -> RunOutcome:
     """Register a batch partition, materialize its lifecycle through Dagster, copy the files to out_dir.
 
     `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME). With
@@ -189,11 +140,14 @@ def run_batch(
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     import dagster as dg
 
-    from batch_dagster.db.labels import run_tags
+    from batch_dagster.defs.cli_runs import CLI_PROCESS_TAG, fail_runs_of_gone_cli_processes, process_label
     from batch_dagster.defs.partitions import batches
+    from batch_dagster.defs.run_tags import run_tags
 
     if defs is None:
-        from batch_dagster.definitions import defs
+        from batch_dagster.defs.definitions import defs as project_defs
+
+        defs = project_defs()
     if instance is None:
         from batch_dagster.defs.instance import ensure_dagster_home
 
@@ -204,15 +158,15 @@ def run_batch(
         print(f"batch-dagster: run {run_id} was left STARTED by a killed `batch-dagster run`: marked failed",
               file=sys.stderr)
     started = time.perf_counter()
-    record = CliBatch(defs, file)
+    record = CliBatch(defs, input_path)
     batch_id = record.batch_id
     folder = BatchFolder(record.storage, batch_id)
     instance.add_dynamic_partitions(batches.name, [batch_id])
     # This run starts at once, without the run queue. Tagged as the sensors tag theirs, it counts against the
     # queue's limits while it runs: an offline engine here makes the daemon's offline runs wait.
-    tags = run_tags(batch_id, source="cli", filename=file.name, owner=record.owner, model=record.model,
-                    vllm=defs.resources["vllm"], labels=record.labels)
-    tags[CLI_PROCESS_TAG] = _process_label(os.getpid()) or ""
+    tags = run_tags(batch_id, way_in="cli", filename=input_path.name, owner=record.owner, model=record.model,
+                    vllm=resource(defs, "vllm"), labels=record.labels)
+    tags[CLI_PROCESS_TAG] = process_label(os.getpid()) or ""
     log_file = log_dir / f"run-{batch_id}.log" if log_dir is not None else None
     with ExitStack() as stack:
         terminal = stack.enter_context(output_to_log(log_file)) if log_file is not None else None
@@ -237,7 +191,7 @@ def run_batch(
                 shutdown_all()
     failure = None if result.success else _failure_message(result)
     if failure is not None:  # as the daemon ends a run that failed for good: what it finished is kept
-        keep_finished(folder, failure, defs.resources["pipeline"].prices())
+        keep_finished(folder, failure, resource(defs, "pipeline").prices())
     record.sync(failure)
     out_dir.mkdir(parents=True, exist_ok=True)
     output_file, error_file = out_dir / OUTPUT, out_dir / ERRORS
@@ -246,13 +200,13 @@ def run_batch(
         for key, dest in ((folder.output_key, output_file), (folder.error_key, error_file)):
             with folder.storage.open(key) as src, open(dest, "wb") as out:
                 shutil.copyfileobj(src, out, 1 << 20)
-        summary = BatchSummary.of(done)
+        summary = BatchOutcome.of(done)
     else:
         output_file.write_bytes(b"")
         error_file.write_bytes(b"")
         validation = folder.validation()
         errors = (validation.errors if validation else None) or [BatchError(PIPELINE_ERROR, _failure_message(result))]
-        summary = BatchSummary.failed(batch_id, validation, errors)
-    return RunSummary(summary, run_id=result.run_id, output_file=str(output_file), error_file=str(error_file),
+        summary = BatchOutcome.failed(batch_id, validation, errors)
+    return RunOutcome(summary, run_id=result.run_id, output_file=str(output_file), error_file=str(error_file),
                       duration_s=round(time.perf_counter() - started, 3),
                       log_file=str(log_file) if log_file is not None else None)

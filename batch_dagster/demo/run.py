@@ -7,7 +7,6 @@ from pathlib import Path
 
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.defs.runner import run_batch
-from batch_dagster.settings import Settings
 
 from . import sample_batch_path
 
@@ -18,11 +17,12 @@ def _question(request: dict) -> str:
     return request["body"]["messages"][-1]["content"]
 
 
-def run_demo(out_dir: Path) -> int:
+def run_demo(out_dir: Path, log_dir: Path) -> int:
+    """Run the sample batch into `out_dir` (its run's log in `log_dir`) and print what it did; the exit code."""
     sample = sample_batch_path()
     requests = {r["custom_id"]: r for r in map(json.loads, sample.read_text(encoding="utf-8").splitlines())}
     print(f"Running {len(requests)} sample requests through Dagster on the default model (first start ~30 s) ...")
-    run = run_batch(sample, out_dir, log_dir=Settings.from_env().data_dir / "logs")
+    run = run_batch(sample, out_dir, log_dir=log_dir)
     summary = run.batch
     if summary.status != BatchStatus.COMPLETED:
         print(f"The demo batch ended {summary.status}: {summary.errors_shown()} (log: {run.log_file})")

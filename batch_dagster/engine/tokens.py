@@ -6,17 +6,20 @@ The engine counts them itself when the request runs; this count is the estimate'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.estimate import CountTokens
 from batch_dagster.batchfile.responses import chat_body
 
 from .lines import RequestError
 
+# A request's prompt tokens as the engine counts them, one count per prompt (a completions or embeddings body
+# may hold several); None when the engine will refuse the request before it runs (its template fails on it).
+CountTokens = Callable[[str, dict[str, Any]], list[int] | None]
 # vLLM's own models have no stated limit; a tokenizer without one says so with a huge model_max_length.
 _NO_LIMIT = 10**8
 

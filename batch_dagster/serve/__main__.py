@@ -1,4 +1,6 @@
-"""`make serve`: the API, the Dagster UI and the Dagster daemon (which runs the sensors), stopped together.
+"""`make serve`: the API, the Dagster UI and the Dagster daemon (which runs the sensors), and a warm fleet per model
+of BATCH_FLEET_MODELS, stopped together. It writes where Prometheus finds what it runs to
+$BATCH_DATA_DIR/prometheus/targets.json (a file_sd_config's file).
 
 Each child runs in its own process group. Ctrl-C (SIGINT) or SIGTERM stops them all: SIGINT to each
 group, a grace period, then SIGKILL to whatever is left in the groups, so no child outlives serve.
@@ -15,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from batch_dagster.db import Database
+from batch_dagster.serve.fleets import WarmFleets, scrape_targets, write_targets
 from batch_dagster.serve.processes import Children
 from batch_dagster.settings import LOOPBACK, Settings
 
@@ -33,8 +37,8 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     parser.add_argument("--dagster-host", default=LOOPBACK, help="the Dagster UI's address")
     parser.add_argument("--dagster-port", type=int, default=3000)
     parser.add_argument("--no-ui", action="store_true", help="run the API and the daemon only")
-    parser.add_argument("--no-fleet", action="store_true", help="no warm fleet: every batch runs offline in its run "
-                        "(as BATCH_FLEET_REPLICAS=0)")
+    parser.add_argument("--no-fleet", action="store_true", help="no warm fleets: every batch runs offline in its "
+                        "run (as BATCH_FLEET_REPLICAS=0)")
     return parser
 
 
@@ -45,7 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
     from batch_dagster.api.bind import UnsafeBind, check_bind
-    from batch_dagster.db import Database
     from batch_dagster.defs.instance import ensure_dagster_home
 
     try:
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("BATCH_API_KEYS is set but BATCH_INTAKE_API_KEY is not: the drop folders (inbox, S3) take no "
                     "file until it names the key that owns dropped files' batches")
     try:
-        home = ensure_dagster_home()
+        home = ensure_dagster_home(config)
     except ValueError as exc:  # a run limit below 1
         log.error("%s", exc)
         return 2
@@ -79,19 +82,28 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum, _frame) -> None:
         stopping.append(signum)
 
+    try:
+        fleets = None if args.no_fleet else _fleets(config, Database(config.database_url))
+    except ValueError as exc:  # more replicas than the GPUs go round
+        log.error("%s", exc)
+        return 2
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    fleet = None if args.no_fleet else _fleet(config)
     rc = 0
     try:
         children.start("api", [sys.executable, "-m", "batch_dagster.api", "--host", args.host, "--port",
                                str(args.port)], env)
-        if fleet is not None:
+        if fleets is not None:
             # Warm before the daemon starts: no run waits on an engine start, none meets a fleet half up.
-            fleet.start(should_stop=lambda: bool(stopping))
-            env |= {"BATCH_FLEET_URL": fleet.url, "BATCH_FLEET_MODEL": fleet.model}
-            log.info("warm fleet: %d replica(s) of %s behind vllm-router at %s/v1", fleet.replicas, fleet.model,
-                     fleet.url)
+            fleets.start(should_stop=lambda: bool(stopping))
+            env["BATCH_FLEET_URLS"] = ",".join(f"{model}={url}" for model, url in fleets.urls().items())
+            if fleets.spare_gpus is not None:
+                # The runs of models without a fleet hold their engine in their own process: only on GPUs the
+                # fleets left, never on a replica's (their engine would not fit beside it).
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(fleets.spare_gpus)
+                log.info("runs of other models see GPU(s) %s", env["CUDA_VISIBLE_DEVICES"] or "none")
+        write_targets(config.data_dir / "prometheus" / "targets.json",
+                      scrape_targets(f"{_scrape_host(args.host)}:{args.port}", fleets.fleets if fleets else {}))
         children.start("dagster-daemon", [str(scripts / "dagster-daemon"), "run", *target], env)
         if not args.no_ui:
             children.start("dagster-webserver", [str(scripts / "dagster-webserver"), "-h", args.dagster_host,
@@ -100,40 +112,40 @@ def main(argv: list[str] | None = None) -> int:
         log.info("API on http://%s:%d/v1%s; DAGSTER_HOME=%s; Ctrl-C stops everything",
                  args.host, args.port, ui, home)
         while not stopping:
-            if fleet is not None:
-                fleet.heal()  # the fleet's processes are restarted; serve's own three are not
+            if fleets is not None:
+                fleets.tick()  # the fleets' processes are restarted, idle ones sleep; serve's own three are not
             if dead := children.exited():
                 log.error("%s exited unexpectedly; stopping the rest", ", ".join(dead))
                 rc = 1
                 break
             time.sleep(0.5)
-    except KeyboardInterrupt:  # stopped while the fleet was starting
+    except KeyboardInterrupt:  # stopped while the fleets were starting
         pass
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         children.stop()
-        if fleet is not None:
-            fleet.stop()
+        if fleets is not None:
+            fleets.stop()
         log.info("stopped")
     return rc
 
 
-def _fleet(settings: Settings):
-    """The warm fleet `make serve` runs (BATCH_FLEET_*), or None when it runs none."""
-    from batch_dagster.engine.models import Models
-    from batch_dagster.engine.server import server_command
-    from batch_dagster.serve.fleet import Fleet
+def _scrape_host(host: str) -> str:
+    """Where a Prometheus on this machine reaches the API bound to `host`."""
+    return LOOPBACK if host in ("0.0.0.0", "::", "") else host
 
-    model = settings.served_fleet_model()
-    if settings.fleet_replicas <= 0 or model is None:
+
+def _fleets(settings: Settings, store: Database) -> WarmFleets | None:
+    """The warm fleets `make serve` runs (BATCH_FLEET_*), or None when it runs none. A model of BATCH_FLEET_MODELS
+    that the registry does not have gets none, said in the log; serve runs on."""
+    models, unknown = settings.served_fleet_models()
+    for model in unknown:
+        log.error("BATCH_FLEET_MODELS names %r, which is not in the registry (%s): no fleet for it; its batches are "
+                  "refused at validation", model, settings.models_file)
+    if settings.fleet_replicas <= 0 or not models:
         return None
-    models = Models.from_settings(settings)
-    spec = models.spec(model)
-    path = models.path(spec)
-    return Fleet(model, settings.fleet_replicas, settings.fleet_port,
-                 lambda port: server_command(spec, path, LOOPBACK, port), settings.fleet_policy, LOOPBACK,
-                 log_dir=settings.data_dir / "logs" / f"fleet-{model}")
+    return WarmFleets.plan(settings, models, host=LOOPBACK, store=store)
 
 
 if __name__ == "__main__":

@@ -46,26 +46,29 @@ class Children:
     def exited(self) -> list[str]:
         return [name for name, p in self.procs.items() if p.poll() is not None]
 
-    def stop(self, grace_s: float = GRACE_S) -> None:
-        """SIGINT every group, wait for every member to go, then SIGKILL the groups still there."""
-        for name, proc in self.procs.items():
+    def stop(self, grace_s: float = GRACE_S, names: list[str] | None = None) -> None:
+        """SIGINT every group (of `names`; None: all), wait for every member to go, then SIGKILL the groups still
+        there. The stopped children are forgotten when `names` are given."""
+        procs = {name: p for name, p in self.procs.items() if names is None or name in names}
+        for name, proc in procs.items():
             log.info("stopping %s (process group %d)", name, proc.pid)
             signal_group(proc.pid, signal.SIGINT)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            for proc in self.procs.values():
+            for proc in procs.values():
                 proc.poll()
-            if not any(_group_alive(p.pid) for p in self.procs.values()):
+            if not any(_group_alive(p.pid) for p in procs.values()):
                 break
             time.sleep(0.2)
-        for name, proc in self.procs.items():
+        for name, proc in procs.items():
             if _group_alive(proc.pid):
                 log.warning("%s did not stop within %.0fs; killing its process group", name, grace_s)
                 signal_group(proc.pid, signal.SIGKILL)
-        for proc in self.procs.values():
+        for proc in procs.values():
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 log.error("pid %d did not exit after SIGKILL", proc.pid)
-
-
+        if names is not None:
+            for name in procs:
+                del self.procs[name]

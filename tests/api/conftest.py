@@ -50,7 +50,7 @@ def serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
               max_upload_bytes: int = 10 * 1024 * 1024, max_json_body_bytes: int = 1 << 20,
               vllm: VLLMResource | None = None, engine: FakeEngine | None = None, worker: bool = True,
               storage_url: str = "", webhook_allow: tuple[str, ...] = (), step_logs: bool = False,
-              **settings) -> Service:
+              events_on_disk: bool = False, **settings) -> Service:
         data_dir = tmp_path / "data"
         monkeypatch.setenv("BATCH_DATA_DIR", str(data_dir))
         config = replace(Settings.from_env(), api_keys=tuple(api_keys), database_url=database_url(data_dir),
@@ -61,13 +61,13 @@ def serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
         vllm = vllm or fake_vllm(f"api-{tmp_path.name}", engine)
         storage = StorageResource(data_dir=str(data_dir), url=storage_url)
         # The pipeline reads the API's store, as under serve (the cost cap asks it what a key spent).
-        defs = make_defs(data_dir, vllm, shard_size, storage_url, store_url=config.database_url,
+        defs = make_defs(data_dir, vllm, shard_size, storage_url, database_url=config.database_url,
                          key_daily_budget=config.key_daily_budget)
         resources = {"database": DatabaseResource(url=config.database_url), "storage": storage, "vllm": vllm,
                      "pipeline": defs.resources["pipeline"]}
         server = stack.enter_context(ApiServer(create_app(config)))
         # The Dagster instance is opened when first used (a third of a second): many tests only need the API.
-        daemon = Worker(defs, lambda: stack.enter_context(dagster_instance(step_logs)), resources)
+        daemon = Worker(defs, lambda: stack.enter_context(dagster_instance(step_logs, events_on_disk)), resources)
         service = Service(server.url, data_dir, config, engine, daemon, storage)
         services.append(service)
         if worker:  # (`worker=False`: the test starts it when it wants, or never)

@@ -303,7 +303,7 @@ def test_expiry_with_a_short_window(start_service, tmp_path):
 
     def outlast_the_window(call: int) -> None:  # shard 1 runs inside the window and ends after it
         if call == 1:
-            [batch_id] = batch_ids(service.storage.storage())
+            [batch_id] = batch_ids(service.storage.open())
             deadline = service.storage.folder(batch_id).deadline()
             assert deadline is not None
             time.sleep(max(0.0, deadline.expires_at - time.time()) + 0.2)

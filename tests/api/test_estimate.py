@@ -3,13 +3,19 @@ engine's batches give it a measured throughput. Tokens are counted by a word tok
 
 from __future__ import annotations
 
+import io
 import json
 
 import openai
 import pytest
 
+from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.folder import BatchFolder, batch_ids
+from batch_dagster.batchfile.usage import Price, PriceTable
+from batch_dagster.batchfile.validate import MAX_ERRORS, MORE_ERRORS
 from batch_dagster.cli import main
+from batch_dagster.features.estimate import Estimate, QueueAhead, estimate_stream, max_output_tokens
+from batch_dagster.features.throughput import Throughput
 from tests.helpers import CHAT_MODEL, KEY_B, chat_request, rows, upload, wait_for
 
 
@@ -43,12 +49,12 @@ def test_an_estimate_counts_what_the_batch_then_bills_and_learns_its_rate(start_
     assert first["input_tokens"] == sum(i + 2 for i in range(5)) and first["max_output_tokens"] == 5 * 50
     assert first["throughput_batches"] == 0 and first["tokens_per_s"] == service.config.estimate_tokens_per_s
     assert first["queued_ahead"] == 0 and first["cost"]["currency"] == "USD"
-    assert client.batches.list().data == [] and batch_ids(service.storage.storage()) == []  # nothing created
+    assert client.batches.list().data == [] and batch_ids(service.storage.open()) == []  # nothing created
 
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
     done = wait_for(client, batch.id, "completed")
     assert done.usage.input_tokens == first["input_tokens"]
-    summary = BatchFolder(service.storage.storage(), batch.id).summary()
+    summary = BatchFolder(service.storage.open(), batch.id).summary()
     assert first["cost"]["min"] <= summary.cost.total_cost <= first["cost"]["max"]
 
     again = estimate(client, file_id)
@@ -110,3 +116,113 @@ def test_the_estimate_command_prints_the_ranges_and_exits_1_when_invalid(tmp_pat
     assert code == 1 and out == "" and "line 2: [invalid_json]" in err
     code, out, _ = cli(capsys, "estimate", str(bad), "--json")
     assert code == 1 and json.loads(out)["valid"] is False and json.loads(out)["input_tokens"] is None
+
+
+MODEL = "m"
+SERVED = {MODEL: (c.CHAT, c.COMPLETIONS, c.RESPONSES), "e": (c.EMBEDDINGS,)}
+PRICES = PriceTable({MODEL: Price(input_per_1m=1.0, output_per_1m=4.0, batch_discount=0.5, currency="EUR")})
+
+
+def words(endpoint: str, body: dict) -> list[int] | None:
+    """A word tokenizer: the words of every message, or of each prompt; 'REFUSE' is a body its template refuses."""
+    if endpoint == c.CHAT:
+        text = " ".join(m["content"] for m in body["messages"])
+        return None if "REFUSE" in text else [len(text.split())]
+    prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+    return [len(p.split()) for p in prompts]
+
+
+def chat(cid: str, text: str, **params) -> dict:
+    return {"custom_id": cid, "method": "POST", "url": c.CHAT,
+            "body": {"model": MODEL, "messages": [{"role": "user", "content": text}], **params}}
+
+
+def run(rows: list, *, context: int = 100, rate: float = 10.0, queue: QueueAhead = QueueAhead(),
+        counted: list | None = None) -> Estimate:
+    data = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
+
+    def counter(model: str):
+        if counted is not None:
+            counted.append(model)
+        return words, context
+
+    return estimate_stream(io.BytesIO(data), size=len(data), limits=c.Limits(), endpoint=None, served=SERVED,
+                           counter=counter, prices=PRICES, throughput=lambda m: Throughput(rate, 3),
+                           queue=lambda m: queue)
+
+
+@pytest.mark.parametrize(("endpoint", "body", "prompts", "bound"), [
+    (c.CHAT, {"max_tokens": 7}, [10], 7),
+    (c.CHAT, {"max_tokens": 7, "max_completion_tokens": 5}, [10], 5),  # the newer name wins, as in the engine
+    (c.CHAT, {}, [10], 90),  # the rest of the context
+    (c.CHAT, {"max_tokens": 7, "n": 3}, [10], 21),  # every choice may use it all
+    (c.CHAT, {"max_tokens": 7, "n": 3, "temperature": 0}, [10], None),  # vLLM samples no n > 1 greedily
+    (c.CHAT, {"max_tokens": 91}, [10], 90),  # past what the prompt leaves: cut to it, as vLLM's server does
+    (c.CHAT, {"max_tokens": 101}, [10], None),  # past the context: the engine refuses it
+    (c.CHAT, {"max_tokens": 0}, [10], None),
+    (c.CHAT, {"max_tokens": True}, [10], None),
+    (c.CHAT, {}, [100], None),  # no room for one token
+    (c.COMPLETIONS, {}, [3, 4], 2 * c.COMPLETIONS_MAX_TOKENS),  # one completion per prompt, 16 tokens unless asked
+    (c.COMPLETIONS, {"max_tokens": 50, "n": 2}, [40, 60], 2 * 2 * 40),  # cut by the longest prompt
+    (c.COMPLETIONS, {"max_tokens": 30, "n": 2}, [40, 60], 120),
+    (c.RESPONSES, {"input": "hi", "max_output_tokens": 9}, [5], 9),
+    (c.EMBEDDINGS, {}, [100, 3], 0),
+    (c.EMBEDDINGS, {}, [101], None),
+])
+def test_the_output_bound_of_a_request(endpoint, body, prompts, bound):
+    assert max_output_tokens(endpoint, {"model": MODEL, **body}, prompts, 100) == bound
+
+
+def test_a_file_is_tallied_priced_and_timed():
+    rows = [chat("a", "one two three", max_tokens=10),  # 3 in, at most 10 out
+            chat("b", "four five", max_tokens=10, n=2),  # 2 in, at most 20 out
+            chat("c", "no limit given"),  # 3 in, the rest of the context: 97
+            chat("d", "too long", max_tokens=101),  # past the context: an error line, not billed
+            chat("e", "REFUSE me", max_tokens=5),  # the template refuses it
+            chat("f", "a mistyped field", temperature="hot")]  # validation rejects the body (a 400 line)
+    estimate = run(rows, queue=QueueAhead(batches=3, requests=6, uncounted=1))
+    d = estimate.to_dict()
+    assert d["valid"] and d["total_requests"] == 6 and d["refused_requests"] == 3
+    assert d["input_tokens"] == 3 + 2 + 3 and d["max_output_tokens"] == 10 + 20 + 97
+    # EUR at half price: 1.0 and 4.0 per 1M tokens, halved.
+    assert d["cost"] == {"min": pytest.approx(8 * 0.5e-6), "max": pytest.approx(8 * 0.5e-6 + 127 * 2e-6),
+                         "currency": "EUR"}
+    # min: 8 prompt tokens at 10/s; max: 135 tokens, plus 6 queued requests of 45 tokens each, plus a batch not
+    # counted yet taken as this one.
+    assert d["duration_s"] == {"min": 0.8, "max": round((135 + 6 * 45 + 135) / 10, 1)}
+    assert d["tokens_per_s"] == 10.0 and d["throughput_batches"] == 3
+    assert d["queued_ahead"] == 3 and d["queued_ahead_requests"] == 6 and d["queued_ahead_uncounted"] == 1
+    assert d["object"] == "batch.estimate" and d["errors"] == {"object": "list", "data": []}
+
+
+def test_a_real_cost_of_successful_requests_lies_in_the_range():
+    """Whatever the engine answers within the bounds, the billed cost is between min and max."""
+    estimate = run([chat(f"r{i}", "a b c " * i, max_tokens=i + 1) for i in range(1, 6)])
+    cost = estimate.to_dict()["cost"]
+    for produced in (0, 1, estimate.tally.max_output_tokens):
+        billed = (estimate.tally.input_tokens * 1.0 + produced * 4.0) / 1e6 * 0.5
+        assert cost["min"] <= round(billed, 8) <= cost["max"]
+
+
+def test_an_invalid_file_lists_its_errors_as_a_batch_does_and_no_numbers():
+    rows = ["not json"] * (MAX_ERRORS + 5)
+    d = run(rows).to_dict()
+    assert not d["valid"] and d["total_requests"] == MAX_ERRORS + 5
+    listed = d["errors"]["data"]
+    assert len(listed) == MAX_ERRORS + 1 and listed[0]["line"] == 1 and listed[0]["code"] == c.INVALID_JSON
+    assert listed[-1]["code"] == MORE_ERRORS and "5 more" in listed[-1]["message"]
+    assert d["input_tokens"] is None and d["cost"] is None and d["duration_s"] is None
+
+
+def test_a_model_not_served_loads_no_tokenizer():
+    counted: list = []
+    other = chat("a", "hi")
+    other["body"]["model"] = "nope"
+    d = run([other, chat("b", "hi")], counted=counted).to_dict()
+    assert not d["valid"] and d["errors"]["data"][0]["code"] == c.MODEL_NOT_FOUND
+    assert counted == []  # only the file's first model is counted, and only when it is served
+
+
+def test_no_measured_rate_no_duration():
+    estimate = run([chat("a", "hi", max_tokens=3)], rate=0.0)
+    assert estimate.to_dict()["duration_s"] is None and estimate.to_dict()["cost"] is not None

@@ -14,7 +14,7 @@ def test_a_batch_shows_its_place_and_end_while_queued_and_running_and_its_estima
     service = start_service(worker=False, shard_size=2)
     # Validation estimates a batch against the API's store (its queue and rate): the pipeline is given it.
     service.worker.defs = make_defs(service.data_dir, service.worker.defs.resources["vllm"], 2,
-                                    store_url=service.config.database_url)
+                                    database_url=service.config.database_url)
     client = service.client()
     file_id = upload(client, tmp_path / "in.jsonl", rows(5, max_tokens=50))
     expected = estimate(client, file_id)

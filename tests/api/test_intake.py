@@ -15,7 +15,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from batch_dagster.defs.resources import DatabaseResource
+from batch_dagster.defs.resources import DatabaseResource, Intake
 from batch_dagster.defs.sensors import inbox_sensor, s3_upload_sensor
 from batch_dagster.settings import Settings
 from tests.helpers import (
@@ -180,7 +180,7 @@ def test_with_api_keys_and_no_owner_named_the_drop_sensors_take_no_file_and_say_
 def test_dropped_files_runs_are_tagged_for_the_run_queue_by_their_model(tmp_path):
     FAKES["inbox-queue"] = FakeEngine()
     vllm = FakeVLLM(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent",
-                    fake="inbox-queue", fleet_model=CHAT_MODEL, fleet_url="http://127.0.0.1:9")
+                    fake="inbox-queue", fleet_urls={CHAT_MODEL: "http://127.0.0.1:9"})
     daemon = Daemon(tmp_path, vllm)
     inbox = Path(daemon.intake.inbox_dir)
     inbox.mkdir(parents=True)
@@ -212,20 +212,22 @@ def test_an_invalid_dropped_file_gets_its_errors_beside_it(tmp_path):
 
 def test_configuration_from_the_environment(tmp_path, monkeypatch):
     from batch_dagster.db import repo
-    from batch_dagster.defs.resources.drops import intake_from_env
-    from batch_dagster.defs.resources.from_env import database_from_env
+    from batch_dagster.defs.resources.fields import from_settings
     from batch_dagster.settings import Settings
+
+    def intake_from_env() -> Intake:  # as a sensor sees it: its fields resolved from their variables
+        return from_settings(Intake, Settings.from_env()).process_config_and_initialize()
 
     monkeypatch.setenv("BATCH_DATA_DIR", str(tmp_path / "data"))
     for name in ("BATCH_S3_BUCKET", "BATCH_INBOX_DIR", "BATCH_OUTBOX_DIR", "BATCH_INTAKE_API_KEY", "BATCH_API_KEYS"):
         monkeypatch.delenv(name, raising=False)
-    default = intake_from_env(Settings.from_env())
+    default = intake_from_env()
     assert (default.s3_bucket, default.s3_prefix, default.s3_output_prefix) == ("", "incoming/", "results/")
     assert Path(default.inbox_dir) == tmp_path / "data" / "inbox"
     assert Path(default.outbox_dir) == tmp_path / "data" / "outbox"
 
     def store() -> DatabaseResource:  # as a sensor sees it: the store resource's keys resolved from their variables
-        return database_from_env(Settings.from_env()).process_config_and_initialize()
+        return from_settings(DatabaseResource, Settings.from_env()).process_config_and_initialize()
 
     assert store().intake_owner() == repo.ANONYMOUS and store().no_intake_owner() is None
     monkeypatch.setenv("BATCH_API_KEYS", "sk-first,sk-second")
@@ -237,4 +239,4 @@ def test_configuration_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("BATCH_INTAKE_API_KEY", "sk-second")
     monkeypatch.setenv("BATCH_S3_BUCKET", "in")
     assert store().intake_owner() == repo.owner_of_key("sk-second")
-    assert intake_from_env(Settings.from_env()).s3_results_uri() == "s3://in/results/"
+    assert intake_from_env().s3_results_uri() == "s3://in/results/"

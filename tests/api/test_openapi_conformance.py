@@ -24,6 +24,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     unsupported_method,
 )
 
+from batch_dagster.db import Database, keys  # noqa: E402
 from tests.helpers import KEY_A, rows, upload  # noqa: E402
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
@@ -37,10 +38,14 @@ def api_schema(start_service, tmp_path):
     # Something to find: a file and a batch, so that not every generated id is a 404.
     file_id = upload(client, tmp_path / "in.jsonl", rows(2))
     client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
-    return schemathesis.openapi.from_url(f"{service.url}/openapi.json")
+    store = Database(service.config.database_url)
+    with store.session() as session:  # the key endpoints are exercised with an admin key, the others with KEY_A
+        _, admin = keys.create(session, "conformance-admin", admin=True)
+    store.dispose()
+    return schemathesis.openapi.from_url(f"{service.url}/openapi.json"), admin
 
 
-def exercise(operation, mode: GenerationMode) -> None:
+def exercise(operation, mode: GenerationMode, key: str) -> None:
     """One operation as its own hypothesis test, as schemathesis's pytest plugin runs them."""
     checks = CHECKS if mode is GenerationMode.POSITIVE else [*CHECKS, negative_data_rejection]
 
@@ -48,21 +53,24 @@ def exercise(operation, mode: GenerationMode) -> None:
     @settings(max_examples=15, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     def answers_match(case):
-        case.call_and_validate(headers={"Authorization": f"Bearer {KEY_A}"}, checks=checks)
+        case.call_and_validate(headers={"Authorization": f"Bearer {key}"}, checks=checks)
 
     answers_match()
 
 
 def test_every_answer_matches_the_document(api_schema):
-    operations = [result.ok() for result in api_schema.get_all_operations()]
-    # files (5), batches (4), the retry, partial output and estimate extensions, webhook endpoints (4), event types
-    assert len(operations) == 17
+    schema, admin = api_schema
+    operations = [result.ok() for result in schema.get_all_operations()]
+    # files (5), batches (4), the retry, partial output and estimate extensions, webhook endpoints (4), event
+    # types, keys (6)
+    assert len(operations) == 23
     negated = 0
     for operation in operations:
+        key = admin if operation.path.startswith("/v1/keys") else KEY_A
         # Requests the document allows, then requests it forbids (to be refused with a 4xx it lists).
-        exercise(operation, GenerationMode.POSITIVE)
+        exercise(operation, GenerationMode.POSITIVE, key)
         try:
-            exercise(operation, GenerationMode.NEGATIVE)
+            exercise(operation, GenerationMode.NEGATIVE, key)
             negated += 1
         except Unsatisfiable:
             pass  # nothing to negate: e.g. a path's only parameter is any string

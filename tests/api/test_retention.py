@@ -70,7 +70,8 @@ def _tick(service, cursor: str | None = None) -> tuple[str, str | None]:
 
 
 def test_retention_deletes_the_history_of_old_batches_and_nothing_else(start_service, tmp_path, monkeypatch):
-    service = start_service(shard_size=2, step_logs=True)  # its runs keep their step logs, to be deleted
+    # Its runs keep their step logs and their event-log databases (one per run, on disk), to be deleted.
+    service = start_service(shard_size=2, step_logs=True, events_on_disk=True)
     client = service.client()
     ids = {}
     for name, expires in (("old_expiring", EXPIRING), ("old_kept", None), ("recent", None)):
@@ -104,10 +105,10 @@ def test_retention_deletes_the_history_of_old_batches_and_nothing_else(start_ser
     # One batch per tick here: a backlog is worked off over several ticks, each resuming at the cursor.
     monkeypatch.setattr(retention_sensor, "BATCHES_PER_TICK", 1)
     message, cursor = _tick(service)
-    assert message.startswith("1 batch(es) past retention deleted")
+    assert message.startswith("1 batch(es) past retention or the partition bound deleted")
     assert json.loads(cursor or "{}")["ended_at"] == month_ago
     message, cursor = _tick(service, cursor)
-    assert message.startswith("1 batch(es) past retention deleted")
+    assert message.startswith("1 batch(es) past retention or the partition bound deleted")
     assert _tick(service, cursor)[0].startswith("0 batch(es)")
     monkeypatch.setattr(retention_sensor, "BATCHES_PER_TICK", 200)
     assert _tick(service)[0].startswith("2 batch(es)")  # a lost cursor: the same deletes again, all no-ops
@@ -157,8 +158,39 @@ def test_retention_sweeps_old_scratch_and_can_keep_history_for_ever(start_servic
     context = dg.build_sensor_context(instance=service.instance,
                                       resources={**service.worker.resources,
                                                  "retention": Retention(history_retention_s=0)})
-    assert history_retention_sensor(context).skip_message == "History is kept for ever; 2 leftover(s) swept."
+    assert history_retention_sensor(context).skip_message == (
+        "History is kept (no batch past retention, partitions within the bound); 2 leftover(s) swept.")
     assert sorted(p.name for p in scratch.iterdir()) == ["tmpnew-output.jsonl"]
+
+
+def test_past_the_partition_bound_the_batches_that_ended_first_lose_their_history(start_service, tmp_path):
+    """BATCH_HISTORY_MAX_BATCHES: however recent, the batches that ended first go until the bound holds; a batch
+    not ended keeps its partition; every row and served file stays."""
+    service = start_service()
+    client = service.client()
+    ids = []
+    for n in range(3):
+        file_id = upload(client, tmp_path / f"b{n}.jsonl", rows(2))
+        ids.append(client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h").id)
+    done = [wait_for(client, batch_id, "completed") for batch_id in ids]
+    service.worker.stopping.set()
+    service.worker.join(60)
+    store = Database(service.config.database_url)
+    with store.session() as session:  # ended in the order 1, 0, 2, a second apart, all of it recent
+        for batch_id, at in zip(ids, (10, 5, 20), strict=True):
+            session.execute(update(BatchRecord).where(BatchRecord.id == batch_id)
+                            .values(completed_at=int(time.time()) - 100 + at))
+        session.commit()
+    store.dispose()
+    service.instance.add_dynamic_partitions("batches", ["batch_not_ended"])  # a run still going: never purged
+    context = dg.build_sensor_context(instance=service.instance, resources={
+        **service.worker.resources, "retention": Retention(history_retention_s=0, history_max_batches=2)})
+    assert history_retention_sensor(context).skip_message.startswith("2 batch(es) past retention or the partition")
+    assert sorted(service.instance.get_dynamic_partitions("batches")) == sorted(["batch_not_ended", ids[2]])
+    assert _runs(service.instance, ids[1]) == [] and _runs(service.instance, ids[2])
+    for batch_id, before in zip(ids, done, strict=True):  # the API answers as before, files and all
+        assert client.batches.retrieve(batch_id).request_counts == before.request_counts
+        assert len(client.files.content(before.output_file_id).text.splitlines()) == 2
 
 
 def test_retention_queries_on_sqlite(tmp_path):

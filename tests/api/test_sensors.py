@@ -8,9 +8,10 @@ import pytest
 
 from batch_dagster.batchfile.contract import CHAT, EMBEDDINGS
 from batch_dagster.batchfile.folder import Validation
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.db import BatchRecord, repo
 from batch_dagster.db.batches import add_input_file, create_batch
-from batch_dagster.definitions import defs
+from batch_dagster.definitions import defs as project_defs
 from batch_dagster.defs.dagster_internals import GRPC_INFO_TAG
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource
 from batch_dagster.defs.sensors import api_batch_sensor, api_batch_status_sensor
@@ -18,6 +19,7 @@ from tests.helpers import CHAT_MODEL, EMBED_MODEL, chat_request, free_port, real
 
 
 def test_definitions_carry_the_api_sensors():
+    defs = project_defs()
     launch = defs.resolve_sensor_def("api_batch_sensor")
     status = defs.resolve_sensor_def("api_batch_status_sensor")
     assert launch.job_name == "batch_job" and launch.minimum_interval_seconds <= 5
@@ -33,7 +35,7 @@ def sensor_env(tmp_path):
     # The chat model has a warm fleet (nothing listens there: no request is sent); other models run offline.
     resources = {"database": DatabaseResource(url=f"sqlite:///{tmp_path / 'api.db'}"), "storage": storage,
                  "pipeline": PipelineConfig(),
-                 "vllm": real_vllm(fleet_model=CHAT_MODEL, fleet_url=f"http://127.0.0.1:{free_port()}")}
+                 "vllm": real_vllm(fleet_urls={CHAT_MODEL: f"http://127.0.0.1:{free_port()}"})}
     with dg.instance_for_test() as instance:
         yield instance, resources, storage
 
@@ -98,8 +100,8 @@ def test_runs_are_tagged_for_the_run_queue_by_the_model_of_their_file(sensor_env
             path = write_jsonl(tmp_path / f"{name}.jsonl", rows)
             upload = add_input_file(session, owner="a", file_id=repo.new_file_id(), filename=path.name,
                                     size=path.stat().st_size)
-            storage.storage().put_file(upload.path, path)  # as the API stores an upload, then copies it in
-            ids[name] = create_batch(session, storage.storage(), owner="a", endpoint=EMBEDDINGS if name == "offline"
+            storage.open().put_file(upload.path, path)  # as the API stores an upload, then copies it in
+            ids[name] = create_batch(session, storage.open(), owner="a", endpoint=EMBEDDINGS if name == "offline"
                                      else CHAT, input_file=upload, input_from=upload, completion_window_s=None).id
     tags = {r.partition_key: r.tags for r in tick(api_batch_sensor, instance, resources).run_requests}
 
@@ -110,7 +112,7 @@ def test_runs_are_tagged_for_the_run_queue_by_the_model_of_their_file(sensor_env
 
 
 def test_the_vllm_resource_says_which_models_are_served():
-    fleet = real_vllm(fleet_model=CHAT_MODEL, fleet_url="http://router:8200")
+    fleet = real_vllm(fleet_urls={CHAT_MODEL: "http://router:8200"})
     assert fleet.queue_tags(CHAT_MODEL) == {"batch/engine": "server", "batch/model": CHAT_MODEL}
     assert fleet.queue_tags(EMBED_MODEL) == {"batch/engine": "offline", "batch/model": EMBED_MODEL}
     assert fleet.queue_tags(None) == {"batch/engine": "offline"}
@@ -119,7 +121,7 @@ def test_the_vllm_resource_says_which_models_are_served():
     assert real_vllm().queue_tags(CHAT_MODEL)["batch/engine"] == "offline"
     # A run launched without the sensors' tags (from the UI) is counted as holding an engine: a job backfill's
     # runs get the job's definition tags, a launchpad's run its run tags.
-    job = defs.resolve_job_def("batch_job")
+    job = project_defs().resolve_job_def("batch_job")
     assert job.tags == job.run_tags == {"batch/engine": "offline"}
 
 
@@ -145,7 +147,7 @@ def test_a_batchs_own_priority_goes_before_the_fair_order_and_equals_interleave(
         for i, (owner, priority) in enumerate((("a", 0), ("a", 0), ("a", 0), ("b", 0), ("a", 5), ("b", -2))):
             session.add(BatchRecord(id=f"batch_{i}", owner=owner, endpoint="/v1/chat/completions",
                                     input_file_id="file-x", completion_window="24h", status="validating",
-                                    created_at=repo.now(), priority=priority))
+                                    created_at=repo.now(), options=BatchOptions(priority=priority)))
         session.commit()
     requested = tick(api_batch_sensor, instance, resources).run_requests
     tags = {r.partition_key: r.tags for r in requested}

@@ -14,10 +14,11 @@ from sqlalchemy import inspect, select, text
 
 from batch_dagster.batchfile.contract import BatchError, RequestCounts
 from batch_dagster.batchfile.folder import BatchFolder, Manifest, Validation
-from batch_dagster.db import TERMINAL, BatchRecord, Database, FileRecord, repo, webhooks
+from batch_dagster.db import TERMINAL, BatchRecord, Database, FileRecord, repo
 from batch_dagster.db.lifecycle import Observation, apply, changes, observe, run_failed
 from batch_dagster.db.models import Base
 from batch_dagster.db.session import alembic_config
+from batch_dagster.features import webhooks
 from batch_dagster.storage import LocalStorage
 from tests.helpers import check_batch_filters
 
@@ -94,6 +95,38 @@ def check_the_parent_batch_migration(url: str) -> None:
     with old.engine.connect() as connection:
         assert "parent_batch_id" not in {c["name"] for c in inspect(connection).get_columns("batches")}
         assert connection.execute(text("SELECT count(*) FROM batches")).scalar() == 5
+    old.dispose()
+
+
+def test_the_options_migration_keeps_priority_and_max_cost(tmp_path):
+    """0009: a batch's priority and max_cost move into its options column, only those that differ from the defaults."""
+    check_the_options_migration(f"sqlite:///{tmp_path / 'old.db'}")
+
+
+def check_the_options_migration(url: str) -> None:
+    """The 0009 migration on the store at `url` (tests/system/test_tenancy_postgres.py runs it on PostgreSQL)."""
+    command.upgrade(alembic_config(url), "0008")
+    old = Database(url)
+    rows = {"plain": (0, None), "urgent": (5, None), "capped": (0, 1.5), "both": (-2, 0.25)}
+    with old.engine.begin() as connection:
+        connection.execute(text("INSERT INTO api_keys (owner, created_at) VALUES ('a', 1)"))
+        for batch_id, (priority, max_cost) in rows.items():
+            connection.execute(text(
+                "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, status, created_at, "
+                "request_total, request_completed, request_failed, priority, max_cost) VALUES (:id, 'a', "
+                "'/v1/chat/completions', 'file-x', '24h', 'completed', 1, 0, 0, 0, :priority, :max_cost)"),
+                {"id": batch_id, "priority": priority, "max_cost": max_cost})
+    old.upgrade()
+    with old.session() as session:
+        batches = {b.id: b for b in session.scalars(select(BatchRecord))}
+        assert {b: (batches[b].options.priority, batches[b].options.max_cost) for b in rows} == rows
+        assert batches["plain"].stored_options is None and batches["urgent"].stored_options == {"priority": 5}
+    with old.engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+    command.downgrade(alembic_config(url), "0008")  # and back
+    with old.engine.connect() as connection:
+        back = connection.execute(text("SELECT id, priority, max_cost FROM batches")).all()
+        assert {batch_id: (priority, max_cost) for batch_id, priority, max_cost in back} == rows
     old.dispose()
 
 

@@ -85,7 +85,7 @@ def test_a_gone_ancestor_is_named_by_its_id_not_by_where_it_was_stored(start_ser
         from batch_dagster.db import FileRecord
 
         path = session.query(FileRecord.path).filter(FileRecord.id == parent.output_file_id).scalar()
-    service.storage.storage().delete(path)
+    service.storage.open().delete(path)
     with service.http(KEY_A) as http:
         answer = http.get(f"/v1/files/{child.output_file_id}/content", params={"merged": "true"})
     assert answer.status_code == 404

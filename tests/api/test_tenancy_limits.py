@@ -6,8 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from batch_dagster.api.context import AppContext
-from batch_dagster.db import Database, repo
+from batch_dagster.db import Database, keys, repo
 from tests.helpers import KEY_A, KEY_B, rows, upload
 
 CHAT = "/v1/chat/completions"
@@ -62,4 +61,6 @@ def test_a_named_key_is_the_owner_of_the_bare_key_it_names(start_service, tmp_pa
     assert named.client(KEY_A).files.retrieve(file_id).id == file_id
     with pytest.raises(openai.AuthenticationError):
         named.client(f"alice:{KEY_A}").files.list()  # the name is no part of the key
-    assert AppContext.build(named.config).owners == {KEY_A: repo.owner_of_key(KEY_A), KEY_B: repo.owner_of_key(KEY_B)}
+    with Database(named.config.database_url).session() as session:
+        assert keys.authenticate(session, KEY_A) == keys.Caller(repo.owner_of_key(KEY_A), "alice")
+        assert keys.authenticate(session, KEY_B).owner == repo.owner_of_key(KEY_B)

@@ -49,7 +49,7 @@ def _launched(session, owner: str) -> str:
 
 def test_one_batch_that_cannot_be_synced_stops_no_other(store, db_url, tmp_path, monkeypatch):
     storage = StorageResource(data_dir=str(tmp_path / "data"))
-    folders = storage.storage()
+    folders = storage.open()
     with store.session() as session:
         plain, long_model, broken, last = (_launched(session, owner) for owner in ("a", "b", "b", "a"))
     invalid = [BatchError("invalid_json", "The line is not valid JSON.", line=1)]
@@ -90,7 +90,7 @@ def test_one_batch_that_cannot_be_synced_stops_no_other(store, db_url, tmp_path,
 
 
 def test_a_model_too_long_for_the_store_is_not_recorded_at_creation(store, tmp_path):
-    storage = StorageResource(data_dir=str(tmp_path / "data")).storage()
+    storage = StorageResource(data_dir=str(tmp_path / "data")).open()
     path = write_jsonl(tmp_path / "in.jsonl", [chat_request("a", "hi", model=LONG_MODEL)])
     with store.session() as session:
         upload = add_input_file(session, owner="a", file_id=repo.new_file_id(), filename="in.jsonl",

@@ -15,11 +15,12 @@ from sqlalchemy import select
 
 from batch_dagster import egress
 from batch_dagster.db import Database, repo
-from batch_dagster.db import webhooks as outbox
+from batch_dagster.db.lifecycle import add_event
 from batch_dagster.db.models import WebhookDelivery, WebhookEndpointRecord
 from batch_dagster.defs.resources import DatabaseResource
 from batch_dagster.defs.resources.webhooks import WebhookConfig
 from batch_dagster.defs.sensors import webhook_sensor
+from batch_dagster.features import webhooks as outbox
 from tests.helpers import KEY_A, KEY_B, Receiver, chat_request, rows, upload, wait_for
 
 GLOBAL_SECRET = "whsec_" + base64.b64encode(b"the global secret, 32 bytes long").decode()
@@ -216,7 +217,7 @@ def test_planning_counts_only_endpoints_that_existed_when_the_batch_ended(tmp_pa
         later = outbox.add_endpoint(s, "a", url="http://127.0.0.1:9/later", name="", event_types=ALL_TYPES)
         later.created_at = before.created_at + 10
         outbox.add_endpoint(s, "b", url="http://127.0.0.1:9/b", name="", event_types=ALL_TYPES)
-        event = outbox.add_event(s, "batch_1", "a", "completed", at=before.created_at + 5)
+        event = add_event(s, "batch_1", "a", "completed", at=before.created_at + 5)
         s.commit()
         assert outbox.plan(s, [same_url, same_url]) == 1
         planned = {(d.endpoint_id, d.url) for d in s.scalars(select(WebhookDelivery))}

@@ -59,10 +59,8 @@ def test_the_core_imports_no_framework():
                         and not m.startswith("batch_dagster.batchfile")}, name
 
 
-def test_imports_go_one_way_no_cycle_anywhere():
-    graph = _graph()
-    # A package's __init__ importing its own submodules is not a cycle of meaning; drop those edges.
-    edges = {a: {b for b in bs if not b.startswith(a + ".")} for a, bs in graph.items()}
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of `edges`: each strongly connected component of more than one module, sorted."""
     index, low, stack, on_stack, cycles = {}, {}, [], set(), []
 
     def visit(v: str) -> None:  # Tarjan's strongly connected components
@@ -89,13 +87,41 @@ def test_imports_go_one_way_no_cycle_anywhere():
     for v in edges:
         if v not in index:
             visit(v)
-    assert cycles == []
+    return cycles
+
+
+def test_imports_go_one_way_no_cycle_anywhere():
+    # A package's __init__ that imports its submodules counts as an import like any other: a module that imports
+    # the package back (or imports what does, inside a function too) closes a loop Python runs through.
+    assert _cycles(_graph()) == []
+
+
+def test_a_packages_init_edges_to_its_own_modules_are_kept():
+    # Dropping them hid the loop of issue 28: definitions -> defs/definitions -> defs/sensors/__init__ ->
+    # sensors/api_batches -> runner -> (inside a function) definitions.
+    assert "batch_dagster.defs.sensors.api_batches" in _graph()["batch_dagster.defs.sensors"]
 
 
 def test_the_database_and_the_api_do_not_use_the_dagster_side():
     for name, targets in _graph().items():
-        if name.startswith(("batch_dagster.db", "batch_dagster.api")):
+        if name.startswith(("batch_dagster.db", "batch_dagster.api", "batch_dagster.features")):
             assert not {t for t in targets if t.startswith("batch_dagster.defs")}, name
+
+
+def test_the_store_and_the_engine_are_below_the_features():
+    """Layers: core <- engine, storage, db <- features <- api, defs: the store and the engine use no feature."""
+    for name, targets in _graph().items():
+        if name.startswith(("batch_dagster.db", "batch_dagster.engine", "batch_dagster.storage")):
+            assert not {t for t in targets if t.startswith("batch_dagster.features")}, name
+
+
+def test_the_features_serve_both_sides_and_import_neither():
+    """A feature's module is reached by the API and by the Dagster side: it imports no FastAPI, Dagster or vLLM."""
+    for name, path in _modules().items():
+        if name.startswith("batch_dagster.features"):
+            used = {m.split(".")[0] for m in _imports(name, path)}
+            assert not used & {"dagster", "dagster_aws", "vllm", "torch", "fastapi", "starlette", "uvicorn"}, name
+            assert not {m for m in _imports(name, path) if m.startswith("batch_dagster.api")}, name
 
 
 DAGSTER = ("dagster", "dagster_aws", "dagster_k8s", "dagster_postgres", "dagster_graphql", "dagster_webserver")

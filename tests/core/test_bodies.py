@@ -36,7 +36,7 @@ def test_every_documented_field_takes_its_valid_values():
         {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function", "function": {
             "name": "calc", "arguments": "{}"}}]},
         {"role": "tool", "content": "42", "tool_call_id": "1", "name": "calc"},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]},
     ], "max_tokens": 5, "max_completion_tokens": 5, "temperature": 2, "top_p": 1, "n": 128, "stop": ["a", "b"],
         "seed": -(2**63), "presence_penalty": -2, "frequency_penalty": 2.0, "logprobs": True, "top_logprobs": 20,
         "top_k": -1, "min_p": 0, "repetition_penalty": 1.1, "min_tokens": 0, "ignore_eos": False,

@@ -65,15 +65,16 @@ def test_missing_file_is_a_clear_error(tmp_path):
 
 def test_the_run_summary_names_the_engine_and_its_start(capsys):
     from batch_dagster.batchfile.contract import RequestCounts
-    from batch_dagster.batchfile.summary import BatchSummary, EngineRun, RunSummary
+    from batch_dagster.batchfile.outcome import BatchOutcome, EngineRun, RunOutcome
     from batch_dagster.batchfile.usage import Cost, Usage
     from batch_dagster.cli import _print_summary
+    from batch_dagster.settings import Settings
 
     def printed(engine: EngineRun) -> list[str]:
-        batch = BatchSummary("batch_1", "completed", "/v1/chat/completions", "m", RequestCounts(2, 2, 0),
+        batch = BatchOutcome("batch_1", "completed", "/v1/chat/completions", "m", RequestCounts(2, 2, 0),
                              Usage(input_tokens=4, output_tokens=6), Cost("m", 0.0, 0.0, 0.5, "USD"),
                              inference_s=3.0, output_tokens_per_s=2.0, engine=engine)
-        _print_summary(RunSummary(batch, "run-1", "out.jsonl", "err.jsonl", 31.0))
+        _print_summary(RunOutcome(batch, "run-1", "out.jsonl", "err.jsonl", 31.0), Settings.from_env())
         return [line for line in capsys.readouterr().out.splitlines() if line.startswith("  engine:")]
 
     assert printed(EngineRun("offline", None, 27.34)) == ["  engine:   offline vLLM in this process, started in 27.3 s"]
@@ -81,3 +82,24 @@ def test_the_run_summary_names_the_engine_and_its_start(capsys):
         "  engine:   offline vLLM in this process, already running (no engine start)"]
     assert printed(EngineRun("server", "http://127.0.0.1:8200", 0.0)) == [
         "  engine:   the vLLM server(s) at http://127.0.0.1:8200 (no engine start)"]
+
+
+def test_a_model_without_a_price_says_so_beside_its_cost(capsys, monkeypatch, tmp_path):
+    from batch_dagster.batchfile.contract import RequestCounts
+    from batch_dagster.batchfile.outcome import BatchOutcome, RunOutcome
+    from batch_dagster.batchfile.usage import Cost, Usage
+    from batch_dagster.cli import _print_summary
+    from batch_dagster.settings import Settings
+
+    monkeypatch.delenv("BATCH_PRICES_FILE", raising=False)  # the shipped table: SmolLM2 priced, nothing else
+
+    def note(model: str) -> list[str]:
+        batch = BatchOutcome("batch_1", "completed", "/v1/chat/completions", model, RequestCounts(1, 1, 0),
+                             Usage(input_tokens=4, output_tokens=6), Cost(model, 0.0, 0.0, 0.5, "USD"))
+        _print_summary(RunOutcome(batch, "run-1", "out.jsonl", "err.jsonl", 1.0), Settings.from_env())
+        return [line for line in capsys.readouterr().err.splitlines() if line.startswith("  note:")]
+
+    assert note("smollm2-135m-instruct") == []
+    [line] = note("my-model")
+    assert "'my-model' is not in the price table: priced at its [defaults] (0.0 input, 0.0 output USD" in line
+    assert "prices.toml (BATCH_PRICES_FILE)" in line

@@ -7,7 +7,7 @@ from datetime import date, datetime
 
 import pandas as pd
 
-from batch_dagster.batchfile.daily_usage import (
+from batch_dagster.features.daily_usage import (
     FinishedBatch,
     batch_rows,
     chart_png,

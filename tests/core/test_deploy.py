@@ -256,8 +256,10 @@ def key_paths(value, path: str = ""):
 def test_there_are_manifests_for_every_part():
     kinds = {(doc["kind"], doc["metadata"]["name"]) for path in manifests()
              for doc in yaml.safe_load_all(path.read_text()) if doc}
-    for part in [("StatefulSet", "vllm-qwen3-8b"), ("Deployment", "vllm-router"), ("Role", "vllm-router-pod-reader"),
-                 ("Deployment", "batch-api"), ("Service", "batch-api"), ("Secret", "batch-dagster-secrets")]:
+    for part in [("StatefulSet", "vllm-qwen3-8b"), ("Deployment", "vllm-router-qwen3-8b"),
+                 ("StatefulSet", "vllm-bge-m3"), ("Deployment", "vllm-router-bge-m3"),
+                 ("Role", "vllm-router-pod-reader"), ("Deployment", "batch-api"), ("Service", "batch-api"),
+                 ("Secret", "batch-dagster-secrets"), ("ConfigMap", "batch-dagster-prometheus")]:
         assert part in kinds, part
 
 
@@ -291,17 +293,62 @@ def test_fleet_pods_ask_for_a_gpu_and_are_ready_on_health():
         assert claims[cache]["accessModes"] == ["ReadWriteOnce"]
 
 
-def test_router_discovers_the_fleet_pods():
-    docs = {doc["kind"]: doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "vllm-router.yaml").read_text())}
-    command = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert "--service-discovery" in command
-    selector = command[command.index("--selector") + 1:]
-    selector = selector[: next(i for i, a in enumerate(selector) if a.startswith("--"))]
-    fleet = next(doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "vllm-fleet.yaml").read_text())
-                 if doc["kind"] in WORKLOADS)
-    labels = fleet["spec"]["template"]["metadata"]["labels"]
-    assert selector and all(labels.get(k) == v for k, v in (s.split("=", 1) for s in selector))
-    assert {"pods"} <= set(docs["Role"]["rules"][0]["resources"]) and "watch" in docs["Role"]["rules"][0]["verbs"]
+def test_each_fleet_pod_asks_for_the_gpus_its_models_parallelism_takes():
+    """A pod's vLLM server runs its model on tensor_parallel_size (times pipeline_parallel_size) GPUs: the registry in
+    config.yaml and the pod's GPU limit must say the same, or the server fails to start or leaves GPUs idle."""
+    import tomllib
+
+    from batch_dagster.batchfile.registry import parse_registry
+
+    config = next(doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text())
+                  if doc["metadata"]["name"] == "batch-dagster-models")
+    registry = parse_registry(tomllib.loads(config["data"]["models.toml"]))
+    fleets = [doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "vllm-fleet.yaml").read_text())
+              if doc["kind"] in WORKLOADS]
+    for doc in fleets:
+        spec = registry[doc["metadata"]["labels"]["batch-dagster/model"]]
+        (container,) = doc["spec"]["template"]["spec"]["containers"]
+        gpus = spec.tensor_parallel_size * int(spec.engine_args.get("pipeline_parallel_size", 1))
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == gpus, doc["metadata"]["name"]
+
+
+def _selector(command: list[str]) -> dict[str, str]:
+    """The labels a vllm-router's --selector names."""
+    words = command[command.index("--selector") + 1:]
+    words = words[: next((i for i, a in enumerate(words) if a.startswith("--")), len(words))]
+    return dict(w.split("=", 1) for w in words)
+
+
+def test_each_model_has_its_fleet_and_its_router_which_finds_only_its_pods_and_the_runs_find_it():
+    """Every registry model has a StatefulSet and a vllm-router of its own, whose service discovery selects that
+    fleet's pods and no other's; BATCH_FLEET_URLS sends each model to its router's Service."""
+    import tomllib
+
+    from batch_dagster.settings import parse_fleet_urls
+
+    router_docs = [doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "vllm-router.yaml").read_text()) if doc]
+    fleets = {doc["metadata"]["labels"]["batch-dagster/model"]: doc["spec"]["template"]["metadata"]["labels"]
+              for doc in yaml.safe_load_all((DEPLOY / "k8s" / "vllm-fleet.yaml").read_text())
+              if doc["kind"] in WORKLOADS}
+    config = next(doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text())
+                  if doc["metadata"]["name"] == "batch-dagster-models")
+    assert set(fleets) == set(tomllib.loads(config["data"]["models.toml"])["models"])
+    services = {doc["metadata"]["name"]: doc["spec"]["selector"] for doc in router_docs if doc["kind"] == "Service"}
+    routers = {}
+    for doc in router_docs:
+        if doc["kind"] != "Deployment":
+            continue
+        command = doc["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert "--service-discovery" in command
+        selected = [model for model, labels in fleets.items()
+                    if all(labels.get(k) == v for k, v in _selector(command).items())]
+        assert len(selected) == 1, (doc["metadata"]["name"], selected)  # its own model's pods, no other's
+        pod_labels = doc["spec"]["template"]["metadata"]["labels"]
+        (service,) = [name for name, sel in services.items() if all(pod_labels.get(k) == v for k, v in sel.items())]
+        routers[selected[0]] = f"http://{service}.batch-dagster.svc:8000"
+    assert parse_fleet_urls(env_config(documents())["BATCH_FLEET_URLS"]) == routers and set(routers) == set(fleets)
+    role = next(doc for doc in router_docs if doc["kind"] == "Role")
+    assert {"pods"} <= set(role["rules"][0]["resources"]) and "watch" in role["rules"][0]["verbs"]
 
 
 def test_every_pod_of_this_projects_code_names_the_same_batch_storage():
@@ -370,7 +417,7 @@ def test_helm_values_bound_runs_as_the_repos_dagster_yaml_does():
     values = yaml.safe_load((DEPLOY / "helm" / "dagster-values.yaml").read_text())
     coordinator = values["dagsterDaemon"]["runCoordinator"]
     assert coordinator["enabled"] and coordinator["type"] == "QueuedRunCoordinator"
-    instance = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    instance = yaml.safe_load((REPO / "batch_dagster" / "config" / "dagster.yaml").read_text())
     assert coordinator["config"]["queuedRunCoordinator"]["tagConcurrencyLimits"] == \
         instance["concurrency"]["runs"]["tag_concurrency_limits"]
     # The chart refuses run limits in both places; and no pool is left to bound the inference step.

@@ -10,10 +10,17 @@ import pytest
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.columnar import custom_ids, validate_to_parquet, write_shards
-from batch_dagster.batchfile.failure import LINE_REASON_CHARS, keep_finished
+from batch_dagster.batchfile.failure import (
+    COST_LIMIT,
+    LINE_REASON_CHARS,
+    is_retryable,
+    keep_finished,
+    retryable_ids,
+    stopped_ending,
+)
 from batch_dagster.batchfile.folder import BatchFolder, Manifest, Validation
 from batch_dagster.batchfile.results import commit_shard, iter_lines
-from batch_dagster.batchfile.retry import retryable_ids
+from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import load_price_table
 from batch_dagster.settings import Settings
 from batch_dagster.storage import LocalStorage
@@ -129,3 +136,14 @@ def test_nothing_is_kept_for_a_batch_that_was_not_validated(tmp_path):
                                        errors=[c.BatchError(c.INVALID_JSON, "bad", line=1)]))
     assert keep_finished(folder, "failed", PRICES) is None
     assert not folder.storage.exists(folder.output_key) and folder.summary() is None
+
+
+def test_a_batch_its_cap_stopped_fails_with_its_code_and_its_requests_are_retryable():
+    ending = stopped_ending(COST_LIMIT)
+    assert ending.status == BatchStatus.FAILED and ending.code == c.COST_LIMIT_EXCEEDED
+    assert [e.code for e in ending.errors] == [c.COST_LIMIT_EXCEEDED]
+    line = c.not_run_line("a", ending.code, ending.message)
+    assert is_retryable(line)  # not the request's fault: a retry (with budget left) runs it
+    cancelled = stopped_ending(BatchStatus.CANCELLED)
+    assert (cancelled.status, cancelled.code, cancelled.errors) == (BatchStatus.CANCELLED, c.BATCH_CANCELLED, [])
+    assert stopped_ending(BatchStatus.EXPIRED).code == c.BATCH_EXPIRED

@@ -1,4 +1,4 @@
-"""`batch-dagster instance`: DAGSTER_HOME's dagster.yaml follows DAGSTER_PG_URL (Postgres storage or the repo's link)
+"""`batch-dagster instance`: DAGSTER_HOME's dagster.yaml follows DAGSTER_PG_URL (Postgres storage or the package's link)
 and BATCH_STORAGE_URL (compute logs on S3), and the run limits' settings (BATCH_OFFLINE_RUNS, BATCH_RUNS_PER_MODEL)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from batch_dagster import settings
-from batch_dagster.defs.instance import REPO_INSTANCE_CONFIG, ensure_dagster_home
+from batch_dagster.defs.instance import INSTANCE_CONFIG, ensure_dagster_home
 from batch_dagster.defs.run_limits import run_limits_yaml
 
 CLI = Path(sys.executable).with_name("batch-dagster")
@@ -37,17 +37,17 @@ def run_limits(config: Path) -> dict[str, object]:
 def test_instance_follows_dagster_pg_url(tmp_path):
     home, url = tmp_path / "home", "postgresql+psycopg2://u:secret@db.example:5432/dagster"
     assert "storage=sqlite" in instance(home, None).stdout
-    assert (home / "dagster.yaml").resolve() == REPO_INSTANCE_CONFIG.resolve()
+    assert (home / "dagster.yaml").resolve() == INSTANCE_CONFIG.resolve()
 
     assert "storage=postgres" in instance(home, url).stdout
     config = home / "dagster.yaml"
     text = config.read_text()
-    assert not config.is_symlink() and REPO_INSTANCE_CONFIG.read_text().strip() in text
+    assert not config.is_symlink() and INSTANCE_CONFIG.read_text().strip() in text
     assert "postgres:\n    postgres_url:\n      env: DAGSTER_PG_URL" in text
     assert "secret" not in text  # Dagster reads the URL from the environment at start-up
 
     assert "storage=sqlite" in instance(home, None).stdout
-    assert (home / "dagster.yaml").resolve() == REPO_INSTANCE_CONFIG.resolve()
+    assert (home / "dagster.yaml").resolve() == INSTANCE_CONFIG.resolve()
 
 
 def test_instance_puts_compute_logs_beside_batch_folders_on_s3(tmp_path):
@@ -67,7 +67,7 @@ def test_instance_puts_compute_logs_beside_batch_folders_on_s3(tmp_path):
 
     # Batch folders on local disk: Dagster's own compute logs, and the link back.
     assert "compute_logs" not in instance(home, None, storage_url=str(tmp_path / "data")).stdout
-    assert config.resolve() == REPO_INSTANCE_CONFIG.resolve()
+    assert config.resolve() == INSTANCE_CONFIG.resolve()
 
 
 def test_instance_leaves_a_users_own_config_alone(tmp_path):
@@ -123,9 +123,9 @@ def test_run_refuses_another_scheme_before_a_run_starts(tmp_path):
 
 def test_the_repos_dagster_yaml_holds_the_default_run_limits():
     # So the link is right when no setting changes them: offline runs one at a time, 4 runs per model.
-    text = REPO_INSTANCE_CONFIG.read_text()
+    text = INSTANCE_CONFIG.read_text()
     assert run_limits_yaml(settings.DEFAULT_OFFLINE_RUNS, settings.DEFAULT_RUNS_PER_MODEL) in text
-    assert run_limits(REPO_INSTANCE_CONFIG) == {"batch/engine": ("offline", 1),
+    assert run_limits(INSTANCE_CONFIG) == {"batch/engine": ("offline", 1),
                                                 "batch/model": ({"applyLimitPerUniqueValue": True}, 4)}
     assert "pools" not in yaml.safe_load(text)["concurrency"]  # no step waits for a pool slot
 
@@ -137,15 +137,15 @@ def test_instance_writes_the_run_limits_of_the_settings(tmp_path):
     assert not config.is_symlink()
     assert run_limits(config) == {"batch/engine": ("offline", 2),
                                   "batch/model": ({"applyLimitPerUniqueValue": True}, 8)}
-    # The rest is the repo's file, unchanged.
+    # The rest is the package's file, unchanged.
     other = {k: v for k, v in yaml.safe_load(config.read_text()).items() if k != "concurrency"}
-    assert other == {k: v for k, v in yaml.safe_load(REPO_INSTANCE_CONFIG.read_text()).items() if k != "concurrency"}
+    assert other == {k: v for k, v in yaml.safe_load(INSTANCE_CONFIG.read_text()).items() if k != "concurrency"}
 
     instance(home, "postgresql+psycopg2://u@db.example/dagster", BATCH_RUNS_PER_MODEL="3")
     assert run_limits(config)["batch/model"][1] == 3 and "postgres" in yaml.safe_load(config.read_text())["storage"]
 
     instance(home, None, BATCH_OFFLINE_RUNS="1")  # the defaults again: the link
-    assert config.is_symlink() and config.resolve() == REPO_INSTANCE_CONFIG.resolve()
+    assert config.is_symlink() and config.resolve() == INSTANCE_CONFIG.resolve()
 
 
 def test_instance_refuses_a_limit_below_one(tmp_path):
@@ -153,3 +153,24 @@ def test_instance_refuses_a_limit_below_one(tmp_path):
     assert done.returncode == 2
     assert "BATCH_OFFLINE_RUNS must be at least 1" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "home" / "dagster.yaml").exists()
+
+
+def test_the_instance_config_is_package_data_so_a_wheel_keeps_the_run_limits_and_retries():
+    """An install that is not editable has no repository: what batch-dagster instance links must ship in the wheel."""
+    import fnmatch
+    import tomllib
+
+    package = settings.PACKAGE_DIR
+    assert INSTANCE_CONFIG.is_relative_to(package)
+    patterns = tomllib.loads((package.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert any(fnmatch.fnmatch(str(INSTANCE_CONFIG.relative_to(package)), p) for p in patterns["batch_dagster"])
+    config = yaml.safe_load(INSTANCE_CONFIG.read_text())
+    assert config["run_retries"]["enabled"] and config["concurrency"]["runs"]["tag_concurrency_limits"]
+
+
+def test_a_link_to_where_the_config_was_is_made_again(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").symlink_to(tmp_path / "gone" / "dagster.yaml")  # the repository's old place
+    instance(home, None)
+    assert (home / "dagster.yaml").resolve() == INSTANCE_CONFIG.resolve()

@@ -9,7 +9,7 @@ import pytest
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import results
-from batch_dagster.batchfile.results import RequestCounts, ShardSummary, error_code
+from batch_dagster.batchfile.results import CommittedShard, RequestCounts, error_code
 from batch_dagster.batchfile.usage import Usage
 from batch_dagster.storage import LocalStorage
 
@@ -266,14 +266,14 @@ def test_committed_shard_with_large_index(tmp_path):
 
 
 def test_shard_summary_round_trip():
-    s = ShardSummary(
+    s = CommittedShard(
         index=4,
         request_counts=RequestCounts(5, 3, 2),
         usage=Usage(input_tokens=10, output_tokens=20, cached_tokens=1, reasoning_tokens=2),
         error_codes={"engine_error": 2},
         duration_s=1.5,
     )
-    back = ShardSummary.from_dict(json.loads(json.dumps(s.to_dict())))
+    back = CommittedShard.from_dict(json.loads(json.dumps(s.to_dict())))
     assert back == s
 
 

@@ -221,3 +221,11 @@ def test_only_successful_requests_are_billed(tmp_path):
     cost = cost_of(summary.usage, "m", TABLE)
     assert cost.input_cost == pytest.approx(0.4)  # 0.4M * 2.0 * 0.5
     assert cost.output_cost == pytest.approx(0.4)  # 0.1M * 8.0 * 0.5
+
+
+def test_a_model_missing_from_the_price_table_is_named_with_the_defaults_it_gets():
+    table = PriceTable.from_dict({"defaults": {"input_per_1m": 0.0, "output_per_1m": 0.0},
+                                  "models": {"listed": {"input_per_1m": 1.0}}})
+    assert table.unlisted("listed") is None
+    assert table.unlisted("other") == ("model 'other' is not in the price table: priced at its [defaults] "
+                                       "(0.0 input, 0.0 output USD per 1M tokens)")

@@ -16,18 +16,18 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from batch_dagster.batchfile.daily_usage import day_bounds
 from batch_dagster.batchfile.folder import Summary
 from batch_dagster.batchfile.results import RequestCounts
 from batch_dagster.batchfile.usage import Cost, Usage
 from batch_dagster.db import BatchRecord, repo
-from batch_dagster.definitions import defs as project_defs
-from batch_dagster.defs.assets.daily_report import report_assets, report_prefix
-from batch_dagster.defs.jobs import daily_usage_report_schedule
-from batch_dagster.defs.partitions import daily
+from batch_dagster.definitions import defs
+from batch_dagster.defs.assets.daily_report import report_definitions, report_prefix
 from batch_dagster.defs.resources import DatabaseResource, StorageResource
+from batch_dagster.features.daily_usage import day_bounds
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+REPORT = report_definitions(date(2026, 1, 1))  # the days of BATCH_REPORT_START, as the tests set it (conftest.py)
+report_assets = list(REPORT.assets or [])
 DAY_A, DAY_B = "2026-03-03", "2026-03-04"
 OWNER = "owner-a"
 
@@ -182,6 +182,7 @@ def test_the_chart_is_a_png_in_the_file_and_the_metadata(env, instance):
 
 
 def test_schedule_builds_yesterday_shortly_after_midnight_utc():
+    project_defs = defs()
     schedule = project_defs.resolve_schedule_def("daily_usage_report_schedule")
     assert schedule.cron_schedule == "15 0 * * *" and schedule.execution_timezone == "UTC"
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
@@ -189,7 +190,8 @@ def test_schedule_builds_yesterday_shortly_after_midnight_utc():
     tick = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 3, 5, 0, 15, tzinfo=UTC))
     requests = schedule.evaluate_tick(tick).run_requests
     assert [r.partition_key for r in requests] == ["2026-03-04"]
-    assert daily_usage_report_schedule.name == schedule.name
+    daily = report_assets[0].partitions_def
+    assert daily is not None and [s.name for s in REPORT.schedules or []] == [schedule.name]
     # Today is not a partition until it is over, so neither a backfill nor the schedule builds it early.
     with dg.partition_loading_context(effective_dt=datetime(2026, 3, 5, 23, 0, tzinfo=UTC)):
         assert daily.get_last_partition_key() == "2026-03-04"

@@ -38,7 +38,7 @@ def test_an_engine_started_by_the_run_is_named_with_its_start_time(tmp_path, dat
 
 
 def test_a_running_fleet_is_named_and_starts_nothing(tmp_path, data_dir, instance):
-    vllm = fake_vllm("fleet", FakeEngine(), fleet_model=CHAT_MODEL, fleet_url="http://127.0.0.1:8200")
+    vllm = fake_vllm("fleet", FakeEngine(), fleet_urls={CHAT_MODEL: "http://127.0.0.1:8200"})
     run = run_batch(write_jsonl(tmp_path / "in.jsonl", [chat_request("a", "hi")]), tmp_path / "out",
                     show_progress=False, defs=make_defs(data_dir, vllm), instance=instance)
     assert run.to_dict()["engine"] == {"mode": "server", "url": "http://127.0.0.1:8200", "start_s": 0.0}

@@ -192,9 +192,11 @@ def test_the_rendering_merges_the_code_servers_pod_when_the_chart_would():
 def test_the_executor_of_batch_job_is_configuration():
     from dagster_k8s import k8s_job_executor
 
-    from batch_dagster.defs.jobs import batch_executor, batch_job
+    from batch_dagster.definitions import defs
+    from batch_dagster.defs.jobs import batch_executor
 
-    assert batch_job.executor_def is dg.in_process_executor  # the default: one process per run
+    job = defs().resolve_job_def("batch_job")  # as the settings build it, when the definitions load
+    assert job.executor_def is dg.in_process_executor  # the default: one process per run
     assert batch_executor("multiprocess") is dg.multiprocess_executor
     assert batch_executor("k8s") is k8s_job_executor  # a pod per step: the GPU tags above take effect
     with pytest.raises(ValueError, match="BATCH_EXECUTOR"):

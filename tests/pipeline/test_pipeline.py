@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import dagster as dg
 import pytest
 
 from batch_dagster.batchfile.contract import RequestCounts
 from batch_dagster.batchfile.folder import batch_ids
 from batch_dagster.batchfile.results import committed_shards, shard_keys
-from batch_dagster.definitions import defs as project_defs
+from batch_dagster.definitions import defs
 from batch_dagster.defs.resources import StorageResource
 from batch_dagster.defs.runner import run_batch
+from batch_dagster.settings import Settings
 from tests.helpers import FakeEngine, chat_request, fake_vllm, local_file, make_defs, read_jsonl, write_jsonl
 
 
 def test_project_definitions_load():
+    project_defs = defs()
     job = project_defs.resolve_job_def("batch_job")
     keys = {k.to_user_string() for k in project_defs.resolve_all_asset_keys()}
     lifecycle = {"batch_input", "validated_requests", "batch_shards", "shard_results", "batch_output_files", "batch_usage"}
@@ -29,6 +35,15 @@ def test_project_definitions_load():
     # Runs, not steps, are bounded (the run queue, by their tags): an inference step waits for no pool.
     assert shard_results.op.pool is None
     assert shard_results.op.retry_policy.max_retries >= 1
+
+
+def test_importing_the_definitions_reads_no_setting_and_no_store(tmp_path):
+    """The definitions are built when Dagster loads them: an import parses no setting and opens no store."""
+    code = ("import batch_dagster.definitions as d; print('imported'); d.defs()")
+    env = {**os.environ, "BATCH_SHARD_SIZE": "many", "BATCH_DATABASE_URL": f"sqlite:///{tmp_path / 'store.db'}"}
+    env.pop("BATCH_REPORT_START", None)  # unset: the store's first batch decides, read when they load
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.stdout.strip() == "imported" and "BATCH_SHARD_SIZE='many'" in out.stderr  # read when they load
 
 
 def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, instance):
@@ -64,6 +79,19 @@ def test_batch_materializes_with_lineage_and_passing_checks(tmp_path, data_dir, 
     assert checks and checks[0].status.value == "SUCCEEDED"
 
 
+def test_a_model_missing_from_the_price_table_is_said_where_its_cost_is(tmp_path, data_dir, instance):
+    prices = tmp_path / "prices.toml"
+    prices.write_text('[defaults]\ninput_per_1m = 0.0\noutput_per_1m = 0.0\n\n[models.other]\ninput_per_1m = 1.0\n')
+    defs = make_defs(data_dir, fake_vllm("unpriced", FakeEngine()), prices_file=str(prices))
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", [chat_request("a", "hi")]), tmp_path / "out",
+                        show_progress=False, defs=defs, instance=instance).to_dict()
+    assert summary["status"] == "completed" and summary["cost"]["total_cost"] == 0
+    usage = instance.get_latest_materialization_event(dg.AssetKey("batch_usage")).asset_materialization
+    assert usage.metadata["price"].value == f"not in the price table: its [defaults] ({prices})"
+    logs = [e.message for e in instance.all_logs(instance.get_runs(limit=1)[0].run_id)]
+    assert any("'smollm2-135m-instruct' is not in the price table" in m and str(prices) in m for m in logs), logs
+
+
 def test_rerun_skips_committed_shards(tmp_path, data_dir, instance):
     engine = FakeEngine()
     defs = make_defs(data_dir, fake_vllm("rerun", engine), shard_size=3)
@@ -92,7 +120,7 @@ def test_the_progress_document_counts_the_committed_shards_never_ahead_of_their_
     seen = []
 
     def check(done_in_shard: int) -> None:
-        [batch_id] = batch_ids(storage.storage())
+        [batch_id] = batch_ids(storage.open())
         folder = storage.folder(batch_id)
         progress = folder.progress()
         markers = committed_shards(folder.storage, folder.results_prefix)
@@ -223,7 +251,7 @@ def test_a_run_that_fails_for_good_keeps_the_committed_shards(tmp_path, data_dir
     assert summary["usage"]["output_tokens"] > 0 and 0 < summary["cost"]["total_cost"]
     folder = StorageResource(data_dir=str(data_dir)).folder(summary["batch_id"])
     assert folder.summary().status == "failed" and folder.summary().errors[0].code == "pipeline_error"
-    _print_summary(run)  # what `batch-dagster run` prints: the failure, and what it kept
+    _print_summary(run, Settings.from_env())  # what `batch-dagster run` prints: the failure, and what it kept
     printed = capsys.readouterr()
     assert "failed" in printed.out and "[pipeline_error]" in printed.err
     assert "requests: 6 total, 2 completed, 4 failed" in printed.out and str(tmp_path / "out") in printed.out

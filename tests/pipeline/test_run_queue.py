@@ -17,7 +17,7 @@ from tests.helpers import CHAT_MODEL, FAKES, FakeEngine, FakeVLLM, chat_request,
 
 
 @pytest.mark.parametrize("settings, limits", [
-    ({}, (1, 4)),  # the link to the repo's dagster.yaml
+    ({}, (1, 4)),  # the link to the package's dagster.yaml
     ({"BATCH_OFFLINE_RUNS": "2", "BATCH_RUNS_PER_MODEL": "6"}, (2, 6)),  # a file written from the settings
 ])
 def test_dagster_reads_the_run_limits_of_the_settings(tmp_path, monkeypatch, settings, limits):
@@ -44,7 +44,7 @@ def test_a_cli_run_carries_the_queue_tags_it_counts_by(tmp_path, data_dir, insta
     FAKES["cli-queue"] = FakeEngine()
     for fleet_url, engine in (("http://127.0.0.1:9", "server"), ("", "offline")):
         vllm = FakeVLLM(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent",
-                        fake="cli-queue", fleet_model=CHAT_MODEL, fleet_url=fleet_url)
+                        fake="cli-queue", fleet_urls={CHAT_MODEL: fleet_url} if fleet_url else {})
         summary = run_batch(write_jsonl(tmp_path / "in.jsonl", [chat_request("a", "hi")]), tmp_path / engine,
                             show_progress=False, defs=make_defs(data_dir, vllm), instance=instance).to_dict()
         run = instance.get_run_by_id(summary["run_id"])

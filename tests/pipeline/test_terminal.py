@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from batch_dagster.cli import _print_summary
 from batch_dagster.defs.runner import run_batch
+from batch_dagster.settings import Settings
 from tests.helpers import FakeEngine, chat_request, fake_vllm, make_defs, rows, write_jsonl
 
 
@@ -29,7 +30,7 @@ def test_the_terminal_gets_the_bar_and_the_summary_the_log_gets_the_noise(tmp_pa
     run = run_batch(write_jsonl(tmp_path / "in.jsonl", rows(10)), tmp_path / "out", defs=defs, instance=instance,
                     log_dir=tmp_path / "logs")
     summary = run.to_dict()
-    _print_summary(run)
+    _print_summary(run, Settings.from_env())
     out, err = capfd.readouterr()
     assert summary["status"] == "completed"
     log = (tmp_path / "logs" / f"run-{summary['batch_id']}.log").read_text()
@@ -47,7 +48,7 @@ def test_an_invalid_file_prints_its_errors_without_a_traceback(tmp_path, data_di
     run = run_batch(write_jsonl(tmp_path / "bad.jsonl", bad), tmp_path / "out", defs=defs, instance=instance,
                     log_dir=tmp_path / "logs")
     summary = run.to_dict()
-    _print_summary(run)
+    _print_summary(run, Settings.from_env())
     out, err = capfd.readouterr()
     assert summary["status"] == "failed"
     lines = err.splitlines()

@@ -34,13 +34,13 @@ def defs_with_limit(data_dir: Path, limit: int, url: str) -> dg.Definitions:
         assets=lifecycle_assets, asset_checks=lifecycle_checks, jobs=[batch_job],
         resources={"storage": StorageResource(data_dir=str(data_dir)), "vllm": vllm, "s3": LazyS3Resource(),
                    "database": DatabaseResource(url=url),
-                   "pipeline": PipelineConfig(max_enqueued_tokens=limit, store_url=url)},
+                   "pipeline": PipelineConfig(max_enqueued_tokens=limit)},
     )
 
 
 def enqueue_other(store: Database, data_dir: Path, owner: str, tokens: int, status: str = "in_progress") -> str:
     """An unfinished batch of `owner` whose validation recorded `tokens` prompt tokens for the chat model."""
-    storage = StorageResource(data_dir=str(data_dir)).storage()
+    storage = StorageResource(data_dir=str(data_dir)).open()
     with store.session() as session:
         file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename="other.jsonl", size=0)
         storage.write_bytes(file.path, b"")
@@ -71,7 +71,7 @@ def test_a_batch_past_the_owners_enqueued_tokens_fails_with_token_limit_exceeded
     rows = [chat_request(f"r{i}", "one two three four five") for i in range(4)]
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
                         defs=defs_with_limit(data_dir, 40, url), instance=instance).to_dict()
-    validation = BatchFolder(StorageResource(data_dir=str(data_dir)).storage(), summary["batch_id"]).validation()
+    validation = BatchFolder(StorageResource(data_dir=str(data_dir)).open(), summary["batch_id"]).validation()
     assert validation.prompt_tokens == 20
     if fails:
         assert summary["status"] == "failed"

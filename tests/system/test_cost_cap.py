@@ -10,9 +10,9 @@ import json
 import pytest
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.estimate import Tally
 from batch_dagster.batchfile.usage import Usage, cost_of, load_price_table
 from batch_dagster.engine.models import Models
+from batch_dagster.features.estimate import Tally
 from batch_dagster.settings import Settings
 from tests.helpers import CHAT_MODEL, Serve, chat_request, write_jsonl
 
@@ -37,7 +37,7 @@ def test_max_cost_fails_validation_and_the_daily_budget_stops_a_running_batch(tm
     bound = upper_bound()
     shard = bound * SHARD / REQUESTS  # about one shard's cost (the prompts differ by a digit or two)
     budget = 2 * bound - 3 * shard  # each batch fits alone; together they pass it with three shards to go
-    with Serve(tmp_path, BATCH_FLEET_URL=vllm_server, BATCH_FLEET_MODEL=CHAT_MODEL, BATCH_SHARD_SIZE=str(SHARD),
+    with Serve(tmp_path, BATCH_FLEET_URLS=f"{CHAT_MODEL}={vllm_server}", BATCH_SHARD_SIZE=str(SHARD),
                BATCH_KEY_DAILY_BUDGET=repr(budget)) as serve:
         client = serve.client()
         with open(write_jsonl(tmp_path / "in.jsonl", ROWS), "rb") as f:

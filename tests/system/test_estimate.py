@@ -64,7 +64,7 @@ def test_the_estimate_counts_the_prompt_tokens_the_engine_bills(start_service, t
     assert done.request_counts.model_dump() == {"total": len(ROWS), "completed": len(ROWS) - 1, "failed": 1}, errors
     assert done.usage.input_tokens == estimate["input_tokens"]  # exactly
     assert 0 < done.usage.output_tokens <= estimate["max_output_tokens"]
-    summary = BatchFolder(service.storage.storage(), batch.id).summary()
+    summary = BatchFolder(service.storage.open(), batch.id).summary()
     assert summary is not None
     assert estimate["cost"]["min"] <= summary.cost.total_cost <= estimate["cost"]["max"]
     assert estimate["cost"]["currency"] == summary.cost.currency

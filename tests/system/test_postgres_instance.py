@@ -12,7 +12,7 @@ import dagster as dg
 import psycopg2
 import pytest
 
-from batch_dagster.defs.instance import REPO_INSTANCE_CONFIG
+from batch_dagster.defs.instance import INSTANCE_CONFIG
 from batch_dagster.defs.runner import run_batch
 from tests.helpers import MODEL_CACHE, FakeEngine, fake_vllm, make_defs, read_jsonl, rows, write_jsonl
 
@@ -25,9 +25,9 @@ def test_instance_on_postgres_holds_the_batch_run(tmp_path, data_dir, postgres_u
     done = subprocess.run([str(CLI), "instance"], env=env, capture_output=True, text=True, check=True)
     assert "storage=postgres" in done.stdout
     config = home / "dagster.yaml"
-    # Written, not linked (the repo's file stays SQLite); the URL itself stays out of the file.
+    # Written, not linked (the package's file stays SQLite); the URL itself stays out of the file.
     assert not config.is_symlink()
-    assert REPO_INSTANCE_CONFIG.read_text().strip() in config.read_text()
+    assert INSTANCE_CONFIG.read_text().strip() in config.read_text()
     assert "env: DAGSTER_PG_URL" in config.read_text() and postgres_url not in config.read_text()
 
     monkeypatch.setenv("DAGSTER_HOME", str(home))

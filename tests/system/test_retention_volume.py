@@ -61,7 +61,7 @@ def test_retention_at_volume_deletes_the_old_batches_history_and_nothing_else(po
             stamp = {f"{status}_at": at} if status in TERMINAL else {"in_progress_at": at}
             session.add(BatchRecord(id=batch_id, owner="a", endpoint="/v1/chat/completions", input_file_id="file-v",
                                     completion_window="24h", status=status, created_at=at - 600, **stamp))
-            folder = BatchFolder(storage.storage(), batch_id)
+            folder = BatchFolder(storage.open(), batch_id)
             for name in ("requests.parquet", "shards/shard-00000.parquet", "results/shard-00000.json",
                          "summary.json", "output.jsonl"):
                 folder.storage.write_bytes(folder.key(name), b"{}")

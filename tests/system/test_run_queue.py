@@ -26,7 +26,7 @@ def test_fleet_batches_run_side_by_side_and_offline_batches_one_at_a_time(tmp_pa
                          temperature=0) for i in range(32)]
     embed = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
               "body": {"model": EMBED_MODEL, "input": f"sentence number {i}"}} for i in range(4)]
-    with Serve(tmp_path, module="tests.daemon_defs", BATCH_FLEET_URL=vllm_server, BATCH_FLEET_MODEL=CHAT_MODEL,
+    with Serve(tmp_path, module="tests.daemon_defs", BATCH_FLEET_URLS=f"{CHAT_MODEL}={vllm_server}",
                BATCH_SHARD_SIZE="8", BATCH_TEST_CALLS=str(tmp_path / "calls.jsonl"), BATCH_TEST_CALL_S="4") as serve:
         client = serve.client()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.api.conftest import start_service  # noqa: F401  (the API tests' fixture)
-from tests.api.test_store import check_the_parent_batch_migration
+from tests.api.test_store import check_the_options_migration, check_the_parent_batch_migration
 from tests.api.test_tenancy import (  # noqa: F401  (the tests, collected here again)
     test_a_batch_of_ten_thousand_bad_lines_is_a_small_object,
     test_a_gone_ancestor_is_named_by_its_id_not_by_where_it_was_stored,
@@ -39,3 +39,7 @@ def service_on_postgres(postgres_url, monkeypatch):
 
 def test_the_parent_batch_migration_on_postgres(postgres_url):
     check_the_parent_batch_migration(postgres_url)
+
+
+def test_the_options_migration_on_postgres(postgres_url):
+    check_the_options_migration(postgres_url)

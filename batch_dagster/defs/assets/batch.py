@@ -17,11 +17,11 @@ import dagster as dg
 import orjson
 import pyarrow.parquet as pq
 from dagster_aws.s3 import S3Resource
+from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.columnar import read_shard, validate_to_parquet, write_shards
-from batch_dagster.batchfile.cost_cap import COST_LIMIT
-from batch_dagster.batchfile.failure import not_run_lines, stopped_ending
+from batch_dagster.batchfile.failure import COST_LIMIT, not_run_lines, stopped_ending
 from batch_dagster.batchfile.folder import (
     BatchFolder,
     Manifest,
@@ -32,24 +32,26 @@ from batch_dagster.batchfile.folder import (
     Validation,
 )
 from batch_dagster.batchfile.registry import served
-from batch_dagster.batchfile.results import commit_shard, committed_shards, merge, progress_of
+from batch_dagster.batchfile.results import CommittedShard, commit_shard, committed_shards, merge, progress_of
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.structured import asks_structured
 from batch_dagster.batchfile.usage import cost_of
+from batch_dagster.batchfile.validate import ValidationReport
+from batch_dagster.db.lifecycle import record_usage
 from batch_dagster.defs.dagster_internals import dies_with_its_run
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
-from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.egress import Allow
 from batch_dagster.engine.base import EngineCrash
+from batch_dagster.features.cost_cap import cap_reached, refuse_over_cap
+from batch_dagster.features.estimate import Tally, count_tokens, write_estimate
+from batch_dagster.features.eta import RunningEta
+from batch_dagster.features.token_limit import refuse_over_limit
 from batch_dagster.image_fetch import ImageFetcher
-from batch_dagster.settings import Settings
+from batch_dagster.settings import default
 from batch_dagster.storage import file_location
 from batch_dagster.storage.transfer import fetch
-
-from .cost_cap import apply_cost_cap, cost_cap_reached
-from .eta import RunEta, estimate_metadata, write_estimate
-from .token_limit import apply_token_limit, count_tokens
 
 GROUP = "batch_lifecycle"
 INFERENCE_RETRIES = 2
@@ -133,9 +135,18 @@ def batch_input(context: dg.AssetExecutionContext, storage: StorageResource, s3:
                 "one are skipped.",
 )
 def validated_requests(
-    context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource
+    context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource,
+    database: DatabaseResource,
 ) -> Iterator[dg.MaterializeResult]:
     folder = storage.folder(context.partition_key)
+    with database.step_session() as session:  # the token limit, the cost cap and the estimate read the store
+        yield from _validate(context, folder, pipeline, vllm, session)
+
+
+def _validate(context: dg.AssetExecutionContext, folder: BatchFolder, pipeline: PipelineConfig, vllm: VLLMResource,
+              session: Session | None) -> Iterator[dg.MaterializeResult]:
+    """Validate the batch's input into its requests file, count its tokens once, and refuse it past its owner's
+    token limit or its cost cap; a valid batch gets its estimate."""
     started = time.perf_counter()
     size = folder.storage.size(folder.input_key) or 0
     # The input is validated as it streams in; the requests file is published only when the file is valid.
@@ -149,9 +160,14 @@ def validated_requests(
             models=served(vllm.registry(), pipeline.image_sources),
         )
         elapsed = time.perf_counter() - started
-        tally = count_tokens(out, report, pipeline, vllm, context.log)  # the limit, the cap, the estimate
-        prompt_tokens = apply_token_limit(folder, report, pipeline, tally)
-        apply_cost_cap(folder, report, pipeline, tally)
+        # The one count of its tokens: a limit that must hold fails the step when the tokenizer fails. Without a
+        # limit and a store (no queue, no key, no cap: a run of the definitions alone) nothing reads it.
+        limit, budget = pipeline.max_enqueued_tokens, pipeline.key_daily_budget
+        tally = count_tokens(out, report, vllm.models, needed=bool(limit or budget), log=context.log) \
+            if limit or session is not None else None
+        prompt_tokens = refuse_over_limit(session, folder, report, limit, tally)
+        if session is not None:
+            refuse_over_cap(session, folder.batch_id, report, tally, pipeline.prices(), budget, time.time())
         head = (pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5)
                 .to_pylist() if report.valid else [])
         if not report.valid:
@@ -178,7 +194,7 @@ def validated_requests(
         return
     _tag_run(context, report.model, report.total_requests, "valid")
     context.log.info(f"{report.total_requests} valid requests for {report.model} at {report.endpoint}")
-    estimate = write_estimate(context, folder, report, tally, pipeline)
+    estimate = _estimate(context, session, folder, report, tally, pipeline)
     preview = [{"custom_id": r["custom_id"], "prompt_chars": r["prompt_chars"], "body": r["body"][:100]} for r in head]
     yield dg.MaterializeResult(
         metadata={
@@ -190,10 +206,35 @@ def validated_requests(
             "endpoint": report.endpoint,
             "validation_s": round(elapsed, 3),
             "validation_mb_s": round(size / 1e6 / max(elapsed, 1e-9), 1),
-            **estimate_metadata(estimate),
+            **_estimate_metadata(estimate),
             "path": dg.MetadataValue.path(folder.storage.uri(folder.requests_key)),
         }
     )
+
+
+def _estimate(context: dg.AssetExecutionContext, session: Session | None, folder: BatchFolder,
+              report: ValidationReport, tally: Tally | None, pipeline: PipelineConfig) -> dict[str, Any] | None:
+    """The valid batch's estimate (features/estimate.py write_estimate), or None: without a tally or a store (no
+    queue, no rate), or when the store fails (logged): the batch is valid and runs; it shows no estimate."""
+    if (made := folder.estimate()) is not None:
+        return made
+    if tally is None or session is None:
+        return None
+    try:
+        return write_estimate(session, folder, report, tally, pipeline.prices(), pipeline.estimate_tokens_per_s)
+    except Exception as exc:  # the store unreachable
+        context.log.warning(f"No estimate for this batch: {str(exc)[:500]}")
+        return None
+
+
+def _estimate_metadata(estimate: dict[str, Any] | None) -> dict[str, Any]:
+    """The estimate as the validated_requests materialization shows it."""
+    if not estimate or not estimate.get("valid"):
+        return {}
+    duration, cost = estimate.get("duration_s") or {}, estimate.get("cost") or {}
+    return {"estimated_input_tokens": estimate["input_tokens"], "estimated_max_output_tokens":
+            estimate["max_output_tokens"], **({"estimated_duration_s_max": duration["max"]} if duration else {}),
+            **({"estimated_cost_max": cost["max"]} if cost else {})}
 
 
 @dg.asset(
@@ -290,20 +331,28 @@ def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) 
     return [c.request_error_line(cid, c.ENGINE_ERROR, message, status_code=500) for cid, _ in requests]
 
 
-@dg.asset(
-    partitions_def=batches,
-    group_name=GROUP,
-    kinds={"vllm"},
-    deps=[batch_shards],
-    op_tags=GPU_STEP_TAGS,
-    retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=Settings.from_env().step_retry_delay_s,
-                                backoff=dg.Backoff.EXPONENTIAL),
-    description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
-)
-def shard_results(
-    context: dg.AssetExecutionContext, storage: StorageResource, vllm: VLLMResource, pipeline: PipelineConfig
+def run_shards(
+    context: dg.AssetExecutionContext, storage: StorageResource, vllm: VLLMResource, pipeline: PipelineConfig,
+    database: DatabaseResource,
 ) -> dg.MaterializeResult:
-    folder = storage.folder(context.partition_key)
+    with database.step_session() as session:  # the cost cap reads the store; the batch's spend is kept there
+        return _run_shards(context, storage.folder(context.partition_key), vllm, pipeline, session)
+
+
+def _over_cost_cap(session: Session | None, folder: BatchFolder, model: str, committed: dict[int, CommittedShard],
+                   pipeline: PipelineConfig) -> bool:
+    """Whether the batch's spend has reached its cost cap (none without a store); the store's transaction ends
+    here, so none is held while a shard runs."""
+    if session is None:
+        return False
+    reached = cap_reached(session, folder.batch_id, model, committed.values(), pipeline.prices(),
+                          pipeline.key_daily_budget, time.time())
+    session.commit()
+    return reached
+
+
+def _run_shards(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMResource, pipeline: PipelineConfig,
+                session: Session | None) -> dg.MaterializeResult:
     manifest = _manifest(folder)
     done = committed_shards(folder.storage, folder.results_prefix)
     todo = [i for i in range(manifest.shard_count) if i not in done]
@@ -322,11 +371,11 @@ def shard_results(
     ran_requests = 0
     ran_tokens = 0
     stopped = None
-    eta = RunEta(folder, manifest.total_requests, sum(s.request_counts.total for s in done.values()))
+    eta = RunningEta.of(folder.estimate(), manifest.total_requests, sum(s.request_counts.total for s in done.values()))
     with dies_with_its_run(context), stops_when_terminated(context):
         for index in todo:
             stopped = folder.stop_reason()
-            if not stopped and cost_cap_reached(folder, manifest.model, done.values(), pipeline):
+            if not stopped and _over_cost_cap(session, folder, manifest.model, done, pipeline):
                 folder.request_stop(COST_LIMIT)  # as a cancel stops it: the status follows from the files
                 stopped = COST_LIMIT
             if stopped:
@@ -352,18 +401,19 @@ def shard_results(
                 lines = engine_error_lines(requests, str(exc))
                 engine = vllm.engine(manifest.model)
             structured = {cid for cid, body in requests if asks_structured(manifest.endpoint, body)}
-            summary = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
-                                   engine_start_s=vllm.engine_start_s(manifest.model, t0), structured=structured)
-            done[index] = summary
+            committed = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
+                                     engine_start_s=vllm.engine_start_s(manifest.model, t0), structured=structured)
+            done[index] = committed
             base = progress_of(done, manifest.total_requests, manifest.shard_count)  # after the marker
             folder.write_progress(base)
-            context.log_event(eta.observation(context, sum(s.request_counts.total for s in done.values())))
-            ran_requests += summary.request_counts.total
-            ran_tokens += summary.usage.output_tokens
-            context.log.info(
-                f"Shard {index}: {summary.request_counts.completed} completed, {summary.request_counts.failed} failed, "
-                f"{summary.usage.output_tokens} output tokens in {summary.duration_s:.1f}s"
-            )
+            if session is not None:  # what the batch has spent, where other batches' cost caps read it
+                record_usage(session, folder.batch_id, base.usage)
+            context.log_event(_eta_observation(context, eta, sum(s.request_counts.total for s in done.values())))
+            ran_requests += committed.request_counts.total
+            ran_tokens += committed.usage.output_tokens
+            counts = committed.request_counts
+            context.log.info(f"Shard {index}: {counts.completed} completed, {counts.failed} failed, "
+                             f"{committed.usage.output_tokens} output tokens in {committed.duration_s:.1f}s")
     elapsed = time.perf_counter() - started
     completed = sum(s.request_counts.completed for s in done.values())  # those committed before, and now
     failed = sum(s.request_counts.failed for s in done.values())
@@ -379,6 +429,34 @@ def shard_results(
             "status": str(stopped or ("ran" if todo else "cached")),  # Dagster metadata takes no enum
         }
     )
+
+
+def inference_step(retry_delay_s: float) -> dg.AssetsDefinition:
+    """shard_results, the inference step: retried `retry_delay_s` after a failure (an engine crash), doubling."""
+    return dg.asset(
+        name="shard_results",
+        partitions_def=batches,
+        group_name=GROUP,
+        kinds={"vllm"},
+        deps=[batch_shards],
+        op_tags=GPU_STEP_TAGS,
+        retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=retry_delay_s, backoff=dg.Backoff.EXPONENTIAL),
+        description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
+    )(run_shards)
+
+
+# As the declarations' default makes it: its key is what the job, the checks and the later steps name.
+shard_results = inference_step(default("BATCH_STEP_RETRY_DELAY_S"))
+
+
+def _eta_observation(context: dg.AssetExecutionContext, eta: RunningEta, done: int) -> dg.AssetObservation:
+    """The inference step's own ETA once `done` requests in all have finished: its progress blended with its
+    estimate's work at the estimate's rate (features/eta.py RunningEta)."""
+    now = time.time()
+    left = eta.remaining_s(done, now) or 0.0
+    return dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata={
+        "queue_position": 0, "requests_done": done, "fraction_done": round(done / eta.total, 4),
+        "estimated_completion_at": dg.MetadataValue.timestamp(now + left)})
 
 
 def _preview(output: Path) -> list[dict[str, str]]:
@@ -455,7 +533,10 @@ def batch_usage(
         raise dg.Failure(f"{folder.batch_id} has no merged files: batch_output_files has not run.",
                          allow_retries=False)
     usage = merged.usage
-    cost = cost_of(usage, manifest.model, pipeline.prices())
+    prices = pipeline.prices()
+    cost = cost_of(usage, manifest.model, prices)
+    if unpriced := prices.unlisted(manifest.model):  # said where the cost is read, not left as a silent 0
+        context.log.warning(f"{unpriced}; add it to {pipeline.prices_file} (BATCH_PRICES_FILE)")
     shards = committed_shards(folder.storage, folder.results_prefix).values()
     inference_s = sum(s.duration_s for s in shards)
     summary = Summary(
@@ -495,8 +576,15 @@ def batch_usage(
             "vllm_version": summary.record["vllm_version"],
             "engine": dg.MetadataValue.json(summary.record),
             "cost_detail": dg.MetadataValue.json(cost.to_dict()),
+            **({"price": f"not in the price table: its [defaults] ({pipeline.prices_file})"} if unpriced else {}),
         }
     )
 
 
 lifecycle_assets = [batch_input, validated_requests, batch_shards, shard_results, batch_output_files, batch_usage]
+
+
+def lifecycle(retry_delay_s: float) -> list[dg.AssetsDefinition]:
+    """The lifecycle's assets, in data-flow order, the inference step retried after `retry_delay_s`
+    (BATCH_STEP_RETRY_DELAY_S, read when the definitions load)."""
+    return [inference_step(retry_delay_s) if a is shard_results else a for a in lifecycle_assets]

@@ -6,13 +6,18 @@ double counts. The store is the one record of batches, however they arrived.
 
 import base64
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import date, timedelta
 from functools import partial
 from pathlib import Path
 
 import dagster as dg
 
-from batch_dagster.batchfile.daily_usage import (
+from batch_dagster.batchfile.storage import Storage
+from batch_dagster.db import BatchRecord, repo
+from batch_dagster.defs.partitions import daily_partitions
+from batch_dagster.defs.resources import DatabaseResource, StorageResource
+from batch_dagster.defs.run_tags import OwnerLabels
+from batch_dagster.features.daily_usage import (
     FinishedBatch,
     batch_rows,
     batch_view,
@@ -26,15 +31,9 @@ from batch_dagster.batchfile.daily_usage import (
     model_view,
     totals,
 )
-from batch_dagster.batchfile.storage import Storage
-from batch_dagster.db import BatchRecord, repo
-from batch_dagster.db.labels import OwnerLabels
-from batch_dagster.defs.partitions import daily
-from batch_dagster.defs.resources import DatabaseResource, StorageResource
 
 GROUP = "reports"
 CHART_DAYS = 30
-
 
 
 def report_prefix(day: str) -> str:
@@ -60,13 +59,6 @@ def _write(storage: Storage, key: str, write: Callable[[Path], object]) -> str:
     return storage.uri(key)
 
 
-@dg.asset(
-    partitions_def=daily,
-    group_name=GROUP,
-    kinds={"parquet", "csv", "matplotlib"},
-    description="Usage and cost of the batches that finished on the day (UTC), per model and per batch, "
-                "as Parquet and CSV, with a PNG chart of tokens and cost per model over the last 30 days.",
-)
 def daily_usage_report(
     context: dg.AssetExecutionContext, database: DatabaseResource, storage: StorageResource
 ) -> dg.MaterializeResult:
@@ -87,7 +79,7 @@ def daily_usage_report(
         f"{day_totals['total_tokens']} tokens, cost {day_totals['cost']}"
     )
 
-    out, files = report_prefix(context.partition_key), storage.storage()
+    out, files = report_prefix(context.partition_key), storage.open()
     paths = {}
     for name, frame in (("usage_by_model", by_model), ("usage_by_batch", by_batch)):
         paths[f"{name}_parquet"] = _write(files, f"{out}/{name}.parquet", partial(frame.to_parquet, index=False))
@@ -117,4 +109,28 @@ def daily_usage_report(
     )
 
 
-report_assets = [daily_usage_report]
+def report_definitions(start: date) -> dg.Definitions:
+    """The daily report: its asset partitioned by UTC day from `start`, its job, and the schedule that builds
+    yesterday's report shortly after midnight UTC."""
+    report = dg.asset(
+        partitions_def=daily_partitions(start),
+        group_name=GROUP,
+        kinds={"parquet", "csv", "matplotlib"},
+        description="Usage and cost of the batches that finished on the day (UTC), per model and per batch, "
+                    "as Parquet and CSV, with a PNG chart of tokens and cost per model over the last 30 days.",
+    )(daily_usage_report)
+    job = dg.define_asset_job(
+        "daily_usage_report_job",
+        selection=dg.AssetSelection.assets(report),
+        description="Build one day's usage report (the partition key is the UTC day).",
+        executor_def=dg.multi_or_in_process_executor,  # Dagster's default, whatever batch_job's is
+    )
+    schedule = dg.build_schedule_from_partitioned_job(
+        job,
+        name="daily_usage_report_schedule",
+        hour_of_day=0,
+        minute_of_hour=15,
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description="Builds yesterday's usage report at 00:15 UTC.",
+    )
+    return dg.Definitions(assets=[report], jobs=[job], schedules=[schedule])

@@ -6,7 +6,7 @@ import dagster as dg
 from dagster_aws.s3 import S3Resource
 
 from batch_dagster.db import repo
-from batch_dagster.db.batches import result_summary
+from batch_dagster.db.batches import delivered_summary
 from batch_dagster.defs.assets.batch import GROUP, batch_usage
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, StorageResource
@@ -33,10 +33,10 @@ def delivered_results(
         intake, batch = found
         folder = storage.folder(batch_id)
         keys = [key for key in (folder.output_key, folder.error_key) if folder.storage.exists(key)]
-        pipeline_summary = folder.summary()
-        cost = pipeline_summary.cost if pipeline_summary else None
+        summary = folder.summary()
+        cost = summary.cost if summary else None
         names = [key.rsplit("/", 1)[-1] for key in keys]
-        keys.append(folder.write_delivery_summary(result_summary(batch, intake, cost, names)))
+        keys.append(folder.write_delivery_summary(delivered_summary(batch, intake, cost, names)))
         with ExitStack() as stack:
             files = {key.rsplit("/", 1)[-1]: stack.enter_context(folder.storage.local_copy(key)) for key in keys}
             written = deliver(files, intake.deliver_to, s3.get_client)

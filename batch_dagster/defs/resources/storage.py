@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import dagster as dg
+from pydantic_core import PydanticUndefined
 
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.settings import open_batch_storage, storage_location
+
+from .fields import setting
 
 
 class StorageResource(dg.ConfigurableResource):
@@ -17,10 +20,11 @@ class StorageResource(dg.ConfigurableResource):
     `data_dir` is this process's own local folder; with a remote `url` it holds only scratch.
     """
 
-    data_dir: str
-    url: str = ""
+    data_dir: str = setting("BATCH_DATA_DIR", default=PydanticUndefined)  # where this process runs: always given
+    url: str = setting("BATCH_STORAGE_URL", default="")
 
-    def storage(self) -> Storage:
+    def open(self) -> Storage:
+        """The batch storage this resource names, opened."""
         return open_batch_storage(self.data_dir, self.url)
 
     @property
@@ -29,4 +33,4 @@ class StorageResource(dg.ConfigurableResource):
         return storage_location(self.data_dir, self.url)[1]
 
     def folder(self, batch_id: str) -> BatchFolder:
-        return BatchFolder(self.storage(), batch_id)
+        return BatchFolder(self.open(), batch_id)

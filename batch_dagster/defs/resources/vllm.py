@@ -10,12 +10,13 @@ from typing import Any, Literal
 
 import dagster as dg
 
-from batch_dagster import settings as s
 from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.defs.run_limits import queue_tags
 from batch_dagster.engine.base import Engine
 from batch_dagster.engine.models import Models, UnknownModel
 from batch_dagster.engine.server import ServerEngine
+
+from .fields import setting
 
 
 @functools.cache
@@ -59,21 +60,21 @@ def _servers_vllm_version(urls: list[str]) -> str:
 class VLLMResource(dg.ConfigurableResource):
     """The engine for a batch's model.
 
-    `offline` builds one `vllm.LLM` per model and process and reuses it across shards and runs;
-    `server` sends requests to OpenAI-compatible vLLM servers at `server_urls`, at most
+    `offline` builds one in-process engine (`vllm serve`'s app) per model and process and reuses it across
+    shards and runs; `server` sends requests to OpenAI-compatible vLLM servers at `server_urls`, at most
     `max_concurrency` at a time. Model settings come from the registry file.
     """
 
-    mode: Literal["offline", "server"] = s.default("BATCH_ENGINE_MODE")
-    models_file: str
-    model_cache_dir: str
-    server_urls: list[str] = list(s.default("BATCH_VLLM_SERVER_URLS"))
-    server_api_key: str | None = s.default("BATCH_VLLM_API_KEY")
-    max_concurrency: int = s.default("BATCH_VLLM_MAX_CONCURRENCY")
+    mode: Literal["offline", "server"] = setting("BATCH_ENGINE_MODE")
+    models_file: str = setting("BATCH_MODELS_FILE")
+    model_cache_dir: str = setting("BATCH_MODEL_CACHE")
+    server_urls: list[str] = setting("BATCH_VLLM_SERVER_URLS")
+    server_api_key: str | None = setting("BATCH_VLLM_API_KEY")
+    max_concurrency: int = setting("BATCH_VLLM_MAX_CONCURRENCY")
     request_timeout_s: float = ServerEngine.timeout_s
     failover_s: float = ServerEngine.failover_s  # server mode: how long requests are resent while no server answers
-    fleet_model: str = ""  # a model with a warm fleet: its batches go to `fleet_url` whatever the mode
-    fleet_url: str = s.default("BATCH_FLEET_URL")
+    # Models with a warm fleet, each to its router (BATCH_FLEET_URLS): their batches go there whatever the mode.
+    fleet_urls: dict[str, str] = setting("BATCH_FLEET_URLS")
 
     @property
     def models(self) -> Models:
@@ -93,8 +94,8 @@ class VLLMResource(dg.ConfigurableResource):
 
     def server_urls_for(self, model: str) -> list[str] | None:
         """Where a model's requests go in server mode (its fleet first), or None when it runs offline."""
-        if self.fleet_url and model == self.fleet_model:
-            return [self.fleet_url]
+        if model in self.fleet_urls:
+            return [self.fleet_urls[model]]
         return self.server_urls if self.mode == "server" else None
 
     def queue_tags(self, model: str | None) -> dict[str, str]:

@@ -16,16 +16,17 @@ from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import BatchRecord, repo
-from batch_dagster.db.eta import set_launch_priorities
-from batch_dagster.db.labels import OWNER_TAG, input_filenames, run_tags
 from batch_dagster.db.lifecycle import sync_batch, sync_progress
+from batch_dagster.defs.cli_runs import CLI_GONE, cli_process_gone
 from batch_dagster.defs.dagster_internals import run_end_reason, worker_gone
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.defs.run_limits import PRIORITY_TAG
-from batch_dagster.defs.runner import CLI_GONE, cli_process_gone
-from batch_dagster.defs.sensors.fairness import with_fair_priorities
+from batch_dagster.defs.run_tags import OWNER_TAG, input_filenames, run_tags
+from batch_dagster.defs.sensors.fairness import with_launch_order
+from batch_dagster.defs.sensors.timing import timed
+from batch_dagster.features.eta import set_launch_priorities
 
 PARTITION_TAG = "dagster/partition"
 RETRY_NUMBER_TAG = "dagster/retry_number"
@@ -83,6 +84,7 @@ def run_key(instance: dg.DagsterInstance, batch_id: str) -> str:
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Adds each batch created through the API as a partition and runs batch_job for it.",
 )
+@timed
 def api_batch_sensor(context: dg.SensorEvaluationContext, database: DatabaseResource,
                      vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
     with database.session() as session:
@@ -94,11 +96,11 @@ def api_batch_sensor(context: dg.SensorEvaluationContext, database: DatabaseReso
         # The run waits in the run queue by the model its batch recorded at creation.
         filenames = input_filenames(session, rows)
         labels = database.labels()
-        tags = [run_tags(b.id, source="api", filename=filenames.get(b.id), owner=b.owner, model=b.model,
+        tags = [run_tags(b.id, way_in="api", filename=filenames.get(b.id), owner=b.owner, model=b.model,
                          vllm=vllm, labels=labels) for b in rows]
-        priorities = [b.priority for b in rows]
+        priorities = [b.options.priority for b in rows]
     # Higher priority first; among equals, oldest first and owners interleaved: the run queue launches by these.
-    tags = with_fair_priorities(context.instance, batch_job.name, tags, OWNER_TAG, priorities)
+    tags = with_launch_order(context.instance, batch_job.name, tags, OWNER_TAG, priorities)
     with database.session() as session:  # each batch's place in the launch order, for its queue_position
         set_launch_priorities(session, {b: int(t[PRIORITY_TAG]) for b, t in zip(waiting, tags, strict=True)})
     context.log.info(f"Launching {len(waiting)} batch(es): {', '.join(waiting)}")
@@ -131,7 +133,7 @@ def run_failure_message(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str
     return f"The pipeline run {verb} ({where})" + (f": {reason}" if reason else "; see the Dagster UI.")
 
 
-def _retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+def _run_retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     """Whether Dagster's run retries (dagster.yaml `run_retries`) will still run this failed run again."""
     if run.is_complete_and_waiting_to_retry:
         return True
@@ -179,7 +181,7 @@ def _follow(context: dg.SensorEvaluationContext, session: Session, folders: Stor
         return False  # a change of its run: next tick, Dagster retries it (dagster.yaml run_retries), or it fails
     if run.status in _ENDED_BADLY and batch.status not in TERMINAL:
         # A retried run is a new run of the same partition: a later tick follows that one.
-        if _retry_pending(instance, run):
+        if _run_retry_pending(instance, run):
             context.log.info(f"{batch.id}: run {run.run_id} failed; Dagster will retry it")
             return True
         failure = run_failure_message(instance, run)
@@ -355,11 +357,12 @@ def next_cursor(cursor: StatusCursor, plan: TickPlan, done: TickDone, latest_cha
     "for good (after Dagster's run retries; the batch keeps the shards they finished) or whose process is gone "
     f"with serve. Follows the runs that changed since its cursor; sweeps every active batch every {SWEEP_EVERY_S} s.",
 )
+@timed
 def api_batch_status_sensor(
     context: dg.SensorEvaluationContext, database: DatabaseResource, storage: StorageResource,
     pipeline: PipelineConfig,
 ) -> dg.SkipReason:
-    instance, folders = context.instance, storage.storage()
+    instance, folders = context.instance, storage.open()
     cursor, started_at = StatusCursor.parse(context.cursor), time.time()
     changed, latest_change, truncated = changed_runs(instance, cursor.runs_after)
     running = instance.get_runs(dg.RunsFilter(job_name=batch_job.name, statuses=list(_RUNNING)))

@@ -22,14 +22,14 @@ from dagster_aws.s3 import S3Resource
 from batch_dagster.batchfile.contract import endpoint_of_head
 from batch_dagster.db import repo
 from batch_dagster.db.batches import HEAD_BYTES, DroppedFile, drop_problem, head_model, register_dropped
-from batch_dagster.db.eta import set_launch_priorities
-from batch_dagster.db.labels import OWNER_TAG, run_tags
 from batch_dagster.defs.jobs import batch_job, deliver_results_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, Intake, StorageResource, VLLMResource
 from batch_dagster.defs.run_limits import PRIORITY_TAG
-from batch_dagster.defs.sensors.fairness import with_fair_priorities
-from batch_dagster.settings import Settings
+from batch_dagster.defs.run_tags import OWNER_TAG, run_tags
+from batch_dagster.defs.sensors.fairness import with_launch_order
+from batch_dagster.defs.sensors.timing import timed
+from batch_dagster.features.eta import set_launch_priorities
 from batch_dagster.storage.transfer import s3_uri
 
 IGNORED_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload")
@@ -58,7 +58,7 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
         owner = database.intake_owner()
         for f in new:
             try:
-                b = register_dropped(session, storage.storage(), f, owner=owner, deliver_to=deliver_to,
+                b = register_dropped(session, storage.open(), f, owner=owner, deliver_to=deliver_to,
                                      completion_window_s=intake.completion_window_s)
                 # Read now: a later file's rollback expires the rows this session holds.
                 launched.append((f, Launched(b.id, b.owner, b.model)))
@@ -73,8 +73,8 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
     for batch_id in ended:
         context.log.info(f"{batch_id} ended: delivering its results")
     labels = database.labels()
-    tags = with_fair_priorities(context.instance, batch_job.name, [
-        {**run_tags(b.id, source="s3" if scheme == "s3://" else "inbox", filename=f.filename, owner=b.owner,
+    tags = with_launch_order(context.instance, batch_job.name, [
+        {**run_tags(b.id, way_in="s3" if scheme == "s3://" else "inbox", filename=f.filename, owner=b.owner,
                     model=b.model, vllm=vllm, labels=labels), "input_uri": f.source[:255]}
         for f, b in launched
     ], OWNER_TAG) if launched else []
@@ -141,16 +141,8 @@ def list_s3(client, intake: Intake, start_after: str) -> tuple[list[dict], str]:
     return objects, start_after
 
 
-@dg.sensor(
-    jobs=[batch_job, deliver_results_job],
-    minimum_interval_seconds=30,
-    default_status=dg.DefaultSensorStatus.RUNNING if Settings.from_env().s3_bucket
-    else dg.DefaultSensorStatus.STOPPED,
-    description="Runs each new .jsonl object under s3://$BATCH_S3_BUCKET/$BATCH_S3_PREFIX as a batch and writes "
-    "its results under $BATCH_S3_OUTPUT_PREFIX<batch_id>/.",
-)
-def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3Resource, database: DatabaseResource,
-                     storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
+def watch_s3_bucket(context: dg.SensorEvaluationContext, intake: Intake, s3: S3Resource, database: DatabaseResource,
+                    storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
     if not intake.s3_bucket:
         return dg.SkipReason("BATCH_S3_BUCKET is not set.")
     if reason := database.no_intake_owner():
@@ -172,6 +164,23 @@ def s3_upload_sensor(context: dg.SensorEvaluationContext, intake: Intake, s3: S3
                                  bytes=o["Size"], endpoint=endpoint_of_head(head), model=head_model(head)))
     return _tick(context, intake, database, storage, vllm, found, scheme="s3://",
                  deliver_to=intake.s3_results_uri(), cursor={"start_after": next_start, "refused": refused})
+
+
+def s3_sensor(bucket_set: bool) -> dg.SensorDefinition:
+    """The S3 drop sensor; with a bucket set (BATCH_S3_BUCKET, read when the definitions load), it runs from the
+    daemon's start."""
+    return dg.sensor(
+        name="s3_upload_sensor",
+        jobs=[batch_job, deliver_results_job],
+        minimum_interval_seconds=30,
+        default_status=dg.DefaultSensorStatus.RUNNING if bucket_set else dg.DefaultSensorStatus.STOPPED,
+        description="Runs each new .jsonl object under s3://$BATCH_S3_BUCKET/$BATCH_S3_PREFIX as a batch and writes "
+        "its results under $BATCH_S3_OUTPUT_PREFIX<batch_id>/.",
+    )(timed(watch_s3_bucket, "s3_upload_sensor"))
+
+
+# As the declarations' default makes it (no bucket: stopped); the definitions build it from the settings.
+s3_upload_sensor = s3_sensor(bucket_set=False)
 
 
 def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: float, now: float
@@ -203,6 +212,7 @@ def _complete_inbox_files(inbox: Path, pending: dict[str, list[int]], settle_s: 
     description="Runs each .jsonl file dropped into the inbox folder ($BATCH_INBOX_DIR) as a batch, once it is "
     "completely written, and writes its results to <outbox>/<batch_id>/.",
 )
+@timed
 def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, database: DatabaseResource,
                  storage: StorageResource, vllm: VLLMResource) -> dg.SensorResult | dg.SkipReason:
     if reason := database.no_intake_owner():

@@ -1,5 +1,5 @@
 """Queue position and ETA: every batch not ended gets its place among its model's batches and its estimated end
-(batchfile/eta.py), stored on its record for the API, and on its run's tags for the Dagster UI."""
+(features/eta.py), stored on its record for the API, and on its run's tags for the Dagster UI."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from batch_dagster.db.eta import refresh_queue
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig
 from batch_dagster.defs.run_limits import model_run_limit
-from batch_dagster.settings import Settings
+from batch_dagster.defs.sensors.timing import timed
+from batch_dagster.features.eta import refresh_queue
 
 POSITION_TAG, ETA_TAG = "batch/queue_position", "batch/estimated_completion_at"
 
@@ -22,10 +22,11 @@ POSITION_TAG, ETA_TAG = "batch/queue_position", "batch/estimated_completion_at"
     description="Keeps each unfinished batch's queue_position and estimated_completion_at up to date (the API "
     "shows them); a run's tags show its batch's place while it waits in the run queue.",
 )
+@timed
 def queue_eta_sensor(context: dg.SensorEvaluationContext, database: DatabaseResource,
                      pipeline: PipelineConfig) -> dg.SkipReason:
     # The run queue's own limit; an instance without one (a test's) counts the settings' number.
-    slots = model_run_limit(context.instance) or Settings.from_env().runs_per_model
+    slots = model_run_limit(context.instance) or pipeline.runs_per_model
     with database.session() as session:
         moved = refresh_queue(session, slots=slots,
                               default_tokens_per_s=pipeline.estimate_tokens_per_s, now=time.time())

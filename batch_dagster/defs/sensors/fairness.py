@@ -1,5 +1,5 @@
-"""The launch order of batch runs: owners interleaved by `dagster/priority` (defs/run_limits.py fair_priorities),
-read from the runs the instance's queue holds or runs now."""
+"""The launch order of batch runs: each new run's fair rank (defs/run_limits.py fair_ranks, from the runs the
+instance's queue holds or runs now) and its `dagster/priority`, which puts its batch's own priority first."""
 
 from __future__ import annotations
 
@@ -7,19 +7,19 @@ from collections.abc import Mapping, Sequence
 
 import dagster as dg
 
-from batch_dagster.defs.run_limits import PRIORITY_TAG, RANK_TAG, InFlight, fair_priorities, launch_priority
+from batch_dagster.defs.run_limits import PRIORITY_TAG, RANK_TAG, InFlight, fair_ranks, launch_priority
 
 
-def with_fair_priorities(instance: dg.DagsterInstance, job_name: str, tags: Sequence[dict[str, str]],
-                         owner_tag: str, priorities: Sequence[int] | None = None) -> list[dict[str, str]]:
-    """`tags` (of new runs of `job_name`, in submission order) each with its fair rank (fair_priorities, from the runs
+def with_launch_order(instance: dg.DagsterInstance, job_name: str, tags: Sequence[dict[str, str]],
+                      owner_tag: str, priorities: Sequence[int] | None = None) -> list[dict[str, str]]:
+    """`tags` (of new runs of `job_name`, in submission order) each with its fair rank (fair_ranks, from the runs
     of the job the queue holds or runs now) and its launch priority: the batch's own `priorities` (0 each when not
     given) first, then that rank."""
     waiting = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED)
     runs = instance.get_runs(dg.RunsFilter(job_name=job_name, statuses=[*waiting, dg.DagsterRunStatus.STARTING,
                                                                         dg.DagsterRunStatus.STARTED]))
     in_flight = [InFlight(r.tags.get(owner_tag, ""), _rank(r.tags), r.status not in waiting) for r in runs]
-    ranks = fair_priorities(in_flight, [t.get(owner_tag, "") for t in tags])
+    ranks = fair_ranks(in_flight, [t.get(owner_tag, "") for t in tags])
     own = priorities if priorities is not None else [0] * len(tags)
     return [{**t, RANK_TAG: str(rank), PRIORITY_TAG: str(launch_priority(rank, p))}
             for t, rank, p in zip(tags, ranks, own, strict=True)]

@@ -1,10 +1,12 @@
-"""History retention: once a batch ended BATCH_HISTORY_RETENTION_S ago, its Dagster history and working files go.
+"""History retention: once a batch ended BATCH_HISTORY_RETENTION_S ago, or once more than BATCH_HISTORY_MAX_BATCHES
+batch partitions exist (the batches that ended first go first), its Dagster history and working files go.
 
 Deleted: the batch's dynamic partition, every run of that partition (batch_job, deliver_results_job, backfills) with
 its event log (materializations and check results included) and its step logs, and the folder's working files. Kept:
 the batch's row (the API still answers for it; the daily report counts it), its summary.json (the report prices it
 by it) and the files the store still serves (output and error files until they expire). So the partition count stays
-near retention x rate. Each pass also sweeps leftover scratch files and staged step logs.
+near retention x rate, and under the bound whatever the rate (batches not ended keep theirs). Each pass also sweeps
+leftover scratch files and staged step logs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from batch_dagster.defs.assets.delivery import delivered_results
 from batch_dagster.defs.dagster_internals import delete_run_leftovers, forget_partition_status, staged_logs
 from batch_dagster.defs.partitions import BATCH_PARTITIONS
 from batch_dagster.defs.resources import DatabaseResource, Retention, StorageResource
+from batch_dagster.defs.sensors.timing import timed
 from batch_dagster.storage import scratch
 
 PARTITION_TAG = "dagster/partition"
@@ -66,6 +69,16 @@ def sweep_staged_logs(instance: dg.DagsterInstance, older_than: float) -> int:
     return removed
 
 
+def _due(session, retention: Retention, cursor: tuple[int, int] | None, excess: int) -> list[Ended]:
+    """The next ended batches to purge, in the order they ended: those past retention, and the first `excess` ones
+    whatever their age (both are a head of the same order, so the longer is taken)."""
+    now = repo.now()
+    ended = ended_before(session, now, after=cursor, limit=BATCHES_PER_TICK)
+    past = now - retention.history_retention_s if retention.history_retention_s > 0 else None
+    aged = sum(1 for batch in ended if past is not None and batch.ended_at <= past)
+    return ended[:max(aged, excess, 0)]
+
+
 def _cursor(text: str | None) -> tuple[int, int] | None:
     if not text:
         return None
@@ -77,8 +90,10 @@ def _cursor(text: str | None) -> tuple[int, int] | None:
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Deletes the Dagster history (partition, runs, event and step logs) and the working files of "
-    "batches that ended more than BATCH_HISTORY_RETENTION_S ago, and sweeps leftover scratch and staged logs.",
+    "batches that ended more than BATCH_HISTORY_RETENTION_S ago, or of those that ended first while there are more "
+    "than BATCH_HISTORY_MAX_BATCHES batch partitions, and sweeps leftover scratch and staged logs.",
 )
+@timed
 def history_retention_sensor(context: dg.SensorEvaluationContext, database: DatabaseResource,
                              storage: StorageResource, retention: Retention) -> dg.SkipReason:
     started, instance = time.monotonic(), context.instance
@@ -88,12 +103,16 @@ def history_retention_sensor(context: dg.SensorEvaluationContext, database: Data
     except OSError as exc:  # a folder it may not read: the history is deleted all the same
         context.log.warning(f"Could not sweep scratch and staged logs: {exc!r}")
         swept = 0
-    if retention.history_retention_s <= 0:
-        return dg.SkipReason(f"History is kept for ever; {swept} leftover(s) swept.")
+    excess = 0
+    if retention.history_max_batches > 0:
+        excess = len(instance.get_dynamic_partitions(BATCH_PARTITIONS)) - retention.history_max_batches
+    if retention.history_retention_s <= 0 and excess <= 0:
+        return dg.SkipReason(f"History is kept (no batch past retention, partitions within the bound); {swept} "
+                             "leftover(s) swept.")
     cursor = _cursor(context.cursor)
     purged: list[Ended] = []
     with database.session() as session:
-        due = ended_before(session, repo.now() - retention.history_retention_s, after=cursor, limit=BATCHES_PER_TICK)
+        due = _due(session, retention, cursor, excess)
         for batch in due:
             if time.monotonic() - started > TICK_BUDGET_S:
                 break
@@ -114,4 +133,5 @@ def history_retention_sensor(context: dg.SensorEvaluationContext, database: Data
         forget_partition_status(instance, BATCH_ASSETS)
         shown = ", ".join(b.batch_id for b in purged[:10]) + (", ..." if len(purged) > 10 else "")
         context.log.info(f"Deleted the history of {len(purged)} batch(es): {shown}")
-    return dg.SkipReason(f"{len(purged)} batch(es) past retention deleted; {swept} leftover(s) swept.")
+    return dg.SkipReason(f"{len(purged)} batch(es) past retention or the partition bound deleted; {swept} "
+                         "leftover(s) swept.")

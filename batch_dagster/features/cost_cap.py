@@ -1,0 +1,135 @@
+"""A batch's cost cap. A batch may spend up to its `max_cost`, and no more than what its key's daily budget has
+left after the key's other batches of the day. Validation refuses a batch whose upper-bound cost is past that
+(`refuse_over_cap`); a running batch stops before the shard after it reaches it (`cap_reached`).
+
+Costs are those of usage.py: successful requests only, at the batch price. What the other batches spent is read
+from the store, one query: an ended batch's final usage, and a running one's as its run records it after each
+shard (db/lifecycle.py record_usage). No check reads another batch's folder. docs/http-api.md ("Cost cap") says
+what each check compares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.results import CommittedShard
+from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
+from batch_dagster.batchfile.validate import ValidationReport
+from batch_dagster.db.keys import own_daily_budget
+from batch_dagster.db.models import BatchRecord
+
+from .daily_usage import day_bounds
+from .estimate import Tally
+
+# Costs are rounded to 8 decimals (usage.Cost): a sum within this of the cap has reached it.
+_EPSILON = 1e-8
+
+
+@dataclass(frozen=True)
+class Cap:
+    """What bounds one batch's spend; None: that bound is not set."""
+
+    max_cost: float | None = None
+    daily_budget: float | None = None
+    spent_today: float = 0.0  # by the key's other batches created this UTC day
+    currency: str = "USD"
+
+    def allowance(self, spent: float = 0.0) -> float | None:
+        """What the batch may still spend once it has spent `spent`; None: nothing caps it."""
+        left = []
+        if self.max_cost is not None:
+            left.append(self.max_cost - spent)
+        if self.daily_budget is not None:
+            left.append(self.daily_budget - self.spent_today - spent)
+        return min(left) if left else None
+
+    def _limits(self) -> str:
+        parts = []
+        if self.max_cost is not None:
+            parts.append(f"max_cost {self.max_cost:g}")
+        if self.daily_budget is not None:
+            parts.append(f"the key's daily budget {self.daily_budget:g}, of which {self.spent_today:g} is spent "
+                         "today by its other batches")
+        return " and ".join(parts) + f" ({self.currency})"
+
+    def refusal(self, upper_bound: float) -> c.BatchError | None:
+        """At validation: the error for a batch whose upper-bound cost is more than it may spend, else None."""
+        allowed = self.allowance()
+        if allowed is None or upper_bound <= allowed + _EPSILON:
+            return None
+        return c.BatchError(
+            c.COST_LIMIT_EXCEEDED,
+            f"This batch may cost up to {upper_bound:g} {self.currency} (every request that runs succeeding with its "
+            f"most output tokens), more than the {max(allowed, 0.0):g} it may spend under {self._limits()}. Lower "
+            "max_tokens, split the file, or raise max_cost.",
+        )
+
+    def reached(self, spent: float) -> bool:
+        """While it runs: whether the batch, having spent `spent`, must not start another shard."""
+        allowed = self.allowance(spent)
+        return allowed is not None and allowed <= _EPSILON
+
+
+def spent_today(session: Session, owner: str, prices: PriceTable, at: float, excluding: str) -> float:
+    """The cost of `owner`'s batches created on the UTC day of `at` (epoch seconds), but `excluding`, as the store
+    holds their usage (one query)."""
+    start, end = day_bounds(datetime.fromtimestamp(at, UTC).date())
+    rows = session.execute(select(BatchRecord.usage, BatchRecord.model).where(
+        BatchRecord.owner == owner, BatchRecord.id != excluding, BatchRecord.created_at >= start,
+        BatchRecord.created_at < end))
+    total = 0.0
+    for usage, model in rows:
+        if usage and model:
+            total += cost_of(Usage.from_dict(usage), model, prices).total_cost
+    return round(total, 8)
+
+
+def batch_cap(session: Session, batch_id: str, prices: PriceTable, currency: str, daily_budget: float | None,
+              at: float) -> Cap | None:
+    """What caps `batch_id`'s spend at `at`; None when nothing does (no max_cost, no budget) or it has no row. The
+    budget is its key's own (db/keys.py), else `daily_budget` (BATCH_KEY_DAILY_BUDGET)."""
+    row = session.scalar(select(BatchRecord).where(BatchRecord.id == batch_id))
+    if row is None:
+        return None
+    daily_budget = own_daily_budget(session, row.owner, daily_budget)
+    if row.options.max_cost is None and daily_budget is None:
+        return None
+    spent = spent_today(session, row.owner, prices, at, batch_id) if daily_budget is not None else 0.0
+    return Cap(max_cost=row.options.max_cost, daily_budget=daily_budget, spent_today=spent, currency=currency)
+
+
+def refuse_over_cap(session: Session, batch_id: str, report: ValidationReport, tally: Tally | None,
+                    prices: PriceTable, daily_budget: float | None, at: float) -> None:
+    """At validation, an error in the valid `report` when the batch's upper-bound cost (its `tally` priced, each
+    request at its most output: the estimate's cost.max) is more than it may spend."""
+    if not report.valid or report.model is None:
+        return
+    cap = batch_cap(session, batch_id, prices, prices.for_model(report.model).currency, daily_budget, at)
+    if cap is None:
+        return
+    if tally is None:  # its tokenizer failed (count_tokens logged why): no cap is checked by guessing
+        raise RuntimeError(f"The batch has a cost cap, and its tokens could not be counted with {report.model}'s "
+                           "tokenizer; see the warning above.")
+    error = cap.refusal(tally.cost(report.model, prices)["max"])
+    if error is not None:
+        report.errors.append(error)
+        report.error_count += 1
+
+
+def cap_reached(session: Session, batch_id: str, model: str, committed: Iterable[CommittedShard], prices: PriceTable,
+                daily_budget: float | None, at: float) -> bool:
+    """While it runs, before a shard: whether the batch, having spent what its `committed` shards cost, must run no
+    other shard."""
+    cap = batch_cap(session, batch_id, prices, prices.for_model(model).currency, daily_budget, at)
+    if cap is None:
+        return False
+    usage = Usage()
+    for shard in committed:
+        usage += shard.usage
+    return cap.reached(cost_of(usage, model, prices).total_cost)
