@@ -17,7 +17,7 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("batches") as batch:
-        batch.add_column(sa.Column("request_incomplete_structured", sa.Integer(), nullable=False, server_default="0"))
+        batch.add_column(sa.Column("request_incomplete_structured", sa.BigInteger(), nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
