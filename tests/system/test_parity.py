@@ -405,7 +405,7 @@ def runs(registry, token_ids, tmp_path_factory) -> dict[str, dict[str, tuple]]:
                     folder.mkdir(parents=True)
                     out["fleet"][name] = run_on_real_engine(folder, folder / "data", instance, rows,
                                                             SHARD_SIZE.get(name, 1000), models_file=str(registry),
-                                                            fleet_model=model, fleet_url=fleet.url)
+                                                            fleet_urls={model: fleet.url})
             finally:
                 fleet.stop()
     return out
