@@ -11,7 +11,6 @@ import dataclasses
 import math
 import os
 import re
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import date
@@ -19,6 +18,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from batch_dagster.batchfile import generated
 from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.image_sources import DEFAULT_MAX_BYTES as DEFAULT_MAX_IMAGE_BYTES
 from batch_dagster.batchfile.image_sources import ImageSources
@@ -482,17 +482,9 @@ BEGIN, END = "<!-- BEGIN GENERATED: settings -->", "<!-- END GENERATED: settings
 
 def with_tables(doc: str) -> str:
     """`doc` with the text between its BEGIN and END markers replaced by `markdown()`."""
-    head, _, rest = doc.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n{markdown()}{END}{tail}"
+    return generated.between(doc, BEGIN, END, markdown())
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args == ["--markdown"]:
-        sys.stdout.write(markdown())
-    elif len(args) == 2 and args[0] == "--update":
-        doc = Path(args[1])
-        doc.write_text(with_tables(doc.read_text(encoding="utf-8")), encoding="utf-8")
-    else:
-        sys.exit("usage: python -m batch_dagster.settings --markdown | --update docs/configuration.md")
+    generated.main(markdown, with_tables,
+                   "python -m batch_dagster.settings --markdown | --update docs/configuration.md")

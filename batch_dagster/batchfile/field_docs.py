@@ -5,13 +5,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from . import contract as c
+from . import generated
 from .fields import FIELDS, PARTS, Field
 from .schema import PROMPT, SCHEMAS
 
@@ -94,17 +93,9 @@ def markdown() -> str:
 
 def with_tables(doc: str) -> str:
     """`doc` with the text between its BEGIN and END markers replaced by `markdown()`."""
-    head, _, rest = doc.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n{markdown()}{END}{tail}"
+    return generated.between(doc, BEGIN, END, markdown())
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args == ["--markdown"]:
-        sys.stdout.write(markdown())
-    elif len(args) == 2 and args[0] == "--update":
-        doc = Path(args[1])
-        doc.write_text(with_tables(doc.read_text(encoding="utf-8")), encoding="utf-8")
-    else:
-        sys.exit("usage: python -m batch_dagster.batchfile.field_docs --markdown | --update docs/formats.md")
+    generated.main(markdown, with_tables,
+                   "python -m batch_dagster.batchfile.field_docs --markdown | --update docs/formats.md")
