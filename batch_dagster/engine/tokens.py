@@ -25,11 +25,11 @@ _NO_LIMIT = 10**8
 
 
 def _text_of(content: Any) -> str:
-    """A message's content as the chat template takes it: its text parts joined."""
+    """A message's content as vLLM gives it to a chat template that takes text: its text parts joined by newlines."""
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
-        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     raise RequestError("Message content must be a string or a list of content parts.", param="messages")
 
 
