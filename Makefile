@@ -89,7 +89,7 @@ docs-screenshots: setup
 	DOCS_SCREENSHOTS=$(CURDIR)/docs/images/ui $(PY) -m pytest -q -p no:cacheprovider tests/system/test_ui_browser.py
 
 # Benchmarks (see docs/performance.md). BENCH_REQUESTS / BENCH_MODEL size and pick the workload.
-.PHONY: bench bench-cpu bench-api bench-fleet bench-eta bench-scale
+.PHONY: bench bench-cpu bench-api bench-fleet bench-eta bench-scale bench-shared
 bench: setup
 	$(PY) -m bench.run_bench
 
@@ -109,6 +109,11 @@ bench-fleet: setup
 # (BENCH_ETA_BATCHES x BENCH_ETA_REQUESTS, after BENCH_ETA_WARMUP). Writes bench/results/eta.json, prints the table.
 bench-eta: setup
 	$(PY) -m bench.eta
+
+# A batch on a fleet that also answers a fixed-rate interactive client, with BATCH_VLLM_BUDGET fixed and adaptive:
+# interactive p50/p99 against the client alone, batch throughput against an idle fleet (bench/shared_fleet.py).
+bench-shared: setup
+	$(PY) -m bench.shared_fleet
 # The control plane at volume, without inference (fake engine): the API over 100,000 stored batches, the API sensors
 # over 2,000 active ones, growth per batch, S3 calls per tick (moto) and the Dagster UI at 1,000 to 100,000
 # partitions (dagster-webserver, headless Chromium), on SQLite and PostgreSQL 15. SCALE_* size it (bench/scale.py).

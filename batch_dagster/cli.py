@@ -175,7 +175,7 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
                 return 1
             parent = sync_batch(session, storage, parent)
             try:
-                child = create_retry(session, storage, parent, completion_window_s=settings.completion_window_s)
+                child = create_retry(session, storage, parent, windows=settings.windows)
             except CannotRetry as exc:
                 print(f"batch-dagster: error: {exc}", file=sys.stderr)
                 return 1

@@ -108,8 +108,9 @@ def check(host: str, port: int, allow: Allow, resolver: Resolve | None = None) -
         return addresses[0]
     for a in addresses:
         if not (is_public(a) or allow.admits(a)):
-            raise Refused(f"The host {name[:64]!r} is at {a}, which is not a public address; an operator may allow "
-                          "it with BATCH_WEBHOOK_ALLOW.")
+            # The address is not named: it would tell a tenant how an internal name resolves.
+            raise Refused(f"The host {name[:64]!r} is not at a public address (it resolves to one that is not "
+                          "public); an operator may allow it with BATCH_WEBHOOK_ALLOW.")
     return addresses[0]
 
 

@@ -23,6 +23,7 @@ from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.image_sources import DEFAULT_MAX_BYTES as DEFAULT_MAX_IMAGE_BYTES
 from batch_dagster.batchfile.image_sources import ImageSources
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.batchfile.windows import CompletionWindows
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR / "config"
@@ -96,6 +97,13 @@ def _budget(text: str) -> float | None:
     return value or None  # 0: no budget
 
 
+def _rate(text: str) -> float | None:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise ValueError("must be a share from 0 to 1")
+    return value or None  # 0: no breaker
+
+
 KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -122,6 +130,12 @@ def api_key_entries(text: str) -> tuple[str, ...]:
     return entries
 
 
+def _windows(text: str) -> tuple[str, ...]:
+    entries = _csv(text)
+    CompletionWindows.of(entries)  # refuses an entry that is not a window
+    return entries
+
+
 def _allow(text: str) -> tuple[str, ...]:
     from batch_dagster.egress import Allow
 
@@ -145,6 +159,12 @@ def parse_fleet_urls(text: str) -> dict[str, str]:
 
 def _day(text: str) -> date:
     return date.fromisoformat(text)
+
+
+def _budget_mode(text: str) -> str:
+    if text not in ("fixed", "adaptive"):
+        raise ValueError("must be fixed or adaptive")
+    return text
 
 
 def _policy(text: str) -> str:
@@ -250,6 +270,14 @@ class Settings:
     vllm_max_concurrency: int = variable(
         "BATCH_VLLM_MAX_CONCURRENCY", 64, "Engine",
         "Requests in flight to the servers at once (server mode).", parse=int)
+    vllm_budget: str = variable(
+        "BATCH_VLLM_BUDGET", "fixed", "Engine",
+        "How many requests a batch keeps in flight on the servers (server mode, a fleet). `fixed`: "
+        "BATCH_VLLM_MAX_CONCURRENCY. `adaptive`, for servers that also answer interactive requests: a budget up to "
+        "it, recomputed every half second from the servers' own metrics (vLLM's /metrics: requests running and "
+        "waiting, time to first token, inter-token latency): down to one at once when other clients' requests "
+        "appear, halved when their latencies rise or a server answers 429 or 503, grown again while they keep up "
+        "(engine/budget.py).", parse=_budget_mode)
     fleet_replicas: int = variable(
         "BATCH_FLEET_REPLICAS", 1, "Engine",
         "`make serve`: vLLM servers of each warm fleet (each on a core of its own, or on a GPU host on GPUs of its "
@@ -322,6 +350,15 @@ class Settings:
     max_image_bytes: int = variable(
         "BATCH_MAX_IMAGE_BYTES", DEFAULT_MAX_IMAGE_BYTES, "Limits",
         "Bytes of one image a request sends (a data URL's data) or names (a fetched one).", parse=int)
+    error_breaker_lines: int = variable(
+        "BATCH_ERROR_BREAKER_LINES", 200, "Limits",
+        "The error-rate breaker's sample: once at least this many of a batch's lines have ended (it checks before each "
+        "shard), a batch whose failed share is past the rate stops, `failed` with `error_rate_exceeded`, keeping what "
+        "it finished. 0: no breaker.", parse=int)
+    error_breaker_rate: float | None = variable(
+        "BATCH_ERROR_BREAKER_RATE", 0.95, "Limits",
+        "The share (0 to 1) of failed lines among a batch's first BATCH_ERROR_BREAKER_LINES at which it stops; a "
+        "batch's own `error_breaker_rate` (create body) replaces it. 0: no breaker.", parse=_rate)
     estimate_tokens_per_s: float = variable(
         "BATCH_ESTIMATE_TOKENS_PER_S", 250.0, "Limits",
         "Tokens (prompt and output) per second an estimate's duration assumes for a model with no completed batch yet;"
@@ -333,9 +370,12 @@ class Settings:
     max_json_body_bytes: int = variable(
         "BATCH_MAX_JSON_BODY_BYTES", 1 << 20, "API",
         "Largest JSON request body the API reads (413 past it).", parse=int)
-    completion_window_s: int = variable(
-        "BATCH_COMPLETION_WINDOW_S", DAY_S, "API",
-        "Seconds after creation at which a batch expires (API and drop-folder batches).", parse=int)
+    completion_windows: tuple[str, ...] = variable(
+        "BATCH_COMPLETION_WINDOWS", ("1h", "24h"), "API",
+        "The `completion_window` values a batch may ask, comma-separated: a whole number of hours and `h`. Its batch "
+        "expires that long after it is created; `24h=600` makes the 24h window 600 s long (tests, benches). A dropped "
+        "file's batch takes the longest; each window's price is in BATCH_PRICES_FILE (`[windows.NAME]`).",
+        parse=_windows)
     # Its entries are `name:key` or `key` (split_key).
     api_keys: tuple[str, ...] = variable(
         "BATCH_API_KEYS", (), "API",
@@ -343,14 +383,16 @@ class Settings:
         " key shows as `key-` and a keyed hash). Unset: no authentication, loopback only.",
         parse=api_key_entries, secret=True)
     key_max_priority: int = variable(
-        "BATCH_KEY_MAX_PRIORITY", 10, "API",
+        "BATCH_KEY_MAX_PRIORITY", 0, "API",
         "The highest `priority` (-10..10) a key's batch may ask at create; above it the create answers 400 "
-        "`priority_not_allowed`. 0: keys may only lower theirs.", parse=int)
+        "`priority_not_allowed`. 0 (the default): keys may only lower theirs, so no key puts its backlog ahead of "
+        "everyone's; raise it for the keys that may (`batch-dagster keys limits NAME --max-priority N`).", parse=int)
     key_daily_budget: float | None = variable(
         "BATCH_KEY_DAILY_BUDGET", None, "API",
-        "What one key's batches may cost per UTC day, in the price table's currency (successful requests, at the batch"
-        " price; batches created that day count). A batch whose upper-bound cost is past what is left fails validation"
-        " with `cost_limit_exceeded`; a running one stops there before its next shard. Unset or 0: no budget.",
+        "What one key's batches created on a UTC day may cost in all, in the price table's currency (successful "
+        "requests, at the batch price; a batch's whole spend counts against the day it was created on, even what it "
+        "spends after midnight). A batch whose upper-bound cost is past what is left fails validation with "
+        "`cost_limit_exceeded`; a running one stops there before its next shard. Unset or 0: no budget.",
         parse=_budget)
     key_max_active_batches: int | None = variable(
         "BATCH_KEY_MAX_ACTIVE_BATCHES", 100, "API",
@@ -429,6 +471,10 @@ class Settings:
     @property
     def image_sources(self) -> ImageSources:
         return ImageSources.of(self.image_hosts, self.max_image_bytes)
+
+    @property
+    def windows(self) -> CompletionWindows:
+        return CompletionWindows.of(self.completion_windows)
 
     @property
     def scratch_dir(self) -> Path:

@@ -505,6 +505,37 @@ def database_url(data_dir: Path) -> str:
     return url
 
 
+class Flood:
+    """`n` POSTs of one key to `path`, each from a thread of its own, started at once; `statuses` gathers their
+    answers' status codes as they come. `held()` is what the API holds (not answered yet)."""
+
+    def __init__(self, service: Service, path: str, body: dict, n: int, api_key: str = KEY_A):
+        self.statuses: list[int] = []
+
+        def one() -> None:
+            with service.http(api_key) as http:
+                self.statuses.append(http.post(path, json=body, timeout=120).status_code)
+
+        self.threads = [threading.Thread(target=one) for _ in range(n)]
+        for thread in self.threads:
+            thread.start()
+
+    def wait_answered(self, n: int, timeout_s: float = 60) -> None:
+        """Until `n` of the requests have their answer (AssertionError past `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.statuses) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(self.statuses) >= n, f"{len(self.statuses)} of {len(self.threads)} answered: {self.statuses}"
+
+    def held(self) -> int:
+        return len(self.threads) - len(self.statuses)
+
+    def join(self) -> list[int]:
+        for thread in self.threads:
+            thread.join(120)
+        return self.statuses
+
+
 def upload(client: OpenAI, path: Path, rows: list) -> str:
     """Write `rows` to `path` and upload it with the openai SDK `client`; the file's id."""
     write_jsonl(path, rows)
@@ -594,8 +625,7 @@ class Daemon:
         from batch_dagster.api.app import create_app
 
         config = replace(Settings.from_env(), api_keys=(), database_url=self.db_url, data_dir=self.data_dir,
-                         storage_url=self.storage_url or str(self.data_dir), max_upload_bytes=1 << 20,
-                         completion_window_s=86_400)
+                         storage_url=self.storage_url or str(self.data_dir), max_upload_bytes=1 << 20)
         server = stack.enter_context(ApiServer(create_app(config)))
         return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 

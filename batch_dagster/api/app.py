@@ -29,7 +29,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
-        context.db.dispose()
+        context.close()
 
     app = FastAPI(
         title="batch-dagster",
@@ -50,21 +50,26 @@ def create_app(config: Settings | None = None) -> FastAPI:
 
     metrics.install(app, context)
     app.add_middleware(RequestGuard, context=context)
-    app.openapi = _without_422(app)  # type: ignore[method-assign]
+    app.openapi = _documented(app, config)  # type: ignore[method-assign]
     return app
 
 
-def _without_422(app: FastAPI):
-    """The OpenAPI document without FastAPI's 422: request validation errors are 400 (errors.py)."""
+def _documented(app: FastAPI, config: Settings):
+    """The OpenAPI document without FastAPI's 422 (request validation errors are 400: errors.py), and with the
+    completion windows this service offers as `completion_window`'s enum."""
     generate = app.openapi
 
     def openapi() -> dict:
-        schema = generate()  # cached by FastAPI after the first call; the edit below is idempotent
+        schema = generate()  # cached by FastAPI after the first call; the edits below are idempotent
         for operations in schema.get("paths", {}).values():
             for operation in operations.values():
                 operation.get("responses", {}).pop("422", None)
+        components = schema.get("components", {}).get("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
-            schema.get("components", {}).get("schemas", {}).pop(name, None)
+            components.pop(name, None)
+        window = components.get("CreateBatchRequest", {}).get("properties", {}).get("completion_window")
+        if window is not None:
+            window["enum"] = list(config.windows.names)
         return schema
 
     return openapi

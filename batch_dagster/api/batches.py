@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import QueryParams
 
 from batch_dagster.batchfile.contract import ENDPOINTS
@@ -17,20 +18,22 @@ from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import committed_output
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.batchfile.windows import Window
 from batch_dagster.db import BatchRecord, FileRecord, repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
 from batch_dagster.db.keys import limits_of
 from batch_dagster.engine.models import Models
-from batch_dagster.features.estimate import estimate_file
+from batch_dagster.features.estimate import Counted, Estimate, count_file, price_file, unreachable_deadline
+from batch_dagster.features.eta import meets_deadline
+from batch_dagster.features.quotas import KeyLimits, batch_admission, refuse_early
 from batch_dagster.features.retry import RESERVED_METADATA, CannotRetry, create_retry
 from batch_dagster.storage import file_location
 
+from .context import AppContext
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
-from .quotas import check_batches
 from .schemas import (
-    COMPLETION_WINDOWS,
     MAX_METADATA_KEY,
     MAX_METADATA_PAIRS,
     MAX_METADATA_VALUE,
@@ -77,7 +80,9 @@ def _queue_place(row: BatchRecord) -> dict[str, Any]:
         log.warning("Stored estimate that is not an estimate object: %.200r", row.estimate)
         estimate = None
     return {"queue_position": None if ended else row.queue_position,
-            "estimated_completion_at": None if ended else row.estimated_completion_at, "estimate": estimate}
+            "estimated_completion_at": None if ended else row.estimated_completion_at,
+            "meets_deadline": None if ended else meets_deadline(row.estimated_completion_at, row.expires_at),
+            "deadline_at_risk_at": row.deadline_at_risk_at, "estimate": estimate}
 
 
 def _shown_metadata(meta: object) -> dict[str, str] | None:
@@ -106,14 +111,23 @@ def _shown_usage(usage: object) -> BatchUsage:
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:
+    """A create's metadata: bounded (_bound_metadata), and no key the service sets itself."""
+    for key in RESERVED_METADATA:
+        if key in (metadata or {}):
+            raise invalid(f"metadata key {key!r} is reserved: the retry endpoint (POST /v1/batches/{{batch_id}}/retry) "
+                          "sets it on the batches it creates.", "metadata", code="reserved_metadata_key")
+    _bound_metadata(metadata)
+
+
+def _bound_metadata(metadata: dict[str, str] | None) -> None:
+    """Metadata (a create's, or a list's filter) within OpenAI's bounds, and storable on every database: no NUL,
+    which PostgreSQL's text and JSON refuse."""
     if not metadata:
         return
     if len(metadata) > MAX_METADATA_PAIRS:
         raise invalid(f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS} are allowed.", "metadata")
-    for key in RESERVED_METADATA:
-        if key in metadata:
-            raise invalid(f"metadata key {key!r} is reserved: the retry endpoint (POST /v1/batches/{{batch_id}}/retry) "
-                          "sets it on the batches it creates.", "metadata", code="reserved_metadata_key")
+    if any("\x00" in key or "\x00" in value for key, value in metadata.items()):
+        raise invalid("metadata keys and values must not contain NUL characters.", "metadata")
     for key, value in metadata.items():
         if len(key) > MAX_METADATA_KEY:
             raise invalid(f"metadata key {clip(key, 20)!r} is longer than {MAX_METADATA_KEY} characters.",
@@ -131,15 +145,22 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
     so a create either succeeds or leaves nothing behind.
     """
     source = checked_source(body, ctx, session, owner)
-    batch_id = repo.new_batch_id()
+    limits = KeyLimits.of(session, owner, ctx.config)
+    refuse_early(limits, session, owner, batches=1, nbytes=source.bytes)  # its folder keeps a copy of the input
+    batch_id, window = repo.new_batch_id(), ctx.config.windows.window(body.completion_window)
     try:
         row = store_create_batch(
             session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source,
-            input_from=source, completion_window_s=ctx.config.completion_window_s,
-            metadata=body.metadata, batch_id=batch_id, options=BatchOptions.of(body),
+            input_from=source, window=window, metadata=body.metadata, batch_id=batch_id,
+            options=BatchOptions.of(body), commit=False,
             output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
                                   else OUTPUT_EXPIRES_AFTER_S),
+            admit=batch_admission(limits),  # counted again, with the owner locked, once the input is copied
         )
+        # The model is the file's first request's, which creating the batch read.
+        if refusal := unreachable_deadline(session, row.model, source.bytes, window):
+            raise invalid(refusal, param="completion_window", code="deadline_unreachable")
+        session.commit()
     except BaseException:
         session.rollback()
         _remove_folder(ctx.storage, batch_id)
@@ -148,28 +169,51 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
 
 
 @router.post("/batches/estimate", response_model=BatchEstimate)
-def estimate_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, owner: Owner) -> BatchEstimate:
+async def estimate_batch(body: CreateBatchRequest, ctx: Context, owner: Owner) -> BatchEstimate:
     """Extension: what a batch of the caller's file would cost and take, before it is created; nothing is written.
 
     The file is validated as the batch would be, its tokens counted with the model's tokenizer (loaded on the first
     estimate for that model, never at import), priced and timed against the model's measured throughput and queue.
-    The same checks as create, the same 404s.
+    The same checks as create, the same 404s. The count runs on the estimate lane (api/lanes.py), never in the
+    API's worker pool, one file of a key at a time, and is kept by file: a File's bytes never change.
     """
-    source = checked_source(body, ctx, session, owner)
-    path, size = source.path, source.bytes
-    session.rollback()  # no transaction stays open while the file is tokenized (the store is asked again after)
+    async with ctx.estimates.admitted(owner):
+        file_id, path, size = await run_in_threadpool(_estimated_file, body, ctx, owner)
+        kept = (file_id, body.endpoint)
+        counted = ctx.counts.get(kept)
+        if counted is None:
+            counted = await ctx.estimates.run(owner, lambda: ctx.counts.get(kept) or _count(ctx, kept, path, size))
+        estimate = await run_in_threadpool(_priced, ctx, counted, ctx.config.windows.window(body.completion_window))
+    if refusal := estimate.deadline_refusal():
+        raise invalid(refusal, param="completion_window", code="deadline_unreachable")
+    return BatchEstimate.model_validate(estimate.to_dict())
+
+
+def _estimated_file(body: CreateBatchRequest, ctx: AppContext, owner: str) -> tuple[str, str, int]:
+    with ctx.db.session() as session:
+        source = checked_source(body, ctx, session, owner)
+        return source.id, source.path, source.bytes
+
+
+def _count(ctx: AppContext, kept: tuple[str, str], path: str, size: int) -> Counted:
     files, key = file_location(ctx.storage, path)
     with files.open(key) as f:
-        estimate = estimate_file(f, size=size, endpoint=body.endpoint, session=session, storage=ctx.storage,
-                                 models=Models.from_settings(ctx.config), settings=ctx.config)
-    return BatchEstimate.model_validate(estimate.to_dict())
+        counted = count_file(f, size=size, endpoint=kept[1], models=Models.from_settings(ctx.config),
+                             settings=ctx.config)
+    ctx.counts.put(kept, counted)
+    return counted
+
+
+def _priced(ctx: AppContext, counted: Counted, window: Window) -> Estimate:
+    with ctx.db.session() as session:
+        return price_file(counted, session=session, storage=ctx.storage, settings=ctx.config, window=window)
 
 
 def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, owner: str) -> FileRecord:
     """The caller's input File of a create body, every field checked: create and estimate refuse the same."""
-    if body.completion_window not in COMPLETION_WINDOWS:
-        raise invalid(f"completion_window {clip(body.completion_window)!r} is not supported; use '24h'.",
-                      param="completion_window", code="invalid_completion_window")
+    if refusal := ctx.config.windows.refusal(body.completion_window):
+        code, message = refusal
+        raise invalid(message, param="completion_window", code=code)
     if body.endpoint not in ENDPOINTS:
         raise invalid(f"Endpoint {clip(body.endpoint)!r} is not supported; use one of {', '.join(ENDPOINTS)}.",
                       param="endpoint", code="invalid_endpoint")
@@ -178,7 +222,7 @@ def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, own
     if highest is not None and body.priority > highest:
         raise invalid(f"priority {body.priority} is above {highest}, the highest this key may ask (its own, or "
                       "else BATCH_KEY_MAX_PRIORITY).", param="priority", code="priority_not_allowed")
-    check_batches(ctx.config, session, owner)
+    refuse_early(KeyLimits.of(session, owner, ctx.config), session, owner, batches=1)
     source = repo.get_file(session, owner, body.input_file_id)
     if source is None:
         raise not_found("File", body.input_file_id, param="input_file_id")
@@ -219,9 +263,10 @@ def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) 
     """Extension: create a batch of the failures that were not the requests' own (features/retry.py); its metadata
     names the parent."""
     parent = _owned_batch(session, owner, batch_id)
-    check_batches(ctx.config, session, owner)
+    limits = KeyLimits.of(session, owner, ctx.config)
+    refuse_early(limits, session, owner, batches=1)
     try:
-        child = create_retry(session, ctx.storage, parent, completion_window_s=ctx.config.completion_window_s)
+        child = create_retry(session, ctx.storage, parent, windows=ctx.config.windows, admit=batch_admission(limits))
     except CannotRetry as exc:
         raise invalid(str(exc), param="batch_id", code="nothing_to_retry") from exc
     return batch_object(child)
@@ -232,7 +277,7 @@ def _metadata_filter(query: QueryParams) -> dict[str, str]:
     pairs = {key[len("metadata["):-1]: value for key, value in query.multi_items()
              if key.startswith("metadata[") and key.endswith("]")}
     try:
-        _check_metadata(pairs)
+        _bound_metadata(pairs)  # a reserved key is a filter like any other: retries are found by their parent
     except ApiError as e:
         raise invalid(f"The metadata filter: {e.message}", "metadata") from None
     return pairs

@@ -1,13 +1,23 @@
-"""What every API request shares: the settings, the metadata store, the batch folders."""
+"""What every API request shares: the settings, the metadata store, the batch folders, the lanes of slow work."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import Database
 from batch_dagster.egress import Allow
+from batch_dagster.features.estimate import Counted
 from batch_dagster.settings import Settings
+
+from .lanes import Kept, Lane
+
+# An estimate validates and tokenizes a whole file (up to the upload limit): the CPU's work, so few threads; one of a
+# key's files at a time, a few more waiting, so one key never holds the lane.
+ESTIMATE_WORKERS, ESTIMATE_PER_KEY, ESTIMATES_QUEUED_PER_KEY = 2, 1, 8
+KEPT_COUNTS = 256  # files whose count is kept: a File's bytes never change, so its count never does
+# A webhook endpoint's host is resolved when it is created: a slow resolver must hold no thread of the API's.
+LOOKUP_WORKERS, LOOKUPS_PER_KEY, LOOKUPS_QUEUED_PER_KEY = 4, 2, 4
 
 
 @dataclass
@@ -17,6 +27,18 @@ class AppContext:
     storage: Storage  # where batch folders and files live
     webhook_allow: Allow  # internal hosts keys' webhook endpoints may reach (BATCH_WEBHOOK_ALLOW)
     keyed: bool = False  # the store has held a key: every /v1 request needs one (once True, it stays so)
+    estimates: Lane = field(default_factory=lambda: Lane(
+        "estimates", workers=ESTIMATE_WORKERS, per_key=ESTIMATE_PER_KEY, queued_per_key=ESTIMATES_QUEUED_PER_KEY,
+        what="estimates"))
+    counts: Kept[Counted] = field(default_factory=lambda: Kept(KEPT_COUNTS))  # by (file id, endpoint)
+    lookups: Lane = field(default_factory=lambda: Lane(
+        "webhook_lookups", workers=LOOKUP_WORKERS, per_key=LOOKUPS_PER_KEY, queued_per_key=LOOKUPS_QUEUED_PER_KEY,
+        what="webhook endpoint creations"))
+
+    def close(self) -> None:
+        self.estimates.close()
+        self.lookups.close()
+        self.db.dispose()
 
     @classmethod
     def build(cls, config: Settings) -> AppContext:

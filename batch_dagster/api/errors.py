@@ -13,6 +13,9 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from batch_dagster.features.quotas import TYPE as LIMIT_TYPE
+from batch_dagster.features.quotas import OverLimit
+
 log = logging.getLogger("batch_dagster.api")
 ECHO_CHARS = 64  # the most of a client's input an error message repeats
 
@@ -104,6 +107,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(OverLimit)
+    async def _over_limit(_request: Request, exc: OverLimit) -> JSONResponse:
+        return error_response(429, exc.message, type=LIMIT_TYPE, param=exc.param, code=exc.code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -13,12 +13,12 @@ from fastapi.responses import FileResponse, StreamingResponse
 from batch_dagster.batchfile.folder import file_key
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import FileRecord, repo
+from batch_dagster.features.quotas import KeyLimits, admit, refuse_early
 from batch_dagster.features.retry import CannotRetry, merged_content
 from batch_dagster.storage import LocalStorage, file_location
 
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
-from .quotas import stored_bytes_full, stored_bytes_room
 from .schemas import FileDeleted, FileObject, ListPage, Text, shown
 from .uploads import jsonl_problem, sanitize_filename
 
@@ -69,16 +69,25 @@ def create_file(
     created_at = repo.now()
     if expires_seconds is not None:
         expires_at = created_at + expires_seconds
-    room = stored_bytes_room(ctx.config, session, owner)
+    limits = KeyLimits.of(session, owner, ctx.config)
+    refuse_early(limits, session, owner, nbytes=1)  # a key with no room left sends nothing more
+    session.rollback()  # no transaction stays open while the upload streams in
     key = file_key(file_id)
     with ctx.storage.writing(key) as dest:
         size = _store_upload(file, dest, ctx.config.max_upload_bytes)
-        if room is not None and size > room:  # raised inside: the object is never written
-            raise stored_bytes_full(ctx.config.key_max_stored_bytes or 0)
-    row = repo.add_file(session, FileRecord(
-        id=file_id, owner=owner, bytes=size, created_at=created_at, expires_at=expires_at, filename=filename,
-        purpose=purpose, path=key,
-    ))
+        refuse_early(limits, session, owner, nbytes=size)  # raised inside: the object is never written
+        session.rollback()
+    try:
+        # Counted again with the owner locked, as the row is added: parallel uploads each see the others'.
+        admit(limits, session, owner, nbytes=size)
+        row = repo.add_file(session, FileRecord(
+            id=file_id, owner=owner, bytes=size, created_at=created_at, expires_at=expires_at, filename=filename,
+            purpose=purpose, path=key,
+        ))
+    except BaseException:
+        session.rollback()
+        ctx.storage.delete(key)
+        raise
     return file_object(row)
 
 
@@ -105,10 +114,13 @@ def list_files(
     session: DbSession,
     owner: Owner,
     after: Text | None = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    # OpenAI's bound; its default (10,000) would make one call of a long history the API's whole work, so the
+    # default is a page like the batch list's: the SDK's list follows `has_more` either way.
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
     order: Literal["asc", "desc"] = "desc",
     purpose: Text | None = None,
 ) -> ListPage[FileObject]:
+    """Newest first by default; `limit` up to 10,000 as OpenAI's, 100 unless asked."""
     page = repo.list_files(session, owner, after=after, limit=limit, ascending=order == "asc", purpose=purpose)
     if page is None:  # only when `after` names no file
         raise not_found("File", str(after), param="after")

@@ -10,10 +10,9 @@ from pydantic import AfterValidator, BaseModel, Field, model_serializer
 from batch_dagster.batchfile.contract import ENDPOINTS
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.status import BatchStatus
-from batch_dagster.db.models import EVENT_TYPES
+from batch_dagster.db.models import DEADLINE_AT_RISK, EVENT_TYPES
 
 T = TypeVar("T")
-COMPLETION_WINDOWS = ("24h",)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 MAX_UNIX_S = 2**31 - 1  # a timestamp the store's integer columns hold (PostgreSQL's integer: 2038)
 
@@ -141,9 +140,12 @@ class Batch(BatchOptions):  # with the options (extensions) the batch was create
     model: str | None = None
     usage: BatchUsage
     # Extensions (docs/http-api.md, "Queue position and ETA"): null once the batch has ended; the estimate once
-    # it is validated.
+    # it is validated. meets_deadline: whether estimated_completion_at is before expires_at; deadline_at_risk_at:
+    # when the queue first estimated that the batch will end after its deadline (its batch.deadline_at_risk event).
     queue_position: int | None = None
     estimated_completion_at: int | None = None
+    meets_deadline: bool | None = None
+    deadline_at_risk_at: int | None = None
     estimate: BatchEstimate | None = None
 
 
@@ -161,13 +163,14 @@ Metadata = Annotated[dict[Text, Text], Field(json_schema_extra={
 class CreateBatchRequest(BatchOptions):  # OpenAI's fields, and the options (extensions; the SDK's extra_body)
     input_file_id: Text
     endpoint: Text = Field(json_schema_extra={"enum": list(ENDPOINTS)})
-    completion_window: Text = Field(json_schema_extra={"enum": list(COMPLETION_WINDOWS)})
+    # The windows the operator offers (BATCH_COMPLETION_WINDOWS): the app's OpenAPI document lists them as its enum.
+    completion_window: Text
     metadata: Metadata | None = None
     output_expires_after: ExpiresAfter | None = None
 
 
 # Webhook endpoints: OpenAI's webhook_endpoint objects (the openai SDK's client.webhooks), for batch events only.
-WEBHOOK_EVENT_TYPES = tuple(EVENT_TYPES.values())
+WEBHOOK_EVENT_TYPES = (*EVENT_TYPES.values(), DEADLINE_AT_RISK)
 MAX_WEBHOOK_URL, MAX_WEBHOOK_NAME = 1024, 255
 WebhookEventType = Annotated[Text, Field(json_schema_extra={"enum": list(WEBHOOK_EVENT_TYPES)})]
 
@@ -239,6 +242,7 @@ class BatchEstimate(BaseModel):
     queued_ahead: int
     queued_ahead_requests: int
     queued_ahead_uncounted: int
+    meets_deadline: bool | None = None
 
 
 Batch.model_rebuild()  # its `estimate` is a BatchEstimate, defined after it

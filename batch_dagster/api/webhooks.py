@@ -7,11 +7,13 @@ from urllib.parse import urlsplit
 
 import httpx
 from fastapi import APIRouter, Query
+from starlette.concurrency import run_in_threadpool
 
 from batch_dagster.db.models import WebhookEndpointRecord
 from batch_dagster.egress import Allow, Refused, check
 from batch_dagster.features import webhooks as store
 
+from .context import AppContext
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, clip, invalid, not_found
 from .schemas import (
@@ -29,9 +31,8 @@ from .schemas import (
 router = APIRouter(tags=["webhooks"], responses=ERROR_RESPONSES)
 
 
-def url_problem(url: str, allow: Allow | None = None) -> str | None:
-    """Why `url` cannot be a webhook endpoint (not http(s), no host, not parseable), or None; with `allow`,
-    also when its host is not at a public address nor allowed (egress.check resolves it)."""
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot be a webhook endpoint (not http(s), no host, not parseable), or None."""
     if any(c.isspace() or not c.isprintable() for c in url):
         return "The URL must not contain spaces or control characters."
     try:
@@ -44,11 +45,17 @@ def url_problem(url: str, allow: Allow | None = None) -> str | None:
         return f"The URL {clip(url)!r} must start with http:// or https://."
     if not parts.hostname:
         return f"The URL {clip(url)!r} names no host."
-    if allow is not None:
-        try:
-            check(parts.hostname, parts.port or (443 if parts.scheme.lower() == "https" else 80), allow)
-        except Refused as exc:
-            return str(exc)
+    return None
+
+
+def address_problem(url: str, allow: Allow) -> str | None:
+    """Why `url`'s host may not be reached (not at a public address nor allowed; egress.check resolves it), or
+    None. A blocking lookup: the route runs it on its own lane."""
+    parts = urlsplit(url)
+    try:
+        check(parts.hostname or "", parts.port or (443 if parts.scheme.lower() == "https" else 80), allow)
+    except Refused as exc:
+        return str(exc)
     return None
 
 
@@ -62,22 +69,32 @@ def endpoint_object(row: WebhookEndpointRecord) -> WebhookEndpoint:
 
 
 @router.post("/webhook_endpoints", response_model=WebhookEndpointWithSecret)
-def create_webhook_endpoint(body: CreateWebhookEndpointRequest, session: DbSession, owner: Owner,
-                            ctx: Context) -> WebhookEndpointWithSecret:
+async def create_webhook_endpoint(body: CreateWebhookEndpointRequest, owner: Owner,
+                                  ctx: Context) -> WebhookEndpointWithSecret:
     """Add an endpoint for this key's batch events; its signing secret is in this answer only. Its host must be
-    at a public address, unless the operator allows it (BATCH_WEBHOOK_ALLOW); delivery checks again."""
-    if problem := url_problem(body.url, ctx.webhook_allow):
+    at a public address, unless the operator allows it (BATCH_WEBHOOK_ALLOW); delivery checks again. The host is
+    resolved on a lane of its own (api/lanes.py), a few lookups per key at once, never in the API's worker pool."""
+    if problem := url_problem(body.url):
         raise invalid(problem, param="url", code="invalid_url")
     event_types = list(WEBHOOK_EVENT_TYPES) if body.event_types is None else body.event_types
     for event_type in event_types:
         if event_type not in WEBHOOK_EVENT_TYPES:
             raise invalid(f"Event type {clip(event_type)!r} is not sent here; use {', '.join(WEBHOOK_EVENT_TYPES)}.",
                           param="event_types", code="invalid_event_type")
-    if store.count_endpoints(session, owner) >= store.MAX_ENDPOINTS_PER_OWNER:
-        raise invalid(f"This key already has {store.MAX_ENDPOINTS_PER_OWNER} webhook endpoints, the most it may "
-                      "have; delete one first.", code="too_many_webhook_endpoints")
-    row = store.add_endpoint(session, owner, url=body.url, name=body.name, event_types=event_types)
-    return WebhookEndpointWithSecret(**endpoint_object(row).model_dump(), signing_secret=row.secret or "")
+    async with ctx.lookups.admitted(owner):
+        if problem := await ctx.lookups.run(owner, lambda: address_problem(body.url, ctx.webhook_allow)):
+            raise invalid(problem, param="url", code="invalid_url")
+    return await run_in_threadpool(_add_endpoint, ctx, owner, body.url, body.name, event_types)
+
+
+def _add_endpoint(ctx: AppContext, owner: str, url: str, name: str,
+                  event_types: list[str]) -> WebhookEndpointWithSecret:
+    with ctx.db.session() as session:
+        if store.count_endpoints(session, owner) >= store.MAX_ENDPOINTS_PER_OWNER:
+            raise invalid(f"This key already has {store.MAX_ENDPOINTS_PER_OWNER} webhook endpoints, the most it "
+                          "may have; delete one first.", code="too_many_webhook_endpoints")
+        row = store.add_endpoint(session, owner, url=url, name=name, event_types=event_types)
+        return WebhookEndpointWithSecret(**endpoint_object(row).model_dump(), signing_secret=row.secret or "")
 
 
 @router.get("/webhook_endpoints", response_model=ListPage[WebhookEndpoint])

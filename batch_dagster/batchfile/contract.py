@@ -76,6 +76,8 @@ TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"  # the owner's enqueued prompt tok
 # The batch's cost cap (max_cost, the key's daily budget): at validation, in errors.data; while it runs, on the
 # error lines of the requests it did not run (features/cost_cap.py).
 COST_LIMIT_EXCEEDED = "cost_limit_exceeded"
+# The error-rate breaker: nearly every one of the batch's first lines failed, so it stopped (batchfile/failure.py).
+ERROR_RATE_EXCEEDED = "error_rate_exceeded"
 
 # Request-level error codes written to the error file.
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"

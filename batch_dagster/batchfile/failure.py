@@ -1,7 +1,8 @@
 """A batch whose run failed for good keeps what it finished: the committed shards' lines, and an error line for
 every other request, so each custom_id is in the output or the error file exactly once and a retry runs again
 exactly those that never ran. It ends the way a cancel ends, with its own code (`batch_failed`); `stopped_ending`
-says how a batch asked to stop (cancel, expiry, its cost cap) ends, and `is_retryable` which error lines a retry runs.
+says how a batch asked to stop (cancel, expiry, its cost cap, the error-rate breaker) ends, and `is_retryable` which
+error lines a retry runs.
 """
 
 from __future__ import annotations
@@ -23,13 +24,35 @@ from .usage import PriceTable, cost_of
 LINE_REASON_CHARS = 200
 ERROR_REASON_CHARS = 2000
 NOT_RUN_CODES = {BatchStatus.CANCELLED: c.BATCH_CANCELLED, BatchStatus.EXPIRED: c.BATCH_EXPIRED}
-# Stop.reason of a batch its cost cap stopped (beside "cancelled" and "expired"); its error lines carry the same code.
+# Stop.reason of a batch its cost cap, or its error-rate breaker, stopped (beside "cancelled" and "expired"); its
+# error lines carry the same code.
 COST_LIMIT = c.COST_LIMIT_EXCEEDED
-STOP_REASONS = (BatchStatus.CANCELLED, BatchStatus.EXPIRED, COST_LIMIT)  # Stop.reason's values
+ERROR_RATE = c.ERROR_RATE_EXCEEDED
+STOP_REASONS = (BatchStatus.CANCELLED, BatchStatus.EXPIRED, COST_LIMIT, ERROR_RATE)  # Stop.reason's values
 # A request's line when the cost cap stopped its batch before it ran, and the batch's errors.data.
 COST_LIMIT_NOT_RUN = "The batch reached its cost limit (max_cost or the key's daily budget) before this request ran."
 COST_LIMIT_ERROR = c.BatchError(c.COST_LIMIT_EXCEEDED, "The batch reached its cost limit (max_cost or the key's daily "
                                                        "budget); the requests it had not run are in the error file.")
+
+
+# A request's line when the error-rate breaker stopped its batch before it ran, and the batch's errors.data.
+ERROR_RATE_NOT_RUN = ("The batch stopped before this request ran: nearly all of its first requests failed (the "
+                      "error-rate breaker); fix what its error file says and send the batch again.")
+ERROR_RATE_ERROR = c.BatchError(c.ERROR_RATE_EXCEEDED, "Nearly all of the batch's first requests failed, past the "
+                                "error-rate breaker (error_breaker_rate, else BATCH_ERROR_BREAKER_RATE, among the "
+                                "first BATCH_ERROR_BREAKER_LINES lines), so it stopped: what it finished is in its "
+                                "output and error files, the requests it did not run are in the error file.")
+
+
+def breaker_tripped(counts: Iterable[c.RequestCounts], first_lines: int, rate: float | None) -> bool:
+    """Whether a batch whose committed shards hold `counts` must stop: at least `first_lines` of its lines have
+    ended and at least `rate` of them failed. Never with no rate, or no `first_lines` (0: the breaker is off)."""
+    if not rate or first_lines <= 0:
+        return False
+    total = failed = 0
+    for count in counts:
+        total, failed = total + count.total, failed + count.failed
+    return total >= first_lines and failed >= rate * total
 
 
 class Ending(NamedTuple):
@@ -46,6 +69,8 @@ def stopped_ending(reason: str) -> Ending:
     cost cap fails it with errors.data saying so (OpenAI has no status of its own for that)."""
     if reason == COST_LIMIT:
         return Ending(BatchStatus.FAILED, c.COST_LIMIT_EXCEEDED, COST_LIMIT_NOT_RUN, [COST_LIMIT_ERROR])
+    if reason == ERROR_RATE:
+        return Ending(BatchStatus.FAILED, c.ERROR_RATE_EXCEEDED, ERROR_RATE_NOT_RUN, [ERROR_RATE_ERROR])
     status = BatchStatus(reason)
     return Ending(status, NOT_RUN_CODES[status], f"The batch was {reason} before this request ran.", [])
 
@@ -127,9 +152,10 @@ def keep_finished(folder: BatchFolder, reason: str, prices: PriceTable) -> Summa
                                error_codes=result.error_codes))
     shards = committed_shards(folder.storage, folder.results_prefix).values()
     inference_s = round(sum(s.duration_s for s in shards), 3)
+    cost = cost_of(result.usage, validation.model, prices, folder.completion_window())
     summary = Summary(
         batch_id=folder.batch_id, status=status, endpoint=validation.endpoint, model=validation.model,
-        request_counts=result.request_counts, usage=result.usage, cost=cost_of(result.usage, validation.model, prices),
+        request_counts=result.request_counts, usage=result.usage, cost=cost,
         error_codes=result.error_codes, inference_s=inference_s,
         output_tokens_per_s=round(result.usage.output_tokens / inference_s, 1) if inference_s else 0.0,
         record={"engine_start_s": round(sum(s.engine_start_s for s in shards), 3)},

@@ -4,7 +4,7 @@ The folder is the contract between the Dagster run, the API and the sensors. The
 way through it, in the order of the listing below; each internal JSON document is a typed object.
 
     batches/<batch_id>/
-      batch.json          Declared: the endpoint the batch was created for (API batches)
+      batch.json          Declared: the endpoint and the completion window the batch was created with
       source.json         Source: where a dropped file is fetched from, and its File's key
       deadline.json       Deadline: when the batch expires (no shard starts after it)
       stop.json           Stop: a request to stop before the next shard (cancel, expiry, cost cap)
@@ -114,9 +114,11 @@ class Document:
 
 @dataclass
 class Declared(Document):
-    """What the batch was created with: every request's url must match `endpoint`."""
+    """What the batch was created with: every request's url must match `endpoint`; `completion_window` prices it
+    (None: a batch with no window, from the command line, or from before windows were recorded)."""
 
     endpoint: str
+    completion_window: str | None = None
 
 
 @dataclass
@@ -328,13 +330,18 @@ class BatchFolder:
     def declared(self) -> Declared | None:
         return self._read("batch.json", Declared)
 
-    def set_endpoint(self, endpoint: str) -> None:
-        self._write("batch.json", Declared(endpoint))
+    def declare(self, endpoint: str, completion_window: str | None = None) -> None:
+        self._write("batch.json", Declared(endpoint, completion_window))
 
     def endpoint(self) -> str | None:
         """The batch's declared endpoint, or None (the first request's url then decides)."""
         declared = self.declared()
         return declared.endpoint if declared else None
+
+    def completion_window(self) -> str | None:
+        """The window the batch was created with, which prices it (None: none; the price table's batch price)."""
+        declared = self.declared()
+        return declared.completion_window if declared else None
 
     def source(self) -> Source | None:
         return self._read("source.json", Source)

@@ -29,6 +29,9 @@ class BatchOptions(BaseModel):
     # The cost cap: the most the batch's successful requests may cost, in the price table's currency
     # (features/cost_cap.py). None: uncapped.
     max_cost: float | None = Field(default=None, gt=0, le=MAX_COST, allow_inf_nan=False, strict=True)
+    # The error-rate breaker (batchfile/failure.py breaker_tripped): the share of failed lines among the batch's first
+    # lines at which it stops. None: the operator's (BATCH_ERROR_BREAKER_RATE).
+    error_breaker_rate: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False, strict=True)
 
     @staticmethod
     def of(body: BatchOptions) -> BatchOptions:

@@ -71,6 +71,10 @@ class Storage(Protocol):
         """The folders directly under the folder `prefix`."""
         ...
 
+    def total_size(self, prefix: str) -> int:
+        """The bytes of every object under the folder `prefix`, its subfolders' included (0: none)."""
+        ...
+
     def delete(self, key: str) -> None: ...
 
     def delete_folder(self, prefix: str) -> None:

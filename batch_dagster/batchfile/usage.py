@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +82,20 @@ class Price:
 
 @dataclass(frozen=True)
 class PriceTable:
-    """Prices by model name; models without an entry use `default`."""
+    """Prices by model name; models without an entry use `default`. A completion window's entry (`windows`, and a
+    model's own for that window, `model_windows`) changes the fields it names for the batches of that window."""
 
     prices: dict[str, Price] = field(default_factory=dict)
     default: Price = Price()
+    windows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    model_windows: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 
-    def for_model(self, model: str) -> Price:
-        return self.prices.get(model, self.default)
+    def for_model(self, model: str, window: str | None = None) -> Price:
+        """The price of `model`'s batches of `window` (None: a batch with no window: the model's price)."""
+        price = self.prices.get(model, self.default)
+        if window is None:
+            return price
+        return replace(price, **{**self.windows.get(window, {}), **self.model_windows.get((model, window), {})})
 
     def unlisted(self, model: str) -> str | None:
         """What to tell the user when `model` has no entry (it is priced by the defaults), or None."""
@@ -100,11 +107,27 @@ class PriceTable:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PriceTable:
-        """Build from a parsed price file: `[defaults]` and `[models.NAME]` tables."""
-        base = d.get("defaults", {})
-        default = Price(**base)
-        models = {name: Price(**{**base, **entry}) for name, entry in d.get("models", {}).items()}
-        return cls(models, default)
+        """Build from a parsed price file: `[defaults]`, `[models.NAME]`, `[windows.WINDOW]` and
+        `[models.NAME.windows.WINDOW]` tables. A key that is not a price's field is refused (ValueError)."""
+        base = _entry(d.get("defaults", {}), "[defaults]")
+        models, model_windows = {}, {}
+        for name, entry in d.get("models", {}).items():
+            own = dict(entry)
+            for window, change in own.pop("windows", {}).items():
+                model_windows[(name, window)] = _entry(change, f"[models.{name}.windows.{window}]")
+            models[name] = Price(**{**base, **_entry(own, f"[models.{name}]")})
+        windows = {window: _entry(change, f"[windows.{window}]") for window, change in d.get("windows", {}).items()}
+        return cls(models, Price(**base), windows, model_windows)
+
+
+_PRICE_FIELDS = {f.name for f in fields(Price)}
+
+
+def _entry(entry: dict[str, Any], where: str) -> dict[str, Any]:
+    if unknown := set(entry) - _PRICE_FIELDS:
+        raise ValueError(f"the price table's {where} has {', '.join(sorted(unknown))}: not a price's field "
+                         f"({', '.join(sorted(_PRICE_FIELDS))})")
+    return dict(entry)
 
 
 def load_price_table(path: Path) -> PriceTable:
@@ -139,9 +162,9 @@ class Cost:
                    currency=d.get("currency", "USD"), cached_input_cost=d.get("cached_input_cost", 0.0))
 
 
-def cost_of(usage: Usage, model: str, prices: PriceTable) -> Cost:
-    """Price `usage` (which must count successful requests only) for `model`."""
-    p = prices.for_model(model)
+def cost_of(usage: Usage, model: str, prices: PriceTable, window: str | None = None) -> Cost:
+    """Price `usage` (which must count successful requests only) for `model`'s batches of `window`."""
+    p = prices.for_model(model, window)
     factor = 1.0 - p.batch_discount
     cached = min(usage.cached_tokens, usage.input_tokens)
     cached_cost = cached * p.cached_rate / 1e6 * factor

@@ -6,6 +6,7 @@ folder before its row exists, so nothing that lists rows ever sees half a batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,13 +28,14 @@ from batch_dagster.batchfile.outcome import BatchOutcome
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.usage import Cost, Usage
+from batch_dagster.batchfile.windows import Window
 from batch_dagster.storage import file_location
 
 from . import repo
 from .models import BatchRecord, FileRecord, IntakeRecord
 
 HEAD_BYTES = 64 * 1024  # enough for a file's first request, whose url names the endpoint and body the model
-COMPLETION_WINDOW = "24h"  # the only window the Batch API offers
+NO_WINDOW = "24h"  # what a batch with no window (from the command line: it never expires) shows, as OpenAI's only
 OUTPUT_EXPIRES_AFTER_S: int | None = None  # output and error files are kept until deleted unless a batch asks
 
 
@@ -96,7 +98,7 @@ def create_batch(
     endpoint: str | None,
     input_file: FileRecord,
     input_from: Path | str | FileRecord | None,
-    completion_window_s: int | None,
+    window: Window | None,
     metadata: dict[str, Any] | None = None,
     output_expires_after: int | None = OUTPUT_EXPIRES_AFTER_S,
     launched: bool = False,
@@ -105,16 +107,20 @@ def create_batch(
     parent: BatchRecord | None = None,
     commit: bool = True,
     options: BatchOptions = BatchOptions(),
+    admit: Callable[[Session, BatchRecord], None] | None = None,
 ) -> BatchRecord:
     """Put the batch's input, deadline and endpoint in its folder, then add its row (committed).
 
     `input_from`: a local file copied in now, a stored File copied in now, a URI the run fetches
-    (dropped files), or None when the input is in the folder already. `completion_window_s` None: the batch
-    never expires. `endpoint` None: the first request's url decides.
+    (dropped files), or None when the input is in the folder already. `window`: the completion window it was
+    created with, whose length sets its deadline (`expires_at`); None: the batch never expires. `endpoint` None: the
+    first request's url decides.
     `options`: the batch's options, kept whole (a retry passes its parent's). `launched`: the caller requests the
     run itself (else the API sensor launches it). `parent`: the batch this one
     retries (features/retry.py only; it must have the same owner). `commit` False: the caller commits (or rolls back)
-    the row with its own.
+    the row with its own. `admit`: run once the input is in place, before the row is added, in the row's own
+    transaction: it may lock and count what the owner holds, and refuse (features/quotas.py batch_admission), so that
+    the slow copy is outside the lock and the count and the insert are not.
     The batch's model (from its first request, or `model` for a dropped file, whose head the intake read) and,
     for a local file, its request count are recorded on the row: nothing after reads the input to know them.
     """
@@ -134,17 +140,22 @@ def create_batch(
         model = model or head_model(head)
         endpoint = endpoint or endpoint_of_head(head)
     endpoint = endpoint or CHAT
-    expires_at = created_at + completion_window_s if completion_window_s is not None else None
+    expires_at = created_at + window.seconds if window is not None else None
     if expires_at is not None:
         folder.set_deadline(expires_at)
-    folder.set_endpoint(endpoint)  # validation reports every line with another url
+    # Validation reports every line with another url; the window prices the batch.
+    folder.declare(endpoint, window.name if window is not None else None)
     row = BatchRecord(
         id=batch_id, owner=owner, endpoint=endpoint, input_file_id=input_file.id,
-        completion_window=COMPLETION_WINDOW, status=BatchStatus.VALIDATING, created_at=created_at,
-        expires_at=expires_at,
+        completion_window=window.name if window is not None else NO_WINDOW, status=BatchStatus.VALIDATING,
+        created_at=created_at, expires_at=expires_at,
         meta=metadata, output_expires_after=output_expires_after, launched_at=created_at if launched else None,
         model=model, request_total=requests, parent_batch_id=_same_owner(parent, owner), options=options,
+        # The folder's own copy of the input, unless it is the File's bytes (a command-line batch's File is that copy).
+        stored_bytes=0 if input_file.path == folder.input_key else input_file.bytes,
     )
+    if admit is not None:
+        admit(session, row)
     session.add(row)
     if commit:
         session.commit()
@@ -171,7 +182,7 @@ def drop_problem(source: str, version: str) -> str | None:
 
 
 def register_dropped(session: Session, storage: Storage, dropped: DroppedFile, *, owner: str, deliver_to: str,
-                     completion_window_s: int) -> BatchRecord:
+                     window: Window) -> BatchRecord:
     """A dropped file's File, Batch and intake rows under `owner`, in one transaction; the sensor requests the run.
 
     Its bytes are fetched by the run (batch_input), so a sensor tick stays small whatever the file's size. On any
@@ -184,7 +195,7 @@ def register_dropped(session: Session, storage: Storage, dropped: DroppedFile, *
         input_file = add_input_file(session, owner=owner, file_id=repo.new_file_id(),
                                     filename=dropped.filename[:MAX_FILENAME_CHARS], size=dropped.bytes)
         batch = create_batch(session, storage, owner=owner, endpoint=dropped.endpoint, input_file=input_file,
-                             input_from=dropped.source, completion_window_s=completion_window_s,
+                             input_from=dropped.source, window=window,
                              metadata={"source": dropped.source[:512]}, launched=True, model=dropped.model,
                              batch_id=batch_id, commit=False)
         session.add(IntakeRecord(source=dropped.source, version=dropped.version, batch_id=batch.id,
@@ -205,7 +216,7 @@ def register_local(session: Session, storage: Storage, input_path: Path, *, owne
     input_file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename=input_path.name,
                                 size=input_path.stat().st_size, path=BatchFolder(storage, batch_id).input_key)
     return create_batch(session, storage, owner=owner, endpoint=None, input_file=input_file,
-                        input_from=input_path, completion_window_s=None,
+                        input_from=input_path, window=None,
                         metadata={"source": input_path.resolve().as_uri()[:512]}, launched=True, batch_id=batch_id)
 
 

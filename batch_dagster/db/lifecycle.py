@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, update
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.contract import MAX_MODEL_CHARS, PIPELINE_ERROR, BatchError, new_id
@@ -167,10 +167,20 @@ def _result_files(folder: BatchFolder, batch: BatchRecord, at: int) -> list[File
     return files
 
 
-def add_event(session: Session, batch_id: str, owner: str, status: str, at: int | None = None) -> WebhookEvent:
-    """The webhook event of a batch that just reached `status` (terminal); committed by the caller."""
-    event = WebhookEvent(id=new_id("evt_"), type=EVENT_TYPES[status], batch_id=batch_id, owner=owner,
-                         created_at=at or now())
+def folder_bytes(session: Session, folder: BatchFolder) -> int:
+    """What the batch's folder keeps beside the Files the store serves from it (its output and error files, a
+    command-line batch's input), which its key's stored-bytes limit counts as Files: its own input copy, its working
+    files, its summary. Measured (one listing) when the batch ends and after retention."""
+    keys = [folder.input_key, folder.output_key, folder.error_key]
+    served = session.scalar(select(func.coalesce(func.sum(FileRecord.bytes), 0)).where(
+        FileRecord.path.in_(keys), FileRecord.expires_at.is_(None) | (FileRecord.expires_at > now())))
+    return max(folder.storage.total_size(folder.prefix) - int(served or 0), 0)
+
+
+def add_event(session: Session, batch_id: str, owner: str, event_type: str, at: int | None = None) -> WebhookEvent:
+    """A webhook event of a batch (EVENT_TYPES: it just reached that terminal status; DEADLINE_AT_RISK); committed
+    by the caller."""
+    event = WebhookEvent(id=new_id("evt_"), type=event_type, batch_id=batch_id, owner=owner, created_at=at or now())
     session.add(event)
     return event
 
@@ -190,16 +200,16 @@ def apply(session: Session, folder: BatchFolder, batch: BatchRecord, obs: Observ
     ))
     if result.rowcount == 1 and values.get("status") in TERMINAL:
         # In the status's own transaction: exactly one event per batch that ends, whoever stored the end.
-        add_event(session, batch.id, batch.owner, values["status"])
-    if result.rowcount == 1 and values.get("status") in TERMINAL and obs.has_files:
-        output, error = _result_files(folder, batch, now())
-        session.add_all([output, error])
-        session.flush()
-        session.execute(
-            update(BatchRecord)
-            .where(BatchRecord.id == batch.id)
-            .values(output_file_id=output.id, error_file_id=error.id)
-        )
+        add_event(session, batch.id, batch.owner, EVENT_TYPES[values["status"]])
+    if result.rowcount == 1 and values.get("status") in TERMINAL:
+        ended: dict[str, Any] = {}
+        if obs.has_files:
+            output, error = _result_files(folder, batch, now())
+            session.add_all([output, error])
+            session.flush()
+            ended = {"output_file_id": output.id, "error_file_id": error.id}
+        ended["stored_bytes"] = folder_bytes(session, folder)
+        session.execute(update(BatchRecord).where(BatchRecord.id == batch.id).values(**ended))
     session.commit()
     session.refresh(batch)
     return batch

@@ -76,6 +76,11 @@ class FileRecord(Base):
     batch_id: Mapped[str | None] = mapped_column(String(64))  # the batch that wrote an output file
 
 
+def priced_window(completion_window: str, expires_at: int | None) -> str | None:
+    """BatchRecord.window, from its two columns (as a query reads them)."""
+    return completion_window if expires_at is not None else None
+
+
 class BatchRecord(Base):
     """A Batch object and how far the API has handed it to Dagster (`launched_at`)."""
 
@@ -120,10 +125,23 @@ class BatchRecord(Base):
     # launched; the place and end the daemon's queue_eta_sensor stores while the batch has not ended.
     estimate: Mapped[dict[str, Any] | None]
     launch_priority: Mapped[int | None]
+    # The bytes of its folder no File row counts (its own copy of its input, its working files): what its key keeps
+    # beside its files (features/quotas.py). Its input copy's size at creation; its folder measured once it has ended,
+    # and again after retention.
+    stored_bytes: Mapped[int] = mapped_column(default=0)
     queue_position: Mapped[int | None]
     estimated_completion_at: Mapped[int | None]
+    # When the queue first estimated that the batch will end after expires_at (features/eta.py): its
+    # batch.deadline_at_risk event is written in the same transaction, once.
+    deadline_at_risk_at: Mapped[int | None]
     # The first estimated end it was given: what the ETA's error on ended batches is measured against (metrics).
     first_estimated_completion_at: Mapped[int | None]
+
+    @property
+    def window(self) -> str | None:
+        """The completion window that prices the batch (usage.PriceTable); None for one with no deadline (the command
+        line's), whose `completion_window` only shows OpenAI's default."""
+        return priced_window(self.completion_window, self.expires_at)
 
     @property
     def options(self) -> BatchOptions:
@@ -161,6 +179,8 @@ class IntakeRecord(Base):
 
 # A webhook event's type for each terminal status (OpenAI's names), in TERMINAL's order.
 EVENT_TYPES: dict[str, str] = {status: f"batch.{status}" for status in TERMINAL}
+# An extension's event, before the end: the queue estimates that the batch will end after its deadline.
+DEADLINE_AT_RISK = "batch.deadline_at_risk"
 
 
 class WebhookEvent(Base):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import and_, create_engine, make_url, or_, select
+from sqlalchemy import and_, create_engine, make_url, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -47,6 +47,12 @@ def served_keys(session: Session, folder: BatchFolder) -> set[str]:
     keys = [folder.input_key, folder.output_key, folder.error_key]
     live = (FileRecord.expires_at.is_(None)) | (FileRecord.expires_at > repo.now())
     return set(session.scalars(select(FileRecord.path).where(FileRecord.path.in_(keys), live)))
+
+
+def record_stored_bytes(session: Session, batch_id: str, nbytes: int) -> None:
+    """What the batch's folder keeps once retention cleared it (lifecycle.folder_bytes), for its key's limit."""
+    session.execute(update(BatchRecord).where(BatchRecord.id == batch_id).values(stored_bytes=nbytes))
+    session.commit()
 
 
 def first_created_at(session: Session) -> int | None:

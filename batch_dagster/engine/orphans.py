@@ -2,8 +2,10 @@
 
 vLLM's engine core is a child process that lives on, idle, when its parent is killed (kill -9, the OOM
 killer): it would keep its memory (and on a GPU its device memory) while the run's retry starts a new
-engine. `watch` starts a small watcher process that kills them once the holder is gone. The watcher runs
-this file as a script, so it imports neither the package nor vLLM.
+engine. The same holds for the vLLM servers and routers `serve` and `batch-dagster fleet` start, each in a
+process group of its own. `watch` starts a small watcher process that kills them once the holder is gone. The
+watcher runs this file as a script, so it imports neither the package nor vLLM, and ignores the interrupts sent to
+the holder's terminal (Ctrl-C then kill -9 of the holder must still find it watching).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ def watch(pids: list[int]) -> None:
 
 def main(holder_pid: int, pids: list[int]) -> None:
     import psutil
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # it leaves when the watched or the holder have
+        signal.signal(sig, signal.SIG_IGN)
 
     def alive(p: psutil.Process) -> bool:
         try:

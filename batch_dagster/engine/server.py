@@ -18,6 +18,7 @@ from batch_dagster.settings import default
 
 from . import lines as ln
 from .base import EngineCrash, Line, OnProgress, Request, dispatch
+from .budget import Budget, recomputed
 from .flags import engine_flags
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 _ATTEMPTS = 3  # answers of 500 before a request's error line
 # What a router (or a proxy) answers when no healthy server can take the request: the request is resent.
 _SERVER_AWAY = {502, 503, 504}
+# A server asking for less (rate limited; vLLM's 503 when its queue is full): the request waits and is sent again.
+_BUSY = {429, 503}
 
 
 @dataclass
@@ -37,6 +40,7 @@ class ServerEngine:
     api_key: str | None = None
     failover_s: float = 120.0  # how long requests are resent while no server answers
     serves: Serves | None = None  # what the model takes: a body asking for more is its 400 line, never sent
+    budget: str = default("BATCH_VLLM_BUDGET")  # "fixed": max_concurrency in flight; "adaptive": engine/budget.py
 
     def run(self, endpoint: str, requests: Sequence[Request], on_progress: OnProgress | None = None) -> list[Line]:
         return asyncio.run(self._run(endpoint, requests, on_progress))
@@ -45,15 +49,18 @@ class ServerEngine:
         if not self.base_urls:
             raise EngineCrash("Server mode needs at least one server URL.")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        limits = httpx.Limits(max_connections=self.max_concurrency)
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers, limits=limits) as client:
+        limits = httpx.Limits(max_connections=self.max_concurrency + 4)  # and the budget's readings of the servers
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers, limits=limits) as client, \
+                recomputed(Budget(self.max_concurrency, adaptive=self.budget == "adaptive"), client,
+                           self.base_urls) as budget:
             urls = [u + endpoint for u in await self._servers(client)]
 
             async def send(custom_id: str, body: dict[str, Any], first: int) -> Line:
-                return await self._send(client, urls, first, custom_id, body)
+                return await self._send(client, urls, first, custom_id, body, budget)
 
+            # The budget holds the requests in flight (at most max_concurrency): no second limit here.
             return await dispatch(endpoint, requests, send, serves=self.serves, lanes=len(urls),
-                                  limit=self.max_concurrency, on_progress=on_progress)
+                                  on_progress=on_progress)
 
     async def _servers(self, client: httpx.AsyncClient) -> list[str]:
         """The vLLM servers behind the base URLs: for a vllm-router, the healthy replicas it lists (GET /workers).
@@ -76,40 +83,52 @@ class ServerEngine:
         return list(dict.fromkeys(found))
 
     async def _send(self, client: httpx.AsyncClient, urls: Sequence[str], first: int, custom_id: str,
-                    body: dict[str, Any]) -> Line:
-        """One request, resent while its servers are away (the next URL each time, with backoff).
+                    body: dict[str, Any], budget: Budget) -> Line:
+        """One request, sent within the budget (a place held only while it is out) and resent until a server
+        answers it for good.
 
-        A server that went away (connection refused or reset, or a router's 502/503/504 when it has no
-        healthy replica) costs the request nothing until `failover_s` has passed with no server
-        answering: then the shard fails (EngineCrash) and the step retries it. A 4xx is the request's
-        own error; other 5xx answers become its error line after a few attempts.
+        A server that went away (connection refused or reset, or a router's 502/503/504 when it has no healthy
+        replica) costs the request nothing until `failover_s` has passed with no server answering any request: then
+        the shard fails (EngineCrash) and the step retries it. A busy server (429, or vLLM's own 503 when its queue
+        is full) costs nothing either: the budget backs off and the request waits its turn again, however long the
+        servers are busy (a 429 is an answer: it never counts as away). A request whose place the budget takes back
+        for interactive traffic is sent again when there is room. A 4xx is the request's own error; other 5xx
+        answers become its error line after a few attempts.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.failover_s
+        since = loop.time()
         server_errors = 0
         for attempt in itertools.count():
             url = urls[(first + attempt) % len(urls)]
-            try:
-                response = await client.post(url, json=body)
-            except httpx.TransportError as exc:
-                gone = f"{url} unreachable: {exc!r}"
-            else:
+            gone, response = "", None
+            async with budget.place() as held:
+                try:
+                    response = await held.run(client.post(url, json=body))
+                except httpx.TransportError as exc:
+                    gone = f"{url} unreachable: {exc!r}"
+            if response is None and not gone:
+                continue  # taken back: its place went to interactive traffic
+            budget.answered(None if response is None else response.status_code)
+            if response is not None:
                 try:
                     payload, from_vllm = response.json(), True
                 except ValueError:
                     payload, from_vllm = {"message": response.text[:500]}, False
-                if response.status_code < 500:
-                    return ln.answer_line(custom_id, response.status_code, payload)
+                status = response.status_code
+                if status in _BUSY and (status == 429 or from_vllm):
+                    gone = "" if status == 429 else f"{url} answered {status} (busy)"
+                elif status < 500:
+                    return ln.answer_line(custom_id, status, payload)
                 # vLLM answers errors in JSON; a plain-text 5xx is the router's "error sending request" to a
                 # replica that just died, before its health checks take it out of rotation.
-                if response.status_code in _SERVER_AWAY or not from_vllm:
-                    gone = f"{url} answered {response.status_code}"
+                elif status in _SERVER_AWAY or not from_vllm:
+                    gone = f"{url} answered {status}"
                 else:
                     server_errors += 1
                     if server_errors >= _ATTEMPTS:
-                        return ln.answer_line(custom_id, response.status_code, payload)
-                    gone = ""
-            if gone and loop.time() >= deadline:
+                        return ln.answer_line(custom_id, status, payload)
+            # Away means no server answered any request since: one that answers others is there, only busy.
+            if gone and loop.time() - max(since, budget.answered_at) >= self.failover_s:
                 raise EngineCrash(f"No server answered for {self.failover_s:.0f}s; last: {gone}")
             await asyncio.sleep(min(0.5 * 2 ** min(attempt, 5), 10.0))
         raise AssertionError("unreachable")

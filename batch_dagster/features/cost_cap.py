@@ -1,6 +1,10 @@
 """A batch's cost cap. A batch may spend up to its `max_cost`, and no more than what its key's daily budget has
-left after the key's other batches of the day. Validation refuses a batch whose upper-bound cost is past that
+left after the key's other batches of its day. Validation refuses a batch whose upper-bound cost is past that
 (`refuse_over_cap`); a running batch stops before the shard after it reaches it (`cap_reached`).
+
+A batch's day is the UTC day it was created on, for all it ever spends: the budget of a day bounds what the key's
+batches created that day cost in all, whenever they run. So a batch that runs past midnight stays under its own day's
+budget (it gets no fresh one), and the batches created on a day never share their budget with another day's.
 
 Costs are those of usage.py: successful requests only, at the batch price. What the other batches spent is read
 from the store, one query: an ended batch's final usage, and a running one's as its run records it after each
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -22,7 +26,7 @@ from batch_dagster.batchfile.results import CommittedShard
 from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
 from batch_dagster.batchfile.validate import ValidationReport
 from batch_dagster.db.keys import own_daily_budget
-from batch_dagster.db.models import BatchRecord
+from batch_dagster.db.models import BatchRecord, priced_window
 
 from .daily_usage import day_bounds
 from .estimate import Tally
@@ -37,7 +41,7 @@ class Cap:
 
     max_cost: float | None = None
     daily_budget: float | None = None
-    spent_today: float = 0.0  # by the key's other batches created this UTC day
+    spent_that_day: float = 0.0  # by the key's other batches created the same UTC day
     currency: str = "USD"
 
     def allowance(self, spent: float = 0.0) -> float | None:
@@ -46,7 +50,7 @@ class Cap:
         if self.max_cost is not None:
             left.append(self.max_cost - spent)
         if self.daily_budget is not None:
-            left.append(self.daily_budget - self.spent_today - spent)
+            left.append(self.daily_budget - self.spent_that_day - spent)
         return min(left) if left else None
 
     def _limits(self) -> str:
@@ -54,8 +58,8 @@ class Cap:
         if self.max_cost is not None:
             parts.append(f"max_cost {self.max_cost:g}")
         if self.daily_budget is not None:
-            parts.append(f"the key's daily budget {self.daily_budget:g}, of which {self.spent_today:g} is spent "
-                         "today by its other batches")
+            parts.append(f"the key's daily budget {self.daily_budget:g}, of which {self.spent_that_day:g} is spent "
+                         "by its other batches created the same UTC day")
         return " and ".join(parts) + f" ({self.currency})"
 
     def refusal(self, upper_bound: float) -> c.BatchError | None:
@@ -76,60 +80,64 @@ class Cap:
         return allowed is not None and allowed <= _EPSILON
 
 
-def spent_today(session: Session, owner: str, prices: PriceTable, at: float, excluding: str) -> float:
-    """The cost of `owner`'s batches created on the UTC day of `at` (epoch seconds), but `excluding`, as the store
-    holds their usage (one query)."""
-    start, end = day_bounds(datetime.fromtimestamp(at, UTC).date())
-    rows = session.execute(select(BatchRecord.usage, BatchRecord.model).where(
+def spent_on_day(session: Session, owner: str, prices: PriceTable, day: date, excluding: str) -> float:
+    """The cost of `owner`'s batches created on the UTC `day`, but `excluding`, as the store holds their usage (one
+    query): whatever day they spent it on."""
+    start, end = day_bounds(day)
+    rows = session.execute(select(BatchRecord.usage, BatchRecord.model, BatchRecord.completion_window,
+                                  BatchRecord.expires_at).where(
         BatchRecord.owner == owner, BatchRecord.id != excluding, BatchRecord.created_at >= start,
         BatchRecord.created_at < end))
     total = 0.0
-    for usage, model in rows:
+    for usage, model, window, expires_at in rows:
         if usage and model:
-            total += cost_of(Usage.from_dict(usage), model, prices).total_cost
+            total += cost_of(Usage.from_dict(usage), model, prices, priced_window(window, expires_at)).total_cost
     return round(total, 8)
 
 
-def batch_cap(session: Session, batch_id: str, prices: PriceTable, currency: str, daily_budget: float | None,
-              at: float) -> Cap | None:
-    """What caps `batch_id`'s spend at `at`; None when nothing does (no max_cost, no budget) or it has no row. The
-    budget is its key's own (db/keys.py), else `daily_budget` (BATCH_KEY_DAILY_BUDGET)."""
+def batch_cap(session: Session, batch_id: str, prices: PriceTable, currency: str,
+              daily_budget: float | None) -> Cap | None:
+    """What caps `batch_id`'s spend: its max_cost, and the budget of the day it was created on less what the key's
+    other batches of that day spent; None when nothing does (no max_cost, no budget) or it has no row. The budget is
+    its key's own (db/keys.py), else `daily_budget` (BATCH_KEY_DAILY_BUDGET)."""
     row = session.scalar(select(BatchRecord).where(BatchRecord.id == batch_id))
     if row is None:
         return None
     daily_budget = own_daily_budget(session, row.owner, daily_budget)
     if row.options.max_cost is None and daily_budget is None:
         return None
-    spent = spent_today(session, row.owner, prices, at, batch_id) if daily_budget is not None else 0.0
-    return Cap(max_cost=row.options.max_cost, daily_budget=daily_budget, spent_today=spent, currency=currency)
+    spent = 0.0
+    if daily_budget is not None:
+        spent = spent_on_day(session, row.owner, prices, datetime.fromtimestamp(row.created_at, UTC).date(), batch_id)
+    return Cap(max_cost=row.options.max_cost, daily_budget=daily_budget, spent_that_day=spent, currency=currency)
 
 
 def refuse_over_cap(session: Session, batch_id: str, report: ValidationReport, tally: Tally | None,
-                    prices: PriceTable, daily_budget: float | None, at: float) -> None:
-    """At validation, an error in the valid `report` when the batch's upper-bound cost (its `tally` priced, each
-    request at its most output: the estimate's cost.max) is more than it may spend."""
+                    prices: PriceTable, daily_budget: float | None, window: str | None = None) -> None:
+    """At validation, an error in the valid `report` when the batch's upper-bound cost (its `tally` priced for its
+    `window`, each request at its most output: the estimate's cost.max) is more than it may spend."""
     if not report.valid or report.model is None:
         return
-    cap = batch_cap(session, batch_id, prices, prices.for_model(report.model).currency, daily_budget, at)
+    cap = batch_cap(session, batch_id, prices, prices.for_model(report.model).currency, daily_budget)
     if cap is None:
         return
     if tally is None:  # its tokenizer failed (count_tokens logged why): no cap is checked by guessing
         raise RuntimeError(f"The batch has a cost cap, and its tokens could not be counted with {report.model}'s "
                            "tokenizer; see the warning above.")
-    error = cap.refusal(tally.cost(report.model, prices)["max"])
+    error = cap.refusal(tally.cost(report.model, prices, window)["max"])
     if error is not None:
         report.errors.append(error)
         report.error_count += 1
 
 
 def cap_reached(session: Session, batch_id: str, model: str, committed: Iterable[CommittedShard], prices: PriceTable,
-                daily_budget: float | None, at: float) -> bool:
-    """While it runs, before a shard: whether the batch, having spent what its `committed` shards cost, must run no
-    other shard."""
-    cap = batch_cap(session, batch_id, prices, prices.for_model(model).currency, daily_budget, at)
+                daily_budget: float | None, window: str | None = None) -> bool:
+    """While it runs, before a shard: whether the batch, having spent what its `committed` shards cost (priced for
+    its `window`), must run no other shard."""
+    cap = batch_cap(session, batch_id, prices, prices.for_model(model).currency, daily_budget)
     if cap is None:
         return False
     usage = Usage()
     for shard in committed:
         usage += shard.usage
-    return cap.reached(cost_of(usage, model, prices).total_cost)
+    return cap.reached(cost_of(usage, model, prices, window).total_cost)

@@ -1,13 +1,14 @@
 """A batch's estimate before it runs: validation's report, its tokens, the range of its cost and of its duration.
 
 Tokens are counted with the model's tokenizer (engine/tokens.py), the durations divide them by the model's engine
-throughput (throughput.py) after the work queued ahead. The API and the CLI estimate a file (`estimate_file`); a
-valid batch's validation writes its own (`write_estimate`). docs/http-api.md ("Estimate") says what each bound
-assumes.
+throughput (throughput.py) after the work queued ahead. The API (`count_file`, then `price_file`) and the CLI
+(`estimate_file`) estimate a file; a valid batch's validation writes its own (`write_estimate`). docs/http-api.md
+("Estimate") says what each bound assumes.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +27,13 @@ from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of, load_price_table
 from batch_dagster.batchfile.validate import ValidationReport, validate_stream
+from batch_dagster.batchfile.windows import Window
 from batch_dagster.db.models import BatchRecord
 from batch_dagster.engine.models import Models
 from batch_dagster.engine.tokens import CountTokens
 from batch_dagster.settings import Settings
 
-from .throughput import Throughput, engine_throughput
+from .throughput import Throughput, engine_throughput, queue_throughput
 
 
 @dataclass(frozen=True)
@@ -95,10 +97,11 @@ class Tally:
         self.input_tokens += sum(prompts)
         self.max_output_tokens += bound
 
-    def cost(self, model: str, prices: PriceTable) -> dict[str, Any]:
-        """The cost range of these requests (Estimate.cost; the cost cap checks its max)."""
-        low = cost_of(Usage(input_tokens=self.input_tokens), model, prices)
-        high = cost_of(Usage(input_tokens=self.input_tokens, output_tokens=self.max_output_tokens), model, prices)
+    def cost(self, model: str, prices: PriceTable, window: str | None = None) -> dict[str, Any]:
+        """The cost range of these requests in a batch of `window` (Estimate.cost; the cost cap checks its max)."""
+        low = cost_of(Usage(input_tokens=self.input_tokens), model, prices, window)
+        high = cost_of(Usage(input_tokens=self.input_tokens, output_tokens=self.max_output_tokens), model, prices,
+                       window)
         return {"min": low.total_cost, "max": high.total_cost, "currency": high.currency}
 
 
@@ -111,12 +114,31 @@ class Estimate:
     prices: PriceTable = field(default_factory=PriceTable)
     throughput: Throughput | None = None
     queue: QueueAhead = field(default_factory=QueueAhead)
+    window: str | None = None  # the completion window, which prices the batch (None: the model's batch price)
+    deadline_s: float | None = None  # the seconds the batch has before its deadline (None: it has none)
 
     def cost(self) -> dict[str, Any] | None:
         """min: every request that runs succeeds with no output (failed requests are not billed, so failures
         only lower it); max: every one succeeds with its most output."""
         model = self.report.model
-        return None if model is None else self.tally.cost(model, self.prices)
+        return None if model is None else self.tally.cost(model, self.prices, self.window)
+
+    def meets_deadline(self) -> bool | None:
+        """Whether the batch ends before its deadline even at duration_s.max (after the work queued ahead, each
+        request at its most output); None without a deadline or a duration."""
+        duration = self.duration_s()
+        return None if duration is None or self.deadline_s is None else duration["max"] <= self.deadline_s
+
+    def deadline_refusal(self) -> str | None:
+        """Why the batch cannot end before its deadline (duration_s.min, its prompt tokens alone on an idle engine,
+        is past it), or None."""
+        duration = self.duration_s()
+        if duration is None or self.deadline_s is None or duration["min"] <= self.deadline_s:
+            return None
+        return (f"completion_window {self.window!r} leaves {self.deadline_s:.0f} s; this batch needs at least "
+                f"{duration['min']:.0f} s (its {self.tally.input_tokens} prompt tokens alone, at "
+                f"{self.throughput.tokens_per_s if self.throughput else 0:g} tokens/s on an idle engine). Use a longer "
+                "completion_window, or split the file.")
 
     def duration_s(self) -> dict[str, float] | None:
         """min: this batch's prompt tokens alone, on an idle engine; max: its prompt and most output tokens, after
@@ -149,10 +171,20 @@ class Estimate:
             "queued_ahead": self.queue.batches,
             "queued_ahead_requests": self.queue.requests,
             "queued_ahead_uncounted": self.queue.uncounted,
+            "meets_deadline": self.meets_deadline() if valid else None,
         }
 
 
-def estimate_stream(
+@dataclass(frozen=True)
+class Counted:
+    """A file's validation report and its tokens: what an estimate computes from the file's bytes alone (so one
+    File's count serves each estimate of it)."""
+
+    report: ValidationReport
+    tally: Tally
+
+
+def count_stream(
     f: BinaryIO,
     *,
     size: int | None,
@@ -160,11 +192,8 @@ def estimate_stream(
     endpoint: str | None,
     served: Collection[str],
     counter: Callable[[str], tuple[CountTokens, int]],
-    prices: PriceTable,
-    throughput: Callable[[str], Throughput],
-    queue: Callable[[str], QueueAhead],
-) -> Estimate:
-    """Validate the file and count its tokens in one pass; then price it and time it.
+) -> Counted:
+    """Validate the file and count its tokens in one pass.
 
     `counter(model)` is the model's CountTokens and context length; it is asked for once, for a model the
     registry (`served`) serves, so an unknown model costs no tokenizer.
@@ -181,10 +210,38 @@ def estimate_stream(
             tally.add(request["url"], request["body"], *found)
 
     report = validate_stream(f, size=size, limits=limits, endpoint=endpoint, models=served, on_request=on_request)
-    estimate = Estimate(report, tally, prices)
-    if report.valid and report.model is not None:
-        estimate.throughput, estimate.queue = throughput(report.model), queue(report.model)
+    return Counted(report, tally)
+
+
+def priced(counted: Counted, prices: PriceTable, throughput: Callable[[str], Throughput],
+           queue: Callable[[str], QueueAhead], window: Window | None = None) -> Estimate:
+    """A counted file priced for its `window`, and timed on the model's throughput after the queue ahead of it (as
+    they are now)."""
+    estimate = Estimate(counted.report, counted.tally, prices, window=window.name if window else None,
+                        deadline_s=window.seconds if window else None)
+    if counted.report.valid and counted.report.model is not None:
+        model = counted.report.model
+        estimate.throughput, estimate.queue = throughput(model), queue(model)
     return estimate
+
+
+def estimate_stream(
+    f: BinaryIO,
+    *,
+    size: int | None,
+    limits: c.Limits,
+    endpoint: str | None,
+    served: Collection[str],
+    counter: Callable[[str], tuple[CountTokens, int]],
+    prices: PriceTable,
+    throughput: Callable[[str], Throughput],
+    queue: Callable[[str], QueueAhead],
+    window: Window | None = None,
+) -> Estimate:
+    """Validate the file and count its tokens in one pass (`count_stream`); then price it for its `window` and time
+    it."""
+    counted = count_stream(f, size=size, limits=limits, endpoint=endpoint, served=served, counter=counter)
+    return priced(counted, prices, throughput, queue, window)
 
 
 def queue_ahead(session: Session, model: str, exclude: str | None = None) -> QueueAhead:
@@ -200,16 +257,44 @@ def queue_ahead(session: Session, model: str, exclude: str | None = None) -> Que
     return QueueAhead(int(batches), int(requests), int(not_counted))
 
 
+def count_file(f: BinaryIO, *, size: int | None, endpoint: str | None, models: Models,
+               settings: Settings) -> Counted:
+    """A file validated and counted with its model's tokenizer: the slow part of an estimate, and its file's alone."""
+    return count_stream(f, size=size, limits=settings.limits, endpoint=endpoint,
+                        served=served(models.registry(), settings.image_sources), counter=models.counter)
+
+
+def price_file(counted: Counted, *, session: Session, storage: Storage, settings: Settings,
+               window: Window | None = None) -> Estimate:
+    """A counted file priced for its `window`, and timed on the model's engine throughput and the queue ahead of
+    it."""
+    return priced(counted, load_price_table(settings.prices_file),
+                  throughput=lambda model: engine_throughput(session, storage, model, settings.estimate_tokens_per_s),
+                  queue=lambda model: queue_ahead(session, model), window=window)
+
+
 def estimate_file(f: BinaryIO, *, size: int | None, endpoint: str | None, session: Session, storage: Storage,
-                  models: Models, settings: Settings) -> Estimate:
-    """POST /v1/batches/estimate's and `batch-dagster estimate`'s answer for a file: validated and counted with the
-    model's tokenizer, priced, timed on the model's engine throughput and the queue ahead of it."""
-    return estimate_stream(
-        f, size=size, limits=settings.limits, endpoint=endpoint,
-        served=served(models.registry(), settings.image_sources), counter=models.counter,
-        prices=load_price_table(settings.prices_file),
-        throughput=lambda model: engine_throughput(session, storage, model, settings.estimate_tokens_per_s),
-        queue=lambda model: queue_ahead(session, model))
+                  models: Models, settings: Settings, window: Window | None = None) -> Estimate:
+    """`batch-dagster estimate`'s answer for a file (the API's, in two steps): validated and counted with the
+    model's tokenizer, priced for its `window`, timed on the model's engine throughput and the queue ahead of it."""
+    return price_file(count_file(f, size=size, endpoint=endpoint, models=models, settings=settings),
+                      session=session, storage=storage, settings=settings, window=window)
+
+
+def unreachable_deadline(session: Session, model: str | None, input_bytes: int, window: Window) -> str | None:
+    """At create, before anything is tokenized: why `window` is too short for a batch of `input_bytes` of `model`,
+    or None. By the ETA's measure (throughput.queue_throughput: the bounded tokens per input byte and per second of
+    the model's recent batches), the batch alone, with nothing queued ahead, takes longer than the window. Nothing
+    is refused before the model has a measured batch: a default rate is no evidence."""
+    rate = queue_throughput(session, model, 0.0)
+    if rate.batches == 0 or rate.tokens_per_s <= 0:
+        return None
+    alone_s = input_bytes * rate.tokens_per_byte / rate.tokens_per_s
+    if alone_s <= window.seconds:
+        return None
+    return (f"completion_window {window.name!r} leaves {window.seconds} s; a batch of this file's size "
+            f"({input_bytes} bytes) takes about {alone_s:.0f} s by itself at the pace of {model}'s last "
+            f"{rate.batches} batch(es). Use a longer completion_window, or split the file.")
 
 
 def count_tokens(requests: Path, report: ValidationReport, models: Models, *, needed: bool, log: Any) -> Tally | None:
@@ -244,6 +329,8 @@ def write_estimate(session: Session, folder: BatchFolder, report: ValidationRepo
     assert model is not None  # a valid report names its model
     throughput = engine_throughput(session, folder.storage, model, default_tokens_per_s)
     queue = queue_ahead(session, model, exclude=folder.batch_id)
-    estimate = Estimate(report, tally, prices, throughput, queue).to_dict()
+    deadline = folder.deadline()
+    estimate = Estimate(report, tally, prices, throughput, queue, window=folder.completion_window(),
+                        deadline_s=deadline.expires_at - time.time() if deadline else None).to_dict()
     folder.write_estimate(estimate)
     return estimate

@@ -5,7 +5,8 @@ sees it (`RunningEta`: the inference step's observations, the CLI's progress bar
 A batch's work is its estimate's bounded tokens (input tokens and most output tokens, throughput.bounded_work);
 before validation (a queued batch is validated when its run starts) its input file's bytes times the tokens per
 byte of the model's recent batches. The rate is the model's queue throughput (throughput.queue_throughput); the
-batches running at once share it.
+batches running at once share it. A batch whose estimated end is past its deadline (expires_at) is flagged at risk
+the first time it is (deadline_at_risk_at), with a batch.deadline_at_risk webhook event: before it expires.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.db.fleets import start_delays
-from batch_dagster.db.models import BatchRecord, FileRecord
+from batch_dagster.db.lifecycle import add_event
+from batch_dagster.db.models import DEADLINE_AT_RISK, BatchRecord, FileRecord
 
 from .throughput import Throughput, bounded_work, queue_throughput
 
@@ -48,10 +50,14 @@ class Place:
 NOT_ENDED = tuple(s for s in BatchStatus if s not in TERMINAL)
 
 
-def launch_order(priority: int, launch_priority: int | None, pk: int) -> tuple[int, int, int, int]:
+def launch_order(priority: int, launch_priority: int | None, pk: int,
+                 expires_at: int | None = None) -> tuple[int, int, float, int]:
     """The run queue's order (defs/run_limits.py): the batch's priority first, then its run's dagster/priority
-    (priority and fair rank; a batch not launched yet ranks after those launched), then submission order."""
-    return -priority, 0 if launch_priority is not None else 1, -(launch_priority or 0), pk
+    (priority, deadline and fair rank; a batch not launched yet ranks after those launched, the earliest deadline
+    first), then submission order."""
+    if launch_priority is not None:
+        return -priority, 0, -launch_priority, pk
+    return -priority, 1, expires_at if expires_at is not None else float("inf"), pk
 
 
 def running_remaining_s(work: float, rate: float, done: float, elapsed_s: float) -> float:
@@ -124,21 +130,40 @@ class Moved:
     new_position: bool  # its queue_position changed (not only its estimated end)
 
 
-def refresh_queue(session: Session, *, slots: int, default_tokens_per_s: float, now: float) -> list[Moved]:
-    """Recompute every not-ended batch's queue position and estimated end, per model; store those that changed
-    (committed) and return them."""
+def meets_deadline(estimated_completion_at: int | None, expires_at: int | None) -> bool | None:
+    """Whether a batch's estimated end is at or before its deadline; None without either."""
+    if estimated_completion_at is None or expires_at is None:
+        return None
+    return estimated_completion_at <= expires_at
+
+
+@dataclass(frozen=True)
+class Refreshed:
+    """What a refresh of the queue changed: the batches whose place or end moved, and those it found will miss their
+    deadline for the first time (each one's batch.deadline_at_risk event is written)."""
+
+    moved: list[Moved]
+    at_risk: list[Moved]
+
+
+def refresh_queue(session: Session, *, slots: int, default_tokens_per_s: float, now: float) -> Refreshed:
+    """Recompute every not-ended batch's queue position and estimated end, per model; store those that changed, and
+    flag (once, with its event) each batch whose end is now estimated after its deadline; committed."""
     rows = session.execute(
-        select(BatchRecord, FileRecord.bytes).join(FileRecord, FileRecord.id == BatchRecord.input_file_id)
+        # A batch whose uploaded input was deleted is still queued: its folder's copy of the input is its size.
+        select(BatchRecord, func.coalesce(FileRecord.bytes, BatchRecord.stored_bytes, 0))
+        .outerjoin(FileRecord, FileRecord.id == BatchRecord.input_file_id)
         .where(BatchRecord.status.in_(NOT_ENDED))).all()
     by_model: dict[str | None, list[tuple[BatchRecord, int]]] = defaultdict(list)
     for batch, nbytes in rows:
         by_model[batch.model].append((batch, nbytes))
     waits = start_delays(session, now)  # a warm fleet asleep or starting: its replicas' start comes first
-    moved, changes = [], []
+    moved, changes, at_risk = [], [], []
     for model, batches in by_model.items():
         entries = [Entry(
             batch_id=b.id, running=b.status != BatchStatus.VALIDATING,
-            order=launch_order(b.options.priority, b.launch_priority, b.pk), work=bounded_work(b.estimate),
+            order=launch_order(b.options.priority, b.launch_priority, b.pk, b.expires_at),
+            work=bounded_work(b.estimate),
             input_bytes=nbytes,
             done=(b.request_completed + b.request_failed) / b.request_total if b.request_total else 0.0,
             in_progress_at=b.in_progress_at) for b, nbytes in batches]
@@ -153,12 +178,27 @@ def refresh_queue(session: Session, *, slots: int, default_tokens_per_s: float, 
                 changes.append({"pk": b.pk, "queue_position": place.queue_position,
                                 "estimated_completion_at": place.estimated_completion_at,
                                 "first_estimated_completion_at": first})
+            if b.deadline_at_risk_at is None and meets_deadline(place.estimated_completion_at, b.expires_at) is False \
+                    and _flag_at_risk(session, b, round(now)):
+                at_risk.append(Moved(b.id, b.run_id, place, False))
     if changes:
         # One statement for all (executemany by primary key): a batch that ended meanwhile keeps a stale place,
         # which the API does not show once it has ended.
         session.execute(update(BatchRecord), changes)
     session.commit()
-    return moved
+    return Refreshed(moved, at_risk)
+
+
+def _flag_at_risk(session: Session, batch: BatchRecord, at: int) -> bool:
+    """Mark the batch at risk of missing its deadline and write its event, unless it ended or was marked meanwhile:
+    one event per batch, whoever refreshes the queue."""
+    result = cast(CursorResult, session.execute(
+        update(BatchRecord).where(BatchRecord.pk == batch.pk, BatchRecord.deadline_at_risk_at.is_(None),
+                                  BatchRecord.status.in_(NOT_ENDED)).values(deadline_at_risk_at=at)))
+    if result.rowcount != 1:
+        return False
+    add_event(session, batch.id, batch.owner, DEADLINE_AT_RISK, at)
+    return True
 
 
 def set_launch_priorities(session: Session, priorities: dict[str, int]) -> None:

@@ -3,7 +3,7 @@ not the requests' own), and the results of both merged."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
 import orjson
@@ -15,6 +15,7 @@ from batch_dagster.batchfile.failure import retryable_ids
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.batchfile.windows import CompletionWindows, Window
 from batch_dagster.db import repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S, add_input_file, create_batch
 from batch_dagster.db.models import BatchRecord, FileRecord
@@ -75,33 +76,61 @@ class CannotRetry(ValueError):
     """The batch has no request to retry (or has not ended yet); the message says which."""
 
 
-def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, completion_window_s: int | None,
-                 launched: bool = False) -> BatchRecord:
-    """A new batch of `parent`'s retryable failed requests, with their original bodies, same endpoint, model and
-    options."""
+def retry_window(parent: BatchRecord, windows: CompletionWindows) -> Window | None:
+    """The window of a retry of `parent`: its parent's, from now (the longest offered when the operator no longer
+    offers that one); none for a parent that had no deadline (the command line's)."""
+    if parent.expires_at is None:
+        return None
+    return windows.window(parent.completion_window) if parent.completion_window in windows.lengths \
+        else windows.default
+
+
+def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, windows: CompletionWindows,
+                 launched: bool = False, admit: Callable[[Session, BatchRecord], None] | None = None) -> BatchRecord:
+    """A new batch of `parent`'s retryable failed requests, with their original bodies, same endpoint, model,
+    options and window (retry_window). `admit`: the owner's limits (features/quotas.py batch_admission), checked
+    before its row is added; a refusal leaves no File and no folder."""
     if parent.status not in TERMINAL:
         raise CannotRetry(f"Batch {parent.id} is {parent.status}; only a batch that has ended can be retried.")
     error_file = _file(session, parent.error_file_id)
     folder = BatchFolder(storage, parent.id)
-    ids = retryable_ids(_lines(storage, error_file)) if error_file is not None else []
-    if not ids or not storage.exists(folder.requests_key):
+    # Each reason its own message: a batch whose files are gone is not one whose requests cannot be retried.
+    if parent.error_file_id is None:
+        raise CannotRetry(f"Batch {parent.id} ended with no error file, so it has no request to retry.")
+    if error_file is None or not _has_bytes(storage, error_file) or not storage.exists(folder.requests_key):
+        raise CannotRetry(f"Batch {parent.id} can no longer be retried: its files were deleted (retention, or its "
+                          "error file was deleted).")
+    ids = retryable_ids(_lines(storage, error_file))
+    if not ids:
         raise CannotRetry(f"Batch {parent.id} has no request to retry: only requests that failed with a server "
                           "error (5xx) or never ran (batch_expired, batch_cancelled, batch_failed) are retried, "
                           "never 4xx.")
     input_file = add_input_file(session, owner=parent.owner, file_id=repo.new_file_id(),
                                 filename=f"{parent.id}_retry.jsonl", size=0)
-    with storage.local_copy(folder.requests_key) as requests, storage.writing(input_file.path) as path:
-        count = write_retry_input(requests, ids, parent.endpoint, path)
-        input_file.bytes = path.stat().st_size
-        assert count == len(ids), (count, len(ids))
-        inherited = {k: v for k, v in (parent.meta or {}).items() if k != PARENT}
-        metadata = dict(list(inherited.items())[: MAX_METADATA_PAIRS - 1]) | {PARENT: parent.id}
-        return create_batch(
-            session, storage, owner=parent.owner, endpoint=parent.endpoint, input_file=input_file, input_from=path,
-            completion_window_s=completion_window_s, metadata=metadata, launched=launched,
-            output_expires_after=parent.output_expires_after or OUTPUT_EXPIRES_AFTER_S, parent=parent,
-            options=parent.options,
-        )
+    batch_id = repo.new_batch_id()
+    try:
+        with storage.local_copy(folder.requests_key) as requests, storage.writing(input_file.path) as path:
+            count = write_retry_input(requests, ids, parent.endpoint, path)
+            input_file.bytes = path.stat().st_size
+            assert count == len(ids), (count, len(ids))
+            inherited = {k: v for k, v in (parent.meta or {}).items() if k != PARENT}
+            metadata = dict(list(inherited.items())[: MAX_METADATA_PAIRS - 1]) | {PARENT: parent.id}
+            return create_batch(
+                session, storage, owner=parent.owner, endpoint=parent.endpoint, input_file=input_file,
+                input_from=path, window=retry_window(parent, windows), metadata=metadata, launched=launched,
+                output_expires_after=parent.output_expires_after or OUTPUT_EXPIRES_AFTER_S, parent=parent,
+                options=parent.options, batch_id=batch_id, admit=admit,
+            )
+    except BaseException:
+        session.rollback()
+        storage.delete(input_file.path)
+        storage.delete_folder(BatchFolder(storage, batch_id).prefix)
+        raise
+
+
+def _has_bytes(storage: Storage, file: FileRecord) -> bool:
+    files, key = file_location(storage, file.path)
+    return files.exists(key)
 
 
 def _lines(storage: Storage, file: FileRecord | None) -> Iterator[bytes]:

@@ -1,4 +1,5 @@
-"""Child processes that start and stop together: each leads its own process group, so nothing outlives us."""
+"""Child processes that start and stop together: each leads its own process group, so nothing outlives us; and each
+is watched (engine/orphans.py), so a parent killed with SIGKILL takes them (and their children) with it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import signal
 import subprocess
 import time
 from typing import IO
+
+from batch_dagster.engine import orphans
 
 log = logging.getLogger("batch_dagster.serve.processes")
 GRACE_S = 20.0
@@ -42,6 +45,9 @@ class Children:
         self.procs[name] = subprocess.Popen(command, env=env, start_new_session=True, stdout=log_file,
                                             stderr=subprocess.STDOUT if log_file is not None else None)
         log.info("%s has pid %d", name, self.procs[name].pid)
+        # Its own process group keeps it from our terminal's Ctrl-C (stop() stops it in order); the watcher kills it
+        # when we die without stopping it (kill -9): a vLLM server would otherwise hold its memory and ports.
+        orphans.watch([self.procs[name].pid])
 
     def exited(self) -> list[str]:
         return [name for name, p in self.procs.items() if p.poll() is not None]

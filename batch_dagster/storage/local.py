@@ -104,6 +104,16 @@ class LocalStorage:
             return []
         return sorted(f"{prefix.rstrip('/')}/{entry.name}" for entry in os.scandir(folder) if entry.is_dir())
 
+    def total_size(self, prefix: str) -> int:
+        total = 0
+        for folder, _, names in os.walk(self.local_path(prefix)):
+            for name in names:
+                try:
+                    total += os.stat(os.path.join(folder, name)).st_size
+                except FileNotFoundError:  # removed while walked
+                    pass
+        return total
+
     def delete(self, key: str) -> None:
         self.local_path(key).unlink(missing_ok=True)
 

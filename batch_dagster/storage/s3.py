@@ -179,6 +179,11 @@ class S3Storage:
         return sorted(self._relative(p["Prefix"]).rstrip("/")
                       for page in self._listing(prefix) for p in page.get("CommonPrefixes", []))
 
+    def total_size(self, prefix: str) -> int:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._key(prefix.rstrip("/")) + "/")
+        return sum(int(o["Size"]) for page in pages for o in page.get("Contents", []))
+
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 

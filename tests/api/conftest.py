@@ -53,16 +53,19 @@ def serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
               events_on_disk: bool = False, **settings) -> Service:
         data_dir = tmp_path / "data"
         monkeypatch.setenv("BATCH_DATA_DIR", str(data_dir))
+        # window_s: the 24h window's real length (and the 1h window a 24th of it), unless completion_windows is given.
+        windows = settings.pop("completion_windows", (f"1h={max(window_s // 24, 1)}", f"24h={window_s}"))
         config = replace(Settings.from_env(), api_keys=tuple(api_keys), database_url=database_url(data_dir),
                          storage_url=storage_url or str(data_dir), max_upload_bytes=max_upload_bytes,
-                         completion_window_s=window_s, max_json_body_bytes=max_json_body_bytes,
+                         completion_windows=windows, max_json_body_bytes=max_json_body_bytes,
                          webhook_allow=tuple(webhook_allow), **settings)  # settings: any other Settings field
         engine = engine or FakeEngine()
         vllm = vllm or fake_vllm(f"api-{tmp_path.name}", engine)
         storage = StorageResource(data_dir=str(data_dir), url=storage_url)
         # The pipeline reads the API's store, as under serve (the cost cap asks it what a key spent).
         defs = make_defs(data_dir, vllm, shard_size, storage_url, database_url=config.database_url,
-                         key_daily_budget=config.key_daily_budget)
+                         key_daily_budget=config.key_daily_budget, error_breaker_lines=config.error_breaker_lines,
+                         error_breaker_rate=config.error_breaker_rate)
         resources = {"database": DatabaseResource(url=config.database_url), "storage": storage, "vllm": vllm,
                      "pipeline": defs.resources["pipeline"]}
         server = stack.enter_context(ApiServer(create_app(config)))

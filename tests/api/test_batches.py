@@ -12,12 +12,14 @@ import openai
 import pytest
 
 from batch_dagster.batchfile.folder import batch_ids
+from batch_dagster.engine.models import Models
 from tests.helpers import (
     CHAT_MODEL,
     KEY_A,
     KEY_B,
     FakeEngine,
     FakeVLLM,
+    WordTokenizer,
     chat_request,
     fake_vllm,
     rows,
@@ -150,10 +152,14 @@ def test_list_filters_by_status_metadata_and_creation_time(start_service, tmp_pa
     with service.http() as http:
         for query, param in (({"status": "done"}, "status"), ({"created_after": "-1"}, "created_after"),
                              ({"created_before": str(2**71)}, "created_before"),
-                             ({"metadata[" + "k" * 65 + "]": "v"}, "metadata"), ({"metadata[k]": "v" * 513}, "metadata")):
+                             ({"metadata[" + "k" * 65 + "]": "v"}, "metadata"), ({"metadata[k]": "v" * 513}, "metadata"),
+                             ({"metadata[team]": "r\x00d"}, "metadata")):  # a NUL: PostgreSQL's 500 before
             response = http.get("/v1/batches", params=query)
             assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
             assert len(response.text) < 1000  # the client's value is not echoed whole
+        body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h",
+                "metadata": {"team": "r\x00d"}}
+        assert http.post("/v1/batches", json=body).status_code == 400
 
 
 def test_a_batchs_priority_is_bounded_and_shown(start_service, tmp_path):
@@ -173,6 +179,19 @@ def test_a_batchs_priority_is_bounded_and_shown(start_service, tmp_path):
         with pytest.raises(openai.BadRequestError) as refused:
             create(priority=priority)
         assert refused.value.code == code and refused.value.param == "priority", refused.value
+
+
+def test_by_default_no_key_may_raise_its_priority(start_service, tmp_path):
+    """BATCH_KEY_MAX_PRIORITY's default: a key may lower its batches' priority, never put them ahead of everyone."""
+    client = start_service(worker=False).client()
+    file_id = upload(client, tmp_path / "in.jsonl", rows(2))
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
+                              extra_body={"priority": 1})
+    assert refused.value.code == "priority_not_allowed"
+    lowered = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
+                                    extra_body={"priority": -1})
+    assert lowered.model_extra["priority"] == -1
 
 
 def test_keys_are_isolated_and_wrong_keys_refused(start_service, tmp_path):
@@ -277,8 +296,10 @@ def test_cancel_mid_run_keeps_partial_results(start_service, tmp_path):
         client.batches.cancel(batch.id)
 
 
-def test_cancel_before_launch_runs_nothing(start_service, tmp_path):
-    service = start_service(worker=False)
+def test_cancel_before_launch_runs_nothing(start_service, tmp_path, monkeypatch):
+    counted: list[str] = []
+    monkeypatch.setattr(Models, "tokenizer", lambda self, model: counted.append(model) or WordTokenizer())
+    service = start_service(worker=False, key_daily_budget=1.0)  # a budget needs the tokens of a batch that runs
     client = service.client()
     requests = rows(3)
     batch = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", requests),
@@ -295,6 +316,7 @@ def test_cancel_before_launch_runs_nothing(start_service, tmp_path):
     assert sorted(e["custom_id"] for e in err) == sorted(r["custom_id"] for r in requests)
     assert {e["error"]["code"] for e in err} == {"batch_cancelled"}
     assert service.engine.calls == []
+    assert counted == [] and cancelled.model_extra["estimate"] is None  # its requests listed, none tokenized
 
 
 def test_expiry_with_a_short_window(start_service, tmp_path):

@@ -101,34 +101,65 @@ def test_nothing_caps_a_batch_without_max_cost_or_budget():
 
 @pytest.mark.parametrize(("cap", "left"), [
     (Cap(max_cost=2.0), 2.0),
-    (Cap(daily_budget=5.0, spent_today=4.0), 1.0),
-    (Cap(max_cost=2.0, daily_budget=5.0, spent_today=4.0), 1.0),  # the tighter of the two
-    (Cap(max_cost=0.5, daily_budget=5.0, spent_today=4.0), 0.5),
-    (Cap(daily_budget=5.0, spent_today=6.0), -1.0),  # concurrent batches spent past it
+    (Cap(daily_budget=5.0, spent_that_day=4.0), 1.0),
+    (Cap(max_cost=2.0, daily_budget=5.0, spent_that_day=4.0), 1.0),  # the tighter of the two
+    (Cap(max_cost=0.5, daily_budget=5.0, spent_that_day=4.0), 0.5),
+    (Cap(daily_budget=5.0, spent_that_day=6.0), -1.0),  # concurrent batches spent past it
 ])
 def test_a_batch_may_spend_the_least_of_its_max_cost_and_its_keys_budget_left(cap, left):
     assert cap.allowance() == pytest.approx(left)
     assert cap.allowance(0.25) == pytest.approx(left - 0.25)
 
 def test_validation_refuses_an_upper_bound_past_the_allowance_only():
-    cap = Cap(max_cost=1.0, daily_budget=10.0, spent_today=8.5, currency="EUR")
+    cap = Cap(max_cost=1.0, daily_budget=10.0, spent_that_day=8.5, currency="EUR")
     assert cap.refusal(1.0) is None and cap.refusal(0.3) is None
     error = cap.refusal(1.00001)
     assert error is not None and error.code == c.COST_LIMIT_EXCEEDED == "cost_limit_exceeded"
     assert "1.00001 EUR" in error.message and "max_cost 1" in error.message and "8.5 is spent" in error.message
-    tight = Cap(daily_budget=10.0, spent_today=9.5)
+    tight = Cap(daily_budget=10.0, spent_that_day=9.5)
     assert tight.refusal(0.5) is None and tight.refusal(0.6) is not None
     assert "0.5 it may spend" in tight.refusal(0.6).message  # type: ignore[union-attr]
 
 def test_a_running_batch_stops_once_its_spend_reaches_the_cap():
     assert not Cap(max_cost=1.0).reached(0.99999)
     assert Cap(max_cost=1.0).reached(1.0) and Cap(max_cost=1.0).reached(1.5)
-    budget = Cap(daily_budget=1.0, spent_today=0.7)
+    budget = Cap(daily_budget=1.0, spent_that_day=0.7)
     assert not budget.reached(0.2) and budget.reached(0.3) and budget.reached(0.3 - 1e-9)  # rounded costs
-    assert Cap(daily_budget=1.0, spent_today=1.0).reached(0.0)  # used up by the key's other batches
+    assert Cap(daily_budget=1.0, spent_that_day=1.0).reached(0.0)  # used up by the key's other batches
 
 def test_the_upper_bound_is_the_estimates_cost_max():
     prices = PriceTable({"m": Price(input_per_1m=1.0, output_per_1m=4.0, batch_discount=0.5, currency="EUR")})
     tally = Tally(requests=2, input_tokens=1_000_000, max_output_tokens=500_000)
     assert tally.cost("m", prices) == {"min": 0.5, "max": 0.5 + 1.0, "currency": "EUR"}
     assert tally.cost("unpriced", prices)["max"] == 0.0  # the default price: nothing to cap
+
+
+def test_batches_that_straddle_midnight_keep_the_budget_of_the_day_they_were_created(tmp_path):
+    """Five batches created at 23:59 have spent 0.9 each of a 1.0 budget: they stay stopped after midnight (the
+    check asks their own day, whenever it runs), and a batch created at 00:01 is charged nothing of theirs."""
+    from datetime import UTC, datetime
+
+    from batch_dagster.db import Database, repo
+    from batch_dagster.db.batches import add_input_file
+    from batch_dagster.features.cost_cap import cap_reached
+
+    prices = PriceTable({CHAT_MODEL: Price(input_per_1m=1.0, output_per_1m=1.0, batch_discount=0.0)})
+    store = Database(f"sqlite:///{tmp_path / 'store.db'}")
+    store.upgrade()
+    before = int(datetime(2026, 3, 2, 23, 59, tzinfo=UTC).timestamp())
+    after = int(datetime(2026, 3, 3, 0, 1, tzinfo=UTC).timestamp())
+    with store.session() as session:
+        add_input_file(session, owner="o", file_id="file-in", filename="in.jsonl", size=1)
+        for i in range(5):  # 0.9 each: 900,000 tokens at 1.0 a million
+            session.add(BatchRecord(id=f"batch_late{i}", owner="o", endpoint=c.CHAT, input_file_id="file-in",
+                                    completion_window="24h", status="in_progress", created_at=before, model=CHAT_MODEL,
+                                    usage=Usage(input_tokens=900_000).to_dict()))
+        session.add(BatchRecord(id="batch_new", owner="o", endpoint=c.CHAT, input_file_id="file-in",
+                                completion_window="24h", status="in_progress", created_at=after, model=CHAT_MODEL))
+        session.commit()
+        # Each late batch's own 0.9 plus its siblings' 3.6: past its day's 1.0, before and after midnight alike.
+        assert cap_reached(session, "batch_late0", CHAT_MODEL, [], prices, daily_budget=1.0)
+        # The new day's batch: its day's budget is whole, whatever yesterday's batches spend today.
+        assert not cap_reached(session, "batch_new", CHAT_MODEL, [], prices, daily_budget=1.0)
+        assert repo.get_batch(session, "o", "batch_new") is not None
+    store.dispose()

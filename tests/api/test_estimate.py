@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 
 import openai
 import pytest
 
+from batch_dagster.api.context import ESTIMATES_QUEUED_PER_KEY
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.folder import BatchFolder, batch_ids
 from batch_dagster.batchfile.usage import Price, PriceTable
 from batch_dagster.batchfile.validate import MAX_ERRORS, MORE_ERRORS
+from batch_dagster.batchfile.windows import Window
 from batch_dagster.cli import main
+from batch_dagster.engine.models import Models
 from batch_dagster.features.estimate import Estimate, QueueAhead, estimate_stream, max_output_tokens
 from batch_dagster.features.throughput import Throughput
-from tests.helpers import CHAT_MODEL, KEY_B, chat_request, rows, upload, wait_for
+from tests.helpers import CHAT_MODEL, KEY_B, Flood, chat_request, rows, upload, wait_for
 
 
 def use_store(monkeypatch, database_url: str, storage_url: str) -> None:
@@ -65,7 +69,8 @@ def test_an_estimate_counts_what_the_batch_then_bills_and_learns_its_rate(start_
     # `batch-dagster estimate FILE --json` against the same store answers what the API answers.
     use_store(monkeypatch, service.config.database_url, service.config.storage_url)
     code, out, _ = cli(capsys, "estimate", str(tmp_path / "in.jsonl"), "--json")
-    assert code == 0 and json.loads(out) == again
+    assert again["meets_deadline"] is True  # the API's estimate is for a window; a local file's has none
+    assert code == 0 and json.loads(out) == {**again, "meets_deadline": None}
 
 
 def test_an_estimate_is_the_callers_and_checks_what_create_checks(start_service, tmp_path):
@@ -79,8 +84,10 @@ def test_an_estimate_is_the_callers_and_checks_what_create_checks(start_service,
     with pytest.raises(openai.BadRequestError) as bad:
         estimate(client, file_id, endpoint="/v1/nope")
     assert bad.value.body["code"] == "invalid_endpoint"
-    with pytest.raises(openai.BadRequestError):
-        estimate(client, file_id, completion_window="1h")
+    for window, code in (("2h", "completion_window_not_offered"), ("soon", "invalid_completion_window")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            estimate(client, file_id, completion_window=window)
+        assert (refused.value.body["code"], refused.value.body["param"]) == (code, "completion_window")
 
     # A batch of the model not finished yet is work queued ahead of this one (whoever owns it).
     queued = other.batches.create(input_file_id=upload(other, tmp_path / "b.jsonl", rows(4, max_tokens=4)),
@@ -138,7 +145,7 @@ def chat(cid: str, text: str, **params) -> dict:
 
 
 def run(rows: list, *, context: int = 100, rate: float = 10.0, queue: QueueAhead = QueueAhead(),
-        counted: list | None = None) -> Estimate:
+        counted: list | None = None, window: Window | None = None) -> Estimate:
     data = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
 
     def counter(model: str):
@@ -148,7 +155,7 @@ def run(rows: list, *, context: int = 100, rate: float = 10.0, queue: QueueAhead
 
     return estimate_stream(io.BytesIO(data), size=len(data), limits=c.Limits(), endpoint=None, served=SERVED,
                            counter=counter, prices=PRICES, throughput=lambda m: Throughput(rate, 3),
-                           queue=lambda m: queue)
+                           queue=lambda m: queue, window=window)
 
 
 @pytest.mark.parametrize(("endpoint", "body", "prompts", "bound"), [
@@ -195,6 +202,23 @@ def test_a_file_is_tallied_priced_and_timed():
     assert d["object"] == "batch.estimate" and d["errors"] == {"object": "list", "data": []}
 
 
+def test_the_window_prices_the_estimate_and_its_deadline_is_met_possible_or_refused():
+    rows = [chat("a", "one two three four five six seven eight nine ten", max_tokens=10)]  # 10 in, 10 out
+    prices = PriceTable(PRICES.prices, windows={"1h": {"batch_discount": 0.25}})
+    assert run(rows).meets_deadline() is None and run(rows).deadline_refusal() is None  # no window: no deadline
+    queued = QueueAhead(batches=1, requests=1)  # min 1 s (10 prompt tokens at 10/s), max (20 + 20) / 10 = 4 s
+    roomy = run(rows, queue=queued, window=Window("1h", 3600))
+    assert roomy.to_dict()["meets_deadline"] is True and roomy.deadline_refusal() is None
+    assert run(rows, queue=queued, window=Window("1h", 3)).to_dict()["meets_deadline"] is False  # possible, late
+    tight = run(rows, queue=queued, window=Window("1h", 0))
+    assert "'1h' leaves 0 s; this batch needs at least 1 s" in (tight.deadline_refusal() or "")
+    priced = estimate_stream(io.BytesIO(json.dumps(rows[0]).encode() + b"\n"), size=None, limits=c.Limits(),
+                             endpoint=None, served=SERVED, counter=lambda m: (words, 100), prices=prices,
+                             throughput=lambda m: Throughput(10.0, 3), queue=lambda m: QueueAhead(),
+                             window=Window("1h", 3600))
+    assert priced.to_dict()["cost"]["min"] == pytest.approx(10 * 0.75e-6)  # 1.0 per 1M at 25% off
+
+
 def test_a_real_cost_of_successful_requests_lies_in_the_range():
     """Whatever the engine answers within the bounds, the billed cost is between min and max."""
     estimate = run([chat(f"r{i}", "a b c " * i, max_tokens=i + 1) for i in range(1, 6)])
@@ -226,3 +250,34 @@ def test_a_model_not_served_loads_no_tokenizer():
 def test_no_measured_rate_no_duration():
     estimate = run([chat("a", "hi", max_tokens=3)], rate=0.0)
     assert estimate.to_dict()["duration_s"] is None and estimate.to_dict()["cost"] is not None
+
+
+def test_a_flood_of_one_keys_estimates_leaves_the_api_serving_everyone(start_service, tmp_path, monkeypatch):
+    """45 estimates of one key, each file's tokenization held until released (the cores stay free: what runs out,
+    if anything, is a pool; before the estimate lane, 40 held estimates took every worker thread and the next
+    request of any key waited): past the key's bound they answer 429 at once, another key is served while the rest
+    wait, and those answer once released, all from one count of the file."""
+    release, counting = threading.Event(), []
+    count = Models.counter
+
+    def held(self, model):
+        counting.append(model)
+        release.wait(60)
+        return count(self, model)
+
+    monkeypatch.setattr(Models, "counter", held)
+    service = start_service(worker=False)
+    file_id = upload(service.client(), tmp_path / "in.jsonl", rows(3, max_tokens=4))
+    body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    flood = Flood(service, "/v1/batches/estimate", body, 45)
+    flood.wait_answered(45 - ESTIMATES_QUEUED_PER_KEY)
+    assert set(flood.statuses) == {429} and flood.held() == ESTIMATES_QUEUED_PER_KEY and counting == [CHAT_MODEL]
+    with service.http(KEY_B) as other:  # served while the key's estimates wait for their count
+        assert other.get("/v1/batches", timeout=10).status_code == 200
+        file_b = upload(service.client(KEY_B), tmp_path / "b.jsonl", rows(2))
+        assert other.get(f"/v1/files/{file_b}", timeout=10).status_code == 200
+    assert not release.is_set() and flood.held() == ESTIMATES_QUEUED_PER_KEY
+    release.set()
+    statuses = flood.join()
+    assert statuses.count(200) == ESTIMATES_QUEUED_PER_KEY and statuses.count(429) == 45 - ESTIMATES_QUEUED_PER_KEY
+    assert counting == [CHAT_MODEL]  # one count of the file, which the other estimates shared

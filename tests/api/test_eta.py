@@ -11,7 +11,7 @@ from tests.helpers import make_defs, rows, upload, wait_for
 
 def test_a_batch_shows_its_place_and_end_while_queued_and_running_and_its_estimate_once_validated(start_service,
                                                                                                    tmp_path):
-    service = start_service(worker=False, shard_size=2)
+    service = start_service(worker=False, shard_size=2, key_max_priority=5)
     # Validation estimates a batch against the API's store (its queue and rate): the pipeline is given it.
     service.worker.defs = make_defs(service.data_dir, service.worker.defs.resources["vllm"], 2,
                                     database_url=service.config.database_url)

@@ -177,3 +177,18 @@ def test_files_expire(start_service, tmp_path):
     assert file_expiry_sensor(context).skip_message == "1 expired file(s) deleted."
     assert not (service.data_dir / "files" / f"{created.id}.jsonl").exists()
     assert file_expiry_sensor(context).skip_message == "0 expired file(s) deleted."
+
+
+
+def test_the_file_list_answers_a_page_by_default_and_the_sdk_reads_them_all(start_service, tmp_path):
+    """A long history is read a page at a time (100 by default, not 10,000 rows in one call); the SDK's list
+    follows the pages."""
+    service = start_service(worker=False)
+    client = service.client()
+    ids = [upload(client, tmp_path / f"f{i}.jsonl", rows(1)) for i in range(3)]
+    with service.http() as http:
+        params = http.get("/openapi.json").json()["paths"]["/v1/files"]["get"]["parameters"]
+        assert {p["name"]: p["schema"].get("default") for p in params}["limit"] == 100
+        page = http.get("/v1/files", params={"limit": 2}).json()
+        assert len(page["data"]) == 2 and page["has_more"] is True
+    assert sorted(f.id for f in client.files.list(limit=2)) == sorted(ids)

@@ -207,7 +207,7 @@ def test_openapi_documents_the_real_responses(start_service):
     content = schema["paths"]["/v1/files/{file_id}/content"]["get"]["responses"]["200"]["content"]
     assert list(content) == ["application/octet-stream"]
     create = schema["components"]["schemas"]["CreateBatchRequest"]["properties"]
-    assert create["completion_window"]["enum"] == ["24h"] and CHAT in create["endpoint"]["enum"]
+    assert create["completion_window"]["enum"] == ["1h", "24h"] and CHAT in create["endpoint"]["enum"]
     assert schema["components"]["schemas"]["Body_create_file_v1_files_post"]["properties"]["purpose"]["enum"] == [
         "batch"]
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 
 from batch_dagster.db import BatchRecord, Database, FileRecord, repo
+from batch_dagster.db.models import WebhookEvent
 from batch_dagster.defs.run_limits import launch_priority
 from batch_dagster.features.eta import (
     Entry,
     RunningEta,
     launch_order,
+    meets_deadline,
     plan,
     refresh_queue,
     running_remaining_s,
@@ -67,7 +69,7 @@ def test_every_unfinished_batch_is_placed_and_only_what_moved_is_written(session
     add(session, "elsewhere", "validating", model="m2")
     set_launch_priorities(session, {"later": -1, "sooner": 0})
 
-    moved = refresh_queue(session, slots=1, default_tokens_per_s=250.0, now=NOW)
+    moved = refresh_queue(session, slots=1, default_tokens_per_s=250.0, now=NOW).moved
     assert {m.batch_id for m in moved} == {"running", "later", "sooner", "elsewhere"}
     stored = {b.id: (b.queue_position, b.estimated_completion_at) for b in session.query(BatchRecord)}
     # Half done in 50 s, and 500 tokens left at 10/s: 50 s more; then 2,000 tokens each, one slot.
@@ -76,9 +78,45 @@ def test_every_unfinished_batch_is_placed_and_only_what_moved_is_written(session
     assert stored["elsewhere"] == (1, NOW + 1000 * 0.5 / 250)  # its own model: the defaults
     assert stored["done0"] == (None, None)
     assert next(m for m in moved if m.batch_id == "sooner").new_position
-    assert refresh_queue(session, slots=1, default_tokens_per_s=250.0, now=NOW) == []  # nothing moved
+    assert refresh_queue(session, slots=1, default_tokens_per_s=250.0, now=NOW).moved == []  # nothing moved
 
 
+def test_a_batch_estimated_to_end_after_its_deadline_says_so_once_with_its_event(session):
+    for i in range(2):  # 10 tokens/s, as above
+        add(session, f"done{i}", "completed", estimate=ESTIMATE, in_progress_at=NOW - 200 * (i + 1),
+            completed_at=NOW - 200 * (i + 1) + 100)
+    # 2,000 tokens each, one slot: "first" ends at NOW + 200, "second" at NOW + 400.
+    add(session, "first", "validating", file="f2000", expires_at=NOW + 3600, launch_priority=0)
+    add(session, "second", "validating", file="f2000", expires_at=NOW + 300, launch_priority=-1)
+    add(session, "no_deadline", "validating", launch_priority=-2)
+
+    refreshed = refresh_queue(session, slots=1, default_tokens_per_s=250.0, now=NOW)
+    assert [m.batch_id for m in refreshed.at_risk] == ["second"]
+    rows = {b.id: b for b in session.query(BatchRecord)}
+    assert rows["second"].deadline_at_risk_at == NOW and rows["first"].deadline_at_risk_at is None
+    assert meets_deadline(rows["second"].estimated_completion_at, rows["second"].expires_at) is False
+    assert meets_deadline(rows["first"].estimated_completion_at, rows["first"].expires_at) is True
+    assert meets_deadline(rows["no_deadline"].estimated_completion_at, None) is None
+    [event] = session.query(WebhookEvent).all()
+    assert (event.type, event.batch_id, event.created_at) == ("batch.deadline_at_risk", "second", NOW)
+    # Still at risk a tick later: flagged once, one event.
+    assert refresh_queue(session, slots=1, default_tokens_per_s=250.0, now=NOW + 5).at_risk == []
+    assert session.query(WebhookEvent).count() == 1
+
+
+
+
+
+def test_a_batch_whose_upload_was_deleted_keeps_its_place(session):
+    """Its File is gone (the key deleted the upload after create): it is still queued, sized by its folder's copy
+    of its input, and every batch behind it waits for it."""
+    add(session, "first", "validating", file="gone", stored_bytes=2000)
+    add(session, "second", "validating", file="f2000")
+    set_launch_priorities(session, {"first": 0, "second": -1})
+    refresh_queue(session, slots=1, default_tokens_per_s=250.0, now=NOW)
+    stored = {b.id: (b.queue_position, b.estimated_completion_at) for b in session.query(BatchRecord)}
+    assert stored["first"][0] == 1 and stored["second"][0] == 2
+    assert stored["second"][1] > stored["first"][1] > NOW
 
 
 def waiting(batch_id: str, work: float | None, *, priority: int = 0, rank: int | None = 0, pk: int = 1,

@@ -144,6 +144,10 @@ def test_retention_deletes_the_history_of_old_batches_and_nothing_else(start_ser
     kept = client.files.content(done["old_kept"].output_file_id).text
     assert len(kept.splitlines()) == 3
     assert ids["old_kept"] in {b.id for b in client.batches.list()}
+    # Its requests are gone: a retry says so, not that its requests cannot be retried.
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.post(f"/batches/{ids['old_kept']}/retry", cast_to=openai.types.Batch)
+    assert "can no longer be retried: its files were deleted" in refused.value.message, refused.value.message
 
 
 def test_retention_sweeps_old_scratch_and_can_keep_history_for_ever(start_service):

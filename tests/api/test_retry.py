@@ -33,6 +33,9 @@ def test_retry_reruns_only_server_failures_and_merges_with_the_parent(start_serv
     child = retry(client, parent.id)
     assert child.id != parent.id and child.status == "validating"
     assert child.metadata == {"job": "nightly", "parent_batch_id": parent.id} and child.endpoint == CHAT
+    # A batch's retries are found by their parent (the key is reserved for writes only).
+    found = client.batches.list(extra_query={"metadata[parent_batch_id]": parent.id})
+    assert [b.id for b in found] == [child.id]
     child = wait_for(client, child.id, "completed")
     assert child.request_counts.model_dump() == {"total": 2, "completed": 1, "failed": 1}
     assert child.model == parent.model

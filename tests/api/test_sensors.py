@@ -102,7 +102,7 @@ def test_runs_are_tagged_for_the_run_queue_by_the_model_of_their_file(sensor_env
                                     size=path.stat().st_size)
             storage.open().put_file(upload.path, path)  # as the API stores an upload, then copies it in
             ids[name] = create_batch(session, storage.open(), owner="a", endpoint=EMBEDDINGS if name == "offline"
-                                     else CHAT, input_file=upload, input_from=upload, completion_window_s=None).id
+                                     else CHAT, input_file=upload, input_from=upload, window=None).id
     tags = {r.partition_key: r.tags for r in tick(api_batch_sensor, instance, resources).run_requests}
 
     queue = {name: {k: v for k, v in tags[ids[name]].items() if k.startswith("batch/")} for name in files}
@@ -154,5 +154,6 @@ def test_a_batchs_own_priority_goes_before_the_fair_order_and_equals_interleave(
     order = sorted(tags, key=lambda k: -int(tags[k][PRIORITY_TAG]))  # as the run queue launches them (stable)
     # The priority-5 batch first; then the fair order (a's backlog interleaved with b); the lowered one last.
     assert order == ["batch_4", "batch_0", "batch_3", "batch_1", "batch_2", "batch_5"], order
-    # The fair part is its own tag: later launches rank against it, not against a batch's own priority.
-    assert [tags[f"batch_{i}"][RANK_TAG] for i in range(6)] == ["0", "-1", "-2", "0", "-3", "-1"]
+    # The fair part is its own tag: later launches rank against it, not against a batch's own priority; and each
+    # priority is a fair queue of its own (a's priority-5 batch and b's lowered one are first in theirs).
+    assert [tags[f"batch_{i}"][RANK_TAG] for i in range(6)] == ["0", "-1", "-2", "0", "0", "0"]

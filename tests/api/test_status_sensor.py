@@ -236,3 +236,41 @@ def test_a_burst_of_runs_ending_at_once_spreads_over_ticks_and_every_batch_ends(
     assert moved[:3] == [2, 2, 1] and sum(moved) == 5, moved
     with resources["database"].session() as session:
         assert not repo.active_batches(session)
+
+
+
+def test_a_storage_outage_while_keeping_a_failed_runs_work_is_tried_again(env, monkeypatch):
+    """The store fails (an S3 503) while the sensor keeps what a failed run finished: the batch stays in progress
+    and is followed again (it never ends without its files over a passing outage), and is kept once the store
+    answers (tests/core/test_failure.py checks what keeping writes)."""
+    instance, resources, storage, _ = env
+    _in_progress(resources, storage, "batch_kept")
+    run = _run(instance, "batch_kept")
+    _, cursor = tick(instance, resources)
+    instance.report_run_failed(run, "the run worker died")
+    kept, keep = [], api_batches.keep_finished
+
+    def outage(folder, reason, prices):
+        kept.append(folder.batch_id)
+        if len(kept) == 1:
+            raise OSError("503 Service Unavailable")
+        return keep(folder, reason, prices)
+
+    monkeypatch.setattr(api_batches, "keep_finished", outage)
+    _, cursor = tick(instance, resources, cursor)
+    assert json.loads(cursor)["watch"] == ["batch_kept"]
+    with resources["database"].session() as session:
+        assert repo.get_batch(session, "a", "batch_kept").status == "in_progress"
+    message, cursor = tick(instance, resources, cursor)
+    assert kept == ["batch_kept", "batch_kept"]
+    assert message == "1 batch(es) changed status." and json.loads(cursor)["watch"] == []
+    monkeypatch.setattr(api_batches, "KEEP_FINISHED_FOR_S", -1)  # an outage that outlasts it: the batch ends
+    _in_progress(resources, storage, "batch_lost")
+    lost = _run(instance, "batch_lost")
+    _, cursor = tick(instance, resources, cursor)
+    instance.report_run_failed(lost, "the run worker died")
+    kept.clear()
+    monkeypatch.setattr(api_batches, "keep_finished", lambda *a: (_ for _ in ()).throw(OSError("503")))
+    message, cursor = tick(instance, resources, cursor)
+    with resources["database"].session() as session:
+        assert repo.get_batch(session, "a", "batch_lost").status == "failed"

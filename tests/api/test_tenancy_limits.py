@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+
 import openai
 import pytest
 
 from batch_dagster.db import Database, keys, repo
-from tests.helpers import KEY_A, KEY_B, rows, upload
+from batch_dagster.features.quotas import stored_bytes
+from tests.helpers import KEY_A, KEY_B, rows, upload, wait_for, write_jsonl
 
 CHAT = "/v1/chat/completions"
 
@@ -27,13 +32,14 @@ def test_a_key_past_its_unfinished_batches_gets_a_429_and_others_do_not(start_se
     assert (error["code"], error["type"]) == ("batch_limit_exceeded", "rate_limit_exceeded")
     assert "BATCH_KEY_MAX_ACTIVE_BATCHES" in error["message"]
     create(b, upload(b, tmp_path / "b.jsonl", rows(2)))  # the limit is per key
-    a.batches.cancel(first.id)  # cancelling is not ended yet: still counted
+    a.batches.cancel(first.id)  # being cancelled: no longer counted (its run only lists its requests as cancelled)
+    third = create(a, file_a)
     with pytest.raises(openai.RateLimitError):
         create(a, file_a)
     with Database(service.config.database_url).session() as session:  # as the status sensor ends it
-        row = repo.get_batch(session, repo.owner_of_key(KEY_A), first.id)
+        row = repo.get_batch(session, repo.owner_of_key(KEY_A), third.id)
         assert row is not None
-        row.status = "cancelled"
+        row.status = "completed"
         session.commit()
     assert create(a, file_a).status == "validating"  # one ended: room for one more
 
@@ -64,3 +70,93 @@ def test_a_named_key_is_the_owner_of_the_bare_key_it_names(start_service, tmp_pa
     with Database(named.config.database_url).session() as session:
         assert keys.authenticate(session, KEY_A) == keys.Caller(repo.owner_of_key(KEY_A), "alice")
         assert keys.authenticate(session, KEY_B).owner == repo.owner_of_key(KEY_B)
+
+
+def in_parallel(n: int, call: Callable[[int], object]) -> list[object]:
+    """`call(i)` for i in range(n), each from a thread of its own, all released at once; each answer or exception."""
+    start, answers = threading.Barrier(n), [None] * n
+
+    def one(i: int) -> None:
+        start.wait()
+        try:
+            answers[i] = call(i)
+        except Exception as exc:  # the caller sorts answers from refusals
+            answers[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return answers
+
+
+@pytest.fixture
+def slow_store(monkeypatch):
+    """The store's copies and writes take a third of a second, as a large input's do: long enough for every parallel
+    request to be inside its create or upload at once."""
+    from batch_dagster.storage import LocalStorage
+
+    def slowly(method):
+        def slow(*args, **kwargs):
+            time.sleep(0.3)
+            return method(*args, **kwargs)
+        return slow
+
+    monkeypatch.setattr(LocalStorage, "copy", slowly(LocalStorage.copy))
+    monkeypatch.setattr(LocalStorage, "writing", slowly(LocalStorage.writing))
+
+
+def refused(answers: list[object], code: str) -> int:
+    return sum(isinstance(a, openai.RateLimitError) and a.body["code"] == code for a in answers)  # type: ignore[index]
+
+
+def test_parallel_creates_never_pass_the_active_batch_limit(start_service, tmp_path, slow_store):
+    """Eight clients create at once with room for one: one batch exists after, seven got their 429, and the
+    refused creates left no folder (the count and the insert are one step per key; the input copy is not)."""
+    service = start_service(worker=False, key_max_active_batches=1)
+    file_id = upload(service.client(), tmp_path / "in.jsonl", rows(10))
+    answers = in_parallel(8, lambda _: create(service.client(), file_id))
+    made = [a for a in answers if isinstance(a, openai.types.Batch)]
+    assert len(made) == 1 and refused(answers, "batch_limit_exceeded") == 7, answers
+    assert [b.id for b in service.client().batches.list()] == [made[0].id]
+    assert sorted(p.name for p in (service.data_dir / "batches").iterdir()) == [made[0].id]
+    # A retry is a create: it waits for room as well.
+    with pytest.raises(openai.RateLimitError):
+        service.client().post(f"/batches/{made[0].id}/retry", cast_to=openai.types.Batch)
+
+
+def test_parallel_uploads_never_pass_the_stored_bytes_limit(start_service, tmp_path, slow_store):
+    """With room for three files, eight parallel uploads store three: each sees the others' bytes."""
+    size = write_jsonl(tmp_path / "in.jsonl", rows(10)).stat().st_size
+    service = start_service(worker=False, key_max_stored_bytes=size * 3)
+
+    def send(i: int) -> str:
+        with open(tmp_path / "in.jsonl", "rb") as f:
+            return service.client().files.create(file=(f"u{i}.jsonl", f), purpose="batch").id
+
+    answers = in_parallel(8, send)
+    kept = [a for a in answers if isinstance(a, str)]
+    assert len(kept) == 3 and refused(answers, "storage_limit_exceeded") == 5, answers
+    assert sorted(f.id for f in service.client().files.list()) == sorted(kept)
+    assert len(list((service.data_dir / "files").iterdir())) == 3  # a refused upload's bytes are deleted
+
+
+def test_a_batch_counts_its_own_input_copy_and_its_working_files(start_service, tmp_path):
+    """Upload, create, delete the upload: the key still keeps the batch's copy of its input, then (once it has run)
+    every byte of its folder: its working files and its output and error files."""
+    service = start_service(shard_size=2, key_max_stored_bytes=1 << 30)
+    client = service.client()
+    file_id = upload(client, tmp_path / "in.jsonl", rows(10))
+    size = client.files.retrieve(file_id).bytes
+    batch = create(client, file_id)
+    client.files.delete(file_id)
+    owner = repo.owner_of_key(KEY_A)
+    with Database(service.config.database_url).session() as session:
+        assert stored_bytes(session, owner) == size  # its folder's copy of the deleted upload
+    done = wait_for(client, batch.id, "completed")
+    folder = sum(p.stat().st_size for p in (service.data_dir / "batches" / batch.id).rglob("*") if p.is_file())
+    assert folder > 3 * size  # its input copy, requests and shards at least, and its results
+    with Database(service.config.database_url).session() as session:
+        assert stored_bytes(session, owner) == folder  # every byte it keeps; its output and error files as Files
+    assert client.files.retrieve(done.output_file_id).bytes > 0

@@ -96,7 +96,7 @@ def test_a_model_too_long_for_the_store_is_not_recorded_at_creation(store, tmp_p
         upload = add_input_file(session, owner="a", file_id=repo.new_file_id(), filename="in.jsonl",
                                 size=path.stat().st_size)
         batch = create_batch(session, storage, owner="a", endpoint=CHAT, input_file=upload, input_from=path,
-                             completion_window_s=None)
+                             window=None)
         assert batch.model is None  # validation then fails the file: line 1, body.model
     with store.session() as session:
         assert session.scalar(select(BatchRecord.model).where(BatchRecord.id == batch.id)) is None

@@ -5,12 +5,14 @@ allow-list (BATCH_WEBHOOK_ALLOW) opens internal receivers on purpose, and the gl
 from __future__ import annotations
 
 import base64
+import threading
 
 import pytest
 
 from batch_dagster import egress
+from batch_dagster.api.context import LOOKUPS_QUEUED_PER_KEY
 from batch_dagster.defs.resources.webhooks import WebhookConfig
-from tests.helpers import KEY_A, Receiver
+from tests.helpers import KEY_A, KEY_B, Flood, Receiver
 
 SECRET = "whsec_" + base64.b64encode(b"an endpoint's secret, 32 bytes ok").decode()
 NAMES: dict[str, list[str]] = {"example.com": ["93.184.216.34"], "metadata.example": ["169.254.169.254"],
@@ -72,8 +74,8 @@ def test_delivery_checks_again_and_connects_to_the_address_it_checked(receiver, 
     # Created when the name was public, now at loopback (DNS rebinding, or a changed record): refused.
     resolver["hooks.example"] = ["127.0.0.1"]
     error = post_to(f"http://hooks.example:{port}/hook", allow=[])
-    assert error is not None and "not a public address" in error and receiver.posts == []
-    assert "not a public address" in (post_to(receiver.url, allow=[]) or "") and receiver.posts == []
+    assert error is not None and "not at a public address" in error and receiver.posts == []
+    assert "not at a public address" in (post_to(receiver.url, allow=[]) or "") and receiver.posts == []
     # Allowed on purpose: the post goes to the address checked, naming the host it was sent for.
     assert post_to(f"http://hooks.example:{port}/hook", allow=["127.0.0.1"]) is None
     assert receiver.posts[-1][0]["host"] == f"hooks.example:{port}"
@@ -88,3 +90,38 @@ def test_delivery_follows_no_redirect():
         assert error is not None and error.startswith("HTTP 307") and len(to_metadata.posts) == 1
     finally:
         to_metadata.close()
+
+
+def test_the_refusal_names_no_internal_address(shared_service):
+    """A name that resolves inside is refused without saying where it resolves (a tenant learns nothing of the
+    internal network's names)."""
+    with shared_service().http(KEY_A) as http:
+        for url in ("https://metadata.example/", "http://mixed.example/"):
+            message = http.post("/v1/webhook_endpoints", json={"url": url}).json()["error"]["message"]
+            assert "169.254" not in message and "10.1.2.3" not in message and "not at a public address" in message
+
+
+def test_slow_lookups_of_one_key_leave_the_api_serving_everyone(start_service, resolver, monkeypatch):
+    """45 creates of one key whose host's lookup hangs until released: past the key's bound they answer 429 at
+    once, another key is served (its own create too) while the rest wait, and those end once the lookup answers."""
+    release, lookups = threading.Event(), []
+
+    def resolve(host, port):
+        lookups.append(host)
+        if host == "slow.example":
+            release.wait(60)
+        return NAMES[host]
+
+    monkeypatch.setattr(egress, "resolve", resolve)
+    resolver["slow.example"] = ["93.184.216.34"]
+    service = start_service(worker=False)
+    flood = Flood(service, "/v1/webhook_endpoints", {"url": "https://slow.example/h"}, 45)
+    flood.wait_answered(45 - LOOKUPS_QUEUED_PER_KEY)
+    assert set(flood.statuses) == {429} and flood.held() == LOOKUPS_QUEUED_PER_KEY
+    with service.http(KEY_B) as other:
+        assert other.get("/v1/batches", timeout=10).status_code == 200
+        assert other.post("/v1/webhook_endpoints", json={"url": "https://example.com/h"}, timeout=10).status_code == 200
+    assert not release.is_set() and flood.held() == LOOKUPS_QUEUED_PER_KEY
+    release.set()
+    statuses = flood.join()
+    assert statuses.count(200) == LOOKUPS_QUEUED_PER_KEY and statuses.count(429) == 45 - LOOKUPS_QUEUED_PER_KEY

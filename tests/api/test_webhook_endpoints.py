@@ -26,7 +26,7 @@ from tests.helpers import KEY_A, KEY_B, Receiver, chat_request, rows, upload, wa
 GLOBAL_SECRET = "whsec_" + base64.b64encode(b"the global secret, 32 bytes long").decode()
 CHAT = "/v1/chat/completions"
 ENDS = {"completed", "failed", "expired", "cancelled"}
-ALL_TYPES = ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
+ALL_TYPES = ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled", "batch.deadline_at_risk"]
 
 
 # Receivers here are on loopback (and the endpoint-limit test names addresses in 10.0.0.0/24): an operator opens
@@ -217,7 +217,7 @@ def test_planning_counts_only_endpoints_that_existed_when_the_batch_ended(tmp_pa
         later = outbox.add_endpoint(s, "a", url="http://127.0.0.1:9/later", name="", event_types=ALL_TYPES)
         later.created_at = before.created_at + 10
         outbox.add_endpoint(s, "b", url="http://127.0.0.1:9/b", name="", event_types=ALL_TYPES)
-        event = add_event(s, "batch_1", "a", "completed", at=before.created_at + 5)
+        event = add_event(s, "batch_1", "a", "batch.completed", at=before.created_at + 5)
         s.commit()
         assert outbox.plan(s, [same_url, same_url]) == 1
         planned = {(d.endpoint_id, d.url) for d in s.scalars(select(WebhookDelivery))}

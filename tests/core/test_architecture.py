@@ -192,7 +192,7 @@ def test_settings_defaults_and_overrides(monkeypatch, tmp_path):
         monkeypatch.delenv(variable.name, raising=False)
     monkeypatch.chdir(tmp_path)
     s = settings.Settings.from_env()
-    assert s.data_dir == tmp_path / "data" and s.shard_size == 1000 and s.completion_window_s == 86_400
+    assert s.data_dir == tmp_path / "data" and s.shard_size == 1000 and s.windows.lengths == {"1h": 3600, "24h": 86_400}
     assert s.database_url == f"sqlite:///{tmp_path / 'data' / 'batch-api.db'}"
     assert s.max_upload_bytes == s.limits.max_bytes and s.outbox_dir == tmp_path / "data" / "outbox"
     monkeypatch.setenv("BATCH_API_KEYS", " sk-a, sk-b ,")

@@ -30,7 +30,7 @@ PUBLIC = ["93.184.216.34", "8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "[2606:
 def test_every_internal_address_form_is_refused(host):
     address = numeric(host)
     assert address is not None and not is_public(address)
-    with pytest.raises(Refused, match="not a public address"):
+    with pytest.raises(Refused, match="not at a public address"):
         check(host, 80, NONE, resolver=lambda h, p: pytest.fail("a numeric host is not resolved"))
 
 
@@ -55,7 +55,7 @@ def test_a_name_is_checked_at_every_address_it_resolves_to():
     assert check("Hooks.Example.", 8443, NONE, resolver) == ipaddress.ip_address("93.184.216.34")
     assert calls == [("hooks.example", 8443)]  # once, lowercased, without the root dot
     for host in ("mixed.example", "meta.example", "v6.example"):
-        with pytest.raises(Refused, match="not a public address"):
+        with pytest.raises(Refused, match="not at a public address"):
             check(host, 80, NONE, resolver)
     with pytest.raises(Refused, match="no address"):
         check("none.example", 80, NONE, resolver)

@@ -99,8 +99,10 @@ def test_documents_round_trip_as_typed_objects(folder):
 
 def test_endpoint_source_deadline_and_stop(folder, tmp_path):
     assert folder.endpoint() is None and folder.source() is None and folder.stop_reason() is None
-    folder.set_endpoint("/v1/embeddings")
-    assert folder.endpoint() == "/v1/embeddings"
+    folder.declare("/v1/embeddings")
+    assert folder.endpoint() == "/v1/embeddings" and folder.completion_window() is None
+    folder.declare("/v1/embeddings", "1h")
+    assert (folder.endpoint(), folder.completion_window()) == ("/v1/embeddings", "1h")
     folder.set_source("s3://b/k.jsonl", "files/f.jsonl")
     assert folder.source() == Source("s3://b/k.jsonl", "files/f.jsonl")
     folder.set_deadline(time.time() + 60)
@@ -130,7 +132,7 @@ def test_modified_at_and_listing(folder, tmp_path):
     folder.write_validation(Validation(True, 1, "m", "/v1/completions", 0, []))
     at = folder.modified_at(folder.VALIDATION)
     assert at is not None and abs(at - time.time()) < 5
-    BatchFolder(storage, "batch_2").set_endpoint("/v1/completions")
+    BatchFolder(storage, "batch_2").declare("/v1/completions")
     assert batch_ids(storage) == ["batch_1", "batch_2"]
     assert storage.list("batches/batch_1") == ["batches/batch_1/validation.json"]
     assert storage.size("batches/batch_1/validation.json") == os.path.getsize(

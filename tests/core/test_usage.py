@@ -118,8 +118,12 @@ def test_price_table_from_dict_without_defaults():
 
 
 def test_price_table_rejects_unknown_keys():
-    with pytest.raises(TypeError, match="input_price"):
+    with pytest.raises(ValueError, match=r"\[models.a\] has input_price"):
         PriceTable.from_dict({"models": {"a": {"input_price": 3.0}}})
+    with pytest.raises(ValueError, match=r"\[windows.1h\] has discount"):
+        PriceTable.from_dict({"windows": {"1h": {"discount": 0.2}}})
+    with pytest.raises(ValueError, match=r"\[models.a.windows.1h\] has x"):
+        PriceTable.from_dict({"models": {"a": {"windows": {"1h": {"x": 1}}}}})
 
 
 def test_shipped_price_file_loads():
@@ -132,6 +136,10 @@ def test_shipped_price_file_loads():
     emb = table.for_model("all-minilm-l6-v2")
     assert emb.input_per_1m > 0
     assert emb.batch_discount == 0.5
+    # Each window the settings offer by default has its price; the 1h window is discounted less than the 24h one.
+    assert set(table.windows) >= {"1h", "24h"}
+    assert table.for_model("smollm2-135m-instruct", "24h").batch_discount == 0.5
+    assert table.for_model("smollm2-135m-instruct", "1h").batch_discount < 0.5
 
 
 # --- cost_of --------------------------------------------------------------------------------
@@ -146,6 +154,21 @@ TABLE = PriceTable.from_dict(
         },
     }
 )
+
+
+def test_a_window_prices_its_batches_over_the_models_price_and_a_models_own_entry_over_both():
+    table = PriceTable.from_dict({
+        "defaults": {"batch_discount": 0.5},
+        "windows": {"1h": {"batch_discount": 0.2}},
+        "models": {"m": {"input_per_1m": 2.0, "batch_discount": 0.6},
+                   "own": {"input_per_1m": 2.0, "windows": {"1h": {"batch_discount": 0.1, "input_per_1m": 3.0}}}},
+    })
+    usage = Usage(input_tokens=1_000_000)
+    assert cost_of(usage, "m", table).total_cost == pytest.approx(0.8)  # no window: the model's own discount
+    assert cost_of(usage, "m", table, "24h").total_cost == pytest.approx(0.8)  # a window with no entry: the same
+    assert cost_of(usage, "m", table, "1h").total_cost == pytest.approx(1.6)  # the window's discount replaces it
+    assert cost_of(usage, "own", table, "1h").total_cost == pytest.approx(2.7)  # its own: 3.0 at 10% off
+    assert cost_of(usage, "unlisted", table, "1h").batch_discount == 0.2
 
 
 def test_cost_applies_default_half_discount():

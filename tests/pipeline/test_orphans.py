@@ -5,6 +5,7 @@ The real engine is checked by tests/system/test_crash.py (a run worker killed mi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -92,3 +93,45 @@ def test_a_run_started_in_the_background_keeps_sigterm_for_its_steps_helpers():
     finally:
         signal.signal(signal.SIGINT, saved[0])
         signal.signal(signal.SIGTERM, saved[1])
+
+
+# A stand-in for `serve` or `batch-dagster fleet`: it starts a "server" (with a child, as a vLLM server has its
+# engine core) in a process group of its own, as serve/processes.py does, prints its pid and lives on.
+SERVE = """
+import signal, sys, time
+from batch_dagster.serve.processes import Children
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # slow to stop: the test kills it with SIGKILL after a Ctrl-C
+children = Children()
+children.start("server", ["sh", "-c", "sleep 120 & wait"], env={"PATH": "/usr/bin:/bin"})
+print(children.procs["server"].pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_serve_killed_after_a_ctrl_c_takes_its_servers_and_their_children_with_it():
+    import signal
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    serve = subprocess.Popen([sys.executable, "-c", SERVE], stdout=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)  # its own terminal group, as a shell's foreground job
+    family: list[psutil.Process] = []
+    try:
+        assert serve.stdout is not None
+        server = psutil.Process(int(serve.stdout.readline()))
+        deadline = time.time() + 10
+        while not server.children() and time.time() < deadline:
+            time.sleep(0.05)
+        family = [server, *server.children(recursive=True)]
+        assert len(family) == 2 and os.getpgid(server.pid) != os.getpgid(serve.pid)
+        _watcher(serve)
+        os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C: the terminal's group (the server's group is not in it)
+        time.sleep(0.5)
+        serve.kill()  # then kill -9
+        serve.wait()
+        gone, alive = psutil.wait_procs(family, timeout=10)
+        assert not alive, alive
+    finally:
+        serve.kill()
+        for p in [*family, *psutil.Process().children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()

@@ -31,8 +31,8 @@ def test_resource_defaults_are_the_settings_defaults(empty_env):
         s.engine_mode, s.vllm_server_urls, s.vllm_api_key, s.vllm_max_concurrency, s.fleet_urls)
     assert (vllm.request_timeout_s, vllm.failover_s) == (ServerEngine([]).timeout_s, ServerEngine([]).failover_s)
     intake = Intake(inbox_dir="in", outbox_dir="out")
-    assert (intake.s3_bucket, intake.s3_prefix, intake.s3_output_prefix, intake.completion_window_s) == (
-        s.s3_bucket, s.s3_prefix, s.s3_output_prefix, s.completion_window_s)
+    assert (intake.s3_bucket, intake.s3_prefix, intake.s3_output_prefix, intake.completion_windows) == (
+        s.s3_bucket, s.s3_prefix, s.s3_output_prefix, list(s.completion_windows))
     webhooks = WebhookConfig()
     assert (tuple(webhooks.urls), webhooks.secret) == (s.webhook_urls, s.webhook_secret)
 

@@ -45,7 +45,7 @@ def enqueue_other(store: Database, data_dir: Path, owner: str, tokens: int, stat
         file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename="other.jsonl", size=0)
         storage.write_bytes(file.path, b"")
         row = create_batch(session, storage, owner=owner, endpoint=c.CHAT, input_file=file, input_from=None,
-            completion_window_s=None, launched=True)
+            window=None, launched=True)
         row.status = status
         session.commit()
         BatchFolder(storage, row.id).write_validation(Validation(

@@ -1,6 +1,7 @@
 """Fair sharing under the real daemon (issue #18): with one run slot (BATCH_OFFLINE_RUNS=1), a key's backlog of
 batches delays another key's batch by one run at most: B's batch runs right after A's first, ends while A's others
-are still queued, and A's keep their order. The engine is tests.daemon_defs' fake (3 s a call): what is under test
+are still queued, and A's keep their order; a batch of higher priority, then a batch with a shorter completion
+window (earliest deadline first, issue #32), submitted behind A's backlog, start before it. The engine is tests.daemon_defs' fake (3 s a call): what is under test
 is the launch order."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dagster as dg
 import pytest
 from openai import OpenAI
 
+from batch_dagster.defs.run_limits import launch_priority
 from tests.helpers import EMBED_MODEL, Serve, batch_runs, write_jsonl
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
@@ -30,17 +32,17 @@ def test_a_second_keys_batch_finishes_while_the_first_keys_backlog_waits(tmp_pat
              "body": {"model": EMBED_MODEL, "input": f"sentence number {i}"}} for i in range(2)]
     # 10 s an engine call: A's first run is still running when B's batch reaches the queue.
     serve = Serve(tmp_path, module="tests.daemon_defs", BATCH_TEST_CALLS=str(tmp_path / "calls.jsonl"),
-                  BATCH_TEST_CALL_S="10", BATCH_OFFLINE_RUNS="1")
+                  BATCH_TEST_CALL_S="10", BATCH_OFFLINE_RUNS="1", BATCH_KEY_MAX_PRIORITY="5")
     serve.env["BATCH_API_KEYS"] = f"tenant-a:{KEY_A},{KEY_B}"
     with serve:
         a, b = (OpenAI(base_url=f"http://127.0.0.1:{serve.api_port}/v1", api_key=key, max_retries=0, timeout=30)
                 for key in (KEY_A, KEY_B))
 
-        def create(client: OpenAI, name: str, **extra):
+        def create(client: OpenAI, name: str, window: str = "24h", **extra):
             with open(write_jsonl(tmp_path / name, rows), "rb") as f:
                 file_id = client.files.create(file=f, purpose="batch").id
-            return client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h",
-                                         extra_body=extra or None)
+            return client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+                                         completion_window=window, extra_body=extra or None)  # type: ignore[arg-type]
 
         backlog = [create(a, f"a{i}.jsonl") for i in range(4)]
         with serve.instance() as instance:  # A's first holds the one slot; the rest are queued
@@ -53,13 +55,17 @@ def test_a_second_keys_batch_finishes_while_the_first_keys_backlog_waits(tmp_pat
         a_when_b_ended = [a.batches.retrieve(x.id).status for x in backlog]
         # An urgent batch (issue #21's priority), submitted behind A's two still queued: it starts before them.
         urgent = create(a, "urgent.jsonl", priority=5)
+        # A 1h batch (issue #32), after it: due 23 h before A's 24h backlog, it goes ahead of it.
+        hour = create(a, "hour.jsonl", window="1h")
         ended_a = [wait(a, x.id, {"completed", "failed"}, serve) for x in backlog]
-        assert wait(a, urgent.id, {"completed", "failed"}, serve).status == "completed"
+        assert [wait(a, x.id, {"completed", "failed"}, serve).status for x in (urgent, hour)] == ["completed"] * 2
         with serve.instance() as instance:
             [run_b] = batch_runs(instance, batch_b.id)
             [run_urgent] = batch_runs(instance, urgent.id)
+            [run_hour] = batch_runs(instance, hour.id)
             runs_a = [batch_runs(instance, x.id)[-1] for x in backlog]
-            records = {r.run_id: instance.get_run_record_by_id(r.run_id) for r in [run_b, run_urgent, *runs_a]}
+            records = {r.run_id: instance.get_run_record_by_id(r.run_id)
+                       for r in [run_b, run_urgent, run_hour, *runs_a]}
     start = {run_id: record.start_time or 0 for run_id, record in records.items()}
 
     assert done.status == "completed" and [x.status for x in ended_a] == ["completed"] * 4, serve.logs()
@@ -68,8 +74,13 @@ def test_a_second_keys_batch_finishes_while_the_first_keys_backlog_waits(tmp_pat
     assert min(start[r.run_id] for r in runs_a[2:]) > (records[run_b.run_id].end_time or 0)
     order = sorted([run_b, *runs_a], key=lambda r: start[r.run_id])
     assert [r.run_id for r in order] == [runs_a[0].run_id, run_b.run_id, *(r.run_id for r in runs_a[1:])]
-    assert start[run_b.run_id] < start[run_urgent.run_id] < min(start[r.run_id] for r in runs_a[2:])
-    assert int(run_urgent.tags["dagster/priority"]) > 4_000_000  # its own priority outranks every fair rank
+    assert start[run_b.run_id] < start[run_urgent.run_id] < start[run_hour.run_id] < min(
+        start[r.run_id] for r in runs_a[2:])
+    assert hour.expires_at - hour.created_at == 3600  # the 1h window, as offered by default
+    # Its own priority outranks every deadline and fair rank.
+    assert int(run_urgent.tags["dagster/priority"]) > int(run_hour.tags["dagster/priority"]) + 10**11
     # The owner as the run tags show it: the key's name, or a keyed hash; never the key's plain hash.
     assert runs_a[0].tags["owner"] == "tenant-a" and run_b.tags["owner"].startswith("key-")
-    assert [int(r.tags["dagster/priority"]) for r in runs_a] == [0, -1, -2, -3] and run_b.tags["dagster/priority"] == "0"
+    assert [int(r.tags["fair_rank"]) for r in runs_a] == [0, -1, -2, -3] and run_b.tags["fair_rank"] == "0"
+    assert [int(r.tags["dagster/priority"]) for r in [*runs_a, run_b]] == [
+        launch_priority(rank, 0, x.expires_at) for rank, x in zip([0, -1, -2, -3, 0], [*backlog, batch_b], strict=True)]

@@ -20,14 +20,14 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 def test_a_batch_waits_in_place_and_both_end_near_their_eta(tmp_path, vllm_server):
     serve = Serve(tmp_path, BATCH_ENGINE_MODE="server", BATCH_VLLM_SERVER_URLS=vllm_server, BATCH_SHARD_SIZE="2",
-                  BATCH_RUNS_PER_MODEL="1")
+                  BATCH_RUNS_PER_MODEL="1", BATCH_KEY_MAX_PRIORITY="5")
     with serve:
         client = OpenAI(base_url=f"http://127.0.0.1:{serve.api_port}/v1", api_key=SERVE_API_KEY, max_retries=0,
                         timeout=30)
 
-        def upload(name: str, n: int) -> str:
-            rows = [chat_request(f"{name}{i}", f"Write a short story about the number {i}.", max_tokens=32,
-                                 temperature=0) for i in range(n)]
+        def upload(name: str, n: int, tokens: int = 32) -> str:
+            rows = [chat_request(f"{name}{i}", f"Write a short story about the number {i}.", max_tokens=tokens,
+                                 min_tokens=tokens, temperature=0) for i in range(n)]
             with open(write_jsonl(tmp_path / f"{name}.jsonl", rows), "rb") as f:
                 return client.files.create(file=f, purpose="batch").id
 
@@ -35,7 +35,9 @@ def test_a_batch_waits_in_place_and_both_end_near_their_eta(tmp_path, vllm_serve
             return client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
                                          completion_window="24h", extra_body={"priority": priority})
 
-        first_file, second_file, urgent_file = upload("a", 12), upload("b", 3), upload("c", 3)
+        # The first batch decodes long enough (24 x 96 tokens) for the ETA sensor (every 5 s) to place the others while it
+        # runs: at 32 tokens a line it ended within a tick on a fast CPU.
+        first_file, second_file, urgent_file = upload("a", 24, 96), upload("b", 3), upload("c", 3)
         # The first estimate of a model loads its tokenizer in the API (transformers and torch): past 30 s here.
         expected = client.post("/batches/estimate", cast_to=object, options={"timeout": 300}, body={
             "input_file_id": second_file, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
@@ -80,4 +82,4 @@ def test_a_batch_waits_in_place_and_both_end_near_their_eta(tmp_path, vllm_serve
         assert batch.queue_position is None and batch.estimated_completion_at is None
     assert second.estimate["input_tokens"] == expected["input_tokens"] == second.usage.input_tokens
     assert second.estimate["max_output_tokens"] == expected["max_output_tokens"] == 3 * 32
-    assert first.estimate["total_requests"] == 12
+    assert first.estimate["total_requests"] == 24

@@ -17,11 +17,12 @@ import dagster as dg
 import orjson
 import pyarrow.parquet as pq
 from dagster_aws.s3 import S3Resource
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.columnar import read_shard, validate_to_parquet, write_shards
-from batch_dagster.batchfile.failure import COST_LIMIT, not_run_lines, stopped_ending
+from batch_dagster.batchfile.failure import COST_LIMIT, ERROR_RATE, breaker_tripped, not_run_lines, stopped_ending
 from batch_dagster.batchfile.folder import (
     BatchFolder,
     Manifest,
@@ -38,6 +39,7 @@ from batch_dagster.batchfile.structured import asks_structured
 from batch_dagster.batchfile.usage import cost_of
 from batch_dagster.batchfile.validate import ValidationReport
 from batch_dagster.db.lifecycle import record_usage
+from batch_dagster.db.models import BatchRecord
 from batch_dagster.defs.dagster_internals import dies_with_its_run
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
@@ -162,12 +164,15 @@ def _validate(context: dg.AssetExecutionContext, folder: BatchFolder, pipeline: 
         elapsed = time.perf_counter() - started
         # The one count of its tokens: a limit that must hold fails the step when the tokenizer fails. Without a
         # limit and a store (no queue, no key, no cap: a run of the definitions alone) nothing reads it.
+        # A batch cancelled (or expired) before its run started runs nothing: its requests are only listed.
         limit, budget = pipeline.max_enqueued_tokens, pipeline.key_daily_budget
+        stopped = folder.stop_reason() is not None
         tally = count_tokens(out, report, vllm.models, needed=bool(limit or budget), log=context.log) \
-            if limit or session is not None else None
+            if (limit or session is not None) and not stopped else None
         prompt_tokens = refuse_over_limit(session, folder, report, limit, tally)
-        if session is not None:
-            refuse_over_cap(session, folder.batch_id, report, tally, pipeline.prices(), budget, time.time())
+        if session is not None and not stopped:
+            refuse_over_cap(session, folder.batch_id, report, tally, pipeline.prices(), budget,
+                            folder.completion_window())
         head = (pq.ParquetFile(out).read_row_group(0, columns=["custom_id", "prompt_chars", "body"]).slice(0, 5)
                 .to_pylist() if report.valid else [])
         if not report.valid:
@@ -346,9 +351,20 @@ def _over_cost_cap(session: Session | None, folder: BatchFolder, model: str, com
     if session is None:
         return False
     reached = cap_reached(session, folder.batch_id, model, committed.values(), pipeline.prices(),
-                          pipeline.key_daily_budget, time.time())
+                          pipeline.key_daily_budget, folder.completion_window())
     session.commit()
     return reached
+
+
+def _breaker_rate(session: Session | None, batch_id: str, pipeline: PipelineConfig) -> float | None:
+    """The batch's own error_breaker_rate (an API batch's option), else the operator's; the store's transaction ends
+    here."""
+    if session is None:
+        return pipeline.error_breaker_rate
+    row = session.scalar(select(BatchRecord).where(BatchRecord.id == batch_id))
+    own = row.options.error_breaker_rate if row is not None else None
+    session.commit()
+    return own if own is not None else pipeline.error_breaker_rate
 
 
 def _run_shards(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMResource, pipeline: PipelineConfig,
@@ -378,6 +394,10 @@ def _run_shards(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VL
             if not stopped and _over_cost_cap(session, folder, manifest.model, done, pipeline):
                 folder.request_stop(COST_LIMIT)  # as a cancel stops it: the status follows from the files
                 stopped = COST_LIMIT
+            if not stopped and breaker_tripped((s.request_counts for s in done.values()), pipeline.error_breaker_lines,
+                                               _breaker_rate(session, folder.batch_id, pipeline)):
+                folder.request_stop(ERROR_RATE)  # no more engine time for a batch whose lines nearly all fail
+                stopped = ERROR_RATE
             if stopped:
                 context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
                 break
@@ -534,7 +554,7 @@ def batch_usage(
                          allow_retries=False)
     usage = merged.usage
     prices = pipeline.prices()
-    cost = cost_of(usage, manifest.model, prices)
+    cost = cost_of(usage, manifest.model, prices, folder.completion_window())
     if unpriced := prices.unlisted(manifest.model):  # said where the cost is read, not left as a silent 0
         context.log.warning(f"{unpriced}; add it to {pipeline.prices_file} (BATCH_PRICES_FILE)")
     shards = committed_shards(folder.storage, folder.results_prefix).values()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dagster as dg
 
+from batch_dagster.batchfile.windows import CompletionWindows, Window
+
 from .fields import setting
 
 
@@ -17,10 +19,14 @@ class Intake(dg.ConfigurableResource):
     s3_output_prefix: str = setting("BATCH_S3_OUTPUT_PREFIX")
     inbox_dir: str = setting("BATCH_INBOX_DIR")
     outbox_dir: str = setting("BATCH_OUTBOX_DIR")
-    completion_window_s: int = setting("BATCH_COMPLETION_WINDOW_S")
+    completion_windows: list[str] = setting("BATCH_COMPLETION_WINDOWS")  # a dropped file's batch takes the longest
     settle_s: float = 2.0  # an inbox file must be unchanged this long (and across two ticks) to be complete
     max_batches_per_tick: int = 20
     max_keys_per_tick: int = 1000
+
+    def window(self) -> Window:
+        """The completion window of a dropped file's batch."""
+        return CompletionWindows.of(self.completion_windows).default
 
     def s3_results_uri(self) -> str:
         return f"s3://{self.s3_bucket}/{self.s3_output_prefix}"

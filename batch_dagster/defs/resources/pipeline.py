@@ -23,6 +23,8 @@ class PipelineConfig(dg.ConfigurableResource):
     prices_file: str = setting("BATCH_PRICES_FILE")
     max_enqueued_tokens: int | None = setting("BATCH_MAX_ENQUEUED_TOKENS")  # per owner and model; 0, None: no limit
     key_daily_budget: float | None = setting("BATCH_KEY_DAILY_BUDGET")
+    error_breaker_lines: int = setting("BATCH_ERROR_BREAKER_LINES")
+    error_breaker_rate: float | None = setting("BATCH_ERROR_BREAKER_RATE")
     estimate_tokens_per_s: float = setting("BATCH_ESTIMATE_TOKENS_PER_S")
     # The ETA's runs of one model at once when the instance's run queue has no such limit (a test's instance).
     runs_per_model: int = setting("BATCH_RUNS_PER_MODEL")

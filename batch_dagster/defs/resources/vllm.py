@@ -62,7 +62,7 @@ class VLLMResource(dg.ConfigurableResource):
 
     `offline` builds one in-process engine (`vllm serve`'s app) per model and process and reuses it across
     shards and runs; `server` sends requests to OpenAI-compatible vLLM servers at `server_urls`, at most
-    `max_concurrency` at a time. Model settings come from the registry file.
+    `max_concurrency` at a time (or fewer, by its `budget`). Model settings come from the registry file.
     """
 
     mode: Literal["offline", "server"] = setting("BATCH_ENGINE_MODE")
@@ -71,6 +71,7 @@ class VLLMResource(dg.ConfigurableResource):
     server_urls: list[str] = setting("BATCH_VLLM_SERVER_URLS")
     server_api_key: str | None = setting("BATCH_VLLM_API_KEY")
     max_concurrency: int = setting("BATCH_VLLM_MAX_CONCURRENCY")
+    budget: Literal["fixed", "adaptive"] = setting("BATCH_VLLM_BUDGET")
     request_timeout_s: float = ServerEngine.timeout_s
     failover_s: float = ServerEngine.failover_s  # server mode: how long requests are resent while no server answers
     # Models with a warm fleet, each to its router (BATCH_FLEET_URLS): their batches go there whatever the mode.
@@ -107,7 +108,7 @@ class VLLMResource(dg.ConfigurableResource):
         urls = self.server_urls_for(model)
         if urls is not None:
             return ServerEngine(urls, self.max_concurrency, self.request_timeout_s, self.server_api_key,
-                                self.failover_s, spec.serves)
+                                self.failover_s, spec.serves, self.budget)
         from batch_dagster.engine.offline import engine_for
 
         return engine_for(spec, self.model_path(spec))

@@ -37,6 +37,9 @@ RELAUNCH_AFTER_S = 120
 # Dagster tags a failed run `will_retry` just after it marks it failed; until then (at most this long)
 # the sensor waits rather than failing a batch that run retries are about to resume.
 RETRY_DECISION_WAIT_S = 60
+# How long the sensor keeps trying to keep a failed run's finished work while the storage fails (an S3 outage): the
+# batch stays in its status meanwhile, then ends failed without its files (the error log says so).
+KEEP_FINISHED_FOR_S = 3600
 MAX_FAILURE_CHARS = 1000  # of a step's error message, as a failed batch's errors.data shows it
 # The status sensor follows the runs changed since its cursor (the run storage's update times), reads one progress
 # document per batch whose run goes on, and walks every active batch only in a sweep, for what no run change shows:
@@ -99,8 +102,10 @@ def api_batch_sensor(context: dg.SensorEvaluationContext, database: DatabaseReso
         tags = [run_tags(b.id, way_in="api", filename=filenames.get(b.id), owner=b.owner, model=b.model,
                          vllm=vllm, labels=labels) for b in rows]
         priorities = [b.options.priority for b in rows]
-    # Higher priority first; among equals, oldest first and owners interleaved: the run queue launches by these.
-    tags = with_launch_order(context.instance, batch_job.name, tags, OWNER_TAG, priorities)
+        deadlines = [b.expires_at for b in rows]
+    # Higher priority first, then the earlier deadline; among equals, oldest first and owners interleaved: the run
+    # queue launches by these.
+    tags = with_launch_order(context.instance, batch_job.name, tags, OWNER_TAG, priorities, deadlines)
     with database.session() as session:  # each batch's place in the launch order, for its queue_position
         set_launch_priorities(session, {b: int(t[PRIORITY_TAG]) for b, t in zip(waiting, tags, strict=True)})
     context.log.info(f"Launching {len(waiting)} batch(es): {', '.join(waiting)}")
@@ -142,6 +147,14 @@ def _run_retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool
     record = instance.get_run_record_by_id(run.run_id)
     ended = record.end_time if record and record.end_time else None
     return ended is None or repo.now() - ended < RETRY_DECISION_WAIT_S
+
+
+def _keep_again(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    """Whether a failed run's finished work is still worth trying to keep: its run ended under
+    KEEP_FINISHED_FOR_S ago."""
+    record = instance.get_run_record_by_id(run.run_id)
+    ended = record.end_time if record and record.end_time else None
+    return ended is None or repo.now() - ended < KEEP_FINISHED_FOR_S
 
 
 def latest_runs(instance: dg.DagsterInstance, batch_ids: Collection[str], chunk: int = 500) -> dict[str, dg.DagsterRun]:
@@ -187,8 +200,13 @@ def _follow(context: dg.SensorEvaluationContext, session: Session, folders: Stor
         failure = run_failure_message(instance, run)
         try:
             keep_finished(BatchFolder(folders, batch.id), failure, pipeline.prices())  # read when one is needed
-        except Exception as exc:  # the store unreachable: the batch still ends, without its files
-            context.log.error(f"{batch.id}: could not keep what its run finished ({str(exc)[:500]})")
+        except Exception as exc:
+            if _keep_again(instance, run):  # a storage outage passes: what the run finished is kept next tick
+                context.log.warning(f"{batch.id}: could not keep what its run finished yet ({str(exc)[:500]}); "
+                                    "trying again next tick")
+                return True
+            context.log.error(f"{batch.id}: could not keep what its run finished ({str(exc)[:500]}) for "
+                              f"{KEEP_FINISHED_FOR_S} s; it ends without its files")
         sync_batch(session, folders, batch, run_failure=failure)
     return False
 

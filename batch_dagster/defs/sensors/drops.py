@@ -43,6 +43,7 @@ class Launched(NamedTuple):
     id: str
     owner: str
     model: str | None
+    expires_at: int | None
 
 
 def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: DatabaseResource, storage: StorageResource,
@@ -59,9 +60,9 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
         for f in new:
             try:
                 b = register_dropped(session, storage.open(), f, owner=owner, deliver_to=deliver_to,
-                                     completion_window_s=intake.completion_window_s)
+                                     window=intake.window())
                 # Read now: a later file's rollback expires the rows this session holds.
-                launched.append((f, Launched(b.id, b.owner, b.model)))
+                launched.append((f, Launched(b.id, b.owner, b.model, b.expires_at)))
             except Exception as exc:
                 session.rollback()
                 context.log.error(f"{f.source[:200]}: could not register it as a batch ({str(exc)[:500]}); "
@@ -77,7 +78,7 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
         {**run_tags(b.id, way_in="s3" if scheme == "s3://" else "inbox", filename=f.filename, owner=b.owner,
                     model=b.model, vllm=vllm, labels=labels), "input_uri": f.source[:255]}
         for f, b in launched
-    ], OWNER_TAG) if launched else []
+    ], OWNER_TAG, deadlines=[b.expires_at for _, b in launched]) if launched else []
     if launched:
         with database.session() as session:  # each batch's place in the launch order, for its queue_position
             set_launch_priorities(session, {b.id: int(t[PRIORITY_TAG])

@@ -28,9 +28,12 @@ def queue_eta_sensor(context: dg.SensorEvaluationContext, database: DatabaseReso
     # The run queue's own limit; an instance without one (a test's) counts the settings' number.
     slots = model_run_limit(context.instance) or pipeline.runs_per_model
     with database.session() as session:
-        moved = refresh_queue(session, slots=slots,
-                              default_tokens_per_s=pipeline.estimate_tokens_per_s, now=time.time())
-    tagged = 0
+        refreshed = refresh_queue(session, slots=slots,
+                                  default_tokens_per_s=pipeline.estimate_tokens_per_s, now=time.time())
+    for m in refreshed.at_risk:
+        eta = datetime.fromtimestamp(m.place.estimated_completion_at, UTC).isoformat(timespec="seconds")
+        context.log.warning(f"{m.batch_id}: estimated to end at {eta}, after its deadline (batch.deadline_at_risk)")
+    tagged, moved = 0, refreshed.moved
     for m in moved:
         if m.run_id is None or not m.new_position:
             continue  # the tags follow the place (the end moves on every tick while a batch runs)

@@ -18,7 +18,8 @@ import time
 import dagster as dg
 
 from batch_dagster.db import repo
-from batch_dagster.db.retention import Ended, ended_before, served_keys
+from batch_dagster.db.lifecycle import folder_bytes
+from batch_dagster.db.retention import Ended, ended_before, record_stored_bytes, served_keys
 from batch_dagster.defs.assets.batch import lifecycle_assets
 from batch_dagster.defs.assets.delivery import delivered_results
 from batch_dagster.defs.dagster_internals import delete_run_leftovers, forget_partition_status, staged_logs
@@ -122,6 +123,7 @@ def history_retention_sensor(context: dg.SensorEvaluationContext, database: Data
                 else:
                     folder = storage.folder(batch.batch_id)
                     folder.clear(keep=served_keys(session, folder))
+                    record_stored_bytes(session, batch.batch_id, folder_bytes(session, folder))
                     purged.append(batch)
             except Exception as exc:  # the storage or the instance unreachable: the next tick starts here again
                 context.log.error(f"{batch.batch_id}: could not delete its history ({exc!r}); retried next tick")
