@@ -64,5 +64,5 @@ def test_images_are_fetched_once_per_batch_and_sent_as_data_urls(tmp_path):
         strict = ImageFetcher(BatchFolder(LocalStorage(tmp_path), "batch_2"), ImageSources.of(["127.0.0.1"], 500),
                               Allow())
         _, [line] = strict.inline(c.CHAT, [chat("a", url)])
-        assert "not a public address" in line["response"]["body"]["error"]["message"]
+        assert "not at a public address" in line["response"]["body"]["error"]["message"]
         assert gets.count("cat.png") == 1
