@@ -27,9 +27,9 @@ def cmd_validate(args: argparse.Namespace, settings: Settings) -> int:
         max_bytes=args.max_bytes or settings.limits.max_bytes,
         max_line_bytes=settings.limits.max_line_bytes,
     )
-    from batch_dagster.batchfile.registry import load_registry, served_endpoints
+    from batch_dagster.batchfile.registry import load_registry, served
 
-    models = served_endpoints(load_registry(settings.models_file))
+    models = served(load_registry(settings.models_file), settings.image_sources)
     report = validate_file(args.file, limits=limits, endpoint=args.endpoint, models=models)
     if args.json:
         rejected = {"rejected_count": report.rejected_count, "rejected": [e.to_dict() for e in report.rejected]}
@@ -113,14 +113,14 @@ def _print_summary(run: RunOutcome, settings: Settings) -> None:
         if len(errors) > 20:
             print(f"  ... and {len(errors) - 20} more", file=sys.stderr)
         if summary.usage is not None:  # it kept what its run finished
-            print(f"  requests: {rc.total} total, {rc.completed} completed, {rc.failed} failed")
+            print(f"  requests: {rc.describe()}")
             print(f"  output:   {run.output_file}\n  errors:   {run.error_file}")
         if run.log_file:
             print(f"  log:      {run.log_file}", file=sys.stderr)
         return
     usage, cost = summary.usage, summary.cost
     assert usage is not None and cost is not None  # a batch that ended has both
-    print(f"  requests: {rc.total} total, {rc.completed} completed, {rc.failed} failed")
+    print(f"  requests: {rc.describe()}")
     print(f"  tokens:   {usage.input_tokens} input, {usage.output_tokens} output "
           f"({summary.output_tokens_per_s} output tokens/s over {summary.inference_s or 0:.1f}s of inference)")
     print(f"  cost:     {cost.total_cost:.6f} {cost.currency} (batch discount {cost.batch_discount:.0%})")

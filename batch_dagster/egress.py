@@ -3,10 +3,15 @@ allow-list (BATCH_WEBHOOK_ALLOW: hosts or CIDRs) opens an internal one. Pure: th
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import httpx
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolve = Callable[[str, int], list[str]]  # (host, port) -> the addresses it resolves to
@@ -107,3 +112,11 @@ def check(host: str, port: int, allow: Allow, resolver: Resolve | None = None) -
             raise Refused(f"The host {name[:64]!r} is not at a public address (it resolves to one that is not "
                           "public); an operator may allow it with BATCH_WEBHOOK_ALLOW.")
     return addresses[0]
+
+
+async def pinned(url: httpx.URL, allow: Allow) -> tuple[httpx.URL, dict[str, Any]]:
+    """`url` with its host replaced by the one address it was checked at (`check`: public or allowed), so a second
+    resolution cannot point elsewhere (DNS rebinding); TLS still names, and verifies, the host (the extensions)."""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    address = await asyncio.to_thread(check, url.host, port, allow)
+    return url.copy_with(host=str(address)), {"sni_hostname": url.host} if url.scheme == "https" else {}

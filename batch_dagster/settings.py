@@ -11,7 +11,6 @@ import dataclasses
 import math
 import os
 import re
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import date
@@ -19,7 +18,10 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from batch_dagster.batchfile import generated
 from batch_dagster.batchfile.contract import Limits
+from batch_dagster.batchfile.image_sources import DEFAULT_MAX_BYTES as DEFAULT_MAX_IMAGE_BYTES
+from batch_dagster.batchfile.image_sources import ImageSources
 from batch_dagster.batchfile.reuse import DEFAULT_MAX_BYTES as DEFAULT_ANSWER_STORE_BYTES
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.windows import CompletionWindows
@@ -347,6 +349,14 @@ class Settings:
         "BATCH_MAX_ENQUEUED_TOKENS", None, "Limits",
         "Prompt tokens one owner may have enqueued per model (this batch plus the owner's unfinished ones); past it a "
         "batch fails with `token_limit_exceeded`. Unset: no limit.", parse=_limit)
+    image_hosts: tuple[str, ...] = variable(
+        "BATCH_IMAGE_HOSTS", (), "Limits",
+        "Comma-separated hosts whose http(s) image URLs a request may name, on a model whose registry entry takes "
+        "images (`images_per_request`); each image is fetched once per batch, with the webhooks' address checks "
+        "(public addresses, or BATCH_WEBHOOK_ALLOW). Unset: data URLs only.", parse=_csv)
+    max_image_bytes: int = variable(
+        "BATCH_MAX_IMAGE_BYTES", DEFAULT_MAX_IMAGE_BYTES, "Limits",
+        "Bytes of one image a request sends (a data URL's data) or names (a fetched one).", parse=int)
     error_breaker_lines: int = variable(
         "BATCH_ERROR_BREAKER_LINES", 200, "Limits",
         "The error-rate breaker's sample: once at least this many of a batch's lines have ended (it checks before each "
@@ -475,6 +485,10 @@ class Settings:
         return Limits(max_requests=self.max_requests, max_bytes=self.max_bytes, max_line_bytes=self.max_line_bytes)
 
     @property
+    def image_sources(self) -> ImageSources:
+        return ImageSources.of(self.image_hosts, self.max_image_bytes)
+
+    @property
     def windows(self) -> CompletionWindows:
         return CompletionWindows.of(self.completion_windows)
 
@@ -530,17 +544,9 @@ BEGIN, END = "<!-- BEGIN GENERATED: settings -->", "<!-- END GENERATED: settings
 
 def with_tables(doc: str) -> str:
     """`doc` with the text between its BEGIN and END markers replaced by `markdown()`."""
-    head, _, rest = doc.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n{markdown()}{END}{tail}"
+    return generated.between(doc, BEGIN, END, markdown())
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args == ["--markdown"]:
-        sys.stdout.write(markdown())
-    elif len(args) == 2 and args[0] == "--update":
-        doc = Path(args[1])
-        doc.write_text(with_tables(doc.read_text(encoding="utf-8")), encoding="utf-8")
-    else:
-        sys.exit("usage: python -m batch_dagster.settings --markdown | --update docs/configuration.md")
+    generated.main(markdown, with_tables,
+                   "python -m batch_dagster.settings --markdown | --update docs/configuration.md")

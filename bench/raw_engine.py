@@ -1,6 +1,6 @@
 """Stage 1 of the benchmark, run as its own process: the raw engine, every request in one `llm.chat` call.
 
-The engine settings are the registry's (`OfflineEngine(spec, path).llm_kwargs()`), so this is the
+The engine settings are the registry's (`engine.flags.engine_kwargs(spec, path)`), so this is the
 same engine the pipeline builds. Prints one JSON object: engine_start_s (the `LLM(...)`
 constructor), inference_s (the one `llm.chat` call, chat templating included), output_tokens,
 prompt and prefix-cache-hit tokens (per request and vLLM's own counters), each answer's text, written to RESULT.json

@@ -2,7 +2,7 @@
 
 The three stages run one after the other, each as its own process tree, on the same generated
 input (bench/workload.py), the same model and the same engine settings (the registry's, via
-`OfflineEngine(spec, path).llm_kwargs()` and `server_command(...)`). Per stage:
+`engine_kwargs(spec, path)` and `server_command(...)`). Per stage:
 
 - wall_s: launch to exit of the stage's process, measured here. (Should the pipeline's process
   not exit within BENCH_EXIT_GRACE_S after printing its JSON summary, it is stopped, wall_s is the
@@ -139,10 +139,10 @@ def _run(cmd: list[str], name: str, ctx: dict[str, Any], env: dict[str, str] | N
 
 def stage_raw_engine(ctx: dict[str, Any]) -> dict[str, Any]:
     """vllm.LLM in its own process, every request in one llm.chat call."""
-    from batch_dagster.engine.offline import OfflineEngine
+    from batch_dagster.engine.flags import engine_kwargs
 
     result_path = ctx["work"] / "raw_engine.result.json"
-    kwargs = OfflineEngine(ctx["spec"], ctx["model_path"]).llm_kwargs()
+    kwargs = engine_kwargs(ctx["spec"], ctx["model_path"])
     cmd = [sys.executable, "-m", "bench.raw_engine", str(ctx["input"]), json.dumps(kwargs), str(result_path)]
     m = _run(cmd, "raw_engine", ctx)
     res = json.loads(result_path.read_text())
@@ -167,8 +167,7 @@ def run_batch_command(spec: Any, model_path: str, input_path: Path, output_path:
     for flag in ("--host", "--port"):  # a server's listening address; run_batch has no use for it
         i = cmd.index(flag)
         del cmd[i : i + 2]
-    # The per-request cached-token count in each line's usage: only reported, nothing else changes.
-    return cmd + ["--enable-prompt-tokens-details", "-i", str(input_path), "-o", str(output_path)]
+    return cmd + ["-i", str(input_path), "-o", str(output_path)]
 
 
 def stage_run_batch(ctx: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ import orjson
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import responses
+from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.batchfile.results import committed_shards, shard_keys
 from batch_dagster.defs.assets.batch import lifecycle
 from batch_dagster.defs.assets.checks import lifecycle_checks
@@ -39,8 +40,9 @@ from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import DatabaseResource, LazyS3Resource, PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.defs.table.component import IO_MANAGER, PIPELINE, STORAGE, VLLM
 from batch_dagster.defs.table.io_manager import TableIOManager
-from batch_dagster.engine import translate as t
 from batch_dagster.engine.base import EngineCrash, Line, Request
+from batch_dagster.engine.lines import RequestError
+from batch_dagster.engine.offline import OfflineEngine
 from batch_dagster.settings import Settings
 from batch_dagster.storage import LocalStorage
 
@@ -234,14 +236,16 @@ def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storag
 
 
 def real_vllm(**kwargs) -> VLLMResource:
-    return VLLMResource(models_file=str(Settings.from_env().models_file), model_cache_dir=str(MODEL_CACHE), **kwargs)
+    return VLLMResource(**{"models_file": str(Settings.from_env().models_file), "model_cache_dir": str(MODEL_CACHE),
+                           **kwargs})
 
 
-def run_on_real_engine(tmp_path: Path, data_dir: Path, instance: dg.DagsterInstance, rows: list, **vllm_kwargs):
+def run_on_real_engine(tmp_path: Path, data_dir: Path, instance: dg.DagsterInstance, rows: list,
+                       shard_size: int = 1000, **vllm_kwargs):
     """`run_batch` of `rows` on the real engine: the summary, and the output and error lines by custom_id."""
     from batch_dagster.defs.runner import run_batch
 
-    defs = make_defs(data_dir, real_vllm(**vllm_kwargs))
+    defs = make_defs(data_dir, real_vllm(**vllm_kwargs), shard_size=shard_size)
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
                         defs=defs, instance=instance).to_dict()
     out = {line["custom_id"]: line for line in read_jsonl(tmp_path / "out" / "output.jsonl")}
@@ -273,7 +277,7 @@ class FakeEngine:
         for cid, original in requests:
             body = responses.chat_body(original) if endpoint == c.RESPONSES else original
             if body.get("temperature", 1) < 0:
-                lines.append(t.RequestError("temperature must be non-negative", param="temperature").line(cid))
+                lines.append(RequestError("temperature must be non-negative", param="temperature").line(cid))
                 continue
             if cid in self.fail_once:
                 self.fail_once.discard(cid)
@@ -281,17 +285,12 @@ class FakeEngine:
                 continue
             text = str(body["messages"][-1]["content"]) if "messages" in body else str(body.get("prompt"))
             words = text.split()
-            out = " ".join(words[: body.get("max_tokens", 16)])
-            choice = t.Choice(f"echo: {out}", "stop", len(words[: body.get("max_tokens", 16)]) + 1)
-            if endpoint == c.RESPONSES:
-                lines.append(c.success_line(cid, responses.response_object(
-                    original, model=body["model"], text=choice.text, finish_reason="stop",
-                    input_tokens=len(words), output_tokens=choice.tokens)))
-            else:
-                lines.append(c.success_line(cid, t.chat_completion(body["model"], [choice], len(words))))
+            answer = words[: body.get("max_tokens", 16)]
+            lines.append(c.success_line(cid, fake_body(endpoint, body["model"], f"echo: {' '.join(answer)}",
+                                                       len(words), len(answer) + 1)))
             if on_progress is not None:
                 report_load = getattr(on_progress, "report_load", None)
-                if report_load is not None:  # as vLLM's bar does: its load just before each update
+                if report_load is not None:  # as the engines do: its load just before each update
                     report_load(f"{len(requests) - len(lines)} unfinished")
                 on_progress(1)
             if self.on_request is not None:
@@ -299,7 +298,53 @@ class FakeEngine:
         return lines
 
 
-FAKES: dict[str, FakeEngine] = {}
+def fake_body(endpoint: str, model: str, text: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """A response body of the fake engine, shaped as vLLM's: a `response` object for /v1/responses, a chat
+    completion otherwise (with the usage fields the pipeline reads)."""
+    if endpoint == c.RESPONSES:
+        return {"id": "resp_fake", "object": "response", "model": model, "status": "completed",
+                "output": [{"type": "message", "role": "assistant", "status": "completed",
+                            "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+                "usage": {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+                          "output_tokens": completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                          "total_tokens": prompt_tokens + completion_tokens}}
+    return {"id": "chatcmpl-fake", "object": "chat.completion", "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens,
+                      "prompt_tokens_details": {"cached_tokens": 0}}}
+
+
+class InProcessStub(OfflineEngine):
+    """The in-process engine with vLLM's app swapped for `answer(custom_id, body, ids of the call) -> line`: its
+    dispatch, checks, isolation and crash rules as they are, no model. `calls` holds each engine call's ids."""
+
+    def __init__(self, answer: Callable[[str, dict[str, Any], list[str]], Line] | None = None):
+        super().__init__(ModelSpec(name=CHAT_MODEL, source="/nowhere"), "/nowhere")
+        self.answer = answer or (lambda cid, body, ids: c.success_line(cid, fake_body(c.CHAT, CHAT_MODEL, "ok", 1, 1)))
+        self.calls: list[list[str]] = []
+
+    def start(self) -> None:  # nothing to start
+        pass
+
+    def _call(self, coroutine: Any) -> Any:
+        import asyncio
+
+        return asyncio.run(coroutine)
+
+    async def _execute(self, endpoint: str, requests: list[Request], on_progress: Any) -> list[Line]:
+        self.calls.append([cid for cid, _ in requests])
+        return await super()._execute(endpoint, requests, on_progress)
+
+    async def _send(self, endpoint: str, custom_id: str, body: dict[str, Any]) -> Line:
+        return self.answer(custom_id, body, self.calls[-1])
+
+    def _dead(self) -> str | None:
+        return None
+
+
+FAKES: dict[str, Any] = {}
 
 
 class WordTokenizer:
@@ -332,7 +377,7 @@ class FakeVLLM(VLLMResource):
                 "seed": 0}
 
 
-def fake_vllm(name: str, engine: FakeEngine, cls: type[FakeVLLM] = FakeVLLM, **settings: Any) -> FakeVLLM:
+def fake_vllm(name: str, engine: Any, cls: type[FakeVLLM] = FakeVLLM, **settings: Any) -> FakeVLLM:
     """A vLLM resource (of class `cls`, with `settings`) whose engine is `engine`, registered under `name`."""
     FAKES[name] = engine
     return cls(models_file=str(Settings.from_env().models_file), model_cache_dir="/nonexistent", fake=name,

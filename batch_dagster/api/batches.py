@@ -64,8 +64,7 @@ def batch_object(row: BatchRecord) -> Batch:
         expires_at=row.expires_at, finalizing_at=row.finalizing_at, completed_at=row.completed_at,
         failed_at=row.failed_at, expired_at=row.expired_at, cancelling_at=row.cancelling_at,
         cancelled_at=row.cancelled_at,
-        request_counts=BatchRequestCounts(total=row.request_total, completed=row.request_completed,
-                                          failed=row.request_failed),
+        request_counts=BatchRequestCounts(**row.counts().to_dict()),
         metadata=_shown_metadata(row.meta), model=row.model, usage=_shown_usage(row.usage),
         **row.options.model_dump(), **_queue_place(row),
     )

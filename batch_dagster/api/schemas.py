@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, model_serializer
 
 from batch_dagster.batchfile.contract import ENDPOINTS
 from batch_dagster.batchfile.options import BatchOptions
@@ -88,6 +88,16 @@ class BatchRequestCounts(BaseModel):
     total: int
     completed: int
     failed: int
+    # Extension, present when not 0: of `completed`, the requests whose structured output (a JSON schema or object,
+    # a required tool call) their token limit cut short (finish_reason "length"): their JSON is not whole.
+    incomplete_structured: int = 0
+
+    @model_serializer(mode="wrap")
+    def _extension_when_any(self, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and not data.get("incomplete_structured"):
+            data.pop("incomplete_structured", None)
+        return data
 
 
 class InputTokensDetails(BaseModel):

@@ -1,29 +1,27 @@
-"""Type and range checks of request bodies, per endpoint, after the public OpenAI API schema.
+"""The checks of a request body, per endpoint: refused fields, types and ranges, content parts, nesting.
 
-Validation calls `check_body` for every line, so a body the pipeline or an engine could not take
-(a string temperature, a content part whose text is a number, a body nested too deep to store)
-is an error at its line instead of a failed batch. Fields outside the schema are passed through
-untouched, but only if they are nested at most `MAX_DEPTH` levels; that limit holds for every
-endpoint (`check_depth`), /v1/responses included.
-
-The schema is a set of msgspec structs: `msgspec.convert` checks a parsed body in C, several
-times faster than the same checks in Python, which matters at 50,000 lines per file.
+Validation calls `check_body` for every line, so a body the pipeline or an engine could not take (a string
+temperature, a content part whose text is a number, a field the field matrix refuses, a body nested too deep to
+store) is an error at its line instead of a failed batch or a silently changed request. What each field does, and
+why a refused one is refused, is batchfile/fields.py; the types and ranges of the fields it honors are
+batchfile/schema.py. A body may be nested at most `MAX_DEPTH` levels on every endpoint.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import msgspec
 
 from . import contract as c
+from . import image_sources
+from .fields import SERVED_PARTS, Serves, part_refusal, refusal
+from .schema import MAX_TOKEN_ID, PROMPT, SCHEMAS, TYPED, Role
 
 # Nesting levels of a body (the body itself is level 1). orjson, which stores bodies, stops at
 # 254 levels; real bodies (tool schemas included) stay far below this.
 MAX_DEPTH = 64
-# Token ids as vLLM takes them (int32); ids past the vocabulary are refused by the engine, per request.
-MAX_TOKEN_ID = 2**31 - 1
 
 
 class BodyError(Exception):
@@ -39,113 +37,6 @@ class BodyError(Exception):
         self.storable = storable
 
 
-def _range(low: float | None = None, high: float | None = None) -> Any:
-    return msgspec.Meta(ge=low, le=high)
-
-
-PositiveInt = Annotated[int, _range(1)]
-Temperature = Annotated[float, _range(0, 2)]
-Probability = Annotated[float, _range(0, 1)]
-Penalty = Annotated[float, _range(-2, 2)]
-Int64 = Annotated[int, _range(-(2**63), 2**63 - 1)]
-TokenId = Annotated[int, _range(0, MAX_TOKEN_ID)]
-Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
-Object = dict[str, Any]
-
-
-# Chat content parts: the types OpenAI's schema lists, told apart by `type`.
-class TextPart(msgspec.Struct, tag="text", tag_field="type"):
-    text: str
-
-
-class ImageUrlPart(msgspec.Struct, tag="image_url", tag_field="type"):
-    image_url: Object
-
-
-class InputAudioPart(msgspec.Struct, tag="input_audio", tag_field="type"):
-    input_audio: Object
-
-
-class FilePart(msgspec.Struct, tag="file", tag_field="type"):
-    file: Object
-
-
-class RefusalPart(msgspec.Struct, tag="refusal", tag_field="type"):
-    refusal: str
-
-
-Part = TextPart | ImageUrlPart | InputAudioPart | FilePart | RefusalPart
-
-
-class Message(msgspec.Struct):
-    role: Role
-    # null is an assistant turn that carries tool calls instead; the engine reads it as "".
-    content: str | list[Part] | None = None
-    name: str | None = None
-    tool_call_id: str | None = None
-    tool_calls: list[Object] | None = None
-
-
-class _Sampling(msgspec.Struct):
-    """OpenAI's sampling fields and vLLM's extras, shared by chat and completions."""
-
-    model: str | None = None  # present and non-empty: validate checks it first
-    max_tokens: PositiveInt | None = None
-    max_completion_tokens: PositiveInt | None = None
-    temperature: Temperature | None = None
-    top_p: Probability | None = None
-    n: Annotated[int, _range(1, 128)] | None = None
-    stop: str | list[str] | None = None
-    seed: Int64 | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, Annotated[float, _range(-100, 100)]] | None = None
-    user: str | None = None
-    stream: bool | None = None
-    top_k: Annotated[int, _range(-1)] | None = None
-    min_p: Probability | None = None
-    repetition_penalty: Annotated[float, msgspec.Meta(gt=0)] | None = None
-    min_tokens: Annotated[int, _range(0)] | None = None
-    ignore_eos: bool | None = None
-
-
-class ChatBody(_Sampling):
-    messages: Annotated[list[Message], msgspec.Meta(min_length=1)] = []
-    logprobs: bool | None = None
-    top_logprobs: Annotated[int, _range(0, 20)] | None = None
-    enable_thinking: bool | None = None
-    chat_template_kwargs: Object | None = None
-    response_format: Object | None = None
-    tools: list[Object] | None = None
-    tool_choice: str | Object | None = None
-    parallel_tool_calls: bool | None = None
-    metadata: Object | None = None
-    store: bool | None = None
-
-
-class CompletionBody(_Sampling):
-    # `prompt` is checked by `_prompts`: msgspec unions take one array type only.
-    logprobs: Annotated[int, _range(0, 5)] | None = None
-    echo: bool | None = None
-    best_of: Annotated[int, _range(1, 20)] | None = None
-    suffix: str | None = None
-
-
-class EmbeddingBody(msgspec.Struct):
-    model: str | None = None  # present and non-empty: validate checks it first
-    encoding_format: Literal["float", "base64"] | None = None
-    dimensions: PositiveInt | None = None
-    user: str | None = None
-
-
-SCHEMAS: dict[str, type[msgspec.Struct]] = {
-    c.CHAT: ChatBody, c.COMPLETIONS: CompletionBody, c.EMBEDDINGS: EmbeddingBody,
-}
-_PROMPT = {c.COMPLETIONS: "prompt", c.EMBEDDINGS: "input"}
-# The body fields each endpoint knows (what docs/formats.md lists).
-FIELDS = {url: frozenset(schema.__struct_fields__) | {_PROMPT.get(url, "messages")} for url, schema in SCHEMAS.items()}
-# Schema fields that hold free-form JSON, whose depth msgspec does not bound.
-_FREE_FORM = frozenset({"logit_bias", "chat_template_kwargs", "response_format", "tools", "tool_choice", "metadata"})
 # msgspec's messages end in " - at `$.path`"; a missing field is named in the message.
 _AT = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _MISSING = re.compile(r"missing required field `([^`]+)`")
@@ -156,46 +47,139 @@ _JSON_TYPES = {"float": "number", "int": "integer", "str": "string", "bool": "bo
 _JSON_TYPE = re.compile(r"(?<=[`| ])(float|int|str|bool)(?=[`| ])")
 
 
-def check_body(url: str, body: dict[str, Any]) -> None:
-    """Raise BodyError for the first field of `body` of the wrong type, out of range, or nested too deep.
+def check_body(url: str, body: dict[str, Any], serves: Serves | None = None) -> None:
+    """Raise BodyError for the first field of `body` the field matrix refuses (for a model that `serves`; None: not
+    known), of the wrong type or out of range, or nested too deep.
 
     `body.model` and the presence of the prompt field are the caller's to check (validate does).
     """
     if _plain(url, body):
         return
+    prompt = PROMPT[url]
     try:
+        for key, value in body.items():
+            if value is not None and (why := refusal(url, key, body, serves)) is not None:
+                raise BodyError(f"body.{key}", f"Field 'body.{key}' is refused: {why}.")
         msgspec.convert(body, SCHEMAS[url])
-        prompt = _PROMPT.get(url)
-        if prompt is not None:
-            _prompts(body[prompt], f"body.{prompt}")
+        _PROMPT_CHECKS[url](body[prompt], f"body.{prompt}", serves)
     except msgspec.ValidationError as exc:
         wrong: BodyError | None = _body_error(str(exc))
     except BodyError as exc:
         wrong = exc
     else:
         wrong = None
-    fields = FIELDS[url]
-    # Depth first: a body too deep to store must fail the file even when a field is also mistyped.
-    if wrong is not None or not fields.issuperset(body) or not _FREE_FORM.isdisjoint(body):
-        for key, value in body.items():
-            if (wrong is not None or key not in fields or key in _FREE_FORM) and type(value) in (dict, list):
-                _bounded(value, f"body.{key}", 2)
-    if url == c.CHAT and wrong is None:
-        for i, m in enumerate(body["messages"]):
-            # Content parts and fields outside the schema may nest: bound the message (level 3).
-            if len(m) > 2 or type(m.get("content")) is list:
-                _bounded(m, f"body.messages[{i}]", 3)
+    # Depth first: a body too deep to store must fail the file even when a field is also wrong.
+    for key, value in body.items():
+        if key == prompt and type(value) is list:
+            for i, item in enumerate(value):  # a message or input item (level 3) names itself
+                if type(item) is dict or type(item) is list:
+                    _bounded(item, f"body.{key}[{i}]", 3)
+        elif type(value) is dict or type(value) is list:
+            _bounded(value, f"body.{key}", 2)
     if wrong is not None:
         raise wrong
 
 
+def _parts_refused(parts: list[Any], param: str, serves: Serves | None) -> None:
+    """Refuse a content part the model does not take (an image on a text model, audio, a file), by its place."""
+    images = 0
+    for j, part in enumerate(parts):
+        kind = part.get("type") if type(part) is dict else None
+        if kind not in SERVED_PARTS:
+            continue  # not a part at all: its type error is the schema's
+        if (why := part_refusal(kind, serves)) is not None:
+            raise BodyError(f"{param}[{j}]", f"Content part '{param}[{j}]' ({kind}) is refused: {why}.")
+        if kind not in ("image_url", "input_image"):
+            continue
+        images += 1
+        if serves is not None and images > serves.images:
+            raise BodyError(f"{param}[{j}]", f"Content part '{param}[{j}]' is refused: this model takes at most "
+                                             f"{serves.images} image(s) per request.")
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url  # chat's {"url": ...}, responses' plain URL
+        why = image_sources.refusal(url, serves.image_sources if serves is not None else None)
+        if why is not None:
+            raise BodyError(f"{param}[{j}]", f"Content part '{param}[{j}]' ({kind}) is refused: {why}.")
+
+
+def _messages(messages: Any, param: str, serves: Serves | None) -> None:
+    """Chat messages: the schema types them; here their content parts are checked against the model."""
+    if type(messages) is not list:
+        return
+    for i, m in enumerate(messages):
+        if type(m) is dict and type(m.get("content")) is list:
+            _parts_refused(m["content"], f"{param}[{i}].content", serves)
+
+
+_ITEM_ROLES = ("user", "assistant", "system", "developer")
+_ITEM_FIELDS = {"function_call": ("call_id", "name", "arguments"), "function_call_output": ("call_id", "output")}
+_TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
+
+
+def _responses_input(value: Any, param: str, serves: Serves | None) -> None:
+    """/v1/responses `input`: a string, or message, `function_call` and `function_call_output` items."""
+    if type(value) is str:
+        if not value:
+            raise BodyError(param, f"Field {param!r} must not be empty.")
+        return
+    if type(value) is not list or not value:
+        raise BodyError(param, f"Field {param!r} must be a string or a non-empty array of input items.")
+    for i, item in enumerate(value):
+        where = f"{param}[{i}]"
+        if type(item) is not dict:
+            raise BodyError(where, f"Field {where!r} must be an object (a message, or a function call or its output).")
+        kind = item.get("type", "message")
+        if kind in _ITEM_FIELDS:
+            for name in _ITEM_FIELDS[kind]:
+                if type(item.get(name)) is not str:
+                    raise BodyError(f"{where}.{name}", f"Field '{where}.{name}' must be a string.")
+            continue
+        if kind != "message":
+            raise BodyError(f"{where}.type", f"Field '{where}.type' is {c.quoted(kind)}: only 'message', "
+                                             "'function_call' and 'function_call_output' items are served.")
+        if item.get("role") not in _ITEM_ROLES:
+            raise BodyError(f"{where}.role", f"Field '{where}.role' must be one of {', '.join(_ITEM_ROLES)}.")
+        content = item.get("content")
+        if type(content) is str:
+            continue
+        if type(content) is not list:
+            raise BodyError(f"{where}.content", f"Field '{where}.content' must be a string or an array of parts.")
+        _parts_refused(content, f"{where}.content", serves)
+        for j, part in enumerate(content):
+            at = f"{where}.content[{j}]"
+            kind = part.get("type") if type(part) is dict else None
+            if kind in _TEXT_PARTS:
+                if type(part.get(_TEXT_PARTS[kind])) is not str:
+                    raise BodyError(at, f"Field {at!r} must hold its text as a string.")
+            elif kind == "input_image":
+                if type(part.get("image_url")) is not str:
+                    raise BodyError(f"{at}.image_url", f"Field '{at}.image_url' must be a string (a URL).")
+            else:
+                raise BodyError(at, f"Field {at!r} must be a content part ('input_text', 'output_text' or "
+                                    "'input_image').")
+
+
+def _prompt(value: Any, param: str, serves: Serves | None) -> None:
+    _prompts(value, param)
+
+
+def _typed(value: Any, param: str, serves: Serves | None) -> None:
+    """Score and rerank texts: the schema types them all."""
+
+
+_PROMPT_CHECKS = {c.CHAT: _messages, c.COMPLETIONS: _prompt, c.EMBEDDINGS: _prompt, c.RESPONSES: _responses_input,
+                  c.SCORE: _typed, c.RERANK: _typed}
+
+
 # The fast path: most bodies hold text messages or prompts and a few numbers in range. Those are
 # recognized here with a few dict lookups; anything else goes through the schema above. The
-# ranges are the schema's (tests/core/test_bodies.py checks that this never accepts more).
+# ranges are the schema's, the fields those the matrix honors for every value and model (tests/core/test_bodies.py
+# checks that this never accepts more).
 _NUM = (int, float)
 _PLAIN_SCALARS: dict[str, tuple[tuple[type, ...], float, float]] = {
     "max_tokens": ((int,), 1, 2**63),
     "max_completion_tokens": ((int,), 1, 2**63),
+    "max_output_tokens": ((int,), 1, 2**63),
     "temperature": (_NUM, 0, 2),
     "top_p": (_NUM, 0, 1),
     "n": ((int,), 1, 128),
@@ -206,21 +190,30 @@ _PLAIN_SCALARS: dict[str, tuple[tuple[type, ...], float, float]] = {
     "min_p": (_NUM, 0, 1),
     "min_tokens": ((int,), 0, 2**63),
 }
-# Booleans on every endpoint that knows them (`logprobs` is not: an integer for completions).
-_PLAIN_SWITCHES = frozenset({"ignore_eos", "stream", "enable_thinking", "echo"})
-_PLAIN_TEXT = {c.CHAT: "messages", c.COMPLETIONS: "prompt", c.EMBEDDINGS: "input"}
+# Booleans (`logprobs` is not: an integer for completions). `stream` is plain only when false.
+_PLAIN_SWITCHES = frozenset({"ignore_eos", "enable_thinking", "echo", "stream"})
+_PLAIN_STRINGS = frozenset({"user", "instructions"})
+_PLAIN_KEYS = {url: frozenset((*_PLAIN_SCALARS, *_PLAIN_SWITCHES, *_PLAIN_STRINGS, "stop")) & TYPED[url]
+               for url in SCHEMAS}
 _ROLES = frozenset(Role.__args__)  # type: ignore[attr-defined]
 
 
 def _plain(url: str, body: dict[str, Any]) -> bool:
     """True for a body of text and in-range numbers only; False means "ask the schema", not "invalid"."""
-    text = _PLAIN_TEXT[url]
+    if url in (c.SCORE, c.RERANK):
+        return False
+    text = PROMPT[url]
+    keys = _PLAIN_KEYS[url]
     for key, value in body.items():
         if key == "model" or key == text:
             continue
+        if key not in keys:
+            return False
         spec = _PLAIN_SCALARS.get(key)
         if spec is None:
-            if type(value) is bool and key in _PLAIN_SWITCHES:
+            if type(value) is bool and key in _PLAIN_SWITCHES and not (key == "stream" and value):
+                continue
+            if key in _PLAIN_STRINGS and type(value) is str:
                 continue
             if key == "stop" and (type(value) is str or type(value) is list and all(type(s) is str for s in value)):
                 continue
@@ -229,7 +222,7 @@ def _plain(url: str, body: dict[str, Any]) -> bool:
             return False
     value = body[text]
     if url != c.CHAT:
-        return type(value) is str
+        return type(value) is str and (url != c.RESPONSES or value != "")
     for m in value:
         if type(m) is not dict or len(m) != 2 or type(m.get("content")) is not str:
             return False

@@ -12,7 +12,9 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 RESPONSES = "/v1/responses"
-ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
+SCORE = "/v1/score"  # vLLM's: the similarity of queries and documents
+RERANK = "/v1/rerank"  # vLLM's (Jina and Cohere's shape): documents ranked for a query
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK)
 
 # The longest values the store keeps from a client (db/models.py sizes its columns by them). Each is checked
 # where it comes in (the API, validation, the drop intake), so no write of one tenant's value fails later.
@@ -80,6 +82,7 @@ ERROR_RATE_EXCEEDED = "error_rate_exceeded"
 # Request-level error codes written to the error file.
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 ENGINE_ERROR = "engine_error"
+OUT_OF_MEMORY = "out_of_memory"  # a request that alone ran the engine out of memory
 BATCH_EXPIRED = "batch_expired"
 BATCH_CANCELLED = "batch_cancelled"
 BATCH_FAILED = "batch_failed"  # the batch's run failed for good before this request ran
@@ -116,24 +119,36 @@ class BatchError:
 
 @dataclass
 class RequestCounts:
-    """The Batch object's `request_counts`."""
+    """The Batch object's `request_counts`; `incomplete_structured` (an extension) counts the completed requests whose
+    structured output was cut short by their token limit (batchfile/structured.py)."""
 
     total: int = 0
     completed: int = 0
     failed: int = 0
+    incomplete_structured: int = 0
 
     def __iadd__(self, other: RequestCounts) -> RequestCounts:
         self.total += other.total
         self.completed += other.completed
         self.failed += other.failed
+        self.incomplete_structured += other.incomplete_structured
         return self
 
     def to_dict(self) -> dict[str, int]:
-        return {"total": self.total, "completed": self.completed, "failed": self.failed}
+        """OpenAI's three counts, and the extension only when there is something to say."""
+        counts = {"total": self.total, "completed": self.completed, "failed": self.failed}
+        return counts | ({"incomplete_structured": self.incomplete_structured} if self.incomplete_structured else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RequestCounts:
-        return cls(total=d.get("total", 0), completed=d.get("completed", 0), failed=d.get("failed", 0))
+        return cls(total=d.get("total", 0), completed=d.get("completed", 0), failed=d.get("failed", 0),
+                   incomplete_structured=d.get("incomplete_structured", 0))
+
+    def describe(self) -> str:
+        """For a person: "40 total, 38 completed, 2 failed", and the cut-short structured outputs when any."""
+        cut = (f" ({self.incomplete_structured} with structured output cut short by its token limit)"
+               if self.incomplete_structured else "")
+        return f"{self.total} total, {self.completed} completed{cut}, {self.failed} failed"
 
 
 def quoted(value: Any, limit: int = 64) -> str:

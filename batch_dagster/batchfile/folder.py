@@ -26,10 +26,11 @@ way through it, in the order of the listing below; each internal JSON document i
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -51,6 +52,7 @@ SUMMARY = "summary.json"
 REQUESTS = "requests.parquet"
 ESTIMATE = "estimate.json"  # the valid batch's estimate, written by validation
 RESULTS = "results"
+IMAGES = "images"  # the images requests name by URL, fetched once per batch (a data URL per file)
 _SHARD_SUMMARY = re.compile(r"^shard-(\d{5,})\.json$")
 
 
@@ -223,7 +225,7 @@ class Progress(Document):
     def counts(self) -> RequestCounts:
         """The batch's request_counts so far: the committed shards', and the live shard's finished requests as
         completed (an approximation until it commits)."""
-        counts = RequestCounts(self.request_counts.total, self.request_counts.completed, self.request_counts.failed)
+        counts = replace(self.request_counts)
         if self.shard is not None:
             counts.completed = min(counts.completed + self.done, counts.total - counts.failed)
         return counts
@@ -303,6 +305,10 @@ class BatchFolder:
     @property
     def results_prefix(self) -> str:
         return self.key(RESULTS)
+
+    def image_key(self, url: str) -> str:
+        """Where the image `url` names is kept once fetched (by the URL's hash: a URL is a client's value)."""
+        return self.key(f"{IMAGES}/{hashlib.sha256(url.encode()).hexdigest()}")
 
     @property
     def output_key(self) -> str:

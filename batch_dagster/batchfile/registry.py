@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
+
+from .fields import Serves
+from .image_sources import ImageSources
 
 Task = Literal["generate", "embed"]
 _ENDPOINTS_BY_TASK = {
     "generate": ("/v1/chat/completions", "/v1/completions", "/v1/responses"),
-    "embed": ("/v1/embeddings",),
+    # vLLM scores and reranks with an embedding model by its embeddings' cosine similarity.
+    "embed": ("/v1/embeddings", "/v1/score", "/v1/rerank"),
 }
 
 
@@ -34,16 +38,29 @@ class ModelSpec:
     max_num_seqs: int | None = None
     enable_prefix_caching: bool | None = None
     seed: int = 0
+    # vLLM's names of the parsers that read tool calls and reasoning out of the model's text (`--tool-call-parser`,
+    # `--reasoning-parser`); None: the model's requests may not ask for tool calls, and it has no reasoning content.
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    # How many image parts one request may carry (0: the model takes no images).
+    images_per_request: int = 0
     engine_args: dict[str, Any] = field(default_factory=dict)
 
     @property
     def endpoints(self) -> tuple[str, ...]:
         return _ENDPOINTS_BY_TASK[self.task]
 
+    @property
+    def serves(self) -> Serves:
+        """What its requests may ask for: validation refuses the rest at their line."""
+        return Serves(self.endpoints, tool_calls=self.tool_call_parser is not None,
+                      reasoning=self.reasoning_parser is not None, images=self.images_per_request)
+
     def engine_settings(self) -> dict[str, Any]:
         """The settings recorded with each batch (no paths, only what shapes the results)."""
         keys = ("task", "dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization",
-                "kv_cache_memory_bytes", "max_num_seqs", "enable_prefix_caching", "seed")
+                "kv_cache_memory_bytes", "max_num_seqs", "enable_prefix_caching", "seed", "tool_call_parser",
+                "reasoning_parser", "images_per_request")
         return {k: getattr(self, k) for k in keys} | {"engine_args": dict(self.engine_args)}
 
 
@@ -82,9 +99,9 @@ def parse_registry(data: dict[str, Any]) -> dict[str, ModelSpec]:
     return specs
 
 
-def served_endpoints(registry: dict[str, ModelSpec]) -> dict[str, tuple[str, ...]]:
-    """Model name -> the endpoints it serves: what validation checks a file against."""
-    return {name: spec.endpoints for name, spec in registry.items()}
+def served(registry: dict[str, ModelSpec], image_sources: ImageSources | None = None) -> dict[str, Serves]:
+    """Model name -> what it serves (images from `image_sources`, the operator's): what validation checks against."""
+    return {name: replace(spec.serves, image_sources=image_sources) for name, spec in registry.items()}
 
 
 def default_chat_model(specs: dict[str, ModelSpec]) -> str | None:

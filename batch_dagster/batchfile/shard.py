@@ -56,6 +56,10 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [] if value is None else [value]
+
+
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=_HEX // 2).hexdigest()
 
@@ -82,6 +86,12 @@ def features(endpoint: str, body: dict[str, Any]) -> Features:
         # it out: each message's role, then its text, in order.
         after = 1 if system else 0
         leading = "".join([f"\x1e{m.get('role')}\x1f{t}" for m, t in zip(messages[after:], texts[after:], strict=True)])
+    elif endpoint in (c.SCORE, c.RERANK):  # grouped by their query, sized by all their texts
+        texts = [_text_of(x) for x in _as_list(body.get("queries", body.get("query")))]
+        docs = [_text_of(x) for x in _as_list(body.get("documents"))]
+        chars = sum(len(t) for t in texts + docs)
+        prefix = texts[0][:PREFIX_CHARS] if texts else ""
+        leading = texts[0] if texts else ""
     else:
         raw = body.get("prompt") if endpoint == c.COMPLETIONS else body.get("input")
         texts = [raw] if isinstance(raw, str) else [str(x) for x in raw] if isinstance(raw, list) else [str(raw)]

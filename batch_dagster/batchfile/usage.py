@@ -63,12 +63,21 @@ class Usage:
 
 @dataclass(frozen=True)
 class Price:
-    """Real-time prices per 1M tokens for one model, and the discount batches get."""
+    """Real-time prices per 1M tokens for one model, and the discount batches get (on every rate).
+
+    `cached_input_per_1m`: input tokens the engine's prefix cache served (usage's `cached_tokens`); None: the input
+    rate.
+    """
 
     input_per_1m: float = 0.0
     output_per_1m: float = 0.0
     batch_discount: float = 0.5
     currency: str = "USD"
+    cached_input_per_1m: float | None = None
+
+    @property
+    def cached_rate(self) -> float:
+        return self.input_per_1m if self.cached_input_per_1m is None else self.cached_input_per_1m
 
 
 @dataclass(frozen=True)
@@ -128,13 +137,15 @@ def load_price_table(path: Path) -> PriceTable:
 
 @dataclass(frozen=True)
 class Cost:
-    """What a batch costs: only successful requests' tokens, at the discounted batch price."""
+    """What a batch costs: only successful requests' tokens, at the discounted batch price. `input_cost` is that of
+    all input tokens, `cached_input_cost` the part of it the prefix cache's tokens cost (at their own rate)."""
 
     model: str
     input_cost: float
     output_cost: float
     batch_discount: float
     currency: str
+    cached_input_cost: float = 0.0
 
     @property
     def total_cost(self) -> float:
@@ -148,17 +159,20 @@ class Cost:
         """Read back from `to_dict` (total_cost is derived, so it is not read)."""
         return cls(model=d.get("model", ""), input_cost=d.get("input_cost", 0.0),
                    output_cost=d.get("output_cost", 0.0), batch_discount=d.get("batch_discount", 0.0),
-                   currency=d.get("currency", "USD"))
+                   currency=d.get("currency", "USD"), cached_input_cost=d.get("cached_input_cost", 0.0))
 
 
 def cost_of(usage: Usage, model: str, prices: PriceTable, window: str | None = None) -> Cost:
     """Price `usage` (which must count successful requests only) for `model`'s batches of `window`."""
     p = prices.for_model(model, window)
     factor = 1.0 - p.batch_discount
+    cached = min(usage.cached_tokens, usage.input_tokens)
+    cached_cost = cached * p.cached_rate / 1e6 * factor
     return Cost(
         model=model,
-        input_cost=round(usage.input_tokens * p.input_per_1m / 1e6 * factor, 8),
+        input_cost=round((usage.input_tokens - cached) * p.input_per_1m / 1e6 * factor + cached_cost, 8),
         output_cost=round(usage.output_tokens * p.output_per_1m / 1e6 * factor, 8),
         batch_discount=p.batch_discount,
         currency=p.currency,
+        cached_input_cost=round(cached_cost, 8),
     )

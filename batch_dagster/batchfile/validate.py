@@ -14,21 +14,25 @@ from typing import Any, BinaryIO
 import orjson
 
 from . import contract as c
-from . import responses
 from .bodies import BodyError, check_body, cut
+from .fields import Serves
 
 BOM = b"\xef\xbb\xbf"
 _READ_CHUNK = 1 << 20
 
 # What each endpoint's body must carry besides `model`: (field, must be a list).
-_REQUIRED_BODY_FIELD = {
-    c.CHAT: ("messages", True),
-    c.COMPLETIONS: ("prompt", False),
-    c.EMBEDDINGS: ("input", False),
-    c.RESPONSES: ("input", False),
+_REQUIRED_BODY_FIELDS = {
+    c.CHAT: (("messages", True),),
+    c.COMPLETIONS: (("prompt", False),),
+    c.EMBEDDINGS: (("input", False),),
+    c.RESPONSES: (("input", False),),
+    c.SCORE: (("queries", False), ("documents", False)),
+    c.RERANK: (("query", False), ("documents", False)),
 }
 
 OnRequest = Callable[[int, dict[str, Any]], None]
+# What the registry serves: model names, or names mapped to what each serves (its endpoints, or `Serves`).
+Models = Collection[str] | Mapping[str, Serves | Collection[str]]
 
 # Errors a report lists (the rest are counted): a batch object carries them, so it stays small
 # whatever the file holds. docs/formats.md states it.
@@ -146,14 +150,14 @@ def validate_file(
     *,
     limits: c.Limits = c.Limits(),
     endpoint: str | None = None,
-    models: Collection[str] | None = None,
+    models: Models | None = None,
     max_errors: int = MAX_ERRORS,
     on_request: OnRequest | None = None,
 ) -> ValidationReport:
     """Validate a JSONL batch file.
 
-    `models` is what the registry serves: names, or names mapped to the endpoints each serves
-    (None skips the model check).
+    `models` is what the registry serves: names, or names mapped to what each serves (their endpoints, or
+    `Serves`: then each body is checked against what its model takes). None skips the model check.
     """
     with open(path, "rb", buffering=_READ_CHUNK) as f:
         return validate_stream(
@@ -173,11 +177,12 @@ def validate_stream(
     size: int | None = None,
     limits: c.Limits = c.Limits(),
     endpoint: str | None = None,
-    models: Collection[str] | None = None,
+    models: Models | None = None,
     max_errors: int = MAX_ERRORS,
     on_request: OnRequest | None = None,
 ) -> ValidationReport:
     report = ValidationReport(endpoint=endpoint)
+    serves = _serves_of(models)
     error = _Collector(report, max_errors)
     if endpoint is not None and endpoint not in c.ENDPOINTS:
         error(c.INVALID_URL, f"Endpoint {c.quoted(endpoint)} is not one of {', '.join(c.ENDPOINTS)}.", None, "endpoint")
@@ -199,7 +204,7 @@ def validate_stream(
             continue
         if report.endpoint is None and request["url"] in c.ENDPOINTS:
             report.endpoint = request["url"]
-        if not _check_request(request, line_no, report.endpoint, error):
+        if not _check_request(request, line_no, report.endpoint, error, serves):
             continue
         custom_id, model = request["custom_id"], request["body"]["model"]
         if custom_id in seen:
@@ -213,8 +218,8 @@ def validate_stream(
                 served = ", ".join(sorted(models)) or "none"
                 error(c.MODEL_NOT_FOUND, f"Model {c.quoted(model)} is not served here (served: {served}).",
                       line_no, "body.model")
-            elif isinstance(models, Mapping) and report.endpoint not in models[model]:
-                served = ", ".join(models[model])
+            elif (known := serves(model)) is not None and known.endpoints and report.endpoint not in known.endpoints:
+                served = ", ".join(known.endpoints)
                 error(c.INVALID_URL, f"Model {c.quoted(model)} does not serve {report.endpoint} (it serves {served}).",
                       line_no, "url")
         elif model != report.model and not mixed_reported:
@@ -263,7 +268,16 @@ def _parse(raw: bytes, line_no: int, error: _Collector) -> dict[str, Any] | None
     return request
 
 
-def _check_request(request: dict[str, Any], line_no: int, endpoint: str | None, error: _Collector) -> bool:
+def _serves_of(models: Models | None) -> Callable[[Any], Serves | None]:
+    """What a named model serves, as far as `models` says (None: nothing known of it)."""
+    if not isinstance(models, Mapping):
+        return lambda model: None
+    known = {name: value if isinstance(value, Serves) else Serves(tuple(value)) for name, value in models.items()}
+    return lambda model: known.get(model) if isinstance(model, str) else None
+
+
+def _check_request(request: dict[str, Any], line_no: int, endpoint: str | None, error: _Collector,
+                   serves: Callable[[Any], Serves | None]) -> bool:
     if request["method"] != "POST":
         error(c.INVALID_METHOD, f"Method {c.quoted(request['method'])} is not supported; use POST.", line_no, "method")
         return False
@@ -284,21 +298,14 @@ def _check_request(request: dict[str, Any], line_no: int, endpoint: str | None, 
         error(c.INVALID_REQUEST, f"Field 'body.model' is {len(model)} characters long; the limit is "
               f"{MAX_MODEL_CHARS}.", line_no, "body.model")
         return False
-    name, must_be_list = _REQUIRED_BODY_FIELD[url]
-    value = body.get(name)
-    if value is None or (must_be_list and (not isinstance(value, list) or not value)):
-        kind = "a non-empty list" if must_be_list else "present"
-        error(c.INVALID_REQUEST, f"Field 'body.{name}' must be {kind} for {url}.", line_no, f"body.{name}")
-        return False
-    if url == c.RESPONSES:
-        problems = responses.body_problems(body)
-        for message, param in problems:
-            error.reject(message, line_no, param)
-        if problems:
-            request["body"] = cut(body)
-        return True
+    for name, must_be_list in _REQUIRED_BODY_FIELDS[url]:
+        value = body.get(name)
+        if value is None or (must_be_list and (not isinstance(value, list) or not value)):
+            kind = "a non-empty list" if must_be_list else "present"
+            error(c.INVALID_REQUEST, f"Field 'body.{name}' must be {kind} for {url}.", line_no, f"body.{name}")
+            return False
     try:
-        check_body(url, body)
+        check_body(url, body, serves(model))
     except BodyError as exc:
         if not exc.storable:
             request["body"] = cut(body)

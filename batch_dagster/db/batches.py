@@ -19,7 +19,6 @@ from batch_dagster.batchfile.contract import (
     MAX_SOURCE_CHARS,
     MAX_VERSION_CHARS,
     BatchError,
-    RequestCounts,
     endpoint_of_head,
     model_of_head,
 )
@@ -229,7 +228,7 @@ def batch_outcome(batch: BatchRecord, cost: Cost | None = None) -> BatchOutcome:
     """The batch as shown, from its record (and its cost, which the folder's summary.json holds)."""
     return BatchOutcome(
         batch_id=batch.id, status=batch.status, endpoint=batch.endpoint, model=batch.model,
-        request_counts=RequestCounts(batch.request_total, batch.request_completed, batch.request_failed),
+        request_counts=batch.counts(),
         usage=None if batch.usage is None else Usage.from_dict(batch.usage), cost=cost,
         errors=None if batch.errors is None else [BatchError.from_dict(e) for e in batch.errors],
         times={name: getattr(batch, name) for name in STATUS_TIMES if getattr(batch, name) is not None},

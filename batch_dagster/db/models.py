@@ -11,7 +11,13 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from batch_dagster.batchfile.contract import MAX_FILENAME_CHARS, MAX_MODEL_CHARS, MAX_SOURCE_CHARS, MAX_VERSION_CHARS
+from batch_dagster.batchfile.contract import (
+    MAX_FILENAME_CHARS,
+    MAX_MODEL_CHARS,
+    MAX_SOURCE_CHARS,
+    MAX_VERSION_CHARS,
+    RequestCounts,
+)
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.status import TERMINAL
 
@@ -102,6 +108,7 @@ class BatchRecord(Base):
     request_total: Mapped[int] = mapped_column(default=0)
     request_completed: Mapped[int] = mapped_column(default=0)
     request_failed: Mapped[int] = mapped_column(default=0)
+    request_incomplete_structured: Mapped[int] = mapped_column(default=0, server_default="0")
     # "metadata" is reserved on declarative classes; the column keeps the API's name.
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
     model: Mapped[str | None] = mapped_column(String(MAX_MODEL_CHARS))
@@ -143,6 +150,11 @@ class BatchRecord(Base):
     @options.setter
     def options(self, options: BatchOptions) -> None:
         self.stored_options = options.stored()
+
+    def counts(self) -> RequestCounts:
+        """The batch's request_counts, from its `request_*` columns."""
+        return RequestCounts(self.request_total, self.request_completed, self.request_failed,
+                             self.request_incomplete_structured)
 
 
 class IntakeRecord(Base):

@@ -32,7 +32,7 @@ def run_demo(out_dir: Path, log_dir: Path) -> int:
     rows = [
         ("batch", summary.batch_id),
         ("model", summary.model),
-        ("requests", f"{rc.total} total, {rc.completed} completed, {rc.failed} failed"),
+        ("requests", rc.describe()),
         ("input tokens", usage.input_tokens),
         ("output tokens", usage.output_tokens),
         ("throughput", f"{summary.output_tokens_per_s} output tokens/s"),

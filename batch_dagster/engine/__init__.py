@@ -1,5 +1,5 @@
-"""Talking to vLLM: translating batch requests to engine calls and engine results to output lines.
+"""Talking to vLLM: a shard's requests through vLLM's own OpenAI layer, each answered by its batch line.
 
-`offline` runs a `vllm.LLM` in this process; `server` sends requests to OpenAI-compatible vLLM
-servers. Both take a shard's requests and return one output line per request.
+`offline` serves `vllm serve`'s application in this process; `server` sends requests to vLLM servers (a fleet's
+replicas). Both run the same flags (`flags`), send the same bodies (`base.dispatch`) and make the same lines (`lines`).
 """

@@ -1,14 +1,25 @@
-"""What every engine does, and the failure handling shared by both modes."""
+"""What every engine does: a shard's requests sent to vLLM's OpenAI layer in prefix order, each answered by its line.
+
+Both engines send the same bodies to the same vLLM application (`vllm serve`'s own, in this process or in a
+server) and make the same line of its answer; they differ only in how a request reaches it.
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+from batch_dagster.batchfile.fields import Serves
+from batch_dagster.batchfile.shard import features
+
+from . import lines as ln
+
 Request = tuple[str, dict[str, Any]]  # (custom_id, body)
-Line = dict[str, Any]
+Line = ln.Line
 OnProgress = Callable[[int], None]  # called with the number of requests just finished
+# Sends one body (as vLLM takes it) to the lane it is planned on; answers its line.
+Send = Callable[[str, dict[str, Any], int], Awaitable[Line]]
 
 
 class EngineCrash(RuntimeError):
@@ -21,42 +32,66 @@ class Engine(Protocol):
         ...
 
 
-class ProgressTicker:
-    """Stands in for the tqdm bar vLLM's `use_tqdm` builds, forwarding finished requests to a callback."""
-
-    def __init__(self, on_progress: OnProgress):
-        self.on_progress = on_progress
-        self.n = 0
-        self.total: int | None = None
-        self.postfix = ""
-        self._started = time.monotonic()
-
-    def __call__(self, iterable: Any = None, *args: Any, **kwargs: Any) -> Any:
-        # vLLM also wraps the prompts it adds in a bar; those pass through uncounted.
-        if iterable is None:
-            self.total = kwargs.get("total", self.total)
-            return self
-        return iterable
-
-    @property
-    def format_dict(self) -> dict[str, float]:
-        return {"elapsed": max(time.monotonic() - self._started, 1e-9)}
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        # vLLM sets the postfix (its token rates) just before each update: pass it on as the engine's load.
-        report_load = getattr(self.on_progress, "report_load", None)
-        if report_load is not None:
-            unfinished = f"{self.total - self.n} unfinished, " if self.total is not None else ""
-            report_load(f"{unfinished}{self.postfix}".strip(", "))
-        self.on_progress(n)
-
-    def refresh(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+def _prefix_order(endpoint: str, body: dict[str, Any]) -> tuple[str, int]:
+    """Where a request goes in the sending order: by its prompt's prefix path, then its length."""
+    try:
+        f = features(endpoint, body)
+    except (AttributeError, KeyError, TypeError):  # a mistyped body: its 400 line comes from ln.check
+        return "", 0
+    return f.prefix_key, f.prompt_chars
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+def sending_plan(endpoint: str, requests: Sequence[Request], lanes: int) -> list[tuple[int, int]]:
+    """(row, lane) in sending order: each lane (a server) takes a contiguous run of the shard in prefix order.
+
+    Sent in prefix order, requests sharing a prefix are neighbours in vLLM's first-come queue: the first one's
+    prefix blocks are cached when it is scheduled, and the rest hit them before the cache evicts them. In file
+    order they scatter and each recomputes the prefix. The lanes' runs are sent interleaved, so every lane is busy.
+    """
+    order = sorted(range(len(requests)), key=lambda i: _prefix_order(endpoint, requests[i][1]))
+    runs = [order[k * len(order) // lanes : (k + 1) * len(order) // lanes] for k in range(lanes)]
+    return [(run[n], k) for n in range(max(map(len, runs), default=0)) for k, run in enumerate(runs) if n < len(run)]
+
+
+async def dispatch(endpoint: str, requests: Sequence[Request], send: Send, *, serves: Serves | None = None,
+                   lanes: int = 1, limit: int | None = None, on_progress: OnProgress | None = None,
+                   counted: Callable[[Line], bool] = lambda line: True) -> list[Line]:
+    """Every request sent (at most `limit` at a time), each answered by its line, in the order of `requests`.
+
+    A body the checks refuse (for a model that `serves`) is its 400 line and never sent. `on_progress` hears of each
+    finished request whose line is `counted` (a line to be retried is not), with the shard's load just before
+    (`report_load`).
+    """
+    gate = asyncio.Semaphore(limit) if limit else None
+    report_load = getattr(on_progress, "report_load", None)
+    unfinished = len(requests)
+
+    async def one(custom_id: str, body: dict[str, Any], lane: int) -> Line:
+        nonlocal unfinished
+        try:
+            ln.check(endpoint, body, serves)
+        except ln.RequestError as exc:  # mistyped or refused: the same 400 line on every engine, never sent
+            line = exc.line(custom_id)
+        else:
+            if gate is None:
+                line = await send(custom_id, ln.vllm_body(endpoint, body), lane)
+            else:
+                async with gate:
+                    line = await send(custom_id, ln.vllm_body(endpoint, body), lane)
+        unfinished -= 1
+        if on_progress is not None and counted(line):
+            if report_load is not None:
+                report_load(f"{unfinished} unfinished")
+            on_progress(1)
+        return line
+
+    plan = sending_plan(endpoint, requests, lanes)
+    tasks = {i: asyncio.ensure_future(one(*requests[i], lane)) for i, lane in plan}
+    try:
+        done = await asyncio.gather(*tasks.values())
+    except BaseException:
+        for task in tasks.values():
+            task.cancel()
+        raise
+    by_row = dict(zip(tasks, done, strict=True))
+    return [by_row[i] for i in range(len(requests))]

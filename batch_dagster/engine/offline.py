@@ -1,291 +1,207 @@
-"""The offline engine: a `vllm.LLM` in this process, built once per model and reused."""
+"""The in-process engine: `vllm serve`'s own application on an in-process async engine, without a socket.
+
+As vLLM's batch runner does, the engine is built from the server's arguments (`build_async_engine_client`) and
+the server's serving objects on it (`init_app_state`); here they sit behind the server's own FastAPI app (its
+request models, its error handling, its serialization), which each request reaches over an in-process ASGI
+transport. So a line is answered exactly as a fleet's server answers it. The engine runs on an event loop in a
+thread of its own (a Dagster step is synchronous), built once per model and process and reused across shards.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
+import gc
 import logging
 import multiprocessing.util
 import threading
 import time
-from collections.abc import Sequence
+import types
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.registry import ModelSpec
 
-from . import orphans, watchdog
-from . import translate as t
-from .base import EngineCrash, Line, OnProgress, ProgressTicker, Request, is_out_of_memory
+from . import lines as ln
+from . import orphans
+from .base import EngineCrash, Line, OnProgress, Request, dispatch
+from .flags import parsed_args
 from .hardware import dtype_choice
 
 log = logging.getLogger(__name__)
-
-
-def _rejection_types() -> tuple[type[Exception], ...]:
-    """Exceptions by which vLLM rejects one request (bad parameters), as opposed to failing itself."""
-    from vllm.exceptions import VLLMClientError
-
-    return (VLLMClientError, ValueError, TypeError, OverflowError)
-
-
-def _preparation_rejections() -> tuple[type[Exception], ...]:
-    """What the tokenizer, the chat template or SamplingParams raise for one bad body.
-
-    Preparing runs no model: whatever goes wrong there is that request's fault, and becomes its
-    400 line while the rest of the shard runs.
-    """
-    from jinja2 import TemplateError
-
-    return (*_rejection_types(), LookupError, AttributeError, TemplateError)
-
-
-def _culprit(build: Any, kwargs: dict[str, Any]) -> str | None:
-    """The sampling field that makes `build(**kwargs)` fail, tried one at a time (only on the error path)."""
-    base = {"max_tokens": kwargs["max_tokens"]}
-    for name, value in kwargs.items():
-        if name == "max_tokens":
-            continue
-        try:
-            build(**base, **{name: value})
-        except Exception:
-            return name
-    return None
+T = TypeVar("T")
+# The in-process app's address: requests never leave the process, but HTTP wants a host.
+_BASE_URL = "http://vllm.in-process"
 
 
 @dataclass
-class _Prepared:
-    """A request turned into token prompts and sampling settings, ready for the engine."""
+class _Running:
+    """A started engine: its event loop's thread, vLLM's engine client, the app's client, what closes them."""
 
-    custom_id: str
-    prompts: list[list[int]]
-    params: Any = None  # SamplingParams for generation; None for embeddings
-    encoding_format: str = "float"
-    prompt_tokens: int = 0
-    body: dict[str, Any] | None = None  # a /v1/responses body, echoed in its `response` object
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+    engine: Any  # vllm.engine.protocol.EngineClient (an AsyncLLM)
+    client: Any  # httpx.AsyncClient on the app
+    stack: contextlib.AsyncExitStack
 
 
 @dataclass
 class OfflineEngine:
-    """Runs shards on an in-process `vllm.LLM` for one model."""
+    """Runs shards for one model on `vllm serve`'s application in this process."""
 
     spec: ModelSpec
     model_path: str
-    _llm: Any = field(default=None, init=False, repr=False)
-    start_s: float = field(default=0.0, init=False)  # how long building the `vllm.LLM` took
+    start_s: float = field(default=0.0, init=False)  # how long starting the engine took
     started_at: float | None = field(default=None, init=False)  # time.perf_counter() when it was ready
-    _watch: threading.Event | None = field(default=None, init=False, repr=False)
+    _running: _Running | None = field(default=None, init=False, repr=False)
 
-    def llm_kwargs(self) -> dict[str, Any]:
-        s = self.spec
-        kwargs: dict[str, Any] = {
-            "model": self.model_path,
-            "dtype": dtype_choice(s.dtype).dtype,  # "auto" resolved here: vLLM's "auto" is the checkpoint's
-            "seed": s.seed,
-            "tensor_parallel_size": s.tensor_parallel_size,
-        }
-        if s.task == "embed":
-            kwargs["runner"] = "pooling"
-        optional = {
-            "max_model_len": s.max_model_len,
-            "max_num_seqs": s.max_num_seqs,
-            "enable_prefix_caching": s.enable_prefix_caching,
-            "gpu_memory_utilization": s.gpu_memory_utilization,
-            # 0 means "unset" so a GPU entry can let gpu_memory_utilization size the cache.
-            "kv_cache_memory_bytes": s.kv_cache_memory_bytes or None,
-        }
-        kwargs.update({k: v for k, v in optional.items() if v is not None})
-        return kwargs | s.engine_args
+    # -- starting and stopping -----------------------------------------------------------
 
-    @property
-    def llm(self) -> Any:
-        if self._llm is None:
-            from vllm import LLM
+    def start(self) -> None:
+        """Start the engine, unless it runs already."""
+        if self._running is not None:
+            return
+        choice = dtype_choice(self.spec.dtype)
+        log.info("Starting vLLM for %s from %s in %s: %s", self.spec.name, self.model_path, choice.dtype,
+                 choice.reason)
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, daemon=True, name=f"vllm-{self.spec.name}")
+        thread.start()
+        before = _engine_processes()
+        t0 = time.perf_counter()
+        stack = contextlib.AsyncExitStack()
+        try:
+            engine, client = asyncio.run_coroutine_threadsafe(self._open(stack), loop).result()
+        except BaseException:
+            _stop_loop(loop, thread, stack)
+            raise
+        self.started_at = time.perf_counter()
+        self.start_s = round(self.started_at - t0, 3)
+        # Killed, this process would leave its engine core running (vLLM does not watch its parent). The other way
+        # round vLLM watches: its engine client fails every request within a second of its core's death.
+        orphans.watch(sorted(_engine_processes() - before))
+        self._running = _Running(loop, thread, engine, client, stack)
+        # multiprocessing's exit hook joins every child process, the engine core included, which waits forever
+        # unless the engine was stopped first. A finalizer with an exit priority runs before that join, in the main
+        # process and in a multiprocessing child (Dagster's step processes) alike, where atexit handlers never run.
+        multiprocessing.util.Finalize(None, shutdown_all, exitpriority=100)
 
-            choice = dtype_choice(self.spec.dtype)
-            log.info("Starting vLLM for %s from %s in %s: %s", self.spec.name, self.model_path, choice.dtype,
-                     choice.reason)
-            before = _engine_processes()
-            t0 = time.perf_counter()
-            self._llm = LLM(**self.llm_kwargs())
-            self.started_at = time.perf_counter()
-            self.start_s = round(self.started_at - t0, 3)
-            cores = sorted(_engine_processes() - before)
-            # Killed, this process would leave its engine core running (vLLM does not watch its parent).
-            orphans.watch(cores)
-            # Killed itself, the engine core would leave a call waiting forever.
-            self._watch = watchdog.watch(cores, self._llm.llm_engine.engine_core)
-            # multiprocessing's exit hook joins every child process, the engine core included,
-            # which waits forever unless the engine was stopped first. A finalizer with an exit
-            # priority runs before that join, in the main process and in a multiprocessing
-            # child (Dagster's step processes) alike, where atexit handlers never run.
-            multiprocessing.util.Finalize(None, shutdown_all, exitpriority=100)
-            self._tokenizer = self._llm.get_tokenizer()
-            self.max_model_len = self._llm.llm_engine.model_config.max_model_len
-        return self._llm
+    async def _open(self, stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
+        """vLLM's engine client and its server's app, as `vllm serve` builds them, and an HTTP client on the app."""
+        import httpx
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+        from vllm.entrypoints.launchers.app import build_app
+        from vllm.usage.usage_lib import UsageContext
+
+        args = parsed_args(self.spec, self.model_path)
+        engine = await stack.enter_async_context(
+            build_async_engine_client(args, usage_context=UsageContext.OPENAI_BATCH_RUNNER))
+        tasks = await engine.get_supported_tasks()
+        app = build_app(args, tasks, engine.model_config)
+        await init_app_state(engine, app.state, args, tasks)
+        # Where the app's handler of a dead engine stops "the server" (uvicorn's should_exit); here run() sees it.
+        app.state.server = types.SimpleNamespace(should_exit=False)
+        await stack.enter_async_context(app.router.lifespan_context(app))  # what the server starts with its app
+        client = await stack.enter_async_context(
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=_BASE_URL, timeout=None))
+        return engine, client
 
     def shutdown(self) -> None:
-        """Drop the engine (after a crash, so the next attempt starts a fresh one, or at the end)."""
-        llm, self._llm = self._llm, None
-        if self._watch is not None:
-            self._watch.set()
-        if llm is not None:
-            try:
-                # No grace period, as vLLM's own run_batch stops its engine: nothing is in flight when an
-                # engine is dropped, and a graceful stop waits ~5 s for the worker to tear itself down.
-                llm.llm_engine.engine_core.shutdown(timeout=0)
-            except Exception:  # already dead: nothing left to stop
-                pass
-
-    # -- preparing requests ------------------------------------------------------------
-
-    def _encode(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
-        if isinstance(prompt, list):
-            if not all(isinstance(x, int) and x >= 0 for x in prompt):
-                raise t.RequestError("Token ids must be non-negative integers.", param="prompt")
-            return prompt  # ids beyond the vocabulary are rejected by the engine, request by request
-        return self._tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-
-    def _prepare(self, endpoint: str, custom_id: str, body: dict[str, Any]) -> _Prepared:
-        from vllm import SamplingParams
-
-        _REJECTED = _preparation_rejections()
-
-        t.check(endpoint, body)
-        if endpoint == c.EMBEDDINGS:
-            fmt = t.encoding_format_of(body)
-            prompts = [self._encode(p, True) for p in t.prompt_list(body, "input")]
-            for p in prompts:
-                t.check_prompt_length(endpoint, len(p), self.max_model_len)
-            return _Prepared(custom_id, prompts, None, fmt, sum(map(len, prompts)))
-        source = None
-        if endpoint == c.RESPONSES:  # runs as the chat request it amounts to
-            source, body = body, responses.chat_body(body)
-        if endpoint in (c.CHAT, c.RESPONSES):
-            messages, template_kwargs = t.chat_messages(body), t.chat_template_kwargs(body)
-            try:
-                text = self._tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True, **template_kwargs
-                )
-            except _REJECTED as exc:
-                param = "chat_template_kwargs" if template_kwargs else "messages"
-                raise t.RequestError(f"The chat template refused the request: {exc}", param=param) from exc
-            prompts = [self._tokenizer.encode(text, add_special_tokens=False)]
-        else:
-            prompts = [self._encode(p, True) for p in t.prompt_list(body, "prompt")]
-        longest = max(len(p) for p in prompts)
-        max_tokens = t.max_tokens_of(endpoint, body, longest, self.max_model_len)
-        kwargs = t.sampling_kwargs(body, max_tokens)
-        try:
-            params = SamplingParams(**kwargs)
-        except _REJECTED as exc:
-            culprit = getattr(exc, "parameter", None) or _culprit(SamplingParams, kwargs)
-            raise t.RequestError(str(exc), param=culprit) from exc
-        return _Prepared(custom_id, prompts, params, prompt_tokens=sum(map(len, prompts)), body=source)
+        """Stop the engine (after a crash, so the next attempt starts a fresh one, or at the end)."""
+        running, self._running = self._running, None
+        if running is None:
+            return
+        # No grace period, as vLLM's own run_batch stops its engine: nothing is in flight when an engine is dropped.
+        _stop_loop(running.loop, running.thread, running.stack)
+        del running
+        gc.collect()  # vLLM's engine client is collected now, not in the interpreter's teardown (where it raises)
 
     # -- running -----------------------------------------------------------------------
 
     def run(self, endpoint: str, requests: Sequence[Request], on_progress: OnProgress | None = None) -> list[Line]:
-        """All of a shard's requests go to the engine in one call, so continuous batching stays full."""
-        self._on_progress = on_progress
+        """All of a shard's requests go to the engine at once, so continuous batching stays full."""
         try:
-            self.llm  # noqa: B018 - start-up failures are crashes of the engine, not of a request
-        except Exception as exc:
+            self.start()
+        except Exception as exc:  # start-up failures are crashes of the engine, not of a request
             raise EngineCrash(f"The engine failed to start: {exc}") from exc
-        lines: list[Line] = []
-        ready: list[_Prepared] = []
-        rejected = _preparation_rejections()
-        # Every request is prepared (prompt and SamplingParams) before the shard runs, so a bad one
-        # is an error line of its own and never reaches, or fails, the engine call.
-        for custom_id, body in requests:
-            try:
-                ready.append(self._prepare(endpoint, custom_id, body))
-            except t.RequestError as exc:
-                lines.append(exc.line(custom_id))
-            except rejected as exc:
-                param = getattr(exc, "parameter", None)
-                lines.append(t.RequestError(f"{type(exc).__name__}: {exc}", param=param).line(custom_id))
-        if ready:
-            ran = self._run_isolating(endpoint, ready)
-            if len(ready) > 1 and all(line["response"]["status_code"] != 200 for line in ran):
-                # Every request failed on its own: the engine is at fault, not the requests.
-                first_error = ran[0]["response"]["body"]["error"]["message"]
-                raise EngineCrash(f"Every request of the shard failed: {first_error}")
-            lines += ran
+        lines = self._call(self._run_isolating(endpoint, list(requests), on_progress))
+        if len(lines) > 1 and all(line["response"]["status_code"] >= 500 for line in lines):
+            # Every request failed, none by its own fault (that is a 400): the engine is at fault.
+            first_error = lines[0]["response"]["body"]["error"]["message"]
+            raise EngineCrash(f"Every request of the shard failed: {first_error}")
         return lines
 
-    def _run_isolating(self, endpoint: str, items: list[_Prepared]) -> list[Line]:
-        """Run items; on out-of-memory or a rejected request, split in halves until the culprit is alone."""
-        _REJECTED = _rejection_types()
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run `coroutine` on the engine's loop and wait for it; stopped here (the step interrupted), it is cancelled,
+        and vLLM aborts its requests."""
+        assert self._running is not None
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._running.loop)
         try:
-            return self._execute(endpoint, items)
-        except Exception as exc:
-            oom = is_out_of_memory(exc)
-            rejected = isinstance(exc, _REJECTED) and not oom
-            if not (oom or rejected):
-                raise EngineCrash(f"{type(exc).__name__}: {exc}") from exc
-            if len(items) == 1:
-                if oom:
-                    return [c.request_error_line(items[0].custom_id, "out_of_memory",
-                                                 f"The engine ran out of memory on this request: {exc}",
-                                                 status_code=500)]
-                return [t.RequestError(str(exc), param=getattr(exc, "parameter", None)).line(items[0].custom_id)]
-            log.warning("Splitting %d requests after %s", len(items), type(exc).__name__)
-            mid = len(items) // 2
-            return self._run_isolating(endpoint, items[:mid]) + self._run_isolating(endpoint, items[mid:])
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
 
-    def _ticker(self) -> ProgressTicker | bool:
-        on_progress = getattr(self, "_on_progress", None)
-        return ProgressTicker(on_progress) if on_progress else False
-
-    def _execute(self, endpoint: str, items: list[_Prepared]) -> list[Line]:
-        if endpoint == c.EMBEDDINGS or len(items) < 2:
-            return self._submit(endpoint, items)
-        # Submitted in token order, requests sharing a prefix are neighbours in vLLM's first-come queue: the
-        # first one's prefix blocks are cached when it is scheduled, and the rest hit them, in the same step or
-        # the next, before the cache evicts them. In file order they scatter and each recomputes the prefix.
-        order = sorted(range(len(items)), key=lambda i: items[i].prompts[0])
-        lines = self._submit(endpoint, [items[i] for i in order])
-        by_item = dict(zip(order, lines, strict=True))
-        return [by_item[i] for i in range(len(items))]
-
-    def _submit(self, endpoint: str, items: list[_Prepared]) -> list[Line]:
-        from vllm.inputs import TokensPrompt
-
-        prompts = [TokensPrompt(prompt_token_ids=p) for it in items for p in it.prompts]
-        model = self.spec.name
-        if endpoint == c.EMBEDDINGS:
-            outputs = iter(self.llm.embed(prompts, use_tqdm=self._ticker()))
-            lines = []
-            for it in items:
-                vectors = [list(next(outputs).outputs.embedding) for _ in it.prompts]
-                body = t.embedding_list(model, vectors, it.prompt_tokens, it.encoding_format)
-                lines.append(c.success_line(it.custom_id, body))
+    async def _run_isolating(self, endpoint: str, requests: list[Request],
+                             on_progress: OnProgress | None) -> list[Line]:
+        """Run requests; those that ran out of memory together run again in halves, until one that does alone."""
+        lines = await self._execute(endpoint, requests, on_progress)
+        oom = [i for i, line in enumerate(lines) if ln.failed_for_memory(line)]
+        if not oom or len(requests) == 1:
+            if oom and on_progress is not None:  # the culprit, alone: its line is final
+                on_progress(1)
             return lines
-        params = [it.params for it in items for _ in it.prompts]
-        outputs = iter(self.llm.generate(prompts, params, use_tqdm=self._ticker()))
-        make_body = t.chat_completion if endpoint == c.CHAT else t.text_completion
-        lines = []
-        for it in items:
-            choices, cached = [], 0
-            for _ in it.prompts:
-                out = next(outputs)
-                cached += out.num_cached_tokens or 0
-                choices += [t.Choice(o.text, o.finish_reason, len(o.token_ids), o.stop_reason) for o in out.outputs]
-            if endpoint == c.RESPONSES:
-                lines.append(c.success_line(it.custom_id, _response_body(model, it, choices[0], cached)))
-                continue
-            lines.append(c.success_line(it.custom_id, make_body(model, choices, it.prompt_tokens, cached)))
+        log.warning("Running %d of %d requests again after they ran out of memory", len(oom), len(requests))
+        again = [requests[i] for i in oom]
+        mid = len(again) // 2
+        rerun: list[Line] = []
+        for half in (again[:mid], again[mid:]) if mid else (again,):
+            rerun += await self._run_isolating(endpoint, half, on_progress)
+        for i, line in zip(oom, rerun, strict=True):
+            lines[i] = line
         return lines
 
+    async def _execute(self, endpoint: str, requests: list[Request], on_progress: OnProgress | None) -> list[Line]:
+        async def send(custom_id: str, body: dict[str, Any], lane: int) -> Line:
+            return await self._send(endpoint, custom_id, body)
 
-def _response_body(model: str, it: _Prepared, choice: t.Choice, cached: int) -> dict[str, Any]:
-    assert it.body is not None
-    return responses.response_object(
-        it.body, model=model, text=choice.text, finish_reason=choice.finish_reason, input_tokens=it.prompt_tokens,
-        output_tokens=choice.tokens, cached_tokens=cached, temperature=it.params.temperature,
-        top_p=it.params.top_p, max_output_tokens=it.params.max_tokens,
-    )
+        lines = await dispatch(endpoint, requests, send, serves=self.spec.serves, on_progress=on_progress,
+                               counted=lambda line: not ln.failed_for_memory(line))
+        dead = self._dead()
+        if dead is not None:  # its requests failed with it: the shard is retried on a new engine
+            raise EngineCrash(f"The engine died: {dead}")
+        return lines
+
+    async def _send(self, endpoint: str, custom_id: str, body: dict[str, Any]) -> Line:
+        """One request through the app, as a server's client sends it."""
+        assert self._running is not None
+        response = await self._running.client.post(endpoint, json=body)
+        try:
+            return ln.answer_line(custom_id, response.status_code, response.json())
+        except ValueError:  # not JSON (an event stream): no answer a batch line can hold
+            message = f"The engine answered {response.headers.get('content-type')!r}, not a JSON body."
+            return ln.answer_line(custom_id, 500, {"error": {"message": message}})
+
+    def _dead(self) -> str | None:
+        """Why the engine is dead, or None while it runs."""
+        assert self._running is not None
+        engine = self._running.engine
+        return str(engine.dead_error) if engine.errored else None
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread, stack: contextlib.AsyncExitStack) -> None:
+    """Close what `stack` opened on `loop` (the engine, the app), then stop the loop and its thread."""
+    try:
+        asyncio.run_coroutine_threadsafe(stack.aclose(), loop).result(timeout=60)
+    except (Exception, concurrent.futures.TimeoutError):  # already dead: nothing left to stop
+        log.debug("Stopping the engine", exc_info=True)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    if not thread.is_alive():
+        loop.close()
 
 
 _ENGINES: dict[str, OfflineEngine] = {}
@@ -316,9 +232,10 @@ def shutdown_all() -> None:
         engines = list(_ENGINES.values())
         _ENGINES.clear()
     if engines:
-        # At exit the streams vLLM logs to may be closed already (pytest's capture, for one);
-        # a late warning from its threads must not print a traceback.
-        logging.getLogger("vllm").disabled = True
+        # At exit the streams vLLM logs to may be closed already (pytest's capture, for one), and an engine stopping
+        # logs its client's end as an error: neither must print a traceback.
+        for name in [n for n in logging.root.manager.loggerDict if n == "vllm" or n.startswith("vllm.")]:
+            logging.getLogger(name).disabled = True
         logging.raiseExceptions = False
     for engine in engines:
         engine.shutdown()

@@ -1,24 +1,25 @@
-"""The server engine: requests sent concurrently, within a budget (engine/budget.py), to OpenAI-compatible vLLM
-servers."""
+"""The server engine: requests sent concurrently, with a bound, to OpenAI-compatible vLLM servers."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.shard import features
+from batch_dagster.batchfile.fields import Serves
+from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.settings import default
 
-from . import translate as t
-from .base import EngineCrash, Line, OnProgress, Request
+from . import lines as ln
+from .base import EngineCrash, Line, OnProgress, Request, dispatch
 from .budget import Budget, recomputed
+from .flags import engine_flags
 
 log = logging.getLogger(__name__)
 
@@ -27,30 +28,6 @@ _ATTEMPTS = 3  # answers of 500 before a request's error line
 _SERVER_AWAY = {502, 503, 504}
 # A server asking for less (rate limited; vLLM's 503 when its queue is full): the request waits and is sent again.
 _BUSY = {429, 503}
-
-
-def _error_line(custom_id: str, status: int, payload: Any) -> Line:
-    """An error line from a server's error response, in the batch contract's shape."""
-    err = payload.get("error", payload) if isinstance(payload, dict) else {}
-    if not isinstance(err, dict):
-        err = {"message": str(err)}
-    message = str(err.get("message") or payload)
-    if status >= 500:
-        return c.request_error_line(custom_id, c.ENGINE_ERROR, message, status_code=status)
-    code = c.CONTEXT_LENGTH_EXCEEDED if "maximum context length" in message else c.INVALID_REQUEST
-    param = err.get("param")
-    # A body the server's schema refuses (422 from FastAPI's validation) is a bad request all the same.
-    return c.request_error_line(custom_id, code, message, param=param if isinstance(param, str) else None,
-                                status_code=400 if status == 422 else status)
-
-
-def server_body(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-    """The body as a vLLM server takes it: template switches moved into chat_template_kwargs."""
-    if endpoint != c.CHAT or "enable_thinking" not in body:
-        return body
-    out = {k: v for k, v in body.items() if k != "enable_thinking"}
-    out["chat_template_kwargs"] = t.chat_template_kwargs(body)
-    return out
 
 
 @dataclass
@@ -62,6 +39,7 @@ class ServerEngine:
     timeout_s: float = 600.0
     api_key: str | None = None
     failover_s: float = 120.0  # how long requests are resent while no server answers
+    serves: Serves | None = None  # what the model takes: a body asking for more is its 400 line, never sent
     budget: str = default("BATCH_VLLM_BUDGET")  # "fixed": max_concurrency in flight; "adaptive": engine/budget.py
 
     def run(self, endpoint: str, requests: Sequence[Request], on_progress: OnProgress | None = None) -> list[Line]:
@@ -70,34 +48,39 @@ class ServerEngine:
     async def _run(self, endpoint: str, requests: Sequence[Request], on_progress: OnProgress | None) -> list[Line]:
         if not self.base_urls:
             raise EngineCrash("Server mode needs at least one server URL.")
-        urls = [u.rstrip("/") + endpoint for u in self.base_urls]
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         limits = httpx.Limits(max_connections=self.max_concurrency + 4)  # and the budget's readings of the servers
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers, limits=limits) as client, \
                 recomputed(Budget(self.max_concurrency, adaptive=self.budget == "adaptive"), client,
                            self.base_urls) as budget:
+            urls = [u + endpoint for u in await self._servers(client)]
 
-            async def one(custom_id: str, body: dict[str, Any], first: int) -> Line:
-                try:
-                    t.check(endpoint, body)
-                except t.RequestError as exc:  # mistyped: the same 400 line as offline, never sent
-                    line = exc.line(custom_id)
-                else:
-                    line = await self._send(client, urls, first, custom_id, server_body(endpoint, body), budget)
-                if on_progress is not None:
-                    on_progress(1)
-                return line
+            async def send(custom_id: str, body: dict[str, Any], first: int) -> Line:
+                return await self._send(client, urls, first, custom_id, body, budget)
 
-            plan = _sending_plan(endpoint, requests, len(urls))
-            tasks = {i: asyncio.create_task(one(*requests[i], server)) for i, server in plan}
+            # The budget holds the requests in flight (at most max_concurrency): no second limit here.
+            return await dispatch(endpoint, requests, send, serves=self.serves, lanes=len(urls),
+                                  on_progress=on_progress)
+
+    async def _servers(self, client: httpx.AsyncClient) -> list[str]:
+        """The vLLM servers behind the base URLs: for a vllm-router, the healthy replicas it lists (GET /workers).
+
+        Bodies go to vLLM as they are. vllm-router (0.1.17) parses a request into its own types and sends what it
+        kept, which drops fields it does not know (a chat tool's `strict`, embeddings' `embed_dtype`) and breaks
+        /v1/rerank; the router still checks the replicas' health and restarts nothing of ours, and a URL that lists
+        no workers (a vLLM server, or a router that is away) is used as it is.
+        """
+        found: list[str] = []
+        for base in self.base_urls:
+            base = base.rstrip("/")
             try:
-                done = await asyncio.gather(*tasks.values())
-                by_row = dict(zip(tasks, done, strict=True))
-                return [by_row[i] for i in range(len(requests))]
-            except BaseException:
-                for task in tasks.values():
-                    task.cancel()
-                raise
+                answer = await client.get(base + "/workers", timeout=5)
+                workers = answer.json().get("workers", []) if answer.status_code == 200 else []
+                healthy = [w["url"].rstrip("/") for w in workers if w.get("is_healthy", True)]
+            except (httpx.HTTPError, ValueError, AttributeError, TypeError, KeyError):
+                healthy = []
+            found += healthy or [base]
+        return list(dict.fromkeys(found))
 
     async def _send(self, client: httpx.AsyncClient, urls: Sequence[str], first: int, custom_id: str,
                     body: dict[str, Any], budget: Budget) -> Line:
@@ -132,12 +115,10 @@ class ServerEngine:
                 except ValueError:
                     payload, from_vllm = {"message": response.text[:500]}, False
                 status = response.status_code
-                if status == 200:
-                    return c.success_line(custom_id, payload)
                 if status in _BUSY and (status == 429 or from_vllm):
                     gone = "" if status == 429 else f"{url} answered {status} (busy)"
                 elif status < 500:
-                    return _error_line(custom_id, status, payload)
+                    return ln.answer_line(custom_id, status, payload)
                 # vLLM answers errors in JSON; a plain-text 5xx is the router's "error sending request" to a
                 # replica that just died, before its health checks take it out of rotation.
                 elif status in _SERVER_AWAY or not from_vllm:
@@ -145,7 +126,7 @@ class ServerEngine:
                 else:
                     server_errors += 1
                     if server_errors >= _ATTEMPTS:
-                        return _error_line(custom_id, status, payload)
+                        return ln.answer_line(custom_id, status, payload)
             # Away means no server answered any request since: one that answers others is there, only busy.
             if gone and loop.time() - max(since, budget.answered_at) >= self.failover_s:
                 raise EngineCrash(f"No server answered for {self.failover_s:.0f}s; last: {gone}")
@@ -153,42 +134,7 @@ class ServerEngine:
         raise AssertionError("unreachable")
 
 
-def _prefix_order(endpoint: str, body: dict[str, Any]) -> tuple[str, int]:
-    """Where a request goes in the sending order: by its prompt's prefix path, then its length."""
-    try:
-        f = features(endpoint, body)
-    except (AttributeError, KeyError, TypeError):  # a mistyped body: its 400 line comes from t.check
-        return "", 0
-    return f.prefix_key, f.prompt_chars
-
-
-def _sending_plan(endpoint: str, requests: Sequence[Request], servers: int) -> list[tuple[int, int]]:
-    """(row, first server) in sending order: each server takes a contiguous run of the shard in prefix order.
-
-    As the offline engine submits a shard, requests sharing a prefix reach their server together, so its
-    prefix cache computes the prefix once; the runs are sent interleaved so that every server is busy.
-    """
-    order = sorted(range(len(requests)), key=lambda i: _prefix_order(endpoint, requests[i][1]))
-    runs = [order[k * len(order) // servers : (k + 1) * len(order) // servers] for k in range(servers)]
-    return [(run[n], k) for n in range(max(map(len, runs), default=0)) for k, run in enumerate(runs) if n < len(run)]
-
-
-def server_command(spec: Any, model_path: str, host: str, port: int) -> list[str]:
-    """The command that starts a vLLM OpenAI-compatible server for a registry model, same settings as offline."""
-    import sys
-
-    from .offline import OfflineEngine
-
-    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", host, "--port", str(port),
-            "--served-model-name", spec.name]
-    for key, value in OfflineEngine(spec, model_path).llm_kwargs().items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            args.append(flag if value else "--no-" + key.replace("_", "-"))
-        elif isinstance(value, (dict, list)):
-            import json
-
-            args += [flag, json.dumps(value)]
-        else:
-            args += [flag, str(value)]
-    return args
+def server_command(spec: ModelSpec, model_path: str, host: str, port: int) -> list[str]:
+    """The command that starts a vLLM OpenAI-compatible server for a registry model: the in-process engine's flags."""
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", host, "--port", str(port),
+            *engine_flags(spec, model_path)]

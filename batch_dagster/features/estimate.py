@@ -22,7 +22,7 @@ from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.bodies import BodyError, check_body
 from batch_dagster.batchfile.columnar import read_shard
 from batch_dagster.batchfile.folder import BatchFolder
-from batch_dagster.batchfile.registry import served_endpoints
+from batch_dagster.batchfile.registry import served
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of, load_price_table
@@ -46,20 +46,22 @@ class QueueAhead:
 
 
 def max_output_tokens(endpoint: str, body: dict[str, Any], prompts: list[int], context_length: int) -> int | None:
-    """The most output tokens a request can produce; None when the engine refuses it (as translate.max_tokens_of:
-    a bad `max_tokens`, or a prompt and completion past the context)."""
-    if endpoint == c.EMBEDDINGS:
-        return 0 if all(p <= context_length for p in prompts) else None
+    """The most output tokens a request can produce; None when the engine refuses it (as vLLM's server does:
+    a bad `max_tokens` or one past the context, a prompt that fills it). A `max_tokens` past what the prompt leaves
+    of the context is cut to it, as vLLM's server cuts it."""
+    if endpoint in (c.EMBEDDINGS, c.SCORE, c.RERANK):  # no output tokens
+        return 0 if endpoint != c.EMBEDDINGS or all(p <= context_length for p in prompts) else None
     if endpoint == c.RESPONSES:
         body = responses.chat_body(body)
     requested = body.get("max_completion_tokens", body.get("max_tokens"))
     if requested is not None and (not isinstance(requested, int) or isinstance(requested, bool) or requested < 1):
         return None
     longest = max(prompts, default=0)
-    if requested is None:
-        requested = max(context_length - longest, 1) if endpoint in (c.CHAT, c.RESPONSES) else c.COMPLETIONS_MAX_TOKENS
-    if longest + requested > context_length:
+    if longest >= context_length or (requested or 0) > context_length:
         return None
+    if requested is None:
+        requested = context_length - longest if endpoint in (c.CHAT, c.RESPONSES) else c.COMPLETIONS_MAX_TOKENS
+    requested = min(requested, context_length - longest)
     n = body.get("n", 1)
     choices = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
     if choices > 1 and body.get("temperature") == 0:  # vLLM: "n must be 1 when using greedy sampling"
@@ -69,8 +71,6 @@ def max_output_tokens(endpoint: str, body: dict[str, Any], prompts: list[int], c
 
 def _refused_by_schema(endpoint: str, body: dict[str, Any]) -> bool:
     """Whether validation rejected the body (it ends as its own 400 line and never runs)."""
-    if endpoint == c.RESPONSES:
-        return bool(responses.body_problems(body))
     try:
         check_body(endpoint, body)
     except BodyError:
@@ -261,7 +261,7 @@ def count_file(f: BinaryIO, *, size: int | None, endpoint: str | None, models: M
                settings: Settings) -> Counted:
     """A file validated and counted with its model's tokenizer: the slow part of an estimate, and its file's alone."""
     return count_stream(f, size=size, limits=settings.limits, endpoint=endpoint,
-                        served=served_endpoints(models.registry()), counter=models.counter)
+                        served=served(models.registry(), settings.image_sources), counter=models.counter)
 
 
 def price_file(counted: Counted, *, session: Session, storage: Storage, settings: Settings,

@@ -25,11 +25,10 @@ from sqlalchemy.orm import Session
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import EmptyWebhookSecretError
 
-from batch_dagster.batchfile.contract import RequestCounts
 from batch_dagster.batchfile.usage import Usage
 from batch_dagster.db.models import BatchRecord, WebhookDelivery, WebhookEndpointRecord, WebhookEvent
 from batch_dagster.db.repo import now, page
-from batch_dagster.egress import Allow, check
+from batch_dagster.egress import Allow, pinned
 
 SECRET_PREFIX = "whsec_"
 MAX_ENDPOINTS_PER_OWNER = 16
@@ -135,8 +134,7 @@ def event_data(session: Session, events: Sequence[WebhookEvent]) -> dict[str, di
         batch = batches.get(event.batch_id)
         data[event.id] = {"id": event.batch_id} if batch is None else {
             "id": event.batch_id,
-            "request_counts": RequestCounts(batch.request_total, batch.request_completed,
-                                            batch.request_failed).to_dict(),
+            "request_counts": batch.counts().to_dict(),
             "usage": Usage.from_dict(batch.usage or {}).to_dict(),
         }
     return data
@@ -215,7 +213,7 @@ class Sender:
                 headers = self.headers(event_id, body, secret=secret)
                 target, extensions = httpx.URL(url), dict[str, Any]()
                 if secret is not None:  # an owner's endpoint (the operator's global ones are trusted)
-                    target, extensions = await _pinned(target, allow)
+                    target, extensions = await pinned(target, allow)
                     headers["host"] = httpx.URL(url).netloc.decode("ascii")
                 async with client.stream("POST", target, content=body, headers=headers,
                                          extensions=extensions) as response:
@@ -237,14 +235,6 @@ class Sender:
                     return f"{type(exc).__name__}: {exc}"
 
             return list(await asyncio.gather(*(one(*post) for post in posts)))
-
-
-async def _pinned(url: httpx.URL, allow: Allow) -> tuple[httpx.URL, dict[str, Any]]:
-    """`url` with its host replaced by the one address it was checked at (egress.check: public or allowed), so a
-    second resolution cannot point elsewhere (DNS rebinding); TLS still names, and verifies, the host."""
-    port = url.port or (443 if url.scheme == "https" else 80)
-    address = await asyncio.to_thread(check, url.host, port, allow)
-    return url.copy_with(host=str(address)), {"sni_hostname": url.host} if url.scheme == "https" else {}
 
 
 @dataclass(frozen=True)

@@ -164,12 +164,13 @@ def run(rows: list, *, context: int = 100, rate: float = 10.0, queue: QueueAhead
     (c.CHAT, {}, [10], 90),  # the rest of the context
     (c.CHAT, {"max_tokens": 7, "n": 3}, [10], 21),  # every choice may use it all
     (c.CHAT, {"max_tokens": 7, "n": 3, "temperature": 0}, [10], None),  # vLLM samples no n > 1 greedily
-    (c.CHAT, {"max_tokens": 91}, [10], None),  # past the context: the engine refuses it
+    (c.CHAT, {"max_tokens": 91}, [10], 90),  # past what the prompt leaves: cut to it, as vLLM's server does
+    (c.CHAT, {"max_tokens": 101}, [10], None),  # past the context: the engine refuses it
     (c.CHAT, {"max_tokens": 0}, [10], None),
     (c.CHAT, {"max_tokens": True}, [10], None),
     (c.CHAT, {}, [100], None),  # no room for one token
     (c.COMPLETIONS, {}, [3, 4], 2 * c.COMPLETIONS_MAX_TOKENS),  # one completion per prompt, 16 tokens unless asked
-    (c.COMPLETIONS, {"max_tokens": 50, "n": 2}, [40, 60], None),  # the longest prompt decides
+    (c.COMPLETIONS, {"max_tokens": 50, "n": 2}, [40, 60], 2 * 2 * 40),  # cut by the longest prompt
     (c.COMPLETIONS, {"max_tokens": 30, "n": 2}, [40, 60], 120),
     (c.RESPONSES, {"input": "hi", "max_output_tokens": 9}, [5], 9),
     (c.EMBEDDINGS, {}, [100, 3], 0),
@@ -183,7 +184,7 @@ def test_a_file_is_tallied_priced_and_timed():
     rows = [chat("a", "one two three", max_tokens=10),  # 3 in, at most 10 out
             chat("b", "four five", max_tokens=10, n=2),  # 2 in, at most 20 out
             chat("c", "no limit given"),  # 3 in, the rest of the context: 97
-            chat("d", "too long", max_tokens=99),  # past the context: an error line, not billed
+            chat("d", "too long", max_tokens=101),  # past the context: an error line, not billed
             chat("e", "REFUSE me", max_tokens=5),  # the template refuses it
             chat("f", "a mistyped field", temperature="hot")]  # validation rejects the body (a 400 line)
     estimate = run(rows, queue=QueueAhead(batches=3, requests=6, uncounted=1))

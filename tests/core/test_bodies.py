@@ -16,7 +16,6 @@ from batch_dagster.batchfile import bodies as b
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.bodies import SCHEMAS
 
-# The endpoints whose bodies have a typed schema here (/v1/responses has its own checks: test_responses.py).
 TYPED_ENDPOINTS = tuple(SCHEMAS)
 
 MODEL = "smollm2-135m-instruct"
@@ -34,19 +33,24 @@ def error_of(url: str, body: dict) -> tuple[str, str] | None:
 def test_every_documented_field_takes_its_valid_values():
     chat = {"model": MODEL, "messages": [
         *MESSAGES,
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function"}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function", "function": {
+            "name": "calc", "arguments": "{}"}}]},
         {"role": "tool", "content": "42", "tool_call_id": "1", "name": "calc"},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]},
     ], "max_tokens": 5, "max_completion_tokens": 5, "temperature": 2, "top_p": 1, "n": 128, "stop": ["a", "b"],
         "seed": -(2**63), "presence_penalty": -2, "frequency_penalty": 2.0, "logprobs": True, "top_logprobs": 20,
         "top_k": -1, "min_p": 0, "repetition_penalty": 1.1, "min_tokens": 0, "ignore_eos": False,
         "enable_thinking": False, "chat_template_kwargs": {"x": [1]}, "logit_bias": {"5": -100},
-        "response_format": {"type": "json_object"}, "user": "u", "some_future_field": {"a": [1]}}
+        "response_format": {"type": "json_object"}, "user": "u", "stream": False, "store": False,
+        "tools": [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}],
+        "tool_choice": {"type": "function", "function": {"name": "calc"}}, "structured_outputs": {"regex": "[0-9]+"},
+        "stop_token_ids": [2], "allowed_token_ids": [1, 2], "truncate_prompt_tokens": 5, "documents": [{"t": "x"}]}
     assert error_of(c.CHAT, chat) is None
     for prompt in ("text", ["a", "b"], [1, 2, 3], [[1], [2, 3]], ""):
         assert error_of(c.COMPLETIONS, {"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 5, "stop": "x"}) is None
     for value in ("text", ["a"], [0, b.MAX_TOKEN_ID], [[7]]):
-        assert error_of(c.EMBEDDINGS, {"model": MODEL, "input": value, "encoding_format": "base64", "dimensions": 8}) is None
+        assert error_of(c.EMBEDDINGS, {"model": MODEL, "input": value, "encoding_format": "base64",
+                                       "embed_dtype": "float16", "endianness": "big"}) is None
 
 
 @pytest.mark.parametrize(("url", "fields", "param"), [
@@ -101,8 +105,14 @@ def deep(levels: int) -> object:
 
 def test_max_depth_counts_levels_of_the_body():
     # body (1) > field (2) > ... : a field value of MAX_DEPTH - 1 levels is the deepest allowed.
-    assert error_of(c.CHAT, {"model": MODEL, "messages": MESSAGES, "x": deep(b.MAX_DEPTH - 1)}) is None
-    assert error_of(c.CHAT, {"model": MODEL, "messages": MESSAGES, "x": deep(b.MAX_DEPTH)})[0] == "body.x"
+    # body (1) > chat_template_kwargs (2) > "x" (3) > ...
+    assert error_of(c.CHAT, {"model": MODEL, "messages": MESSAGES, "chat_template_kwargs": {
+        "x": deep(b.MAX_DEPTH - 2)}}) is None
+    assert error_of(c.CHAT, {"model": MODEL, "messages": MESSAGES, "chat_template_kwargs": {
+        "x": deep(b.MAX_DEPTH - 1)}})[0] == "body.chat_template_kwargs"
+    # Depth first, even for a field the matrix refuses: a body too deep to store must fail the file.
+    too_deep = error_of(c.CHAT, {"model": MODEL, "messages": MESSAGES, "x": deep(b.MAX_DEPTH)})
+    assert too_deep[0] == "body.x" and "nested deeper" in too_deep[1]
     part = {"type": "image_url", "image_url": {"url": deep(b.MAX_DEPTH)}}
     err = error_of(c.CHAT, {"model": MODEL, "messages": [{"role": "user", "content": [part]}]})
     assert err is not None and err[0] == "body.messages[0]" and "nested deeper" in err[1]

@@ -12,7 +12,7 @@ from batch_dagster.batchfile.validate import MAX_ERRORS, MORE_ERRORS, validate_f
 
 MODEL = "smollm2-135m-instruct"
 HUGE = "x" * (1 << 20)
-SHORT = 200  # no message quoting a client value is longer than this
+SHORT = 256  # no message quoting a client value is longer than this
 
 
 def chat(cid: str = "a", **fields) -> dict:

@@ -90,7 +90,7 @@ def test_documents_round_trip_as_typed_objects(folder):
     assert raw["usage"] == {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 0,
                             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0}
     assert raw["cost"] == {"model": "m", "input_cost": 0.0, "output_cost": 0.0, "batch_discount": 0.5,
-                           "currency": "USD", "total_cost": 0.0}
+                           "currency": "USD", "cached_input_cost": 0.0, "total_cost": 0.0}
     assert orjson.loads(folder.storage.read_bytes(folder.key(folder.VALIDATION)))["errors"] == [
         {"code": "invalid_json", "message": "x", "line": 2, "param": None}]
     folder.storage.write_bytes(folder.key("summary.json"), orjson.dumps({**raw, "added_later": 1}))

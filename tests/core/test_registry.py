@@ -82,7 +82,7 @@ def test_endpoints_by_task():
     gen = ModelSpec(name="g", source="x")
     emb = ModelSpec(name="e", source="y", task="embed")
     assert set(gen.endpoints) == {"/v1/chat/completions", "/v1/completions", "/v1/responses"}
-    assert emb.endpoints == ("/v1/embeddings",)
+    assert emb.endpoints == ("/v1/embeddings", "/v1/score", "/v1/rerank")
 
 
 def test_engine_settings_records_what_shapes_results():
@@ -124,7 +124,8 @@ def test_shipped_registry_has_the_two_default_models():
     assert chat.source.startswith("embedded:")
     assert emb.source.startswith("embedded:")
     assert "/v1/chat/completions" in chat.endpoints and "/v1/completions" in chat.endpoints
-    assert emb.endpoints == ("/v1/embeddings",)
+    assert emb.endpoints == ("/v1/embeddings", "/v1/score", "/v1/rerank")
+    assert chat.tool_call_parser == "hermes" and chat.serves.tool_calls and not emb.serves.tool_calls
     # [defaults] reach both entries; both leave the dtype to the host (choose_dtype).
     assert chat.kv_cache_memory_bytes is not None
     assert chat.kv_cache_memory_bytes == emb.kv_cache_memory_bytes

@@ -9,11 +9,12 @@ import pytest
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.columnar import read_shard, validate_to_parquet, write_shards
 from batch_dagster.batchfile.contract import endpoint_of_head
-from batch_dagster.batchfile.responses import chat_body, response_object
+from batch_dagster.batchfile.fields import Serves
+from batch_dagster.batchfile.responses import chat_body
 from batch_dagster.batchfile.shard import features
 from batch_dagster.batchfile.usage import Usage
 from batch_dagster.batchfile.validate import validate_file
-from batch_dagster.engine.translate import RequestError, check
+from batch_dagster.engine.lines import RequestError, check
 
 MODEL = "smollm2-135m-instruct"
 
@@ -50,8 +51,11 @@ def test_valid_responses_file(tmp_path):
     ({"input": []}, "body.input"),
     ({"input": ["text"]}, "body.input[0]"),
     ({"input": [{"role": "robot", "content": "x"}]}, "body.input[0].role"),
-    ({"input": [{"type": "function_call", "name": "f"}]}, "body.input[0].type"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "body.input[0].content"),
+    ({"input": [{"type": "function_call", "name": "f"}]}, "body.input[0].call_id"),
+    ({"input": [{"type": "web_search_call", "id": "f"}]}, "body.input[0].type"),
+    # The model takes no images (its registry entry says none).
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "body.input[0].content[0]"),
     ({"instructions": ["not", "a", "string"]}, "body.instructions"),
     ({"max_output_tokens": 0}, "body.max_output_tokens"),
     ({"max_output_tokens": "5"}, "body.max_output_tokens"),
@@ -62,7 +66,8 @@ def test_valid_responses_file(tmp_path):
     ({"stream": True}, "body.stream"),
     ({"previous_response_id": "resp_1"}, "body.previous_response_id"),
     ({"metadata": {"k": nested(64)}}, "body.metadata"),  # the one nesting limit of every endpoint
-    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x", "x": nested(62)}]}]}, "body.input"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x", "x": nested(62)}]}]},
+     "body.input[0]"),
 ])
 def test_each_bad_field_is_reported_with_its_line_and_param(tmp_path, body, param):
     # As for the other endpoints: the file stays valid, the request is kept and ends as its own 400 line.
@@ -70,7 +75,7 @@ def test_each_bad_field_is_reported_with_its_line_and_param(tmp_path, body, para
     assert report.valid and report.total_requests == 2
     assert [(e.code, e.line, e.param) for e in report.rejected] == [(c.INVALID_REQUEST, 2, param)]
     with pytest.raises(RequestError) as refused:
-        check(c.RESPONSES, line("bad", **body)["body"])
+        check(c.RESPONSES, line("bad", **body)["body"], Serves((c.CHAT, c.RESPONSES)))
     assert refused.value.param == param.removeprefix("body.")
 
 
@@ -118,19 +123,26 @@ def test_responses_shard_like_their_chat_body():
     assert features(c.RESPONSES, body) == features(c.CHAT, chat_body(body))
 
 
-def test_response_object_shape_and_its_usage_counts():
-    body = line("a", instructions="Be brief.")["body"]
-    obj = response_object(body, model=MODEL, text="Hello", finish_reason="stop", input_tokens=11, output_tokens=3,
-                          cached_tokens=2, temperature=1.0, top_p=1.0, max_output_tokens=16)
-    assert obj["object"] == "response" and obj["id"].startswith("resp_") and obj["status"] == "completed"
-    [message] = obj["output"]
-    assert message["type"] == "message" and message["role"] == "assistant"
-    assert message["content"] == [{"type": "output_text", "text": "Hello", "annotations": [], "logprobs": None}]
-    assert obj["usage"]["total_tokens"] == 14 and obj["instructions"] == "Be brief."
-    cut = response_object(body, model=MODEL, text="He", finish_reason="length", input_tokens=1, output_tokens=1)
-    assert cut["status"] == "incomplete" and cut["incomplete_details"] == {"reason": "max_output_tokens"}
-
+def test_usage_counts_response_objects_beside_chat_bodies():
+    # A `response` object's usage, as vLLM's server writes it (only the fields usage reads).
+    response = {"object": "response", "usage": {"input_tokens": 11, "input_tokens_details": {"cached_tokens": 2},
+                                                 "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 1},
+                                                 "total_tokens": 14}}
     usage = Usage()
-    usage.add_body(obj)
+    usage.add_body(response)
     usage.add_body({"usage": {"prompt_tokens": 5, "completion_tokens": 4}})  # a chat body beside it
-    assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens) == (16, 7, 2)
+    assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens, usage.reasoning_tokens) == (16, 7, 2, 1)
+
+
+def test_any_stored_responses_body_shards_and_counts_as_text(tmp_path):
+    # Tool-conversation items, and mistyped ones (refused at their line, stored all the same), never fail the file.
+    items = [{"type": "message", "role": "user", "content": "Weather?"},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]
+    assert [m["role"] for m in chat_body(line("a", input=items)["body"])["messages"]] == ["user", "assistant", "tool"]
+    rows = [line("ok", input=items), line("bad", input=["text", 5, {"role": 7}]), line("worse", input={"x": 1},
+                                                                                      instructions=3)]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = validate_to_parquet(path, tmp_path / "requests.parquet", models={MODEL: (c.RESPONSES,)})
+    assert report.valid and [e.line for e in report.rejected] == [2, 3]

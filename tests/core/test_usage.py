@@ -200,6 +200,19 @@ def test_cost_small_batches_are_not_rounded_to_zero():
     assert cost.total_cost > 0
 
 
+def test_cached_input_tokens_are_priced_at_their_own_rate_with_the_batch_discount():
+    table = PriceTable.from_dict({"models": {"m": {"input_per_1m": 1.0, "cached_input_per_1m": 0.25,
+                                                   "output_per_1m": 4.0, "batch_discount": 0.5}}})
+    cost = cost_of(Usage(input_tokens=1_000_000, cached_tokens=400_000, output_tokens=1_000_000), "m", table)
+    assert cost.cached_input_cost == pytest.approx(0.4 * 0.25 * 0.5)
+    assert cost.input_cost == pytest.approx((0.6 * 1.0 + 0.4 * 0.25) * 0.5)
+    assert cost.total_cost == pytest.approx(cost.input_cost + 4.0 * 0.5)
+    # Without a cached rate, cached tokens cost the input rate.
+    plain = cost_of(Usage(input_tokens=1_000_000, cached_tokens=400_000), "m", PriceTable.from_dict(
+        {"models": {"m": {"input_per_1m": 1.0}}}))
+    assert plain.input_cost == pytest.approx(0.5) and plain.cached_input_cost == pytest.approx(0.2)
+
+
 def test_cost_to_dict():
     cost = cost_of(Usage(input_tokens=1_000_000, output_tokens=1_000_000), "m", TABLE)
     d = cost.to_dict()
@@ -209,6 +222,7 @@ def test_cost_to_dict():
         "output_cost": pytest.approx(4.0),
         "batch_discount": 0.5,
         "currency": "USD",
+        "cached_input_cost": 0.0,
         "total_cost": pytest.approx(5.0),
     }
     # Round trip: the dict without its derived total builds the same Cost, with the same total.

@@ -12,23 +12,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.bodies import SCHEMAS
+from batch_dagster.batchfile.bodies import SCHEMAS, TYPED
 from batch_dagster.batchfile.columnar import read_shard, validate_to_parquet, write_shards
 from batch_dagster.batchfile.validate import validate_stream
-from batch_dagster.engine.translate import RequestError, check
+from batch_dagster.engine.lines import RequestError, check
 
-# The endpoints whose bodies have a typed schema here (/v1/responses has its own checks: test_responses.py).
 TYPED_ENDPOINTS = tuple(SCHEMAS)
 
 MODEL = "smollm2-135m-instruct"
 MAX_DEPTH = 64  # docs/formats.md
-SAMPLING = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
-            "frequency_penalty", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "logprobs"]
-FIELDS = {
-    c.CHAT: [*SAMPLING, "messages", "top_logprobs", "enable_thinking", "chat_template_kwargs", "response_format"],
-    c.COMPLETIONS: [*SAMPLING, "prompt", "echo"],
-    c.EMBEDDINGS: ["input", "encoding_format", "dimensions"],
-}
+# The fields each endpoint types (the field matrix's honored ones); refused and unknown ones come as "unknown".
+FIELDS = {url: sorted(TYPED[url] - {"model"}) for url in SCHEMAS}
 KNOWN_CODES = {v for k, v in vars(c).items() if k.isupper() and isinstance(v, str) and not v.startswith("/")}
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.engine import hardware
-from batch_dagster.engine.offline import OfflineEngine
+from batch_dagster.engine.flags import engine_kwargs
 from batch_dagster.engine.prepare import smollm2_path
 
 CPUINFO = """processor\t: 0
@@ -29,10 +29,9 @@ def test_cpu_flags_come_from_the_first_flags_line(tmp_path):
 
 
 def test_auto_is_resolved_before_it_reaches_vllm():
-    engine = OfflineEngine(ModelSpec(name="m", source="/w"), "/w")
     chosen = hardware.dtype_choice("auto")
-    assert engine.llm_kwargs()["dtype"] == chosen.dtype in ("bfloat16", "float32")
-    assert OfflineEngine(ModelSpec(name="m", source="/w", dtype="float16"), "/w").llm_kwargs()["dtype"] == "float16"
+    assert engine_kwargs(ModelSpec(name="m", source="/w"), "/w")["dtype"] == chosen.dtype in ("bfloat16", "float32")
+    assert engine_kwargs(ModelSpec(name="m", source="/w", dtype="float16"), "/w")["dtype"] == "float16"
 
 
 def test_the_choice_records_the_features_that_made_it():

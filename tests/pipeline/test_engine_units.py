@@ -1,135 +1,93 @@
-"""Engine logic that needs no running model: failure isolation, request translation, server errors."""
+"""Engine logic that needs no running model: failure isolation, the flags both engines run with, answers as lines."""
 
 from __future__ import annotations
 
 import pytest
 
+from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.registry import ModelSpec
-from batch_dagster.engine import translate as t
+from batch_dagster.engine import lines as ln
 from batch_dagster.engine.base import EngineCrash
-from batch_dagster.engine.offline import OfflineEngine, _Prepared
-from batch_dagster.engine.server import _error_line, server_body, server_command
+from batch_dagster.engine.flags import engine_flags, parsed_args
+from batch_dagster.engine.server import server_command
+from tests.helpers import InProcessStub
+
+CHAT = "/v1/chat/completions"
 
 
-class StubbedEngine(OfflineEngine):
-    """An offline engine whose engine call is scripted: `poison` ids make a whole call fail."""
-
-    def __init__(self, failure):
-        super().__init__(ModelSpec(name="m", source="/nowhere"), "/nowhere")
-        self.failure = failure
-        self.calls = []
-
-    def _execute(self, endpoint, items):
-        ids = [it.custom_id for it in items]
-        self.calls.append(ids)
-        if "poison" in ids:
-            raise self.failure
-        return [{"custom_id": i, "response": {"status_code": 200, "body": {}}, "error": None} for i in ids]
+def ok(cid: str) -> dict:
+    return c.success_line(cid, {"choices": []})
 
 
-def items(*ids):
-    return [_Prepared(i, [[1, 2, 3]]) for i in ids]
+def oom(cid: str) -> dict:
+    return ln.answer_line(cid, 500, {"error": {"message": "CPU out of memory: tried to allocate 8 GiB"}})
 
 
-def test_out_of_memory_splits_the_shard_until_the_culprit_is_alone():
-    engine = StubbedEngine(RuntimeError("CPU out of memory: tried to allocate 8 GiB"))
-    lines = engine._run_isolating("/v1/chat/completions", items("a", "b", "poison", "c", "d"))
-    by_id = {l["custom_id"]: l for l in lines}
-    assert sorted(by_id) == ["a", "b", "c", "d", "poison"]
-    assert all(by_id[i]["response"]["status_code"] == 200 for i in "abcd")
-    err = by_id["poison"]["response"]
-    assert err["status_code"] == 500 and err["body"]["error"]["code"] == "out_of_memory"
+def requests(*ids):
+    return [(i, {"model": "m", "messages": [{"role": "user", "content": i}]}) for i in ids]
+
+
+def test_requests_out_of_memory_together_run_again_in_halves_until_the_culprit_is_alone():
+    # Run beside others, "poison" and its neighbours run out of memory; alone, only "poison" does.
+    def answer(cid, ids):
+        return oom(cid) if "poison" in ids and (cid == "poison" or len(ids) > 2) else ok(cid)
+
+    engine = InProcessStub(lambda cid, body, ids: answer(cid, ids))
+    seen = []
+    lines = engine.run(CHAT, requests("a", "b", "poison", "c", "d"), seen.append)
+    by_id = {line["custom_id"]: line["response"] for line in lines}
+    assert [line["custom_id"] for line in lines] == ["a", "b", "poison", "c", "d"]
+    assert all(by_id[i]["status_code"] == 200 for i in "abcd")
+    assert by_id["poison"]["status_code"] == 500 and by_id["poison"]["body"]["error"]["code"] == "out_of_memory"
     assert engine.calls[0] == ["a", "b", "poison", "c", "d"] and ["poison"] in engine.calls
+    assert sum(seen) == 5  # each request counted once, when its line is final
 
 
-def test_a_request_the_engine_rejects_is_isolated_as_a_400():
-    from vllm.exceptions import VLLMValidationError
-
-    engine = StubbedEngine(VLLMValidationError("token id 99999 out of vocabulary", parameter="prompt"))
-    lines = engine._run_isolating("/v1/completions", items("a", "poison"))
-    bad = next(l for l in lines if l["custom_id"] == "poison")["response"]
-    assert bad["status_code"] == 400
-    assert bad["body"]["error"]["param"] == "prompt" and "vocabulary" in bad["body"]["error"]["message"]
+def test_when_every_request_fails_the_engine_is_at_fault():
+    engine = InProcessStub(lambda cid, body, ids: ln.answer_line(cid, 500, {"error": {"message": "broken engine"}}))
+    with pytest.raises(EngineCrash, match="broken engine"):
+        engine.run(CHAT, requests("a", "b"))
+    assert len(engine.run(CHAT, requests("alone"))) == 1  # one request failing alone is its own error line
 
 
-def test_any_other_failure_is_an_engine_crash_for_the_whole_shard():
-    engine = StubbedEngine(ConnectionError("engine core died"))
-    with pytest.raises(EngineCrash, match="engine core died"):
-        engine._run_isolating("/v1/chat/completions", items("a", "poison"))
-    assert len(engine.calls) == 1  # no splitting: the shard is retried as a whole
-
-
-def test_max_tokens_and_context_check():
-    chat = {"messages": [], "max_tokens": 100}
-    assert t.max_tokens_of("/v1/chat/completions", chat, 50, 2048) == 100
-    assert t.max_tokens_of("/v1/chat/completions", {"messages": []}, 48, 2048) == 2000  # rest of the context
-    assert t.max_tokens_of("/v1/completions", {"prompt": "x"}, 5, 2048) == 16
-    assert t.max_tokens_of("/v1/chat/completions", {"max_completion_tokens": 7, "max_tokens": 99}, 5, 2048) == 7
-    with pytest.raises(t.RequestError) as exc:
-        t.max_tokens_of("/v1/chat/completions", chat, 1990, 2048)
-    assert exc.value.code == "context_length_exceeded" and exc.value.param == "messages"
-    with pytest.raises(t.RequestError, match="positive integer"):
-        t.max_tokens_of("/v1/chat/completions", {"max_tokens": 0}, 5, 2048)
-
-
-def test_sampling_kwargs_take_openai_fields_and_defaults():
-    kw = t.sampling_kwargs({"temperature": 0, "n": 2, "stop": ["."], "seed": 3, "logprobs": None, "foo": 1}, 32)
-    assert kw == {"temperature": 0, "n": 2, "stop": ["."], "seed": 3, "max_tokens": 32}
-    assert t.sampling_kwargs({}, 8)["temperature"] == 1.0
+def test_answers_become_contract_lines():
+    line = ln.answer_line("x", 400, {"error": {"message": "This model's maximum context length is 2048 tokens.",
+                                              "type": "BadRequestError", "param": "messages", "code": 400}})
+    err = line["response"]["body"]["error"]
+    assert line["response"]["status_code"] == 400 and err["code"] == "context_length_exceeded"
+    assert err["type"] == "invalid_request_error" and err["param"] == "messages"
+    assert ln.answer_line("x", 503, {"message": "overloaded"})["response"]["body"]["error"]["code"] == "engine_error"
+    schema = ln.answer_line("x", 422, {"detail": [{"loc": ["body", "temperature"], "msg": "not a number"}]})
+    assert schema["response"]["status_code"] == 400 and schema["response"]["body"]["error"]["code"] == "invalid_request"
+    assert ln.answer_line("x", 400, {"error": {"message": "bad", "param": ["x"]}})["response"]["body"]["error"][
+        "param"] is None
+    success = ln.answer_line("x", 200, {"id": "chatcmpl-1"})
+    assert success["custom_id"] == "x" and success["response"]["body"] == {"id": "chatcmpl-1"} and c.is_success(success)
 
 
 def test_thinking_switch_goes_to_the_chat_template():
     body = {"messages": [], "enable_thinking": False, "chat_template_kwargs": {"x": 1}}
-    assert t.chat_template_kwargs(body) == {"x": 1, "enable_thinking": False}
-    sent = server_body("/v1/chat/completions", body)
+    sent = ln.vllm_body(CHAT, body)
     assert "enable_thinking" not in sent and sent["chat_template_kwargs"] == {"x": 1, "enable_thinking": False}
+    assert ln.vllm_body(CHAT, {"messages": []}) == {"messages": []}
 
 
-def test_content_parts_become_text():
-    msgs = t.chat_messages({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
-                                                                      {"type": "text", "text": "b"}]}]})
-    assert msgs[0]["content"] == "ab"
-    with pytest.raises(t.RequestError):
-        t.chat_messages({"messages": ["not a message"]})
-
-
-def test_server_errors_map_to_contract_lines():
-    line = _error_line("x", 400, {"error": {"message": "This model's maximum context length is 2048 tokens.",
-                                            "type": "BadRequestError", "param": "messages", "code": 400}})
-    err = line["response"]["body"]["error"]
-    assert line["response"]["status_code"] == 400 and err["code"] == "context_length_exceeded"
-    assert err["type"] == "invalid_request_error"
-    assert _error_line("x", 503, {"message": "overloaded"})["response"]["body"]["error"]["code"] == "engine_error"
-
-
-def test_server_command_carries_the_registry_settings():
+def test_both_engines_run_the_same_flags_parsed_by_vllms_own_server_parser():
     spec = ModelSpec(name="m", source="/w", dtype="bfloat16", max_model_len=1024, enable_prefix_caching=False,
-                     kv_cache_memory_bytes=0, engine_args={"enforce_eager": True})
+                     kv_cache_memory_bytes=0, tool_call_parser="hermes", reasoning_parser="qwen3",
+                     engine_args={"enforce_eager": True})
     cmd = server_command(spec, "/w", "127.0.0.1", 9)
+    assert cmd[-len(engine_flags(spec, "/w")):] == engine_flags(spec, "/w")
     assert cmd[cmd.index("--served-model-name") + 1] == "m" and cmd[cmd.index("--model") + 1] == "/w"
     assert cmd[cmd.index("--max-model-len") + 1] == "1024"
     assert "--no-enable-prefix-caching" in cmd and "--enforce-eager" in cmd
     assert "--kv-cache-memory-bytes" not in cmd  # 0 means unset
-
-
-def test_when_every_request_fails_alone_the_engine_is_at_fault():
-    class AlwaysRejects(StubbedEngine):
-        def _execute(self, endpoint, items):
-            raise ValueError("broken engine")
-
-    engine = AlwaysRejects(None)
-    engine._llm, engine._tokenizer, engine.max_model_len = object(), None, 64  # pretend it started
-    with pytest.raises(EngineCrash, match="broken engine"):
-        engine.run("/v1/completions", [("a", {"prompt": [1, 2]}), ("b", {"prompt": [3]})])
-
-
-def test_progress_ticker_counts_finished_requests_and_passes_iterables_through():
-    from batch_dagster.engine.base import ProgressTicker
-
-    seen = []
-    ticker = ProgressTicker(seen.append)
-    assert ticker([1, 2, 3], desc="Adding requests") == [1, 2, 3]
-    bar = ticker(total=3, desc="Processed prompts")
-    bar.update(2)
-    bar.update(1)
-    assert seen == [2, 1] and bar.n == 3 and bar.format_dict["elapsed"] > 0
+    args = parsed_args(spec, "/w")  # what the in-process engine runs
+    assert (args.model, args.served_model_name, args.max_model_len, args.dtype) == ("/w", ["m"], 1024, "bfloat16")
+    assert (args.tool_call_parser, args.enable_auto_tool_choice) == ("hermes", True)
+    assert args.reasoning_parser == "qwen3"
+    assert args.enable_prompt_tokens_details and args.enforce_eager and not args.enable_prefix_caching
+    bare = parsed_args(ModelSpec(name="e", source="/e", task="embed"), "/e")
+    assert bare.runner == "pooling" and bare.tool_call_parser is None and not bare.enable_auto_tool_choice
+    vision = parsed_args(ModelSpec(name="v", source="/v", images_per_request=2), "/v")
+    assert vision.limit_mm_per_prompt == {"image": 2}

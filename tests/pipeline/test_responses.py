@@ -1,15 +1,11 @@
-"""/v1/responses batches through the pipeline on the fake engine, and the offline engine's preparation of them."""
+"""/v1/responses batches through the pipeline on the fake engine."""
 
 from __future__ import annotations
 
 import dagster as dg
-import pytest
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.defs.runner import run_batch
-from batch_dagster.engine import translate as t
-from batch_dagster.engine.offline import OfflineEngine
 from tests.helpers import CHAT_MODEL, FakeEngine, fake_vllm, make_defs, read_jsonl, write_jsonl
 
 
@@ -38,33 +34,3 @@ def test_responses_batch_writes_response_objects_and_counts_their_usage(tmp_path
     check = instance.event_log_storage.get_asset_check_execution_history(
         dg.AssetCheckKey(dg.AssetKey("batch_usage"), "usage_equals_output_lines"), limit=1)
     assert check and check[0].status.value == "SUCCEEDED"
-
-
-class Tokenizer:
-    """A word tokenizer with a visible chat template."""
-
-    def apply_chat_template(self, messages, tokenize, add_generation_prompt, **kwargs):
-        return " ".join(f"<{m['role']}> {m['content']}" for m in messages) + " <assistant>"
-
-    def encode(self, text, add_special_tokens=True):
-        return list(range(len(text.split())))
-
-
-def prepared_engine(max_model_len: int) -> OfflineEngine:
-    engine = OfflineEngine(ModelSpec(name=CHAT_MODEL, source="/nowhere"), "/nowhere")
-    engine._tokenizer, engine.max_model_len = Tokenizer(), max_model_len
-    return engine
-
-
-def test_offline_engine_runs_a_responses_body_as_its_chat_body():
-    engine = prepared_engine(100)
-    body = responses_request("a", "one two three", instructions="Be brief.", max_output_tokens=5, top_p=0.5)["body"]
-    prepared = engine._prepare(c.RESPONSES, "a", body)
-    # "<system> Be brief. <user> one two three <assistant>": the instructions are in the prompt.
-    assert prepared.prompt_tokens == 8 and prepared.body is body
-    assert prepared.params.max_tokens == 5 and prepared.params.top_p == 0.5
-
-    too_long = responses_request("b", "word " * 200)["body"]
-    with pytest.raises(t.RequestError) as exc:
-        engine._prepare(c.RESPONSES, "b", too_long)
-    assert exc.value.code == c.CONTEXT_LENGTH_EXCEEDED and exc.value.param == "input"

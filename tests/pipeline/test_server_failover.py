@@ -88,3 +88,29 @@ def test_a_server_error_becomes_the_request_error_line_after_a_few_attempts():
         [line] = ServerEngine([server.url], failover_s=5).run(c.CHAT, requests(1))
     assert line["response"]["status_code"] == 500 and line["response"]["body"]["error"]["code"] == c.ENGINE_ERROR
     assert len(seen) == 3
+
+
+def test_bodies_go_to_the_replicas_a_router_lists_as_they_are():
+    # A router re-serializes a request in its own types (vllm-router drops a chat tool's `strict`): the engine asks it
+    # for its healthy workers and sends each body to them unchanged; a URL that lists none is used as it is.
+    worker, bodies = FastAPI(), []
+
+    @worker.post("/v1/chat/completions")
+    def complete(body: dict):
+        bodies.append(body)
+        return {"id": "x", "object": "chat.completion", "choices": [], "usage": {"prompt_tokens": 1}}
+
+    with ApiServer(worker) as replica:
+        router = FastAPI()
+        workers = [{"url": replica.url, "is_healthy": True}, {"url": "http://127.0.0.1:9", "is_healthy": False}]
+        router.get("/workers")(lambda: {"workers": workers})
+        router.post("/v1/chat/completions")(lambda: JSONResponse({"error": {"message": "not here"}}, status_code=500))
+        with ApiServer(router) as front:
+            tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}}
+            sent = requests(2, tools=[tool], tool_choice="required")
+            engine = ServerEngine([front.url], failover_s=5)
+            lines = engine.run(c.CHAT, sent)
+            assert [line["response"]["status_code"] for line in lines] == [200, 200]
+            assert bodies == [body for _, body in sent]  # every field, nested ones included
+            direct = ServerEngine([replica.url], failover_s=5)  # a vLLM server lists no workers: used as it is
+            assert [line["response"]["status_code"] for line in direct.run(c.CHAT, sent)] == [200, 200]

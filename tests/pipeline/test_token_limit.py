@@ -9,7 +9,6 @@ import pytest
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.folder import BatchFolder, Validation
-from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.db import Database, repo
 from batch_dagster.db.batches import add_input_file, create_batch
 from batch_dagster.defs.assets.batch import lifecycle_assets
@@ -19,7 +18,6 @@ from batch_dagster.defs.resources import DatabaseResource, LazyS3Resource, Pipel
 from batch_dagster.defs.runner import run_batch
 from batch_dagster.engine.hardware import dtype_choice
 from batch_dagster.engine.models import Models
-from batch_dagster.engine.offline import OfflineEngine
 from batch_dagster.engine.prepare import smollm2_path
 from tests.helpers import CHAT_MODEL, MODEL_CACHE, FakeEngine, WordTokenizer, chat_request, fake_vllm, write_jsonl
 
@@ -97,34 +95,36 @@ def test_alone_a_batch_is_held_to_the_limit_too(tmp_path, data_dir, instance):
 
 @pytest.fixture
 def smollm2():
-    """SmolLM2's tokenizer, and an offline engine holding it (no vLLM started): what the engine feeds the model."""
+    """SmolLM2's tokenizer (no vLLM started)."""
     from batch_dagster.engine.models import _tokenizer
 
     path = smollm2_path(MODEL_CACHE, dtype_choice("auto").dtype)
     if not (path / "tokenizer.json").exists():
         pytest.skip(f"the SmolLM2 model is not prepared in {MODEL_CACHE} (make setup)")
-    tokenizer = _tokenizer(str(path))
-    engine = OfflineEngine(ModelSpec(name=CHAT_MODEL, source=str(path)), str(path))
-    engine._tokenizer, engine.max_model_len = tokenizer, 8192
-    return tokenizer, engine
+    return _tokenizer(str(path))
 
 
-def test_the_estimate_counts_each_prompt_as_the_offline_engine_feeds_it(smollm2):
+def test_the_estimate_counts_each_prompt_as_the_model_s_tokenizer_renders_it(smollm2):
+    # The engine's own count is what it bills: tests/system/test_estimate.py compares the two on the real engine.
     from batch_dagster.engine.tokens import counter
 
-    tokenizer, engine = smollm2
+    tokenizer = smollm2
     count = counter(tokenizer)
+
+    def rendered(messages: list) -> int:
+        return len(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                 return_dict=True)["input_ids"])
+
     turns = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2 + 2?"},
              {"role": "assistant", "content": "4"}, {"role": "user", "content": [{"type": "text", "text": "x3?"}]}]
-    bodies = [
-        (c.CHAT, {"model": CHAT_MODEL, "messages": turns}),
-        (c.CHAT, chat_request("a", "What is the capital of France?")["body"]),
-        (c.RESPONSES, {"model": CHAT_MODEL, "input": "Name three colors.", "instructions": "Be brief."}),
-        (c.COMPLETIONS, {"model": CHAT_MODEL, "prompt": ["Once upon a time", "In a land"]}),
-        (c.COMPLETIONS, {"model": CHAT_MODEL, "prompt": [1, 2, 3]}),
-    ]
-    for endpoint, body in bodies:
-        prepared = engine._prepare(endpoint, "x", body)
-        assert count(endpoint, body) == [len(p) for p in prepared.prompts], endpoint
+    as_text = [*turns[:3], {"role": "user", "content": "x3?"}]
+    assert count(c.CHAT, {"model": CHAT_MODEL, "messages": turns}) == [
+        rendered(as_text)]
+    brief = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three colors."}]
+    assert count(c.RESPONSES, {"model": CHAT_MODEL, "input": "Name three colors.", "instructions": "Be brief."}) == [
+        rendered(brief)]
+    assert count(c.COMPLETIONS, {"model": CHAT_MODEL, "prompt": ["Once upon a time", "In a land"]}) == [
+        len(tokenizer.encode("Once upon a time")), len(tokenizer.encode("In a land"))]
+    assert count(c.COMPLETIONS, {"model": CHAT_MODEL, "prompt": [1, 2, 3]}) == [3]
     # A body the engine cannot prepare is refused, not counted (and raises nothing).
     assert count(c.CHAT, {"model": CHAT_MODEL, "messages": [{"content": "no role"}]}) is None

@@ -20,12 +20,21 @@ def rows_with_bad_requests() -> tuple[list[dict], dict[str, str], dict[str, str]
         "penalty-a": ({"presence_penalty": "a"}, "presence_penalty"),
         "kwargs-xy": ({"chat_template_kwargs": "xy"}, "chat_template_kwargs"),
         "negative-temperature": ({"temperature": -1}, "temperature"),
+        # Refused by the field matrix: never sent, never silently dropped.
+        "stream": ({"stream": True}, "stream"),
+        "misspelt": ({"temprature": 0}, "temprature"),
+        "functions": ({"functions": [{"name": "f"}]}, "functions"),
     }
     rows = good + [chat_request(cid, "Hello", **fields) for cid, (fields, _) in mistyped.items()]
     text_5 = chat_request("text-5", "Hello")
     text_5["body"]["messages"][0]["content"] = [{"type": "text", "text": 5}]
     rows.append(text_5)
-    params = {cid: param for cid, (_, param) in mistyped.items()} | {"text-5": "messages[0].content[0].text"}
+    image = chat_request("image", "Hello")  # the embedded chat model takes no images (its registry entry)
+    image["body"]["messages"][0]["content"] = [{"type": "text", "text": "What is this?"}, {
+        "type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+    rows.append(image)
+    params = {cid: param for cid, (_, param) in mistyped.items()} | {"text-5": "messages[0].content[0].text",
+                                                                     "image": "messages[0].content[1]"}
     # Valid in OpenAI's schema; vLLM refuses them.
     rows.append(chat_request("top-p-0", "Hello", top_p=0))
     rows.append(chat_request("too-long", "word " * 2500, max_tokens=16))
@@ -55,11 +64,11 @@ def check(summary, out, err, rows, params, refused, *, engine_params: dict[str, 
 def test_bad_requests_end_as_their_own_lines_on_the_offline_engine(tmp_path, data_dir, instance):
     rows, params, refused = rows_with_bad_requests()
     summary, out, err = run_on_real_engine(tmp_path, data_dir, instance, rows)
-    check(summary, out, err, rows, params, refused, engine_params={"top-p-0": "top_p", "too-long": "messages"})
+    check(summary, out, err, rows, params, refused, engine_params={"top-p-0": "top_p", "too-long": "input_tokens"})
 
 
 def test_bad_requests_end_as_their_own_lines_on_the_server_engine(tmp_path, data_dir, instance, vllm_server):
     rows, params, refused = rows_with_bad_requests()
     summary, out, err = run_on_real_engine(tmp_path, data_dir, instance, rows, mode="server",
                                            server_urls=[vllm_server])
-    check(summary, out, err, rows, params, refused)
+    check(summary, out, err, rows, params, refused, engine_params={"top-p-0": "top_p", "too-long": "input_tokens"})

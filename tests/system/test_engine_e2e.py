@@ -114,7 +114,9 @@ def test_chat_batch_of_40_through_the_cli(tmp_path):
     assert usage["input_tokens"] == sum(u["prompt_tokens"] for u in lines)
     assert usage["output_tokens"] == sum(u["completion_tokens"] for u in lines)
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
-    expected = (usage["input_tokens"] * 0.10 + usage["output_tokens"] * 0.40) / 1e6 * 0.5
+    cached = usage["input_tokens_details"]["cached_tokens"]  # the prefix cache's hits, at their own rate
+    assert cached == sum((u["prompt_tokens_details"] or {}).get("cached_tokens") or 0 for u in lines)
+    expected = ((usage["input_tokens"] - cached) * 0.10 + cached * 0.025 + usage["output_tokens"] * 0.40) / 1e6 * 0.5
     assert summary["cost"]["total_cost"] == pytest.approx(expected, rel=1e-6)
     assert summary["output_file"] == str(tmp_path / "out" / "output.jsonl") and summary["duration_s"] > 0
 

@@ -20,12 +20,15 @@ from batch_dagster.batchfile.folder import BatchFolder, Progress
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import CommittedShard, commit_shard, committed_shards, progress_of
 from batch_dagster.batchfile.reuse import AnswerStore, keep, look_up, model_identity
+from batch_dagster.batchfile.structured import asks_structured
 from batch_dagster.db.lifecycle import record_usage
 from batch_dagster.defs.dagster_internals import dies_with_its_run
 from batch_dagster.defs.resources import PipelineConfig, VLLMResource
+from batch_dagster.egress import Allow
 from batch_dagster.engine.base import EngineCrash
 from batch_dagster.features.cost_cap import cap_reached
 from batch_dagster.features.eta import RunningEta
+from batch_dagster.image_fetch import ImageFetcher
 
 from .steps import batch_options, manifest_of
 
@@ -196,6 +199,8 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
     breaker_rate = options.error_breaker_rate if options.error_breaker_rate is not None else pipeline.error_breaker_rate
     store = answer_store(options, folder, pipeline)
     identity = model_identity(vllm.model_record(manifest.model)) if store is not None else {}
+    images = ImageFetcher(folder, pipeline.image_sources, Allow.parse(pipeline.fetch_allow)) \
+        if vllm.spec(manifest.model).images_per_request else None
     started = time.perf_counter()
     ran_requests = ran_tokens = 0
     stopped = None
@@ -223,13 +228,20 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
             if reuse is not None and reuse.lines:
                 progress(len(reuse.lines))
             if to_run:
-                engine, lines = _run_shard(context, vllm, manifest.model, manifest.endpoint, engine, to_run, progress,
-                                           index)
+                # Images named by URL, fetched once per batch: a request whose image cannot be had is its 400 line.
+                sent, unfetched = images.inline(manifest.endpoint, to_run) if images else (to_run, [])
+                if unfetched:
+                    progress(len(unfetched))
+                if sent:
+                    engine, lines = _run_shard(context, vllm, manifest.model, manifest.endpoint, engine, sent,
+                                               progress, index)
+                lines += unfetched
             if reuse is not None and store is not None:
                 keep(store, reuse, lines)  # before the commit: a retry finds them even if this process dies now
                 lines += reuse.lines
+            structured = {cid for cid, body in requests if asks_structured(manifest.endpoint, body)}
             committed = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
-                                     engine_start_s=vllm.engine_start_s(manifest.model, t0))
+                                     engine_start_s=vllm.engine_start_s(manifest.model, t0), structured=structured)
             done[index] = committed
             base = progress_of(done, manifest.total_requests, manifest.shard_count)  # after the marker
             folder.write_progress(base)

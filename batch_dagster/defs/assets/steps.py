@@ -20,7 +20,7 @@ from batch_dagster.batchfile.columnar import validate_to_parquet, write_shards
 from batch_dagster.batchfile.failure import not_run_lines, stopped_ending
 from batch_dagster.batchfile.folder import BatchFolder, Manifest, Merged, Summary, Validation
 from batch_dagster.batchfile.options import BatchOptions
-from batch_dagster.batchfile.registry import served_endpoints
+from batch_dagster.batchfile.registry import served
 from batch_dagster.batchfile.results import MergeResult, committed_shards, merge
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import cost_of
@@ -83,7 +83,7 @@ def validate(folder: BatchFolder, pipeline: PipelineConfig, vllm: VLLMResource, 
     # The input is validated as it streams in; the requests file is published only when the file is valid.
     with folder.storage.open(folder.input_key) as source, folder.storage.writing(folder.requests_key) as out:
         report = validate_to_parquet(source, out, size=size, limits=pipeline.limits, endpoint=folder.endpoint(),
-                                     models=served_endpoints(vllm.registry()))
+                                     models=served(vllm.registry(), pipeline.image_sources))
         elapsed = time.perf_counter() - started
         # The one count of its tokens: a limit that must hold fails the step when the tokenizer fails.
         limit, budget = pipeline.max_enqueued_tokens, pipeline.key_daily_budget

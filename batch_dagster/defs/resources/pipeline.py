@@ -7,6 +7,7 @@ from pathlib import Path
 import dagster as dg
 
 from batch_dagster.batchfile.contract import Limits
+from batch_dagster.batchfile.image_sources import ImageSources
 from batch_dagster.batchfile.usage import PriceTable, load_price_table
 
 from .fields import setting
@@ -29,10 +30,19 @@ class PipelineConfig(dg.ConfigurableResource):
     runs_per_model: int = setting("BATCH_RUNS_PER_MODEL")
     reuse_answers: bool = setting("BATCH_REUSE_ANSWERS")  # a batch whose `reuse` option is unset
     answer_store_bytes: int = setting("BATCH_ANSWER_STORE_BYTES")
+    # Image parts: the hosts their http(s) URLs may name (fetched once per batch), the bytes of one image, and the
+    # internal addresses a fetch may reach (the webhooks' allow-list).
+    image_hosts: list[str] = setting("BATCH_IMAGE_HOSTS")
+    max_image_bytes: int = setting("BATCH_MAX_IMAGE_BYTES")
+    fetch_allow: list[str] = setting("BATCH_WEBHOOK_ALLOW")
 
     @property
     def limits(self) -> Limits:
         return Limits(max_requests=self.max_requests, max_bytes=self.max_bytes, max_line_bytes=self.max_line_bytes)
+
+    @property
+    def image_sources(self) -> ImageSources:
+        return ImageSources.of(self.image_hosts, self.max_image_bytes)
 
     def prices(self) -> PriceTable:
         return load_price_table(Path(self.prices_file))

@@ -60,8 +60,8 @@ def _servers_vllm_version(urls: list[str]) -> str:
 class VLLMResource(dg.ConfigurableResource):
     """The engine for a batch's model.
 
-    `offline` builds one `vllm.LLM` per model and process and reuses it across shards and runs;
-    `server` sends requests to OpenAI-compatible vLLM servers at `server_urls`, at most
+    `offline` builds one in-process engine (`vllm serve`'s app) per model and process and reuses it across
+    shards and runs; `server` sends requests to OpenAI-compatible vLLM servers at `server_urls`, at most
     `max_concurrency` at a time (or fewer, by its `budget`). Model settings come from the registry file.
     """
 
@@ -108,7 +108,7 @@ class VLLMResource(dg.ConfigurableResource):
         urls = self.server_urls_for(model)
         if urls is not None:
             return ServerEngine(urls, self.max_concurrency, self.request_timeout_s, self.server_api_key,
-                                self.failover_s, self.budget)
+                                self.failover_s, spec.serves, self.budget)
         from batch_dagster.engine.offline import engine_for
 
         return engine_for(spec, self.model_path(spec))
