@@ -166,16 +166,19 @@ def test_an_adaptive_budget_keeps_to_its_floor_while_others_use_the_server_and_t
         lines = engine.run(c.CHAT, requests(24))
     assert sorted(line["custom_id"] for line in lines) == sorted(f"r{i}" for i in range(24))
     assert all(c.is_success(line) for line in lines)
-    assert sorted(fleet.answered) == sorted(f"q{i}" for i in range(24))  # each answered once
+    # Every request answered (one taken back just as the server finished it is answered again: its line is still
+    # written once, above).
+    assert set(fleet.answered) == {f"q{i}" for i in range(24)}
     assert fleet.most >= 4  # it grew while alone
     assert fleet.aborted >= 1  # what was out beyond the floor was taken back (and sent again)
-    # Once it saw the others (within a reading, 0.5 s), it grew back from the floor one at a time, at most one a
-    # reading; and it stayed below what it had reached alone for a while.
+    # Once it saw the others, it fell to the floor, then grew back one at a time, at most one a reading (0.5 s):
+    # measured from when it fell, not from a fixed delay, which a loaded machine stretches.
     assert fleet.others_since is not None
-    seen = fleet.others_since + 0.6
-    for at, in_flight in fleet.timeline:
-        if at > seen:
-            assert in_flight <= 2 + (at - seen) / 0.5, (at - seen, in_flight)
+    after = [(at, in_flight) for at, in_flight in fleet.timeline if at > fleet.others_since]
+    fell = next(at for at, in_flight in after if in_flight <= 2)
+    for at, in_flight in after:
+        if at > fell:
+            assert in_flight <= 3 + (at - fell) / 0.5, (at - fell, in_flight)
 
 
 def test_a_busy_server_never_fails_a_request_and_the_fixed_budget_is_the_concurrency():
