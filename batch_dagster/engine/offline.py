@@ -172,7 +172,7 @@ class OfflineEngine:
                                counted=lambda line: not ln.failed_for_memory(line))
         dead = self._dead()
         if dead is not None:  # its requests failed with it: the shard is retried on a new engine
-            raise EngineCrash(f"The engine died: {dead}")
+            raise EngineCrash(f"The engine died: {type(dead).__name__}: {dead}") from dead
         return lines
 
     async def _send(self, endpoint: str, custom_id: str, body: dict[str, Any]) -> Line:
@@ -185,11 +185,11 @@ class OfflineEngine:
             message = f"The engine answered {response.headers.get('content-type')!r}, not a JSON body."
             return ln.answer_line(custom_id, 500, {"error": {"message": message}})
 
-    def _dead(self) -> str | None:
-        """Why the engine is dead, or None while it runs."""
+    def _dead(self) -> BaseException | None:
+        """Why the engine is dead (vLLM's EngineDeadError), or None while it runs."""
         assert self._running is not None
         engine = self._running.engine
-        return str(engine.dead_error) if engine.errored else None
+        return engine.dead_error if engine.errored else None
 
 
 def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread, stack: contextlib.AsyncExitStack) -> None:

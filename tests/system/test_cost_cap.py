@@ -19,7 +19,9 @@ from tests.helpers import CHAT_MODEL, Serve, chat_request, write_jsonl
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 REQUESTS, SHARD = 24, 2
 # Exactly max_tokens out (min_tokens): each request then costs its upper bound, so the spend is known in advance.
-ROWS = [chat_request(f"s{i:02d}", f"Write a long story about the number {i}.", max_tokens=8, min_tokens=8,
+# 40 tokens each: long enough that the second batch starts while the first runs (at 8, on a fast CPU, the first
+# ended before the second was validated, which then refused it whole, as it should, but ran nothing side by side).
+ROWS = [chat_request(f"s{i:02d}", f"Write a long story about the number {i}.", max_tokens=40, min_tokens=40,
                      temperature=0) for i in range(REQUESTS)]
 
 
