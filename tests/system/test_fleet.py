@@ -138,7 +138,7 @@ def test_serve_with_defaults_runs_api_batches_on_the_warm_fleet_and_restarts_a_r
             time.sleep(0.2)
         assert new is not None and new.pid != router.pid, serve.logs()
         wait_http(router_url + "/v1/models", 60)
-        assert serve.proc.poll() is None and "router exited" in serve.logs(20000)
+        assert serve.proc.poll() is None and f"router of {CHAT_MODEL} exited" in serve.logs(20000)
         again = serve.wait_for(serve.create_batch(rows, name="again.jsonl").id, {"completed", "failed"}, 240)
         assert again.status == "completed" and again.request_counts.completed == 3, serve.logs()
         summary = BatchFolder(LocalStorage(serve.data_dir), again.id).summary()
