@@ -21,8 +21,9 @@ def shard_results_span(instance: dg.DagsterInstance, run_id: str) -> tuple[float
 def test_fleet_batches_run_side_by_side_and_offline_batches_one_at_a_time(tmp_path, vllm_server):
     # CHAT_MODEL's fleet is the session's real vLLM server. EMBED_MODEL has none: its batches run in the run's
     # process, here on the fake engine of tests.daemon_defs (4 s a call), since what is under test is the queue.
-    # Each fleet batch decodes 2,048 tokens, so its inference lasts long enough for the other's to start.
-    chat = [chat_request(f"c{i:02d}", f"Tell a story about the number {i}.", max_tokens=64, min_tokens=64,
+    # Each fleet batch decodes 6,144 tokens, so its inference lasts long enough for the other's to start (at 2,048, a
+    # fast CPU ended the first before the daemon launched the second).
+    chat = [chat_request(f"c{i:02d}", f"Tell a story about the number {i}.", max_tokens=192, min_tokens=192,
                          temperature=0) for i in range(32)]
     embed = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
               "body": {"model": EMBED_MODEL, "input": f"sentence number {i}"}} for i in range(4)]
