@@ -225,25 +225,6 @@ def priced(counted: Counted, prices: PriceTable, throughput: Callable[[str], Thr
     return estimate
 
 
-def estimate_stream(
-    f: BinaryIO,
-    *,
-    size: int | None,
-    limits: c.Limits,
-    endpoint: str | None,
-    served: Collection[str],
-    counter: Callable[[str], tuple[CountTokens, int]],
-    prices: PriceTable,
-    throughput: Callable[[str], Throughput],
-    queue: Callable[[str], QueueAhead],
-    window: Window | None = None,
-) -> Estimate:
-    """Validate the file and count its tokens in one pass (`count_stream`); then price it for its `window` and time
-    it."""
-    counted = count_stream(f, size=size, limits=limits, endpoint=endpoint, served=served, counter=counter)
-    return priced(counted, prices, throughput, queue, window)
-
-
 def queue_ahead(session: Session, model: str, exclude: str | None = None) -> QueueAhead:
     """Every owner's batches of `model` that have not ended (one engine serves them all), their requests not
     finished yet, and how many of them validation has not counted yet; without the batch `exclude` (the one

@@ -18,7 +18,7 @@ from batch_dagster.batchfile.validate import MAX_ERRORS, MORE_ERRORS
 from batch_dagster.batchfile.windows import Window
 from batch_dagster.cli import main
 from batch_dagster.engine.models import Models
-from batch_dagster.features.estimate import Estimate, QueueAhead, estimate_stream, max_output_tokens
+from batch_dagster.features.estimate import Estimate, QueueAhead, count_stream, max_output_tokens, priced
 from batch_dagster.features.throughput import Throughput
 from tests.helpers import CHAT_MODEL, KEY_B, Flood, chat_request, rows, upload, wait_for
 
@@ -153,9 +153,9 @@ def run(rows: list, *, context: int = 100, rate: float = 10.0, queue: QueueAhead
             counted.append(model)
         return words, context
 
-    return estimate_stream(io.BytesIO(data), size=len(data), limits=c.Limits(), endpoint=None, served=SERVED,
-                           counter=counter, prices=PRICES, throughput=lambda m: Throughput(rate, 3),
-                           queue=lambda m: queue, window=window)
+    file_count = count_stream(io.BytesIO(data), size=len(data), limits=c.Limits(), endpoint=None, served=SERVED,
+                              counter=counter)
+    return priced(file_count, PRICES, lambda m: Throughput(rate, 3), lambda m: queue, window)
 
 
 @pytest.mark.parametrize(("endpoint", "body", "prompts", "bound"), [
@@ -212,11 +212,10 @@ def test_the_window_prices_the_estimate_and_its_deadline_is_met_possible_or_refu
     assert run(rows, queue=queued, window=Window("1h", 3)).to_dict()["meets_deadline"] is False  # possible, late
     tight = run(rows, queue=queued, window=Window("1h", 0))
     assert "'1h' leaves 0 s; this batch needs at least 1 s" in (tight.deadline_refusal() or "")
-    priced = estimate_stream(io.BytesIO(json.dumps(rows[0]).encode() + b"\n"), size=None, limits=c.Limits(),
-                             endpoint=None, served=SERVED, counter=lambda m: (words, 100), prices=prices,
-                             throughput=lambda m: Throughput(10.0, 3), queue=lambda m: QueueAhead(),
-                             window=Window("1h", 3600))
-    assert priced.to_dict()["cost"]["min"] == pytest.approx(10 * 0.75e-6)  # 1.0 per 1M at 25% off
+    one = count_stream(io.BytesIO(json.dumps(rows[0]).encode() + b"\n"), size=None, limits=c.Limits(),
+                       endpoint=None, served=SERVED, counter=lambda m: (words, 100))
+    windowed = priced(one, prices, lambda m: Throughput(10.0, 3), lambda m: QueueAhead(), Window("1h", 3600))
+    assert windowed.to_dict()["cost"]["min"] == pytest.approx(10 * 0.75e-6)  # 1.0 per 1M at 25% off
 
 
 def test_a_real_cost_of_successful_requests_lies_in_the_range():
