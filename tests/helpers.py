@@ -219,6 +219,63 @@ class Receiver:
         self.server.server_close()
 
 
+class SideBySideGate:
+    """A reverse proxy on loopback in front of a real server (a fleet's URL) that holds every inference request (a POST
+    under /v1/) until it has seen one whose body names each of `markers` (words in the prompts of batches meant to
+    run side by side), then lets everything through. So batches that can run together do, whatever the CPU's speed; batches the queue kept apart
+    would hold the first one's requests until `timeout_s`, then go on: `opened_at` stays None, which the test
+    asserts against. Other requests (health, models, /tokenize) pass at once."""
+
+    def __init__(self, upstream: str, markers: Sequence[str], timeout_s: float = 240):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        import httpx
+
+        self.markers, self.seen, self.opened_at = set(markers), set[str](), None
+        self._open = threading.Event()
+        http = httpx.Client(base_url=upstream, timeout=600)
+        gate = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self, method: str) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                if method == "POST" and self.path.startswith("/v1/"):
+                    text = body.decode(errors="replace")
+                    gate.seen |= {m for m in gate.markers if m in text}
+                    if gate.seen == gate.markers and not gate._open.is_set():
+                        gate.opened_at = time.time()
+                        gate._open.set()
+                    gate._open.wait(timeout_s)
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
+                response = http.request(method, self.path, content=body, headers=headers)
+                self.send_response(response.status_code)
+                self.send_header("content-type", response.headers.get("content-type", "application/json"))
+                self.send_header("content-length", str(len(response.content)))
+                self.end_headers()
+                self.wfile.write(response.content)
+
+            def do_GET(self):
+                self._forward("GET")
+
+            def do_POST(self):
+                self._forward("POST")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> SideBySideGate:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._open.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
 # Definitions.
 
 def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storage_url: str = "",

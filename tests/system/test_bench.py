@@ -64,8 +64,10 @@ def test_bench_three_stages_tiny(tmp_path):
 def test_bench_fleet_tiny(tmp_path):
     from bench.fleet_report import PHASES
 
+    # The overhead part is `make bench`'s run_batch and pipeline stages (bench.run_bench), which
+    # test_bench_three_stages_tiny runs: here the fleet's own two parts, each of which starts engines of its own.
     out = tmp_path / "fleet.json"
-    env = {"BENCH_FLEET_REQUESTS": "8", "BENCH_FLEET_OVERHEAD_REQUESTS": "4", "BENCH_FLEET_REPEATS": "1",
+    env = {"BENCH_FLEET_REQUESTS": "8", "BENCH_FLEET_PARTS": "scaling,latency", "BENCH_FLEET_REPEATS": "1",
            "BENCH_FLEET_OUT": str(out), "BENCH_QUIET_WAIT_S": "0"}
     done = _run("bench.fleet_bench", env, 1500)
     assert done.returncode == 0, done.stderr[-5000:]
@@ -75,11 +77,11 @@ def test_bench_fleet_tiny(tmp_path):
     for n, r in runs.items():
         assert r["requests_completed"] == 8 and r["output_tokens"] > 0 and len(r["per_replica"]) == n
         assert sum(p["requests"] for p in r["per_replica"]) == 8  # every request reached a replica, once
-    assert report["overhead"]["requests"] == 4 and report["overhead"]["pipeline_vs_run_batch_wall"] > 0
+    assert "overhead" not in report
     latency = report["latency"]
     [batch] = latency["api"]
     assert abs(sum(batch["phases_s"].values()) - batch["total_s"]) < 0.01
     assert batch["phases_s"]["inference"] > 0 and batch["phases_s"]["run launch"] > 0
     assert list(latency["phases_median_s"]) == list(PHASES) and latency["run_batch_median_s"] > 0
-    assert set(report["summary"]) >= {"scaling_met", "overhead_met", "latency_met"}
+    assert set(report["summary"]) >= {"scaling_met", "latency_met"} and "overhead_met" not in report["summary"]
     assert "| small batch phase |" in done.stdout

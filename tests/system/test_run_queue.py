@@ -6,7 +6,16 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from tests.helpers import CHAT_MODEL, EMBED_MODEL, Serve, batch_runs, chat_request, step_events, write_jsonl
+from tests.helpers import (
+    CHAT_MODEL,
+    EMBED_MODEL,
+    Serve,
+    SideBySideGate,
+    batch_runs,
+    chat_request,
+    step_events,
+    write_jsonl,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -19,16 +28,18 @@ def shard_results_span(instance: dg.DagsterInstance, run_id: str) -> tuple[float
 
 
 def test_fleet_batches_run_side_by_side_and_offline_batches_one_at_a_time(tmp_path, vllm_server):
-    # CHAT_MODEL's fleet is the session's real vLLM server. EMBED_MODEL has none: its batches run in the run's
-    # process, here on the fake engine of tests.daemon_defs (4 s a call), since what is under test is the queue.
-    # Each fleet batch decodes 6,144 tokens, so its inference lasts long enough for the other's to start (at 2,048, a
-    # fast CPU ended the first before the daemon launched the second).
-    chat = [chat_request(f"c{i:02d}", f"Tell a story about the number {i}.", max_tokens=192, min_tokens=192,
-                         temperature=0) for i in range(32)]
+    # CHAT_MODEL's fleet is the session's real vLLM server, behind a gate that holds its requests until both fleet
+    # batches have sent one (their prompts say "story" and "tale"): batches the queue lets run side by side then do,
+    # however fast the CPU ends the first (at 6,144 tokens a batch, one did before the daemon launched the other).
+    # EMBED_MODEL has none: its batches run in the run's process, here on the fake engine of tests.daemon_defs (4 s a
+    # call), since what is under test is the queue.
+    chat = [[chat_request(f"c{i:02d}", f"Tell a {word} about the number {i}.", max_tokens=16, temperature=0)
+             for i in range(32)] for word in ("story", "tale")]
     embed = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
               "body": {"model": EMBED_MODEL, "input": f"sentence number {i}"}} for i in range(4)]
-    with Serve(tmp_path, module="tests.daemon_defs", BATCH_FLEET_URLS=f"{CHAT_MODEL}={vllm_server}",
-               BATCH_SHARD_SIZE="8", BATCH_TEST_CALLS=str(tmp_path / "calls.jsonl"), BATCH_TEST_CALL_S="4") as serve:
+    with SideBySideGate(vllm_server, ("story", "tale")) as gate, \
+            Serve(tmp_path, module="tests.daemon_defs", BATCH_FLEET_URLS=f"{CHAT_MODEL}={gate.url}",
+                  BATCH_SHARD_SIZE="8", BATCH_TEST_CALLS=str(tmp_path / "calls.jsonl"), BATCH_TEST_CALL_S="4") as serve:
         client = serve.client()
 
         def create(rows: list[dict], name: str, endpoint: str):
@@ -36,7 +47,7 @@ def test_fleet_batches_run_side_by_side_and_offline_batches_one_at_a_time(tmp_pa
                 file_id = client.files.create(file=f, purpose="batch").id
             return client.batches.create(input_file_id=file_id, endpoint=endpoint, completion_window="24h")
 
-        fleet = [create(chat, f"fleet-{i}.jsonl", "/v1/chat/completions") for i in range(2)]
+        fleet = [create(rows, f"fleet-{i}.jsonl", "/v1/chat/completions") for i, rows in enumerate(chat)]
         offline = [create(embed, f"offline-{i}.jsonl", "/v1/embeddings") for i in range(2)]
         done = [serve.wait_for(b.id, {"completed", "failed"}, 300) for b in fleet + offline]
         with serve.instance() as instance:
@@ -51,7 +62,8 @@ def test_fleet_batches_run_side_by_side_and_offline_batches_one_at_a_time(tmp_pa
     assert [queue_tags[b.id] for b in fleet] == [{"batch/engine": "server", "batch/model": CHAT_MODEL}] * 2
     assert [queue_tags[b.id] for b in offline] == [{"batch/engine": "offline", "batch/model": EMBED_MODEL}] * 2
 
-    # The fleet's two batches were inferred at the same time: each started before the other ended.
+    # The fleet's two batches were inferred at the same time: each sent a request before the other's were answered.
+    assert gate.opened_at is not None, "the fleet's batches did not run side by side"
     (start_a, end_a), (start_b, end_b) = (spans[b.id] for b in fleet)
     assert start_a < end_b and start_b < end_a, spans
     # The offline batches were not: the second run was launched only once the first had ended.
