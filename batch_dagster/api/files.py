@@ -10,6 +10,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import FileResponse, StreamingResponse
 
+from batch_dagster.batchfile.failure import public
 from batch_dagster.batchfile.folder import file_key
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import FileRecord, repo
@@ -185,7 +186,7 @@ def _merged_content(session, storage: Storage, row: FileRecord) -> FileResponse 
             return _content(*file_location(storage, row.path), row.filename)
         first = next(lines, b"")  # a parent's file that is gone shows here, before the response starts
     except (CannotRetry, FileNotFoundError) as exc:
-        raise ApiError(404, f"The merged content of file {row.id} cannot be read: {exc}", param="file_id",
+        raise ApiError(404, f"The merged content of file {row.id} cannot be read: {public(str(exc))}", param="file_id",
                        code="not_found") from exc
 
     def body():

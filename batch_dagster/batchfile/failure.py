@@ -7,6 +7,7 @@ error lines a retry runs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -97,6 +98,20 @@ def clip(text: str, limit: int) -> str:
     """`text` on one line, cut to `limit` characters with "…"."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# What a failure's text says of the deployment, which a client is not told: server and storage addresses (any
+# scheme://..., so s3://bucket/key too) and absolute paths of two parts or more (the data folder, DAGSTER_HOME, the
+# code's own files), but not an API route such as /v1/chat/completions.
+_ADDRESS = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\],]*[^\s'\"<>()\[\],.:;!?]")
+_PATH = re.compile(r"(?<![\w.:/~-])/(?!v1/)(?:[\w.@+~-]+/)+[\w.@+~-]*")
+INTERNAL_ADDRESS, INTERNAL_PATH = "<internal address>", "<internal path>"
+
+
+def public(text: str) -> str:
+    """A failure's text as a client may read it (in a batch's errors.data or its error lines): its internal
+    addresses and paths replaced. The operator's logs keep the whole text."""
+    return _PATH.sub(INTERNAL_PATH, _ADDRESS.sub(INTERNAL_ADDRESS, text))
 
 
 def not_run_lines(folder: BatchFolder, shards: Iterable[int], code: str, message: str) -> Iterator[dict[str, Any]]:

@@ -9,7 +9,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
-from sqlalchemy import ColumnElement, CursorResult, case, exists, func, select, update
+from sqlalchemy import ColumnElement, CursorResult, case, exists, func, select, type_coerce, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.folder import BatchFolder
@@ -105,8 +106,11 @@ class BatchFilter:
 
 
 def _metadata_is(dialect: str, key: str, value: str) -> ColumnElement[bool]:
-    """The batch's metadata holds key: value. SQLite's JSON paths miss keys with quotes or non-ASCII
-    characters, so there the pairs are read with json_each, which decodes every key."""
+    """The batch's metadata holds key: value. On PostgreSQL as jsonb containment, which its GIN index answers
+    (ix_batches_metadata). SQLite's JSON paths miss keys with quotes or non-ASCII characters, so there the pairs are
+    read with json_each, which decodes every key."""
+    if dialect == "postgresql":
+        return type_coerce(BatchRecord.meta, JSONB).contains({key: value})
     if dialect != "sqlite":
         return BatchRecord.meta[key].as_string() == value
     pairs = func.json_each(BatchRecord.meta).table_valued("key", "value")

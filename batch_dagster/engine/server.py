@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from batch_dagster.batchfile.failure import public
 from batch_dagster.batchfile.fields import Serves
 from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.settings import default
@@ -113,7 +114,7 @@ class ServerEngine:
                 try:
                     payload, from_vllm = response.json(), True
                 except ValueError:
-                    payload, from_vllm = {"message": response.text[:500]}, False
+                    payload, from_vllm = {"message": public(response.text[:500])}, False
                 status = response.status_code
                 if status in _BUSY and (status == 429 or from_vllm):
                     gone = "" if status == 429 else f"{url} answered {status} (busy)"

@@ -15,6 +15,7 @@ from batch_dagster.batchfile.failure import (
     LINE_REASON_CHARS,
     is_retryable,
     keep_finished,
+    public,
     retryable_ids,
     stopped_ending,
 )
@@ -147,3 +148,17 @@ def test_a_batch_its_cap_stopped_fails_with_its_code_and_its_requests_are_retrya
     cancelled = stopped_ending(BatchStatus.CANCELLED)
     assert (cancelled.status, cancelled.code, cancelled.errors) == (BatchStatus.CANCELLED, c.BATCH_CANCELLED, [])
     assert stopped_ending(BatchStatus.EXPIRED).code == c.BATCH_EXPIRED
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("No server answered for 60s; last: http://10.0.0.5:8000/v1/chat/completions unreachable: ConnectError('x')",
+     "No server answered for 60s; last: <internal address> unreachable: ConnectError('x')"),
+    ("could not read s3://acme-batches/batches/b1/requests.jsonl: NoSuchKey",
+     "could not read <internal address>: NoSuchKey"),
+    ("[Errno 28] No space left on device: '/srv/batch-data/batches/b1/results/shard-00003.jsonl'",
+     "[Errno 28] No space left on device: '<internal path>'"),
+    # What a client sent or may read stays: an API route, fractions, relative paths.
+    ("the request to /v1/chat/completions at line 3: 1/2 of its tokens, see ./docs/x", None),
+])
+def test_a_failure_is_told_to_clients_without_the_deployments_addresses_and_paths(text, shown):
+    assert public(text) == (text if shown is None else shown)

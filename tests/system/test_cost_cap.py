@@ -15,7 +15,7 @@ from batch_dagster.batchfile.usage import Usage, cost_of, load_price_table
 from batch_dagster.engine.models import Models
 from batch_dagster.features.estimate import Tally
 from batch_dagster.settings import Settings
-from tests.helpers import CHAT_MODEL, Serve, SideBySideGate, chat_request, write_jsonl
+from tests.helpers import CHAT_MODEL, InferenceGate, Serve, chat_request, write_jsonl
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 REQUESTS, SHARD = 24, 2
@@ -45,7 +45,7 @@ def test_max_cost_fails_validation_and_the_daily_budget_stops_a_running_batch(tm
     bounds = [upper_bound(rows(word)) for word in WORDS]
     shard = bounds[0] * SHARD / REQUESTS  # about one shard's cost (the prompts differ by a digit or two)
     budget = sum(bounds) - 3 * shard  # each batch fits alone; together they pass it with three shards to go
-    with SideBySideGate(vllm_server, WORDS) as gate, \
+    with InferenceGate(vllm_server, WORDS) as gate, \
             Serve(tmp_path, BATCH_FLEET_URLS=f"{CHAT_MODEL}={gate.url}", BATCH_SHARD_SIZE=str(SHARD),
                   BATCH_KEY_DAILY_BUDGET=repr(budget)) as serve:
         client = serve.client()

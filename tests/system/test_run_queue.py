@@ -9,8 +9,8 @@ import pytest
 from tests.helpers import (
     CHAT_MODEL,
     EMBED_MODEL,
+    InferenceGate,
     Serve,
-    SideBySideGate,
     batch_runs,
     chat_request,
     step_events,
@@ -37,7 +37,7 @@ def test_fleet_batches_run_side_by_side_and_offline_batches_one_at_a_time(tmp_pa
              for i in range(32)] for word in ("story", "tale")]
     embed = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
               "body": {"model": EMBED_MODEL, "input": f"sentence number {i}"}} for i in range(4)]
-    with SideBySideGate(vllm_server, ("story", "tale")) as gate, \
+    with InferenceGate(vllm_server, ("story", "tale")) as gate, \
             Serve(tmp_path, module="tests.daemon_defs", BATCH_FLEET_URLS=f"{CHAT_MODEL}={gate.url}",
                   BATCH_SHARD_SIZE="8", BATCH_TEST_CALLS=str(tmp_path / "calls.jsonl"), BATCH_TEST_CALL_S="4") as serve:
         client = serve.client()

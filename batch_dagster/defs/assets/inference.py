@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.columnar import read_shard
-from batch_dagster.batchfile.failure import COST_LIMIT, ERROR_RATE, breaker_tripped
+from batch_dagster.batchfile.failure import COST_LIMIT, ERROR_RATE, breaker_tripped, public
 from batch_dagster.batchfile.folder import BatchFolder, Progress
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import CommittedShard, commit_shard, committed_shards, progress_of
@@ -174,7 +174,7 @@ def _run_shard(context: dg.AssetExecutionContext, vllm: VLLMResource, model: str
             context.log.error(f"Shard {index}: engine crashed ({exc}); the step will retry")
             raise
         context.log.error(f"Shard {index}: engine crashed on the last attempt; its requests become errors")
-        return vllm.engine(model), engine_error_lines(requests, str(exc))
+        return vllm.engine(model), engine_error_lines(requests, public(str(exc)))
 
 
 def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMResource, pipeline: PipelineConfig,

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import dagster as dg
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile.failure import keep_finished
+from batch_dagster.batchfile.failure import keep_finished, public
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
@@ -130,12 +130,13 @@ def run_failure_message(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str
         if error is not None:
             while error.cause is not None:  # the step error wraps what the code raised
                 error = error.cause
-            # Cut: the message may quote anything, and the batch object lists it.
-            message = error.message.strip()[:MAX_FAILURE_CHARS]
+            # Cut, and without the deployment's addresses and paths: the message may quote anything, and the batch
+            # object lists it.
+            message = public(error.message.strip())[:MAX_FAILURE_CHARS]
             return f"The pipeline failed in step {event.step_key}: {message} ({where})"
     verb = "was canceled" if run.status == dg.DagsterRunStatus.CANCELED else "failed"
     reason = run_end_reason(instance, run)
-    return f"The pipeline run {verb} ({where})" + (f": {reason}" if reason else "; see the Dagster UI.")
+    return f"The pipeline run {verb} ({where})" + (f": {public(reason)}" if reason else "; see the Dagster UI.")
 
 
 def _run_retry_pending(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
