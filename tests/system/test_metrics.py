@@ -27,6 +27,7 @@ from tests.helpers import (
     EMBED_MODEL,
     Serve,
     chat_request,
+    deadline_in,
     free_port,
     wait_http,
     write_jsonl,
@@ -110,7 +111,7 @@ def replicas(serve: Serve) -> list[psutil.Process]:
 
 
 def wait_until(check, timeout_s: float, what: str) -> None:
-    deadline = time.time() + timeout_s
+    deadline = deadline_in(timeout_s)
     while not check():
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(1)
