@@ -53,18 +53,15 @@ lint: setup
 	$(VENV)/bin/ruff check batch_dagster bench tools tests
 	$(VENV)/bin/mypy
 
-# The fast tiers spread over the machine's cores (pytest-xdist, at most 4 workers). The system tier runs on two
-# workers, a test file each at a time (its tests share a session's vLLM server and PostgreSQL: one per worker): its
-# tests wait on sensor ticks, the run queue and servers starting much of the time, and vLLM's CPU engine works on
-# one core, so two files side by side take far less than one after the other. Each worker's engines have a core of
-# their own (tests/system/conftest.py).
+# The fast tiers spread over the machine's cores (pytest-xdist, at most 4 workers); the system tier runs in one
+# process, since its tests share one vLLM engine, fleet and PostgreSQL per session (on two workers, tried: engines
+# of both at once ran out of the memory vLLM's CPU backend asks for on 24 GiB).
 FAST_TIERS := tests/core tests/pipeline tests/api
 XDIST := -n auto --maxprocesses 4
-SYSTEM_XDIST := -n 2 --dist loadfile
 
 test: lint
 	$(PY) -m pytest -q $(XDIST) $(FAST_TIERS)
-	$(PY) -m pytest -q $(SYSTEM_XDIST) --durations=25 tests/system
+	$(PY) -m pytest -q --durations=25 tests/system
 
 # The type check runs beside the tests (they wait on sockets and polls more than they use the cores), and its
 # verdict is printed after theirs: a type error still fails the target.

@@ -623,9 +623,9 @@ class Flood:
         return self.statuses
 
 
-# How much longer a wait may take than it does alone on the machine: `make test` runs the system tier on two
-# workers side by side (an engine there can take two minutes to start rather than one). Every bounded wait of the
-# system tier (and its tests' pytest-timeout) is multiplied by it; it bounds a failure, and asserts nothing of speed.
+# How much longer a wait may take than it does alone on the machine: under pytest-xdist (the fast tiers, or a
+# system tier run on workers) tests run side by side, and an engine can take two minutes to start rather than one.
+# Bounded waits are multiplied by it; it bounds a failure, and asserts nothing of speed.
 SLACK = 2.0 if os.environ.get("PYTEST_XDIST_WORKER") else 1.0
 
 

@@ -11,24 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CHAT_MODEL, SLACK, free_port, new_database, real_vllm, wait_http
-
-# `make test` runs this tier on two pytest-xdist workers. vLLM's CPU engine binds its threads to the cores it picks,
-# the same for every engine on the machine: each worker's engines (its session server, in-process ones, those of the
-# serve and CLI processes its tests start, which inherit this) get a core of their own instead. A fleet's replicas
-# are still pinned one to a core by the fleet itself.
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-if _WORKER.startswith("gw") and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(int(_WORKER[2:]) % (os.cpu_count() or 1))
-
-
-def pytest_collection_modifyitems(items):
-    """Each test's pytest-timeout times SLACK (tests/helpers.py), as its waits are: side by side with another
-    worker's tests, it runs slower than alone."""
-    for item in items:
-        marker = item.get_closest_marker("timeout")
-        if SLACK != 1.0 and marker is not None and marker.args:
-            item.add_marker(pytest.mark.timeout(marker.args[0] * SLACK), append=False)
+from tests.helpers import CHAT_MODEL, free_port, new_database, real_vllm, wait_http
 
 
 @pytest.fixture(scope="session")
