@@ -135,7 +135,7 @@ def free_port() -> int:
 def wait_http(url: str, timeout_s: float, proc=None) -> None:
     import httpx
 
-    deadline = deadline_in(timeout_s)
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
@@ -609,7 +609,7 @@ class Flood:
 
     def wait_answered(self, n: int, timeout_s: float = 60) -> None:
         """Until `n` of the requests have their answer (AssertionError past `timeout_s`)."""
-        deadline = time.monotonic() + timeout_s * SLACK
+        deadline = time.monotonic() + timeout_s
         while len(self.statuses) < n and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(self.statuses) >= n, f"{len(self.statuses)} of {len(self.threads)} answered: {self.statuses}"
@@ -623,17 +623,6 @@ class Flood:
         return self.statuses
 
 
-# How much longer a wait may take than it does alone on the machine: under pytest-xdist (the fast tiers, or a
-# system tier run on workers) tests run side by side, and an engine can take two minutes to start rather than one.
-# Bounded waits are multiplied by it; it bounds a failure, and asserts nothing of speed.
-SLACK = 2.0 if os.environ.get("PYTEST_XDIST_WORKER") else 1.0
-
-
-def deadline_in(timeout_s: float) -> float:
-    """When a wait of `timeout_s` (on a quiet machine) gives up: now plus it, times SLACK."""
-    return time.time() + timeout_s * SLACK
-
-
 def upload(client: OpenAI, path: Path, rows: list) -> str:
     """Write `rows` to `path` and upload it with the openai SDK `client`; the file's id."""
     write_jsonl(path, rows)
@@ -645,7 +634,7 @@ def wait_for(client: OpenAI, batch_id: str, statuses: set[str] | str, timeout_s:
              seen: list[str] | None = None):
     """Poll a batch until its status is one of `statuses`; records each status seen on the way."""
     statuses = {statuses} if isinstance(statuses, str) else statuses
-    deadline = deadline_in(timeout_s)
+    deadline = time.time() + timeout_s
     while True:
         batch = client.batches.retrieve(batch_id)
         if seen is not None and (not seen or seen[-1] != batch.status):
@@ -820,7 +809,7 @@ class Serve:
         return client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
 
     def wait_for(self, batch_id: str, statuses: set[str], timeout_s: float):
-        client, deadline = self.client(), deadline_in(timeout_s)
+        client, deadline = self.client(), time.time() + timeout_s
         while (batch := client.batches.retrieve(batch_id)).status not in statuses:
             if time.time() > deadline or self.proc.poll() is not None:
                 raise TimeoutError(f"{batch_id} is still {batch.status}\n{self.logs()}")
@@ -858,7 +847,7 @@ class Serve:
 
 def batch_runs(instance: dg.DagsterInstance, batch_id: str, timeout_s: float = 60) -> list[dg.DagsterRun]:
     """The batch's runs, oldest first, once the newest has finished (the API's batch ends a little before)."""
-    deadline = deadline_in(timeout_s)
+    deadline = time.time() + timeout_s
     while True:
         runs = instance.get_runs(dg.RunsFilter(job_name="batch_job", tags={"dagster/partition": batch_id}))
         if (runs and runs[0].is_finished) or time.time() > deadline:

@@ -20,7 +20,6 @@ from tests.helpers import (
     batch_runs,
     chat_request,
     committed_files,
-    deadline_in,
     file_stats,
     local_file,
     materialization_metadata,
@@ -51,7 +50,7 @@ def launch_backfill(serve: Serve, params: dict) -> str:
 
 def wait_for_backfill(instance: dg.DagsterInstance, backfill_id: str, partitions: int, timeout_s: float = 120):
     """The backfill's runs, once the daemon has launched one per partition and all have finished."""
-    deadline = deadline_in(timeout_s)
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
         runs = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
         if len(runs) == partitions and all(r.is_finished for r in runs):

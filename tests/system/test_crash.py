@@ -19,13 +19,11 @@ import pytest
 
 from tests.daemon_defs import engine_calls
 from tests.helpers import (
-    SLACK,
     Serve,
     batch_runs,
     chat_request,
     committed_files,
     committed_in,
-    deadline_in,
     file_stats,
     materialization_metadata,
     read_jsonl,
@@ -36,7 +34,7 @@ SHARDS = 8
 
 
 def wait_until(predicate, timeout_s: float, serve: Serve, what: str):
-    deadline = deadline_in(timeout_s)
+    deadline = time.time() + timeout_s
     while not (value := predicate()):
         if time.time() > deadline:
             raise TimeoutError(f"{what}\n{serve.logs()}")
@@ -213,7 +211,7 @@ def test_a_killed_engine_core_fails_the_shard_within_seconds_and_the_step_retrie
     killed: dict[str, float] = {}
 
     def kill_the_core_once_a_shard_is_committed() -> None:
-        deadline = deadline_in(300)
+        deadline = time.time() + 300
         while time.time() < deadline:
             cores = [p for p in psutil.Process().children() if p.name().startswith("VLLM::EngineCor")]
             if cores and list(data_dir.glob("batches/*/results/shard-*.json")):
@@ -234,7 +232,7 @@ def test_a_killed_engine_core_fails_the_shard_within_seconds_and_the_step_retrie
     [run] = instance.get_runs()
     [retry] = step_events(instance, run.run_id, dg.DagsterEventType.STEP_UP_FOR_RETRY, "shard_results")
     # Noticed within seconds, as a crash of the engine (not hanging the step until someone kills the run).
-    assert retry.timestamp - killed["at"] < 10 * SLACK, retry.timestamp - killed["at"]
+    assert retry.timestamp - killed["at"] < 10, retry.timestamp - killed["at"]
     assert "EngineDeadError" in retry.event_log_entry.dagster_event.event_specific_data.error.to_string()
     # What the dead core left (its model worker) was killed, not left holding the model's memory.
     assert not [pid for pid in killed["workers"] if psutil.pid_exists(pid)
@@ -272,7 +270,7 @@ def test_a_run_whose_batch_dagster_run_was_killed_is_marked_failed_at_the_next_s
 
     # Its run log is opened just before the run starts, once the instance's storage exists (not read before:
     # two processes creating it at once collide).
-    deadline = deadline_in(120)
+    deadline = time.time() + 120
     while not list((tmp_path / "data" / "logs").glob("run-*.log")) and time.time() < deadline:
         time.sleep(0.2)
     while not (runs := started_runs()) and time.time() < deadline:

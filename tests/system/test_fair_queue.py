@@ -13,14 +13,14 @@ import pytest
 from openai import OpenAI
 
 from batch_dagster.defs.run_limits import launch_priority
-from tests.helpers import EMBED_MODEL, Serve, batch_runs, deadline_in, write_jsonl
+from tests.helpers import EMBED_MODEL, Serve, batch_runs, write_jsonl
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 KEY_A, KEY_B = "sk-tenant-a", "sk-tenant-b"
 
 
 def wait(client: OpenAI, batch_id: str, statuses: set[str], serve: Serve, timeout_s: float = 300):
-    deadline = deadline_in(timeout_s)
+    deadline = time.time() + timeout_s
     while (batch := client.batches.retrieve(batch_id)).status not in statuses:
         assert time.time() < deadline and serve.proc.poll() is None, f"{batch_id}: {batch.status}\n{serve.logs()}"
         time.sleep(0.5)

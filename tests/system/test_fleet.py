@@ -21,7 +21,6 @@ from tests.helpers import (
     REPO,
     Serve,
     chat_request,
-    deadline_in,
     free_port,
     make_defs,
     read_jsonl,
@@ -115,7 +114,7 @@ def test_serve_with_defaults_runs_api_batches_on_the_warm_fleet_and_restarts_a_r
     # The fleet's ports are serve's default: a free block chosen at start, not a fixed 8200.
     with Serve(tmp_path, BATCH_FLEET_REPLICAS="1") as serve:
         wait_http(f"http://127.0.0.1:{serve.api_port}/health", 30)
-        deadline = deadline_in(300)
+        deadline = time.time() + 300
         while "warm fleet:" not in serve.logs(20000) and time.time() < deadline:  # the daemon starts after it
             time.sleep(1)
         rows = [chat_request(f"q{i}", "What is the capital of France?", max_tokens=16, temperature=0)
@@ -134,7 +133,7 @@ def test_serve_with_defaults_runs_api_batches_on_the_warm_fleet_and_restarts_a_r
         router_url = summary.record["servers"][0]
         router.kill()
         router.wait(10)
-        deadline = deadline_in(60)
+        deadline = time.time() + 60
         while not ((new := _router(serve.proc.pid)) and new.pid != router.pid) and time.time() < deadline:
             time.sleep(0.2)
         assert new is not None and new.pid != router.pid, serve.logs()

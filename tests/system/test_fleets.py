@@ -20,7 +20,6 @@ from batch_dagster.db.models import FleetRecord
 from batch_dagster.serve.fleet import Fleet
 from batch_dagster.serve.fleets import WarmFleets
 from batch_dagster.settings import LOOPBACK, Settings
-from tests.helpers import SLACK
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -53,7 +52,7 @@ def states(store: Database) -> dict[str, str]:
 
 
 def tick_until(fleets: WarmFleets, done, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s * SLACK
+    deadline = time.monotonic() + timeout_s
     while not done():
         assert time.monotonic() < deadline, "timed out"
         fleets.tick()

@@ -27,7 +27,6 @@ from tests.helpers import (
     EMBED_MODEL,
     Serve,
     chat_request,
-    deadline_in,
     free_port,
     wait_http,
     write_jsonl,
@@ -111,7 +110,7 @@ def replicas(serve: Serve) -> list[psutil.Process]:
 
 
 def wait_until(check, timeout_s: float, what: str) -> None:
-    deadline = deadline_in(timeout_s)
+    deadline = time.time() + timeout_s
     while not check():
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(1)

@@ -13,7 +13,7 @@ import pytest
 from openai import OpenAI
 
 from batch_dagster.defs.sensors.eta import ETA_TAG, POSITION_TAG
-from tests.helpers import SERVE_API_KEY, InferenceGate, Serve, chat_request, deadline_in, write_jsonl
+from tests.helpers import SERVE_API_KEY, InferenceGate, Serve, chat_request, write_jsonl
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -45,7 +45,7 @@ def test_a_batch_waits_in_place_and_both_end_near_their_eta(tmp_path, vllm_serve
             "input_file_id": second_file, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
         first, second = create(first_file), create(second_file)
         seen, tags = [], {}
-        deadline = deadline_in(600)
+        deadline = time.time() + 600
         # The urgent batch comes once the first runs (sent at once, it would start first of all).
         while (first := client.batches.retrieve(first.id)).status == "validating":
             assert time.time() < deadline and serve.proc.poll() is None, serve.logs()

@@ -7,7 +7,7 @@ import time
 
 import dagster as dg
 
-from tests.helpers import Serve, chat_request, deadline_in
+from tests.helpers import Serve, chat_request
 
 PARTITIONS = "batches"
 
@@ -24,7 +24,7 @@ def test_the_daemon_deletes_an_ended_batchs_runs_and_partition_once_past_retenti
             runs = dg.RunsFilter(tags={"dagster/partition": batch.id})
             assert instance.get_runs(runs) and batch.id in instance.get_dynamic_partitions(PARTITIONS)
             # The sensor ticks once a minute: within two ticks the ended batch is past its 1 s of retention.
-            deadline = deadline_in(150)
+            deadline = time.time() + 150
             while instance.get_runs(runs) or batch.id in instance.get_dynamic_partitions(PARTITIONS):
                 assert time.time() < deadline, f"{batch.id}'s history is still there\n{serve.logs()}"
                 time.sleep(1)

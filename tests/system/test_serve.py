@@ -18,17 +18,7 @@ import psutil
 import pytest
 from openai import OpenAI
 
-from tests.helpers import (
-    CHAT_MODEL,
-    REPO,
-    Receiver,
-    chat_request,
-    deadline_in,
-    free_port,
-    serve_env,
-    wait_http,
-    write_jsonl,
-)
+from tests.helpers import CHAT_MODEL, REPO, Receiver, chat_request, free_port, serve_env, wait_http, write_jsonl
 
 SECRET = "whsec_" + base64.b64encode(b"a serve test secret of 32 bytes.").decode()
 
@@ -61,7 +51,7 @@ def test_serve_runs_an_sdk_batch_on_the_real_engine_and_stops_cleanly(tmp_path, 
         other = client.batches.create(input_file_id=input_file.id, endpoint="/v1/chat/completions",
                                       completion_window="24h", metadata={"team": "other"})
         client.batches.cancel(other.id)
-        deadline = deadline_in(240)
+        deadline = time.time() + 240
         while batch.status not in ("completed", "failed", "expired", "cancelled") and time.time() < deadline:
             time.sleep(1)
             batch = client.batches.retrieve(batch.id)
@@ -84,7 +74,7 @@ def test_serve_runs_an_sdk_batch_on_the_real_engine_and_stops_cleanly(tmp_path, 
         partial = client.get(f"/batches/{batch.id}/partial_output", cast_to=httpx.Response).text.splitlines()
         assert [json.loads(x) for x in partial] == out
         sdk = OpenAI(api_key="unused", webhook_secret=SECRET)
-        deadline = deadline_in(30)
+        deadline = time.time() + 30
         while len(receiver.events()) < 2 and time.time() < deadline:
             time.sleep(0.5)
         events = {e.data.id: e for e in (sdk.webhooks.unwrap(body.decode(), headers)

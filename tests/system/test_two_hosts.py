@@ -32,7 +32,6 @@ from tests.helpers import (
     MODEL_CACHE,
     batch_runs,
     chat_request,
-    deadline_in,
     file_lines,
     free_port,
     materialization_metadata,
@@ -98,7 +97,7 @@ class Host:
 
 
 def wait_until(predicate: Callable, timeout_s: float, what: str, logs: Path):
-    deadline = deadline_in(timeout_s)
+    deadline = time.time() + timeout_s
     while not (value := predicate()):
         if time.time() > deadline:
             tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(logs.glob("*.log")))
@@ -108,7 +107,7 @@ def wait_until(predicate: Callable, timeout_s: float, what: str, logs: Path):
 
 
 def wait_port(port: int, timeout_s: float, proc: subprocess.Popen) -> None:
-    deadline = deadline_in(timeout_s)
+    deadline = time.time() + timeout_s
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -218,7 +217,7 @@ def test_api_daemon_and_run_worker_on_three_hosts_share_only_postgres_and_s3(
         assert not alive
         before = committed_objects(s3, batch.id)
 
-        deadline = deadline_in(300)
+        deadline = time.time() + 300
         while (done := client.batches.retrieve(batch.id)).status not in {"completed", "failed", "cancelled"}:
             assert time.time() < deadline, f"{batch.id} is still {done.status}"
             time.sleep(0.5)
