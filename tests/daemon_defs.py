@@ -3,8 +3,10 @@
 The engine runs in the daemon's run processes, so what a test needs to see crosses processes through
 files: every engine call is appended to $BATCH_TEST_CALLS, and the $BATCH_TEST_KILL_ON_CALL-th call of a
 process kills that process with SIGKILL, as the OOM killer or a crash would; each call takes
-$BATCH_TEST_CALL_S seconds. Runs use the in-process executor: the process that dies is then the run
-worker itself, and the tests stay quick. A model with a fleet ($BATCH_FLEET_URLS) runs on that fleet for real.
+$BATCH_TEST_CALL_S seconds, and a call whose custom_ids start with the name of a file in the folder
+$BATCH_TEST_HOLD waits until that file is gone (a test holds a batch's run so for as long as it needs, up to
+10 minutes). Runs use the in-process executor: the process that dies is then the run worker itself, and the
+tests stay quick. A model with a fleet ($BATCH_FLEET_URLS) runs on that fleet for real.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -42,6 +45,11 @@ class LoggedEngine(FakeEngine):
         if killed:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(float(os.environ.get("BATCH_TEST_CALL_S") or 0))
+        if hold := os.environ.get("BATCH_TEST_HOLD"):
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and any(
+                    cid.startswith(held.name) for held in Path(hold).iterdir() for cid, _ in requests):
+                time.sleep(0.2)
         return super().run(endpoint, requests, on_progress)
 
 

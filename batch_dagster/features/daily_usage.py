@@ -9,9 +9,10 @@ import io
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # imported where used: pandas costs seconds, and every run and sensor loads this module
+    import pandas as pd
 
 BATCH_COLUMNS = {
     "batch_id": "string", "owner": "string", "model": "string", "status": "string", "finished_at": "string",
@@ -62,6 +63,7 @@ def _rate(tokens: float, seconds: float) -> float:
 
 def batch_rows(batches: Iterable[FinishedBatch]) -> pd.DataFrame:
     """One row per batch, in the order they finished."""
+    import pandas as pd
     rows = []
     for b in sorted(batches, key=lambda b: (b.finished_at, b.batch_id)):
         row: dict[str, Any] = asdict(b)
@@ -74,6 +76,7 @@ def batch_rows(batches: Iterable[FinishedBatch]) -> pd.DataFrame:
 
 def model_rows(by_batch: pd.DataFrame) -> pd.DataFrame:
     """One row per model: sums over its batches; tokens/s is output tokens over inference time, not a mean of rates."""
+    import pandas as pd
     if by_batch.empty:
         return pd.DataFrame(columns=list(MODEL_COLUMNS)).astype(MODEL_COLUMNS)
     grouped = by_batch.groupby("model", sort=True)
@@ -102,6 +105,7 @@ def totals(by_batch: pd.DataFrame) -> dict[str, Any]:
 
 def daily_by_model(batches: Iterable[FinishedBatch], first: date, last: date) -> pd.DataFrame:
     """Total tokens and cost per model for each day from `first` to `last` (days without batches are 0)."""
+    import pandas as pd
     days = pd.date_range(first, last, freq="D").date
     rows = [{"day": b.day, "model": b.model, "tokens": b.input_tokens + b.output_tokens, "cost": b.cost}
             for b in batches if first <= b.day <= last]
@@ -115,6 +119,7 @@ def daily_by_model(batches: Iterable[FinishedBatch], first: date, last: date) ->
 def chart_png(daily: pd.DataFrame, title: str, currency: str = "") -> bytes:
     """Stacked bars of tokens and of cost per model per day, as PNG bytes (matplotlib, no display)."""
     import matplotlib
+    import pandas as pd
 
     matplotlib.use("Agg")  # before pyplot: renders to memory on a machine with no display
     import matplotlib.pyplot as plt

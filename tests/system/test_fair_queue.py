@@ -1,8 +1,9 @@
 """Fair sharing under the real daemon (issue #18): with one run slot (BATCH_OFFLINE_RUNS=1), a key's backlog of
 batches delays another key's batch by one run at most: B's batch runs right after A's first, ends while A's others
 are still queued, and A's keep their order; a batch of higher priority, then a batch with a shorter completion
-window (earliest deadline first, issue #32), submitted behind A's backlog, start before it. The engine is tests.daemon_defs' fake (3 s a call): what is under test
-is the launch order."""
+window (earliest deadline first, issue #32), submitted behind A's backlog, start before it. The engine is
+tests.daemon_defs' fake, its calls for A's first two batches held until the batches meant to overtake them are
+queued: what is under test is the launch order."""
 
 from __future__ import annotations
 
@@ -27,36 +28,56 @@ def wait(client: OpenAI, batch_id: str, statuses: set[str], serve: Serve, timeou
     return batch
 
 
+def queued(serve: Serve, *batches) -> None:
+    """Once each of `batches` has its run in Dagster's queue (the API sensor submitted it)."""
+    deadline = time.time() + 300
+    with serve.instance() as instance:
+        while not all(instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": b.id})) for b in batches):
+            assert time.time() < deadline and serve.proc.poll() is None, serve.logs()
+            time.sleep(0.2)
+
+
 def test_a_second_keys_batch_finishes_while_the_first_keys_backlog_waits(tmp_path):
-    rows = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
-             "body": {"model": EMBED_MODEL, "input": f"sentence number {i}"}} for i in range(2)]
-    # 10 s an engine call: A's first run is still running when B's batch reaches the queue.
+    def rows(name: str) -> list[dict]:  # custom_ids start with the file's name: a hold file of that name holds it
+        return [{"custom_id": f"{name}-e{i}", "method": "POST", "url": "/v1/embeddings",
+                 "body": {"model": EMBED_MODEL, "input": f"sentence number {i}"}} for i in range(2)]
+
+    # A's first two runs are held in their engine call (tests.daemon_defs' BATCH_TEST_HOLD) until the batches that
+    # must queue behind them are in the queue: B's behind A's first, the urgent and the 1h one behind A's second.
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    for name in ("a0", "a1"):
+        (hold / name).touch()
     serve = Serve(tmp_path, module="tests.daemon_defs", BATCH_TEST_CALLS=str(tmp_path / "calls.jsonl"),
-                  BATCH_TEST_CALL_S="10", BATCH_OFFLINE_RUNS="1", BATCH_KEY_MAX_PRIORITY="5")
+                  BATCH_TEST_HOLD=str(hold), BATCH_OFFLINE_RUNS="1", BATCH_KEY_MAX_PRIORITY="5")
     serve.env["BATCH_API_KEYS"] = f"tenant-a:{KEY_A},{KEY_B}"
     with serve:
         a, b = (OpenAI(base_url=f"http://127.0.0.1:{serve.api_port}/v1", api_key=key, max_retries=0, timeout=30)
                 for key in (KEY_A, KEY_B))
 
         def create(client: OpenAI, name: str, window: str = "24h", **extra):
-            with open(write_jsonl(tmp_path / name, rows), "rb") as f:
+            with open(write_jsonl(tmp_path / f"{name}.jsonl", rows(name)), "rb") as f:
                 file_id = client.files.create(file=f, purpose="batch").id
             return client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
                                          completion_window=window, extra_body=extra or None)  # type: ignore[arg-type]
 
-        backlog = [create(a, f"a{i}.jsonl") for i in range(4)]
+        backlog = [create(a, f"a{i}") for i in range(4)]
         with serve.instance() as instance:  # A's first holds the one slot; the rest are queued
             while not instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": backlog[0].id},
                                                               statuses=[dg.DagsterRunStatus.STARTED])):
                 assert serve.proc.poll() is None, serve.logs()
                 time.sleep(0.2)
-        batch_b = create(b, "b.jsonl")
+        batch_b = create(b, "b")
+        queued(serve, batch_b)
+        (hold / "a0").unlink()
         done = wait(b, batch_b.id, {"completed", "failed"}, serve)
         a_when_b_ended = [a.batches.retrieve(x.id).status for x in backlog]
         # An urgent batch (issue #21's priority), submitted behind A's two still queued: it starts before them.
-        urgent = create(a, "urgent.jsonl", priority=5)
+        urgent = create(a, "urgent", priority=5)
         # A 1h batch (issue #32), after it: due 23 h before A's 24h backlog, it goes ahead of it.
-        hour = create(a, "hour.jsonl", window="1h")
+        hour = create(a, "hour", window="1h")
+        queued(serve, urgent, hour)
+        (hold / "a1").unlink()
         ended_a = [wait(a, x.id, {"completed", "failed"}, serve) for x in backlog]
         assert [wait(a, x.id, {"completed", "failed"}, serve).status for x in (urgent, hour)] == ["completed"] * 2
         with serve.instance() as instance:
