@@ -16,7 +16,7 @@ UV_VERSION := 0.13.9
 UV := $(or $(shell command -v uv 2>/dev/null),$(CURDIR)/.uv/bin/uv)
 LOCKS := requirements/$(EXTRA).txt requirements/models.txt
 
-.PHONY: setup models bytecode demo lint test test-fast dev serve clean lock docs-screenshots
+.PHONY: setup models bytecode demo lint test test-fast test-bench dev serve clean lock docs-screenshots
 
 setup: $(STAMP) models bytecode
 
@@ -55,7 +55,7 @@ bytecode: $(STAMP)
 demo: setup
 	$(VENV)/bin/batch-dagster demo
 
-# Lint and types first (seconds), then the tests.
+# Lint and types alone (make test-fast and make test run them too).
 lint: setup
 	$(VENV)/bin/ruff check batch_dagster bench tools tests
 	$(VENV)/bin/mypy
@@ -66,9 +66,13 @@ lint: setup
 FAST_TIERS := tests/core tests/pipeline tests/api
 XDIST := -n auto --maxprocesses 4
 
-test: lint
-	$(PY) -m pytest -q $(XDIST) $(FAST_TIERS)
-	$(PY) -m pytest -q --durations=25 tests/system
+# make test: lint, types and the fast tiers (test-fast), then the system tier but the benchmark harness's tests on
+# the engine (make test-bench runs those: they test bench/, not the product, and start seven engines).
+test: test-fast
+	$(PY) -m pytest -q --durations=25 -m "not bench" tests/system
+
+test-bench: setup
+	$(PY) -m pytest -q -m bench tests/system
 
 # The type check runs beside the tests (they wait on sockets and polls more than they use the cores), and its
 # verdict is printed after theirs: a type error still fails the target.

@@ -14,6 +14,7 @@ Results go to bench/results/fleet.json (BENCH_FLEET_OUT) after each part; a mark
 Environment: BENCH_FLEET_REQUESTS, BENCH_FLEET_OVERHEAD_REQUESTS, BENCH_FLEET_PARTS (comma list of
 scaling, overhead, latency; all by default), BENCH_FLEET_REPEATS (small batches and run_batch runs, 3),
 BENCH_FLEET_POLICY (the router policy for the scaling part; default the fleet's, BATCH_FLEET_POLICY),
+BENCH_FLEET_SCALING_REPLICAS (the fleet sizes of the scaling part, 1,2; its ratio needs both),
 BENCH_MODEL, BENCH_QUIET_WAIT_S (see bench/run_bench.py), BENCH_KEEP_WORK=1.
 """
 
@@ -73,6 +74,7 @@ def main() -> None:
     n = int(os.environ.get("BENCH_FLEET_REQUESTS") or 1000)
     n_overhead = int(os.environ.get("BENCH_FLEET_OVERHEAD_REQUESTS") or 500)
     repeats = int(os.environ.get("BENCH_FLEET_REPEATS") or 3)
+    sizes = tuple(int(k) for k in (os.environ.get("BENCH_FLEET_SCALING_REPLICAS") or "1,2").split(","))
     model = os.environ.get("BENCH_MODEL") or "smollm2-135m-instruct"
     quiet_wait_s = float(os.environ.get("BENCH_QUIET_WAIT_S") or 600)
     out = Path(os.environ.get("BENCH_FLEET_OUT") or REPO / "bench" / "results" / "fleet.json")
@@ -93,7 +95,8 @@ def main() -> None:
         if "scaling" in parts:
             workload = write_workload(work / "scaling.jsonl", n, model)
             report["scaling"] = fleet_scaling.measure(
-                workload, work / "scaling", model, policy=policy, concurrency=settings.vllm_max_concurrency,
+                workload, work / "scaling", model, replicas=sizes, policy=policy,
+                concurrency=settings.vllm_max_concurrency,
                 shard_size=settings.shard_size, quiet_wait_s=quiet_wait_s)
             _write(out, report)
         if "overhead" in parts:

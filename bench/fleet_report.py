@@ -82,6 +82,10 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value}x"
+
+
 def median(values: Sequence[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
@@ -128,7 +132,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         runs = sorted((r["replicas"], r["output_tok_s"]) for r in report["scaling"]["runs"])
         detail = ", ".join(f"{k} replica{'s' if k > 1 else ''} {tok_s:,.1f}" for k, tok_s in runs)
         rows.append(f"| scaling: output tok/s, 2 replicas / 1 ({report['scaling']['requests']:,} requests) | "
-                    f"{s['scaling_tok_s_2_vs_1']}x ({detail}) | >= {GOALS['scaling']}x | {_met(s['scaling_met'])} |")
+                    f"{_x(s['scaling_tok_s_2_vs_1'])} ({detail}) | >= {GOALS['scaling']}x | {_met(s['scaling_met'])} |")
     if "overhead_wall_vs_run_batch" in s:
         o = report["overhead"]
         rows.append(f"| fixed overhead: pipeline wall / run_batch wall ({o['requests']:,} requests) | "

@@ -1,6 +1,8 @@
 """The benchmark harness runs end to end at a tiny size, so it cannot rot (speed lives in the benchmark).
 
-Its workload generator is tested in tests/core/test_bench_workload.py."""
+The two on the engine are marked `bench`: `make test-bench` runs them, `make test` does not (they start seven
+engines between them, 13 minutes on a 2-core AVX2 machine, to test the benchmark scripts, not the product). Its
+workload generator is tested in tests/core/test_bench_workload.py."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ def test_cpu_bench_tiny(tmp_path):
 
 
 @pytest.mark.engine
+@pytest.mark.bench
 @pytest.mark.timeout(900)
 def test_bench_three_stages_tiny(tmp_path):
     out = tmp_path / "latest.json"
@@ -60,20 +63,22 @@ def test_bench_three_stages_tiny(tmp_path):
 
 
 @pytest.mark.engine
+@pytest.mark.bench
 @pytest.mark.timeout(1500)
 def test_bench_fleet_tiny(tmp_path):
     from bench.fleet_report import PHASES
 
     # The overhead part is `make bench`'s run_batch and pipeline stages (bench.run_bench), which
-    # test_bench_three_stages_tiny runs: here the fleet's own two parts, each of which starts engines of its own.
+    # test_bench_three_stages_tiny runs: here the fleet's own two parts, each of which starts engines of its own,
+    # the scaling part on one fleet, of two replicas (the ratio to one replica is the benchmark's to measure).
     out = tmp_path / "fleet.json"
     env = {"BENCH_FLEET_REQUESTS": "8", "BENCH_FLEET_PARTS": "scaling,latency", "BENCH_FLEET_REPEATS": "1",
-           "BENCH_FLEET_OUT": str(out), "BENCH_QUIET_WAIT_S": "0"}
+           "BENCH_FLEET_SCALING_REPLICAS": "2", "BENCH_FLEET_OUT": str(out), "BENCH_QUIET_WAIT_S": "0"}
     done = _run("bench.fleet_bench", env, 1500)
     assert done.returncode == 0, done.stderr[-5000:]
     report = json.loads(out.read_text())
     runs = {r["replicas"]: r for r in report["scaling"]["runs"]}
-    assert set(runs) == {1, 2}
+    assert set(runs) == {2}
     for n, r in runs.items():
         assert r["requests_completed"] == 8 and r["output_tokens"] > 0 and len(r["per_replica"]) == n
         assert sum(p["requests"] for p in r["per_replica"]) == 8  # every request reached a replica, once
@@ -83,5 +88,6 @@ def test_bench_fleet_tiny(tmp_path):
     assert abs(sum(batch["phases_s"].values()) - batch["total_s"]) < 0.01
     assert batch["phases_s"]["inference"] > 0 and batch["phases_s"]["run launch"] > 0
     assert list(latency["phases_median_s"]) == list(PHASES) and latency["run_batch_median_s"] > 0
-    assert set(report["summary"]) >= {"scaling_met", "latency_met"} and "overhead_met" not in report["summary"]
+    assert report["summary"]["scaling_met"] is None  # no ratio without the one-replica run
+    assert "latency_met" in report["summary"] and "overhead_met" not in report["summary"]
     assert "| small batch phase |" in done.stdout
