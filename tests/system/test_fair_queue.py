@@ -28,11 +28,12 @@ def wait(client: OpenAI, batch_id: str, statuses: set[str], serve: Serve, timeou
     return batch
 
 
-def queued(serve: Serve, *batches) -> None:
-    """Once each of `batches` has its run in Dagster's queue (the API sensor submitted it)."""
+def queued(serve: Serve, *batches, statuses: list[dg.DagsterRunStatus] | None = None) -> None:
+    """Once each of `batches` has its run in Dagster (the API sensor submitted it), in one of `statuses` if given."""
     deadline = time.time() + 300
     with serve.instance() as instance:
-        while not all(instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": b.id})) for b in batches):
+        while not all(instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": b.id}, statuses=statuses))
+                      for b in batches):
             assert time.time() < deadline and serve.proc.poll() is None, serve.logs()
             time.sleep(0.2)
 
@@ -62,11 +63,7 @@ def test_a_second_keys_batch_finishes_while_the_first_keys_backlog_waits(tmp_pat
                                          completion_window=window, extra_body=extra or None)  # type: ignore[arg-type]
 
         backlog = [create(a, f"a{i}") for i in range(4)]
-        with serve.instance() as instance:  # A's first holds the one slot; the rest are queued
-            while not instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": backlog[0].id},
-                                                              statuses=[dg.DagsterRunStatus.STARTED])):
-                assert serve.proc.poll() is None, serve.logs()
-                time.sleep(0.2)
+        queued(serve, backlog[0], statuses=[dg.DagsterRunStatus.STARTED])  # A's first holds the one slot
         batch_b = create(b, "b")
         queued(serve, batch_b)
         (hold / "a0").unlink()
