@@ -775,7 +775,8 @@ class Serve:
         import psutil
 
         descendants = psutil.Process(self.proc.pid).children(recursive=True) if self.proc.poll() is None else []
-        os.kill(self.proc.pid, signal.SIGINT)
+        if self.proc.poll() is None:  # serve stops on its own when one of its children dies
+            os.kill(self.proc.pid, signal.SIGINT)
         try:
             self.proc.wait(60)
         except subprocess.TimeoutExpired:

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -47,9 +48,23 @@ def vllm_server(tmp_path_factory):
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
+class Postgres:
+    """A throwaway PostgreSQL 15 server: `url` (without a database name), and `restart` for the fault tests."""
+
+    def __init__(self, url: str, pg_ctl: list[str], start: list[str]):
+        self.url, self.pg_ctl, self.start = url, pg_ctl, start
+
+    def restart(self, down_s: float = 0) -> None:
+        """Stopped as a crash would stop it (immediate: no checkpoint, connections cut), started again `down_s`
+        later."""
+        subprocess.run([*self.pg_ctl, "-m", "immediate", "-w", "stop"], check=True, capture_output=True)
+        time.sleep(down_s)
+        subprocess.run(self.start, check=True, capture_output=True)
+
+
 @pytest.fixture(scope="session")
-def postgres_server():
-    """A throwaway PostgreSQL 15 on a loopback port, for the session: yields its URL without a database name.
+def postgres():
+    """A throwaway PostgreSQL 15 on a loopback port, for the session (a Postgres).
 
     postgres refuses to run as root, so as root the server runs as the `postgres` user (runuser). Skips only where
     the PostgreSQL 15 server binaries are absent.
@@ -65,14 +80,20 @@ def postgres_server():
     subprocess.run([*as_postgres, str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
                    check=True, capture_output=True)
     pg_ctl = [*as_postgres, str(PG_BIN / "pg_ctl"), "-D", str(data)]
-    subprocess.run([*pg_ctl, "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "-l", str(log), "-w",
-                    "start"], check=True, capture_output=True)
+    start = [*pg_ctl, "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "-l", str(log), "-w", "start"]
+    subprocess.run(start, check=True, capture_output=True)
     try:
         # The driver named: SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3, dagster-postgres needs psycopg2.
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}"
+        yield Postgres(f"postgresql+psycopg2://postgres@127.0.0.1:{port}", pg_ctl, start)
     finally:
         subprocess.run([*pg_ctl, "-m", "immediate", "-w", "stop"], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_server(postgres) -> str:
+    """The session's PostgreSQL 15 server's URL, without a database name."""
+    return postgres.url
 
 
 @pytest.fixture

@@ -184,18 +184,17 @@ def inference_step(retry_delay_s: float) -> dg.AssetsDefinition:
     )(run_shards)
 
 
-# As the declarations' default makes it: its key is what the job, the checks and the later steps name.
-shard_results = inference_step(default("BATCH_STEP_RETRY_DELAY_S"))
+FILE_RETRIES = 6
 
 
-@dg.asset(
-    partitions_def=batches,
-    group_name=GROUP,
-    kinds={"json"},
-    deps=[shard_results],
-    description="The merged output file and error file, in the OpenAI Batch format.",
-)
-def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
+def file_retries(retry_delay_s: float) -> dg.RetryPolicy:
+    """The steps after inference only read and write the batch folder: one that failed on its storage (a full disk,
+    the store unreachable) is tried again, `retry_delay_s` later and then doubling, 6 times (about 2 minutes at the
+    default 2 s). Both write whole files atomically, so a retry starts from what was committed."""
+    return dg.RetryPolicy(max_retries=FILE_RETRIES, delay=retry_delay_s, backoff=dg.Backoff.EXPONENTIAL)
+
+
+def merge_output_files(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
     folder = storage.folder(context.partition_key)
     result, preview = steps.merge_results(folder)
     return dg.MaterializeResult(
@@ -210,14 +209,20 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResour
     )
 
 
-@dg.asset(
-    partitions_def=batches,
-    group_name=GROUP,
-    kinds={"json"},
-    deps=[batch_output_files],
-    description="Token usage and cost of the batch (successful requests only), and how it ran.",
-)
-def batch_usage(
+def output_step(retry_delay_s: float) -> dg.AssetsDefinition:
+    """batch_output_files, the merge, retried as file_retries says."""
+    return dg.asset(
+        name="batch_output_files",
+        partitions_def=batches,
+        group_name=GROUP,
+        kinds={"json"},
+        deps=[shard_results],
+        retry_policy=file_retries(retry_delay_s),
+        description="The merged output file and error file, in the OpenAI Batch format.",
+    )(merge_output_files)
+
+
+def sum_usage(
     context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource
 ) -> dg.MaterializeResult:
     summary = steps.summarize(storage.folder(context.partition_key), pipeline, vllm, context.log)
@@ -244,10 +249,30 @@ def batch_usage(
     )
 
 
+def usage_step(retry_delay_s: float) -> dg.AssetsDefinition:
+    """batch_usage, usage and cost, retried as file_retries says."""
+    return dg.asset(
+        name="batch_usage",
+        partitions_def=batches,
+        group_name=GROUP,
+        kinds={"json"},
+        deps=[batch_output_files],
+        retry_policy=file_retries(retry_delay_s),
+        description="Token usage and cost of the batch (successful requests only), and how it ran.",
+    )(sum_usage)
+
+
+# As the declarations' default makes them: their keys are what the job, the checks and the later steps name.
+shard_results = inference_step(default("BATCH_STEP_RETRY_DELAY_S"))
+batch_output_files = output_step(default("BATCH_STEP_RETRY_DELAY_S"))
+batch_usage = usage_step(default("BATCH_STEP_RETRY_DELAY_S"))
+
+
 lifecycle_assets = [batch_input, validated_requests, batch_shards, shard_results, batch_output_files, batch_usage]
 
 
 def lifecycle(retry_delay_s: float) -> list[dg.AssetsDefinition]:
-    """The lifecycle's assets, in data-flow order, the inference step retried after `retry_delay_s`
-    (BATCH_STEP_RETRY_DELAY_S, read when the definitions load)."""
-    return [inference_step(retry_delay_s) if a is shard_results else a for a in lifecycle_assets]
+    """The lifecycle's assets, in data-flow order, the inference step and the file steps after it retried after
+    `retry_delay_s` (BATCH_STEP_RETRY_DELAY_S, read when the definitions load)."""
+    retried = {shard_results.key: inference_step, batch_output_files.key: output_step, batch_usage.key: usage_step}
+    return [retried[a.key](retry_delay_s) if a.key in retried else a for a in lifecycle_assets]
