@@ -846,6 +846,16 @@ class Serve:
         return None
 
 
+def wait_until(predicate, timeout_s: float, serve: Serve, what: str):
+    """predicate()'s first true value, polled while serve runs; serve's log in the error if it never comes."""
+    deadline = time.time() + timeout_s
+    while not (value := predicate()):
+        if time.time() > deadline or serve.proc.poll() is not None:
+            raise TimeoutError(f"{what}\n{serve.logs()}")
+        time.sleep(0.05)
+    return value
+
+
 def batch_runs(instance: dg.DagsterInstance, batch_id: str, timeout_s: float = 60) -> list[dg.DagsterRun]:
     """The batch's runs, oldest first, once the newest has finished (the API's batch ends a little before)."""
     deadline = time.time() + timeout_s

@@ -28,18 +28,10 @@ from tests.helpers import (
     materialization_metadata,
     read_jsonl,
     step_events,
+    wait_until,
 )
 
 SHARDS = 8
-
-
-def wait_until(predicate, timeout_s: float, serve: Serve, what: str):
-    deadline = time.time() + timeout_s
-    while not (value := predicate()):
-        if time.time() > deadline:
-            raise TimeoutError(f"{what}\n{serve.logs()}")
-        time.sleep(0.05)
-    return value
 
 
 def lines(client, file_id) -> list[dict]:

@@ -29,6 +29,8 @@ from tests.helpers import (
     file_stats,
     new_database,
     read_jsonl,
+    step_events,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -71,7 +73,7 @@ class Faults:
         (self.hold / f"{name}-hold").touch()
         batch = self.create(serve, name, held_rows(name, n, words))
         results = self.results(serve, batch)
-        wait_until(lambda: self.called(f"{name}-hold") and len(committed_files(results)) == 3 * n // 2, serve,
+        wait_until(lambda: self.called(f"{name}-hold") and len(committed_files(results)) == 3 * n // 2, 240, serve,
                    f"{name}'s last shard never reached the engine")
         return batch
 
@@ -127,14 +129,6 @@ class Faults:
         return out, err
 
 
-def wait_until(predicate, serve: Serve, what: str, timeout_s: float = 240):
-    deadline = time.time() + timeout_s
-    while not (value := predicate()):
-        assert time.time() < deadline and serve.proc.poll() is None, f"{what}\n{serve.logs()}"
-        time.sleep(0.1)
-    return value
-
-
 def has_run(serve: Serve, batch) -> bool:
     with serve.instance() as instance:
         return bool(instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": batch.id})))
@@ -148,10 +142,11 @@ def test_daemon_killed_with_batches_in_every_state_then_serve_started_again(tmp_
     with faults.serve() as serve:
         done = faults.ended(serve, [faults.create(serve, "done", batch_rows("done", 3))], 120).popitem()[1]
         running = faults.held(serve, "run", 4)
-        wait_until(lambda: serve.client().batches.retrieve(running.id).status == "in_progress", serve, "not shown")
+        wait_until(lambda: serve.client().batches.retrieve(running.id).status == "in_progress", 240, serve,
+                   "not shown in_progress")
         waiting = faults.create(serve, "wait", batch_rows("wait", 4))
         cancelled = faults.create(serve, "cxl", batch_rows("cxl", 2))
-        wait_until(lambda: has_run(serve, waiting) and has_run(serve, cancelled), serve, "nothing queued")
+        wait_until(lambda: has_run(serve, waiting) and has_run(serve, cancelled), 240, serve, "nothing queued")
         serve.client().batches.cancel(cancelled.id)
         states = {b.id: serve.client().batches.retrieve(b.id).status for b in (done, running, waiting, cancelled)}
 
@@ -200,8 +195,7 @@ def step_retries(serve: Serve, batch, step_key: str) -> list[str]:
     with serve.instance() as instance:
         return [r.event_log_entry.dagster_event.event_specific_data.error.to_string()
                 for run in instance.get_runs(dg.RunsFilter(tags={"dagster/partition": batch.id}))
-                for r in instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.STEP_UP_FOR_RETRY).records
-                if r.event_log_entry.step_key == step_key]
+                for r in step_events(instance, run.run_id, dg.DagsterEventType.STEP_UP_FOR_RETRY, step_key)]
 
 
 def fill(folder: Path, leave: int) -> Path:
@@ -209,7 +203,6 @@ def fill(folder: Path, leave: int) -> Path:
     filler = folder / "filler"
     free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
     with open(filler, "wb") as f:
-        f.truncate(0)
         f.write(b"\0" * (free - leave))
     return filler
 
@@ -230,7 +223,8 @@ def test_disk_full_during_the_merge_then_freed_the_batch_completes(tmp_path):
             kept = faults.snapshot(serve, a)
             filler = fill(data, leave=32 << 10)
             faults.release("a")
-            [error, *_] = wait_until(lambda: step_retries(serve, a, "batch_output_files"), serve, "the merge never failed")
+            [error, *_] = wait_until(lambda: step_retries(serve, a, "batch_output_files"), 240, serve,
+                                     "the merge never failed")
             filler.unlink()
             [end] = faults.ended(serve, [a], 300).values()
             assert end.status == "completed", serve.logs()
