@@ -132,6 +132,81 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Outage:
+    """A TCP proxy on a loopback port to `target_port`, which a test takes down (its connections closed, new ones
+    refused, as a store that went away refuses them) and brings back on the same port."""
+
+    def __init__(self, target_port: int):
+        self.port, self.target = free_port(), target_port
+        self.conns: set[socket.socket] = set()
+        self.lock = threading.Lock()
+        self.listener: socket.socket | None = None
+        self.trip: re.Pattern[bytes] | None = None
+        self.tripped = threading.Event()
+        self.up()
+
+    def down_at(self, pattern: bytes) -> None:
+        """Go down at the first request whose bytes match `pattern` (e.g. a PUT of a key), that request unsent."""
+        self.tripped.clear()
+        self.trip = re.compile(pattern)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def up(self) -> None:
+        listener = self.listener = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: the same port
+        listener.settimeout(0.2)
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            listener.close()
+        with self.lock:
+            conns, self.conns = self.conns, set()
+        for conn in conns:
+            conn.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while self.listener is listener:
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.conns |= {client, server}
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                if self.trip is not None and self.trip.search(data):
+                    self.trip = None
+                    self.down()
+                    self.tripped.set()
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        for s in (source, sink):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+            with self.lock:
+                self.conns.discard(s)
+
+
 def wait_http(url: str, timeout_s: float, proc=None) -> None:
     import httpx
 
@@ -846,12 +921,12 @@ class Serve:
         return None
 
 
-def wait_until(predicate, timeout_s: float, serve: Serve, what: str):
-    """predicate()'s first true value, polled while serve runs; serve's log in the error if it never comes."""
+def wait_until(predicate, timeout_s: float, serve: Serve | None = None, what: str = ""):
+    """predicate()'s first true value, polled (while serve runs); serve's log in the error if it never comes."""
     deadline = time.time() + timeout_s
     while not (value := predicate()):
-        if time.time() > deadline or serve.proc.poll() is not None:
-            raise TimeoutError(f"{what}\n{serve.logs()}")
+        if time.time() > deadline or (serve is not None and serve.proc.poll() is not None):
+            raise TimeoutError(f"{what}\n{serve.logs() if serve else ''}")
         time.sleep(0.05)
     return value
 

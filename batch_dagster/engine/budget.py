@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from .health import in_background, unless
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -84,22 +86,8 @@ class Held:
     taken_back: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self, work: Awaitable[T]) -> T | None:
-        """`work`'s result, or None when the place was taken back first (the work is cancelled: an HTTP request's
-        connection is closed, and the server aborts it)."""
-        task = asyncio.ensure_future(work)
-        taken = asyncio.ensure_future(self.taken_back.wait())
-        try:
-            await asyncio.wait((task, taken), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            taken.cancel()
-        if task.done():
-            return task.result()
-        task.cancel()
-        try:
-            await task
-        except (asyncio.CancelledError, Exception):  # the request's own end no longer matters
-            pass
-        return None
+        """`work`'s result, or None when the place was taken back first (the work is cancelled)."""
+        return await unless(self.taken_back, work)
 
 
 class Budget:
@@ -274,15 +262,8 @@ async def recomputed(budget: Budget, client: httpx.AsyncClient, base_urls: Seque
     if not budget.adaptive:
         yield budget
         return
-    task = asyncio.ensure_future(keep_recomputing(budget, ServerMetrics(client, base_urls)))
-    try:
+    async with in_background(keep_recomputing(budget, ServerMetrics(client, base_urls))):
         yield budget
-    finally:
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
 
 
 def summary(budget: Budget) -> dict[str, Any]:

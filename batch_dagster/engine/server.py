@@ -21,6 +21,7 @@ from . import lines as ln
 from .base import EngineCrash, Line, OnProgress, Request, dispatch
 from .budget import Budget, recomputed
 from .flags import engine_flags
+from .health import HUNG_AFTER_S, Health, ServerHung, watched
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class ServerEngine:
     failover_s: float = 120.0  # how long requests are resent while no server answers
     serves: Serves | None = None  # what the model takes: a body asking for more is its 400 line, never sent
     budget: str = default("BATCH_VLLM_BUDGET")  # "fixed": max_concurrency in flight; "adaptive": engine/budget.py
+    hung_after_s: float = HUNG_AFTER_S  # a server that answers nothing this long is given up (engine/health.py)
 
     def run(self, endpoint: str, requests: Sequence[Request], on_progress: OnProgress | None = None) -> list[Line]:
         return asyncio.run(self._run(endpoint, requests, on_progress))
@@ -54,14 +56,15 @@ class ServerEngine:
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers, limits=limits) as client, \
                 recomputed(Budget(self.max_concurrency, adaptive=self.budget == "adaptive"), client,
                            self.base_urls) as budget:
-            urls = [u + endpoint for u in await self._servers(client)]
+            servers = await self._servers(client)
+            async with watched(servers, self.hung_after_s) as health:
 
-            async def send(custom_id: str, body: dict[str, Any], first: int) -> Line:
-                return await self._send(client, urls, first, custom_id, body, budget)
+                async def send(custom_id: str, body: dict[str, Any], first: int) -> Line:
+                    return await self._send(client, health, servers, endpoint, first, custom_id, body, budget)
 
-            # The budget holds the requests in flight (at most max_concurrency): no second limit here.
-            return await dispatch(endpoint, requests, send, serves=self.serves, lanes=len(urls),
-                                  on_progress=on_progress)
+                # The budget holds the requests in flight (at most max_concurrency): no second limit here.
+                return await dispatch(endpoint, requests, send, serves=self.serves, lanes=len(servers),
+                                      on_progress=on_progress)
 
     async def _servers(self, client: httpx.AsyncClient) -> list[str]:
         """The vLLM servers behind the base URLs: for a vllm-router, the healthy replicas it lists (GET /workers).
@@ -83,16 +86,17 @@ class ServerEngine:
             found += healthy or [base]
         return list(dict.fromkeys(found))
 
-    async def _send(self, client: httpx.AsyncClient, urls: Sequence[str], first: int, custom_id: str,
-                    body: dict[str, Any], budget: Budget) -> Line:
+    async def _send(self, client: httpx.AsyncClient, health: Health, servers: Sequence[str], endpoint: str,
+                    first: int, custom_id: str, body: dict[str, Any], budget: Budget) -> Line:
         """One request, sent within the budget (a place held only while it is out) and resent until a server
         answers it for good.
 
-        A server that went away (connection refused or reset, or a router's 502/503/504 when it has no healthy
-        replica) costs the request nothing until `failover_s` has passed with no server answering any request: then
-        the shard fails (EngineCrash) and the step retries it. A busy server (429, or vLLM's own 503 when its queue
-        is full) costs nothing either: the budget backs off and the request waits its turn again, however long the
-        servers are busy (a 429 is an answer: it never counts as away). A request whose place the budget takes back
+        A server that went away (connection refused or reset, a router's 502/503/504 when it has no healthy
+        replica, or hung: engine/health.py gives up its requests) costs the request nothing until `failover_s` has
+        passed with no server answering any request: then the shard fails (EngineCrash) and the step retries it. A
+        busy server (429, or vLLM's own 503 when its queue is full) costs nothing either: the budget backs off and
+        the request waits its turn again, however long the servers are busy (a 429 is an answer: it never counts as
+        away). A request whose place the budget takes back
         for interactive traffic is sent again when there is room. A 4xx is the request's own error; other 5xx
         answers become its error line after a few attempts.
         """
@@ -100,12 +104,13 @@ class ServerEngine:
         since = loop.time()
         server_errors = 0
         for attempt in itertools.count():
-            url = urls[(first + attempt) % len(urls)]
+            server = health.choose(servers, first + attempt)
+            url = server + endpoint
             gone, response = "", None
             async with budget.place() as held:
                 try:
-                    response = await held.run(client.post(url, json=body))
-                except httpx.TransportError as exc:
+                    response = await held.run(health.guard(server, client.post(url, json=body)))
+                except (httpx.TransportError, ServerHung) as exc:
                     gone = f"{url} unreachable: {exc!r}"
             if response is None and not gone:
                 continue  # taken back: its place went to interactive traffic

@@ -272,3 +272,32 @@ def test_a_terminated_run_stops_instead_of_retrying_the_step(tmp_path, data_dir,
     assert len(engine.calls) == 2  # not run on by the step's RetryPolicy
     assert summary["status"] == "failed" and "terminated" in summary["errors"][0]["message"]
     assert summary["request_counts"] == {"total": 6, "completed": 2, "failed": 4}
+
+
+def test_a_store_that_fails_the_live_progress_write_costs_the_shard_nothing(tmp_path):
+    """The live counts are written as a shard goes on; a store that refuses one write (S3 unreachable for a moment)
+    is a warning in the step's log, not an exception that throws away the shard's answers."""
+    from batch_dagster.batchfile.folder import BatchFolder, Progress
+    from batch_dagster.defs.assets.inference import ShardProgress
+    from batch_dagster.storage import LocalStorage
+
+    class Refusing(BatchFolder):
+        def write_progress(self, progress: Progress) -> None:
+            raise OSError("Could not connect to the endpoint URL")
+
+    class Log:
+        def __init__(self) -> None:
+            self.warnings: list[str] = []
+
+        def warning(self, message: str) -> None:
+            self.warnings.append(message)
+
+        def info(self, message: str) -> None:
+            pass
+
+    log = Log()
+    progress = ShardProgress(Refusing(LocalStorage(tmp_path), "batch_x"), Progress(), index=0, size=4, log=log)
+    for _ in range(4):
+        progress(1)
+    assert progress.done == 4
+    assert log.warnings and "Could not connect to the endpoint URL" in log.warnings[0]

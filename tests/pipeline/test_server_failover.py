@@ -4,6 +4,7 @@ server answers for the failover window does the shard fail (so the step retries 
 from __future__ import annotations
 
 import itertools
+import socket
 from contextlib import ExitStack
 
 import pytest
@@ -12,6 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.engine.base import EngineCrash
+from batch_dagster.engine.health import Health
 from batch_dagster.engine.server import ServerEngine
 from tests.helpers import ApiServer, free_port
 
@@ -50,6 +52,42 @@ def test_a_dead_server_costs_nothing_when_another_answers():
     assert sorted(line["custom_id"] for line in lines) == [f"r{i}" for i in range(10)]
     assert all(c.is_success(line) for line in lines)
     assert sorted(seen) == sorted(f"q{i}" for i in range(10))  # each request answered once, by the live server
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_servers_requests_go_to_another_and_none_wait_the_request_timeout():
+    """A server that takes connections and answers nothing (as one stopped with SIGSTOP): its requests are given
+    up once its health probes have gone unanswered for hung_after_s, and the live server answers each once."""
+    app, seen = chat_server()
+    with ApiServer(app) as good, socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(64)  # the kernel completes the connections; nobody reads them
+        engine = ServerEngine([f"http://127.0.0.1:{hung.getsockname()[1]}", good.url], timeout_s=600,
+                              failover_s=600, hung_after_s=1)
+        lines = engine.run(c.CHAT, requests(10))
+    assert sorted(line["custom_id"] for line in lines) == [f"r{i}" for i in range(10)]
+    assert all(c.is_success(line) for line in lines)
+    assert sorted(seen) == sorted(f"q{i}" for i in range(10))
+
+
+def test_a_server_is_hung_only_after_answering_nothing_for_the_window_and_is_used_again_once_it_answers():
+    now = [0.0]
+    health = Health(["a", "b"], hung_after_s=20, clock=lambda: now[0])
+    now[0] = 19
+    health.probed("a", False)
+    assert not health.hung("a") and health.choose(["a", "b"], 0) == "a"
+    now[0] = 20
+    health.probed("a", False)
+    health.probed("b", True)
+    assert health.hung("a") and not health.hung("b")
+    assert [health.choose(["a", "b"], i) for i in range(2)] == ["b", "b"]
+    health.probed("b", False)  # b's probe failed once: it answered 0 s ago, not hung
+    assert not health.hung("b")
+    now[0] = 41
+    health.probed("b", False)
+    assert [health.choose(["a", "b"], i) for i in range(2)] == ["a", "b"]  # all hung: each keeps its own
+    health.probed("a", True)
+    assert not health.hung("a") and health.choose(["a", "b"], 1) == "a"
 
 
 def test_a_router_with_no_healthy_replica_is_waited_out():

@@ -9,26 +9,30 @@ does in each case: docs/operations.md#faults.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 
 import dagster as dg
 import openai
 import psutil
 import pytest
 
+from batch_dagster.batchfile.results import committed_shards, shard_keys
+from batch_dagster.storage import LocalStorage
+from batch_dagster.storage.s3 import S3Storage
 from tests.daemon_defs import engine_calls
 from tests.helpers import (
+    Outage,
     Serve,
     chat_request,
-    committed_files,
     file_lines,
-    file_stats,
     new_database,
-    read_jsonl,
     step_events,
     wait_until,
 )
@@ -52,13 +56,21 @@ def held_rows(name: str, n: int, words: int = 0) -> list[dict]:
 
 
 class Faults:
-    """serve on the fake engine in `tmp_path`, each engine call logged, calls held by files in `hold`."""
+    """serve on the fake engine in `tmp_path`, each engine call logged, calls held by files in `hold`; the batch
+    folders in the data folder, or on S3 when `s3` (a boto3 client of a versioned bucket) is given with its
+    BATCH_STORAGE_URL in `env`."""
 
-    def __init__(self, tmp_path: Path, **env: str):
+    def __init__(self, tmp_path: Path, s3=None, **env: str):
         self.tmp_path, self.hold, self.calls = tmp_path, tmp_path / "hold", tmp_path / "calls.jsonl"
         self.hold.mkdir(exist_ok=True)
         self.env = {"BATCH_SHARD_SIZE": "2", "BATCH_TEST_CALLS": str(self.calls), "BATCH_TEST_HOLD": str(self.hold),
                     "BATCH_OFFLINE_RUNS": "1", **env}
+        self.s3 = s3
+        if s3 is None:
+            self.storage = LocalStorage(tmp_path / "data")
+        else:
+            url = urlparse(env["BATCH_STORAGE_URL"])
+            self.storage = S3Storage(url.netloc, url.path, tmp_path / "scratch", client=s3)
         self.rows: dict[str, list[dict]] = {}
 
     def serve(self) -> Serve:
@@ -72,31 +84,44 @@ class Faults:
         """A batch of held_rows(name, n), once its first n / 2 shards are committed and its last is in the engine."""
         (self.hold / f"{name}-hold").touch()
         batch = self.create(serve, name, held_rows(name, n, words))
-        results = self.results(serve, batch)
-        wait_until(lambda: self.called(f"{name}-hold") and len(committed_files(results)) == 3 * n // 2, 240, serve,
+        wait_until(lambda: self.called(f"{name}-hold") and len(self.committed(batch)) == 3 * n // 2, 240, serve,
                    f"{name}'s last shard never reached the engine")
         return batch
 
     def release(self, name: str) -> None:
         (self.hold / f"{name}-hold").unlink()
 
-    def results(self, serve: Serve, batch) -> Path:
-        return serve.data_dir / "batches" / batch.id / "results"
+    def committed(self, batch) -> dict[str, Any]:
+        """Each file of the batch's committed shards (outputs, errors, commit markers), with what a rewrite changes:
+        its inode and mtime on disk, its versions on S3."""
+        results = f"batches/{batch.id}/results"
+        keys = [key for i in sorted(committed_shards(self.storage, results)) for key in shard_keys(results, i)]
+        if self.s3 is None:
+            return {key: (p.stat().st_ino, p.stat().st_mtime_ns) for key in keys
+                    if (p := self.storage.local_path(key))}
+        return {key: self.versions(key) for key in keys}
+
+    def versions(self, key: str) -> list[str]:
+        """The versions of an object of the (versioned) bucket: written twice, even with the same bytes, it has two."""
+        url = urlparse(self.storage.uri(key))
+        found = self.s3.list_object_versions(Bucket=url.netloc, Prefix=url.path.lstrip("/")).get("Versions", [])
+        return sorted(v["VersionId"] for v in found if v["Key"] == url.path.lstrip("/"))
 
     def called(self, prefix: str) -> bool:
         return any(cid.startswith(prefix) for call in engine_calls(self.calls) for cid in call["custom_ids"])
 
-    def snapshot(self, serve: Serve, *batches) -> tuple[dict, set[str], int]:
-        """What the batches have committed (its files' inodes and mtimes, and its custom_ids), and the calls so far."""
-        files = [f for b in batches for f in committed_files(self.results(serve, b))]
-        cids = {x["custom_id"] for f in files if f.name.endswith(".jsonl") for x in read_jsonl(f)}
-        return file_stats(files), cids, len(engine_calls(self.calls))
+    def snapshot(self, *batches) -> tuple[dict, set[str], int]:
+        """What the batches have committed (each file's stamp, and the custom_ids), and the engine calls so far."""
+        stamps = {key: stamp for b in batches for key, stamp in self.committed(b).items()}
+        cids = {x["custom_id"] for key in stamps if key.endswith(".jsonl")
+                for x in map(json.loads, (self.storage.read_bytes(key) or b"").splitlines())}
+        return stamps, cids, len(engine_calls(self.calls))
 
-    def assert_kept(self, serve: Serve, snapshot: tuple[dict, set[str], int], *batches) -> None:
+    def assert_kept(self, snapshot: tuple[dict, set[str], int], *batches) -> None:
         """The shards committed at `snapshot` were neither rewritten nor sent to the engine again."""
-        stats, cids, calls = snapshot
-        now = file_stats(f for b in batches for f in committed_files(self.results(serve, b)))
-        assert {name: now.get(name) for name in stats} == stats
+        stamps, cids, calls = snapshot
+        now = {key: stamp for b in batches for key, stamp in self.committed(b).items()}
+        assert {key: now.get(key) for key in stamps} == stamps
         again = {cid for call in engine_calls(self.calls)[calls:] for cid in call["custom_ids"]}
         assert not cids & again, sorted(cids & again)
 
@@ -154,7 +179,7 @@ def test_daemon_killed_with_batches_in_every_state_then_serve_started_again(tmp_
         daemon.send_signal(signal.SIGKILL)
         assert serve.proc.wait(120) == 1  # it stops the API and the run worker too, and says so
         assert "dagster-daemon exited unexpectedly; stopping the rest" in serve.logs()
-    kept = faults.snapshot(serve, running)
+    kept = faults.snapshot(running)
     assert states[done.id] == "completed" and states[running.id] == "in_progress"
     assert states[waiting.id] == "validating" and states[cancelled.id] in ("cancelling", "cancelled"), states
 
@@ -165,7 +190,7 @@ def test_daemon_killed_with_batches_in_every_state_then_serve_started_again(tmp_
             "completed", "completed", "completed", "cancelled"], serve.logs()
         for batch in ends.values():
             faults.assert_nothing_lost(serve, batch)
-        faults.assert_kept(serve, kept, running)
+        faults.assert_kept(kept, running)
         assert ends[done.id].output_file_id == done.output_file_id  # a finished batch is left as it was
     # The cancelled batch never reached the engine: every line of it is a batch_cancelled error.
     assert not faults.called("cxl")
@@ -179,14 +204,14 @@ def test_postgres_restarted_mid_run_loses_nothing(tmp_path, postgres):
     with faults.serve() as serve:
         a = faults.held(serve, "a", 4)
         b, c = faults.create(serve, "b", batch_rows("b", 4)), faults.create(serve, "c", batch_rows("c", 3))
-        kept = faults.snapshot(serve, a)
+        kept = faults.snapshot(a)
         postgres.restart(down_s=5)
         faults.release("a")
         ends = faults.ended(serve, [a, b, c], 300)
         assert [ends[x.id].status for x in (a, b, c)] == ["completed"] * 3, serve.logs()
         for batch in ends.values():
             faults.assert_nothing_lost(serve, batch)
-        faults.assert_kept(serve, kept, a)
+        faults.assert_kept(kept, a)
         assert serve.proc.poll() is None  # serve and its daemon rode it out: nothing exited
 
 
@@ -220,7 +245,7 @@ def test_disk_full_during_the_merge_then_freed_the_batch_completes(tmp_path):
         faults = Faults(tmp_path)
         with faults.serve() as serve:
             a = faults.held(serve, "a", 40, words=300)  # answers of about 2 KB: the output file about 80 KB
-            kept = faults.snapshot(serve, a)
+            kept = faults.snapshot(a)
             filler = fill(data, leave=32 << 10)
             faults.release("a")
             [error, *_] = wait_until(lambda: step_retries(serve, a, "batch_output_files"), 240, serve,
@@ -229,7 +254,46 @@ def test_disk_full_during_the_merge_then_freed_the_batch_completes(tmp_path):
             [end] = faults.ended(serve, [a], 300).values()
             assert end.status == "completed", serve.logs()
             faults.assert_nothing_lost(serve, end)
-            faults.assert_kept(serve, kept, a)
+            faults.assert_kept(kept, a)
         assert "No space left on device" in error, error
     finally:
         subprocess.run(["umount", "--lazy", str(data)], capture_output=True)
+
+
+def test_s3_unreachable_for_60_s_during_a_commit_and_during_the_merge_the_batches_complete(tmp_path, s3_endpoint):
+    """The batch folders and uploads on S3 (moto, behind a proxy the test takes down): the store refuses every
+    connection for 60 s from the moment a batch's last shard leaves the engine (its progress and its commit fail),
+    and again for 60 s from the first write of another batch's merged output file. The inference step and the merge
+    retry for about 2 minutes (inference.step_retries), so both batches complete, their committed shards kept."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, aws_access_key_id="test", aws_secret_access_key="test",
+                      region_name="us-east-1")
+    s3.create_bucket(Bucket="faults")
+    s3.put_bucket_versioning(Bucket="faults", VersioningConfiguration={"Status": "Enabled"})
+    store = Outage(int(s3_endpoint.rsplit(":", 1)[1]))
+    faults = Faults(tmp_path, s3=s3, BATCH_STORAGE_URL="s3://faults/team", AWS_ENDPOINT_URL=store.url,
+                    AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1")
+    with faults.serve() as serve:
+        a = faults.held(serve, "a", 4)
+        b = faults.create(serve, "b", batch_rows("b", 4))
+        kept = faults.snapshot(a)
+        store.down()
+        faults.release("a")
+        time.sleep(60)
+        # b's run comes after a's (one offline run at a time): the store goes away again at its merge.
+        store.down_at(rb"PUT /faults/team/batches/" + b.id.encode() + rb"/output\.jsonl")
+        store.up()
+        [end_a] = faults.ended(serve, [a], 300).values()
+        assert store.tripped.wait(240), serve.logs()
+        time.sleep(60)
+        store.up()
+        [end_b] = faults.ended(serve, [b], 300).values()
+        assert [end_a.status, end_b.status] == ["completed", "completed"], serve.logs()
+        for batch in (end_a, end_b):
+            faults.assert_nothing_lost(serve, batch)
+        faults.assert_kept(kept, a)
+        assert serve.proc.poll() is None
+    commit, merge = step_retries(serve, a, "shard_results"), step_retries(serve, b, "batch_output_files")
+    assert commit and merge, (commit, merge)
+    assert all("Could not connect to the endpoint URL" in e for e in commit + merge), commit + merge

@@ -1,8 +1,9 @@
-"""The inference fleet on the real engine: N pinned vLLM servers behind vllm-router, a replica killed mid-batch
-costs nothing, Ctrl-C leaves no process, and `make serve` runs API batches on its warm fleet."""
+"""The inference fleet on the real engine: N pinned vLLM servers behind vllm-router, a replica hung or killed
+mid-batch costs nothing, Ctrl-C leaves no process, and `make serve` runs API batches on its warm fleet."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 
+import httpx
 import psutil
 import pytest
 
@@ -27,6 +29,7 @@ from tests.helpers import (
     real_vllm,
     serve_env,
     wait_http,
+    wait_until,
     write_jsonl,
 )
 
@@ -46,7 +49,22 @@ def _fleet_processes(pid: int) -> dict[str, list[psutil.Process]]:
     return found
 
 
-def test_a_replica_killed_mid_batch_costs_nothing_and_ctrl_c_leaves_no_process(tmp_path, data_dir, instance):
+def _each(processes: list[psutil.Process], signal_it) -> None:
+    for p in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):  # a short-lived helper process of the server
+            signal_it(p)
+
+
+def _first_answer(data_dir, besides: str = "") -> None:
+    """Return 2 s after a batch (not `besides`) has its first request finished: its progress document counts it
+    (it is written from the step's start)."""
+    while not any(json.loads(p.read_bytes() or b"{}").get("done")
+                  for p in (data_dir / "batches").glob("*/results/progress.json") if p.parent.parent.name != besides):
+        time.sleep(0.2)
+    time.sleep(2)
+
+
+def test_a_replica_hung_or_killed_mid_batch_costs_nothing_and_ctrl_c_leaves_no_process(tmp_path, data_dir, instance):
     port = free_port()
     env = serve_env(tmp_path)
     log = open(tmp_path / "fleet.log", "w")
@@ -62,24 +80,52 @@ def test_a_replica_killed_mid_batch_costs_nothing_and_ctrl_c_leaves_no_process(t
         cores = [{c for p in procs for c in p.cpu_affinity()} for procs in replicas.values()]
         assert all(len(c) == 1 for c in cores) and cores[0] != cores[1]
 
+        vllm = real_vllm(mode="server", server_urls=[url.removesuffix("/v1")], max_concurrency=8)
+        defs = make_defs(data_dir, vllm, shard_size=60)
+
+        # One replica hung (SIGSTOP), not dead: once its health probes go unanswered its requests go to the other
+        # (engine/health.py), and the batch ends while it is still stopped (else they wait the 600 s timeout).
+        rows = [chat_request(f"h{i:02d}", f"Name a colour and the number {i}.", max_tokens=24, temperature=0)
+                for i in range(24)]
+        hung = replicas[max(replicas)]
+        stopped = [p for api in hung for p in (api, *api.children(recursive=True))]  # its engine core too
+        ended = threading.Event()
+
+        def stop_one_replica_mid_batch() -> None:
+            _first_answer(data_dir)
+            _each(stopped, psutil.Process.suspend)
+            ended.wait(300)  # the batch's end (or, where requests wait for a hung server, well before its 600 s)
+            _each(stopped, psutil.Process.resume)
+
+        stopper = threading.Thread(target=stop_one_replica_mid_batch, daemon=True)
+        stopper.start()
+        summary = run_batch(write_jsonl(tmp_path / "hung.jsonl", rows), tmp_path / "hung", show_progress=False,
+                            defs=defs, instance=instance).to_dict()
+        still_stopped = [p.status() for p in hung]
+        ended.set()
+        stopper.join(10)
+        assert still_stopped == [psutil.STATUS_STOPPED] * len(hung)
+        assert summary["request_counts"] == {"total": 24, "completed": 24, "failed": 0}, summary
+        out = read_jsonl(tmp_path / "hung" / "output.jsonl")
+        assert sorted(line["custom_id"] for line in out) == [r["custom_id"] for r in rows]  # each once
+        assert all(line["response"]["body"]["choices"][0]["message"]["content"].strip() for line in out)
+        wait_until(lambda: all(w["is_healthy"] for w in
+                               httpx.get(url.removesuffix("/v1") + "/workers").json()["workers"]), 120,
+                   what="the resumed replica never became healthy again")
+
         rows = [chat_request(f"r{i:02d}", f"Say something about the number {i}.", max_tokens=48, temperature=0)
                 for i in range(60)]
-        vllm = real_vllm(mode="server", server_urls=[url.removesuffix("/v1")], max_concurrency=8)
         victim = replicas[min(replicas)]
 
         def kill_one_replica_mid_batch() -> None:
-            # The first request finished: the progress document counts it (it is written from the step's start).
-            while not any(json.loads(p.read_bytes() or b"{}").get("done")
-                          for p in (data_dir / "batches").glob("*/results/progress.json")):
-                time.sleep(0.2)
-            time.sleep(2)
+            _first_answer(data_dir, besides=summary["batch_id"])
             for p in victim:
                 p.kill()
 
         killer = threading.Thread(target=kill_one_replica_mid_batch, daemon=True)
         killer.start()
         summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
-                            defs=make_defs(data_dir, vllm, shard_size=60), instance=instance).to_dict()
+                            defs=defs, instance=instance).to_dict()
         killer.join(5)
         assert not any(p.is_running() for p in victim)  # the replica really died mid-batch
         assert summary["status"] == "completed"

@@ -170,7 +170,7 @@ def run_shards(
 
 
 def inference_step(retry_delay_s: float) -> dg.AssetsDefinition:
-    """shard_results, the inference step: retried `retry_delay_s` after a failure (an engine crash), doubling."""
+    """shard_results, the inference step, retried as inference.step_retries says."""
     return dg.asset(
         name="shard_results",
         partitions_def=batches,
@@ -178,20 +178,9 @@ def inference_step(retry_delay_s: float) -> dg.AssetsDefinition:
         kinds={"vllm"},
         deps=[batch_shards],
         op_tags=GPU_STEP_TAGS,
-        retry_policy=dg.RetryPolicy(max_retries=inference.INFERENCE_RETRIES, delay=retry_delay_s,
-                                    backoff=dg.Backoff.EXPONENTIAL),
+        retry_policy=inference.step_retries(retry_delay_s),
         description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
     )(run_shards)
-
-
-FILE_RETRIES = 6
-
-
-def file_retries(retry_delay_s: float) -> dg.RetryPolicy:
-    """The steps after inference only read and write the batch folder: one that failed on its storage (a full disk,
-    the store unreachable) is tried again, `retry_delay_s` later and then doubling, 6 times (about 2 minutes at the
-    default 2 s). Both write whole files atomically, so a retry starts from what was committed."""
-    return dg.RetryPolicy(max_retries=FILE_RETRIES, delay=retry_delay_s, backoff=dg.Backoff.EXPONENTIAL)
 
 
 def merge_output_files(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
@@ -210,14 +199,14 @@ def merge_output_files(context: dg.AssetExecutionContext, storage: StorageResour
 
 
 def output_step(retry_delay_s: float) -> dg.AssetsDefinition:
-    """batch_output_files, the merge, retried as file_retries says."""
+    """batch_output_files, the merge, retried as inference.step_retries says."""
     return dg.asset(
         name="batch_output_files",
         partitions_def=batches,
         group_name=GROUP,
         kinds={"json"},
         deps=[shard_results],
-        retry_policy=file_retries(retry_delay_s),
+        retry_policy=inference.step_retries(retry_delay_s),
         description="The merged output file and error file, in the OpenAI Batch format.",
     )(merge_output_files)
 
@@ -250,14 +239,14 @@ def sum_usage(
 
 
 def usage_step(retry_delay_s: float) -> dg.AssetsDefinition:
-    """batch_usage, usage and cost, retried as file_retries says."""
+    """batch_usage, usage and cost, retried as inference.step_retries says."""
     return dg.asset(
         name="batch_usage",
         partitions_def=batches,
         group_name=GROUP,
         kinds={"json"},
         deps=[batch_output_files],
-        retry_policy=file_retries(retry_delay_s),
+        retry_policy=inference.step_retries(retry_delay_s),
         description="Token usage and cost of the batch (successful requests only), and how it ran.",
     )(sum_usage)
 

@@ -32,7 +32,16 @@ from batch_dagster.image_fetch import ImageFetcher
 
 from .steps import batch_options, manifest_of
 
-INFERENCE_RETRIES = 2
+INFERENCE_RETRIES = 2  # an engine crash: the step's third attempt ends the shard in engine_error lines
+STEP_RETRIES = 6
+
+
+def step_retries(retry_delay_s: float) -> dg.RetryPolicy:
+    """Every step of a batch, inference included, is tried again after a failure, `retry_delay_s` later and then
+    doubling, 6 times (about 2 minutes at the default 2 s): long enough for a store that went away (a full disk,
+    S3 unreachable) to come back. Each step writes whole files atomically, so a retry starts from what was
+    committed. An engine crash is given INFERENCE_RETRIES of them (_run_shard)."""
+    return dg.RetryPolicy(max_retries=STEP_RETRIES, delay=retry_delay_s, backoff=dg.Backoff.EXPONENTIAL)
 
 
 class ShardProgress:
@@ -64,7 +73,12 @@ class ShardProgress:
         if (now - self.written_at >= self.WRITE_EVERY_S or self.done - self.written_done >= step
                 or self.done == self.size):
             self.written_at, self.written_done = now, self.done
-            self.folder.write_progress(replace(self.base, shard=self.index, done=self.done, updated_at=time.time()))
+            try:  # live counts only: a store that blinks must not throw away the shard's answers
+                self.folder.write_progress(replace(self.base, shard=self.index, done=self.done,
+                                                   updated_at=time.time()))
+            except Exception as exc:
+                if self.log is not None:
+                    self.log.warning(f"Shard {self.index}: progress not written ({exc}); the shard goes on")
         decile = 10 * self.done // self.size
         if self.first is None:  # the rate counts from the first finished request: the engine's start is not in it
             self.first = (now, self.done)

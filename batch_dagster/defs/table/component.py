@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.table import TableRequest, TableSpecError, check_key_columns
 from batch_dagster.client import BatchService
-from batch_dagster.defs.assets.inference import INFERENCE_RETRIES
+from batch_dagster.defs.assets.inference import step_retries
 from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.defs.resources.fields import from_settings
 from batch_dagster.settings import Settings
@@ -183,8 +183,7 @@ class TableBatchComponent(dg.Component, dg.Resolvable, dg.Model):
             required_resource_keys={STORAGE, PIPELINE, VLLM},
             check_specs=[dg.AssetCheckSpec(CHECK, asset=spec.key, description="Every upstream row has exactly one "
                                            "row here, with an answer or an error.")],
-            retry_policy=dg.RetryPolicy(max_retries=INFERENCE_RETRIES, delay=settings.step_retry_delay_s,
-                                        backoff=dg.Backoff.EXPONENTIAL),
+            retry_policy=step_retries(settings.step_retry_delay_s),
             pool=ENGINE_POOL if in_process else None,
         )
         def _answered(context: dg.AssetExecutionContext, upstream: Any):
