@@ -1,4 +1,5 @@
-"""Stage 1 of the benchmark, run as its own process: the raw engine, every request in one `llm.chat` call.
+"""Stage 1 of the benchmark, run as its own process: the raw engine, every request in one `llm.chat` call (or, for
+an embeddings file, every text in one `llm.embed` call).
 
 The engine settings are the registry's (`engine.flags.engine_kwargs(spec, path)`), so this is the
 same engine the pipeline builds. Prints one JSON object: engine_start_s (the `LLM(...)`
@@ -14,17 +15,21 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 
 def main() -> None:
     input_path, kwargs_json, result_path = sys.argv[1:4]
-    conversations, params_kwargs, custom_ids = [], [], []
+    conversations, params_kwargs, texts, custom_ids = [], [], [], []
     with open(input_path, "rb") as f:
         for raw in f:
             if raw.strip():
                 line = json.loads(raw)
                 custom_ids.append(line["custom_id"])
                 body = line["body"]
+                if line["url"] == "/v1/embeddings":
+                    texts.append(body["input"])
+                    continue
                 conversations.append(body["messages"])
                 params_kwargs.append({"max_tokens": body["max_tokens"], "temperature": body["temperature"]})
 
@@ -34,13 +39,21 @@ def main() -> None:
     llm = LLM(**json.loads(kwargs_json))
     t1 = time.perf_counter()
     print("BENCH engine ready", file=sys.stderr, flush=True)
-    params = [SamplingParams(**p) for p in params_kwargs]
-    outputs = llm.chat(conversations, params, use_tqdm=False)
+    outputs: list[Any]
+    answers: dict[str, Any]
+    if texts:
+        outputs = llm.embed(texts, use_tqdm=False)
+        answers = {cid: out.outputs.embedding for cid, out in zip(custom_ids, outputs, strict=True)}
+        output_tokens = 0
+    else:
+        params = [SamplingParams(**p) for p in params_kwargs]
+        outputs = llm.chat(conversations, params, use_tqdm=False)
+        answers = {cid: out.outputs[0].text for cid, out in zip(custom_ids, outputs, strict=True)}
+        output_tokens = sum(len(o.token_ids) for out in outputs for o in out.outputs)
     t2 = time.perf_counter()
     print("BENCH inference done", file=sys.stderr, flush=True)
-    output_tokens = sum(len(o.token_ids) for out in outputs for o in out.outputs)
     prompt_tokens = sum(len(out.prompt_token_ids or []) for out in outputs)
-    cached_tokens = sum(out.num_cached_tokens or 0 for out in outputs)
+    cached_tokens = sum(getattr(out, "num_cached_tokens", 0) or 0 for out in outputs)
     # vLLM's Prometheus counters, summed over their labels: a cross-check of the per-request counts.
     # The offline LLM keeps them only with stat logging on (disable_log_stats=False in the registry's engine_args).
     counters: dict[str, float] = {}
@@ -60,7 +73,7 @@ def main() -> None:
             "cached_tokens": cached_tokens,
             "output_tokens": output_tokens,
             "engine_counters": counters,
-            "answers": {cid: out.outputs[0].text for cid, out in zip(custom_ids, outputs, strict=True)},
+            "answers": answers,
         }, f)
     llm.llm_engine.engine_core.shutdown(timeout=0)  # as run_batch does: no 5 s grace period at exit
 

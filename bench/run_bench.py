@@ -30,17 +30,21 @@ input (bench/workload.py), the same model and the same engine settings (the regi
   The raw engine also reports vLLM's Prometheus counters (`llm.get_metrics()`:
   vllm:prompt_tokens and vllm:prefix_cache_hits) as `engine_counters`, a cross-check.
 
-Workloads (bench/workload.py): BENCH_WORKLOAD=mixed (the default; BENCH_REQUESTS lines) or
+Workloads (bench/workload.py): BENCH_WORKLOAD=mixed (the default; BENCH_REQUESTS lines),
 BENCH_WORKLOAD=docqa (requests sharing context: BENCH_DOCQA_DOCS documents, default 60, times
-BENCH_DOCQA_QUESTIONS questions each, default 5; BENCH_REQUESTS is not used).
+BENCH_DOCQA_QUESTIONS questions each, default 5; BENCH_REQUESTS is not used) or BENCH_WORKLOAD=embeddings
+(BENCH_REQUESTS texts, default 10,000, on the embedded embedding model: the raw engine's one `llm.embed` call;
+requests_s, texts per second of inference, is its measure, as output tokens are none).
 
 Answers: each stage's answer text per custom_id is compared with run_batch's, and the report's `answers` gives,
-per stage, how many are identical (`identical` of `compared`): "same outputs" is measured, not assumed. In
+per stage, how many are identical (`identical` of `compared`; an embedding counts when no component differs by
+more than EMBED_TOLERANCE): "same outputs" is measured, not assumed. In
 bfloat16 greedy answers depend on how requests are batched and whether a prefix came from the cache;
 BENCH_DTYPE=float32 runs every stage in float32 (the pipeline's through a registry naming that dtype), where
 they do not.
 
-Environment: BENCH_REQUESTS (default 5000), BENCH_MODEL (default smollm2-135m-instruct), BENCH_DTYPE (default:
+Environment: BENCH_REQUESTS (default 5000), BENCH_MODEL (default smollm2-135m-instruct; all-minilm-l6-v2 for
+embeddings), BENCH_DTYPE (default:
 the registry's, `auto`),
 BENCH_STAGES (comma list, default all three), BENCH_OUT (default bench/results/latest.json),
 BENCH_PROFILE=1 (record a py-spy speedscope profile of each stage next to BENCH_OUT),
@@ -68,11 +72,13 @@ from typing import Any
 import orjson
 
 from bench.measure import Measured, run_measured, wait_for_quiet
-from bench.workload import workload_from_env
+from bench.workload import workload_from_env, workload_model
 
 REPO = Path(__file__).resolve().parent.parent
 STAGES = ("raw_engine", "run_batch", "pipeline")
-METRICS = ("wall_s", "engine_start_s", "inference_s", "output_tokens", "output_tok_s", "prefill_tokens", "peak_rss_mb")
+METRICS = ("wall_s", "engine_start_s", "inference_s", "output_tokens", "output_tok_s", "requests_s", "prefill_tokens",
+           "peak_rss_mb")
+EMBED_TOLERANCE = 1e-4
 ENGINE_BEGIN = "Resolved architecture"
 ENGINE_READY = "init engine (profile, create kv cache, warmup model) took"
 STAGE_ENV = {"VLLM_LOGGING_LEVEL": "INFO"}  # the start/ready lines above are INFO lines, in every stage
@@ -109,6 +115,7 @@ def _metrics(m: Measured, engine: tuple[float, float], inference_end: float, out
         "inference_s": round(inference_s, 2),
         "output_tokens": output_tokens,
         "output_tok_s": round(output_tokens / inference_s, 1) if inference_s > 0 else 0.0,
+        "requests_s": round(extra["requests_completed"] / inference_s, 1) if inference_s > 0 else 0.0,
         "peak_rss_mb": round(m.peak_rss_mb, 1),
         "engine_ready_at_s": round(ready, 2),
         "inference_end_at_s": round(inference_end, 2),
@@ -187,7 +194,7 @@ def stage_run_batch(ctx: dict[str, Any]) -> dict[str, Any]:
             if response.get("status_code") == 200 and not line.get("error"):
                 completed += 1
                 usage = response["body"]["usage"]
-                tokens += usage["completion_tokens"]
+                tokens += usage.get("completion_tokens") or 0  # none in an embedding's usage
                 prompt += usage["prompt_tokens"]
                 cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
             else:
@@ -281,26 +288,36 @@ def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
                     summary_inference_s=summary.get("inference_s"), dagster=timeline)
 
 
-def answer(line: dict[str, Any]) -> str:
-    """The answer's text in a line of an OpenAI Batch output file (run_batch's and the pipeline's alike)."""
+def answer(line: dict[str, Any]) -> Any:
+    """The answer's text (or embedding) in a line of an OpenAI Batch output file (run_batch's and the pipeline's
+    alike)."""
     body = (line.get("response") or {}).get("body") or {}
+    if body.get("object") == "list":
+        return ((body.get("data") or [{}])[0]).get("embedding")
     choice = (body.get("choices") or [{}])[0]
     return (choice.get("message") or {}).get("content") or choice.get("text") or ""
 
 
-def answers_of(output_file: Path) -> dict[str, str]:
-    """custom_id -> the answer's text, for each line of an output file."""
+def answers_of(output_file: Path) -> dict[str, Any]:
+    """custom_id -> the answer's text (or embedding), for each line of an output file."""
     with open(output_file, "rb") as f:
         return {line["custom_id"]: answer(line) for line in map(orjson.loads, f)}
 
 
-def same_answers(answers: dict[str, dict[str, str]], reference: str = "run_batch") -> dict[str, Any]:
+def same(a: Any, b: Any) -> bool:
+    """The same text, or embeddings no component of which differs by more than EMBED_TOLERANCE."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(abs(x - y) <= EMBED_TOLERANCE for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def same_answers(answers: dict[str, dict[str, Any]], reference: str = "run_batch") -> dict[str, Any]:
     """Per stage, how many of the reference stage's answers it gave identically (same custom_id, same text)."""
     ref = answers.get(reference)
     if ref is None:
         return {}
     return {"reference": reference} | {
-        stage: {"identical": sum(got.get(cid) == text for cid, text in ref.items()), "compared": len(ref)}
+        stage: {"identical": sum(same(got.get(cid), text) for cid, text in ref.items()), "compared": len(ref)}
         for stage, got in answers.items() if stage != reference
     }
 
@@ -332,6 +349,8 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         "pipeline_vs_run_batch_wall": ratio("pipeline", "run_batch", "wall_s"),
         "pipeline_vs_raw_engine_tok_s": ratio("pipeline", "raw_engine", "output_tok_s"),
         "pipeline_vs_run_batch_tok_s": ratio("pipeline", "run_batch", "output_tok_s"),
+        "pipeline_vs_run_batch_requests_s": ratio("pipeline", "run_batch", "requests_s"),
+        "pipeline_vs_raw_engine_requests_s": ratio("pipeline", "raw_engine", "requests_s"),
         "run_batch_vs_raw_engine_wall": ratio("run_batch", "raw_engine", "wall_s"),
         "pipeline_vs_run_batch_inference": ratio("pipeline", "run_batch", "inference_s"),
         "pipeline_vs_run_batch_prefill_tokens": ratio("pipeline", "run_batch", "prefill_tokens"),
@@ -339,8 +358,8 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float | None]:
 
 
 def markdown_table(report: dict[str, Any]) -> str:
-    head = ["stage", "wall s", "engine start s", "inference s", "output tokens", "output tok/s", "prefill tokens",
-            "peak RSS MB"]
+    head = ["stage", "wall s", "engine start s", "inference s", "output tokens", "output tok/s", "requests/s",
+            "prefill tokens", "peak RSS MB"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for stage in STAGES:
         r = report.get(stage)
@@ -403,7 +422,7 @@ def main() -> None:
     from batch_dagster.defs.resources.from_env import resources_from_env
     from batch_dagster.engine.hardware import dtype_choice
 
-    model = os.environ.get("BENCH_MODEL") or "smollm2-135m-instruct"
+    model = workload_model()
     try:
         n, shape, write = workload_from_env(model)
     except ValueError as exc:

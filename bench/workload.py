@@ -1,4 +1,4 @@
-"""The benchmark workloads: fixed-seed, realistic OpenAI batch files of chat requests.
+"""The benchmark workloads: fixed-seed, realistic OpenAI batch files.
 
 `mixed` (the default): prompt lengths run from a few words to ~1,500 tokens with a long tail
 (log-normal), half of the requests open with one of three long system prompts (so a prefix
@@ -9,6 +9,9 @@ the same bytes.
 of ~800-1,500 tokens with Q questions each (one request per question: the shared system
 prompt, then the document, then the question), max_tokens 16-64, temperature 0, the lines
 shuffled as a user would write them (not grouped by document).
+
+`embeddings`: N texts to embed (one /v1/embeddings request each, on the embedded embedding model), of mixed
+length: a few words to ~180 (the model reads 256 tokens at most), median ~30, log-normal.
 
     python -m bench.workload 5000 data/bench/input.jsonl [--model NAME]
     python -m bench.workload 100 data/bench/docqa.jsonl --docqa-questions 5   # 100 documents x 5
@@ -163,6 +166,20 @@ def docqa_requests(docs: int, questions: int, model: str, seed: int = SEED):
     return rows
 
 
+EMBED_MODEL = "all-minilm-l6-v2"
+EMBED_TEXTS = 10_000
+EMBED_MAX_WORDS = 180
+
+
+def embedding_requests(n: int, model: str, seed: int = SEED):
+    """The n /v1/embeddings request lines (dicts) of the embeddings workload, in file order."""
+    rng = random.Random(f"embed-{seed}")
+    for i in range(n):
+        words = max(2, min(EMBED_MAX_WORDS, int(math.exp(rng.gauss(math.log(30), 0.9)))))
+        yield {"custom_id": f"text-{i:06d}", "method": "POST", "url": "/v1/embeddings",
+               "body": {"model": model, "input": prose(rng, words)}}
+
+
 def _write_lines(path: Path, lines) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
@@ -179,9 +196,19 @@ def write_docqa(path: Path, docs: int, questions: int, model: str, seed: int = S
     return _write_lines(path, docqa_requests(docs, questions, model, seed))
 
 
+def workload_model() -> str:
+    """The model the bench runs: BENCH_MODEL, else the workload's (the embedding model for `embeddings`)."""
+    if os.environ.get("BENCH_MODEL"):
+        return os.environ["BENCH_MODEL"]
+    return EMBED_MODEL if os.environ.get("BENCH_WORKLOAD") == "embeddings" else "smollm2-135m-instruct"
+
+
 def workload_from_env(model: str) -> tuple[int, str, Callable[[Path], Path]]:
     """The bench's workload as BENCH_WORKLOAD says: its request count, its description and its writer."""
     workload = os.environ.get("BENCH_WORKLOAD") or "mixed"
+    if workload == "embeddings":
+        n = int(os.environ.get("BENCH_REQUESTS") or EMBED_TEXTS)
+        return n, "embeddings", lambda path: _write_lines(path, embedding_requests(n, model))
     if workload == "docqa":
         docs = int(os.environ.get("BENCH_DOCQA_DOCS") or DOCQA_DOCS)
         questions = int(os.environ.get("BENCH_DOCQA_QUESTIONS") or DOCQA_QUESTIONS)
@@ -190,7 +217,7 @@ def workload_from_env(model: str) -> tuple[int, str, Callable[[Path], Path]]:
     if workload == "mixed":
         n = int(os.environ.get("BENCH_REQUESTS") or 5000)
         return n, "mixed", lambda path: write_workload(path, n, model)
-    raise ValueError(f"Unknown BENCH_WORKLOAD {workload!r}; choose mixed or docqa")
+    raise ValueError(f"Unknown BENCH_WORKLOAD {workload!r}; choose mixed, docqa or embeddings")
 
 
 def main() -> None:

@@ -3,6 +3,8 @@ tests/system/test_bench.py)."""
 
 from __future__ import annotations
 
+import orjson
+
 from bench.workload import MAX_PROMPT_TOKENS, requests, write_workload
 
 
@@ -179,8 +181,37 @@ def test_bench_workload_comes_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("BENCH_REQUESTS", "7")
     assert workload_from_env("m")[:2] == (7, "mixed")
     monkeypatch.setenv("BENCH_WORKLOAD", "nope")
-    with pytest.raises(ValueError, match="mixed or docqa"):
+    with pytest.raises(ValueError, match="mixed, docqa or embeddings"):
         workload_from_env("m")
+
+
+def test_the_embeddings_workload_is_fixed_of_mixed_length_within_the_models_window(tmp_path, monkeypatch):
+    from bench.workload import EMBED_MAX_WORDS, EMBED_MODEL, workload_from_env, workload_model
+
+    monkeypatch.delenv("BENCH_MODEL", raising=False)
+    monkeypatch.delenv("BENCH_REQUESTS", raising=False)
+    monkeypatch.setenv("BENCH_WORKLOAD", "embeddings")
+    assert workload_model() == EMBED_MODEL
+    n, shape, write = workload_from_env(EMBED_MODEL)
+    assert (n, shape) == (10_000, "embeddings")
+    monkeypatch.setenv("BENCH_REQUESTS", "500")
+    n, _, write = workload_from_env(EMBED_MODEL)
+    data = write(tmp_path / "a.jsonl").read_bytes()
+    assert data == write(tmp_path / "b.jsonl").read_bytes()
+    rows = [orjson.loads(line) for line in data.splitlines()]
+    assert len(rows) == n == 500 and {r["url"] for r in rows} == {"/v1/embeddings"}
+    words = sorted(len(r["body"]["input"].split()) for r in rows)
+    assert words[0] <= 5 and words[-1] <= EMBED_MAX_WORDS and words[-1] > 4 * words[len(words) // 2]
+
+
+def test_embeddings_count_as_the_same_answer_within_the_tolerance():
+    from bench.run_bench import EMBED_TOLERANCE, answer, same_answers
+
+    line = {"response": {"status_code": 200, "body": {"object": "list", "data": [{"embedding": [0.5, -0.25]}]}}}
+    assert answer(line) == [0.5, -0.25]
+    answers = {"run_batch": {"a": [0.5, -0.25], "b": [0.1, 0.2]},
+               "pipeline": {"a": [0.5 + EMBED_TOLERANCE / 2, -0.25], "b": [0.1, 0.2 + 10 * EMBED_TOLERANCE]}}
+    assert same_answers(answers)["pipeline"] == {"identical": 1, "compared": 2}
 
 
 def test_the_eta_bench_measures_each_moments_first_eta_against_the_batchs_whole_time():
