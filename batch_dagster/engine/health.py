@@ -40,17 +40,15 @@ async def unless(event: asyncio.Event, work: Awaitable[T]) -> T | None:
         waiter.cancel()
         if not task.done():
             task.cancel()
-    if task.cancelled() or not task.done():
-        try:
-            await task
-        except (asyncio.CancelledError, Exception):  # the work's own end no longer matters
-            pass
-        return None
-    return task.result()
+    if task.done() and not task.cancelled():
+        return task.result()
+    with contextlib.suppress(asyncio.CancelledError, Exception):  # the work's own end no longer matters
+        await task
+    return None
 
 
 class Health:
-    """The servers' health as their probes found it (`probe`, from `watched`); `choose` and `guard` use it."""
+    """The servers' health as their probes found it (`probed`, by keep_probing); `choose` and `guard` use it."""
 
     def __init__(self, servers: Sequence[str], *, hung_after_s: float = HUNG_AFTER_S,
                  clock: Callable[[], float] = time.monotonic):
@@ -70,9 +68,6 @@ class Health:
 
     async def guard(self, server: str, work: Awaitable[T]) -> T:
         """`work` (a request out to `server`), given up with ServerHung when the server is, or becomes, hung."""
-        if self.hung(server):
-            getattr(work, "close", lambda: None)()  # a coroutine never started
-            raise ServerHung(f"{server} answered nothing for {self.hung_after_s:.0f}s")
         result = await unless(self.hung_now[server], work)
         if result is None:
             raise ServerHung(f"{server} answered nothing for {self.hung_after_s:.0f}s")

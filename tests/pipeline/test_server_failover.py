@@ -55,7 +55,7 @@ def test_a_dead_server_costs_nothing_when_another_answers():
 
 
 @pytest.mark.timeout(120)
-def test_a_hung_servers_requests_go_to_another_and_none_wait_the_request_timeout():
+def test_a_hung_servers_requests_go_to_another_and_none_wait_the_request_timeout(caplog):
     """A server that takes connections and answers nothing (as one stopped with SIGSTOP): its requests are given
     up once its health probes have gone unanswered for hung_after_s, and the live server answers each once."""
     app, seen = chat_server()
@@ -68,6 +68,7 @@ def test_a_hung_servers_requests_go_to_another_and_none_wait_the_request_timeout
     assert sorted(line["custom_id"] for line in lines) == [f"r{i}" for i in range(10)]
     assert all(c.is_success(line) for line in lines)
     assert sorted(seen) == sorted(f"q{i}" for i in range(10))
+    assert any(f"{engine.base_urls[0]} has answered nothing for" in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_a_server_is_hung_only_after_answering_nothing_for_the_window_and_is_used_again_once_it_answers():
