@@ -52,19 +52,20 @@ class Health:
 
     def __init__(self, servers: Sequence[str], *, hung_after_s: float = HUNG_AFTER_S,
                  clock: Callable[[], float] = time.monotonic):
-        self.hung_after_s, self.clock = hung_after_s, clock
+        self.servers, self.hung_after_s, self.clock = list(servers), hung_after_s, clock
         self.answered_at = dict.fromkeys(servers, clock())
         self.hung_now = {server: asyncio.Event() for server in servers}
 
     def hung(self, server: str) -> bool:
         return self.hung_now[server].is_set()
 
-    def choose(self, servers: Sequence[str], i: int) -> str:
-        """servers[i], or the next of them that is not hung (servers[i] when all are)."""
-        for k in range(len(servers)):
-            if not self.hung(server := servers[(i + k) % len(servers)]):
+    def choose(self, i: int) -> str:
+        """The i-th server (round the list), or the next that is not hung (the i-th when all are)."""
+        n = len(self.servers)
+        for k in range(n):
+            if not self.hung(server := self.servers[(i + k) % n]):
                 return server
-        return servers[i % len(servers)]
+        return self.servers[i % n]
 
     async def guard(self, server: str, work: Awaitable[T]) -> T:
         """`work` (a request out to `server`), given up with ServerHung when the server is, or becomes, hung."""
@@ -99,7 +100,7 @@ async def keep_probing(health: Health, client: httpx.AsyncClient, interval_s: fl
             health.probed(server, False)
 
     while True:
-        await asyncio.gather(*(probe(server) for server in health.answered_at))
+        await asyncio.gather(*(probe(server) for server in health.servers))
         await asyncio.sleep(interval_s)
 
 

@@ -60,7 +60,7 @@ class ServerEngine:
             async with watched(servers, self.hung_after_s) as health:
 
                 async def send(custom_id: str, body: dict[str, Any], first: int) -> Line:
-                    return await self._send(client, health, servers, endpoint, first, custom_id, body, budget)
+                    return await self._send(client, health, endpoint, first, custom_id, body, budget)
 
                 # The budget holds the requests in flight (at most max_concurrency): no second limit here.
                 return await dispatch(endpoint, requests, send, serves=self.serves, lanes=len(servers),
@@ -86,8 +86,8 @@ class ServerEngine:
             found += healthy or [base]
         return list(dict.fromkeys(found))
 
-    async def _send(self, client: httpx.AsyncClient, health: Health, servers: Sequence[str], endpoint: str,
-                    first: int, custom_id: str, body: dict[str, Any], budget: Budget) -> Line:
+    async def _send(self, client: httpx.AsyncClient, health: Health, endpoint: str, first: int, custom_id: str,
+                    body: dict[str, Any], budget: Budget) -> Line:
         """One request, sent within the budget (a place held only while it is out) and resent until a server
         answers it for good.
 
@@ -96,15 +96,14 @@ class ServerEngine:
         passed with no server answering any request: then the shard fails (EngineCrash) and the step retries it. A
         busy server (429, or vLLM's own 503 when its queue is full) costs nothing either: the budget backs off and
         the request waits its turn again, however long the servers are busy (a 429 is an answer: it never counts as
-        away). A request whose place the budget takes back
-        for interactive traffic is sent again when there is room. A 4xx is the request's own error; other 5xx
-        answers become its error line after a few attempts.
+        away). A request whose place the budget takes back for interactive traffic is sent again when there is room.
+        A 4xx is the request's own error; other 5xx answers become its error line after a few attempts.
         """
         loop = asyncio.get_running_loop()
         since = loop.time()
         server_errors = 0
         for attempt in itertools.count():
-            server = health.choose(servers, first + attempt)
+            server = health.choose(first + attempt)
             url = server + endpoint
             gone, response = "", None
             async with budget.place() as held:

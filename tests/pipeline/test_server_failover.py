@@ -76,19 +76,19 @@ def test_a_server_is_hung_only_after_answering_nothing_for_the_window_and_is_use
     health = Health(["a", "b"], hung_after_s=20, clock=lambda: now[0])
     now[0] = 19
     health.probed("a", False)
-    assert not health.hung("a") and health.choose(["a", "b"], 0) == "a"
+    assert not health.hung("a") and health.choose(0) == "a"
     now[0] = 20
     health.probed("a", False)
     health.probed("b", True)
     assert health.hung("a") and not health.hung("b")
-    assert [health.choose(["a", "b"], i) for i in range(2)] == ["b", "b"]
+    assert [health.choose(i) for i in range(2)] == ["b", "b"]
     health.probed("b", False)  # b's probe failed once: it answered 0 s ago, not hung
     assert not health.hung("b")
     now[0] = 41
     health.probed("b", False)
-    assert [health.choose(["a", "b"], i) for i in range(2)] == ["a", "b"]  # all hung: each keeps its own
+    assert [health.choose(i) for i in range(2)] == ["a", "b"]  # all hung: each keeps its own
     health.probed("a", True)
-    assert not health.hung("a") and health.choose(["a", "b"], 1) == "a"
+    assert not health.hung("a") and health.choose(1) == "a"
 
 
 def test_a_router_with_no_healthy_replica_is_waited_out():
