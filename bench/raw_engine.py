@@ -1,5 +1,6 @@
 """Stage 1 of the benchmark, run as its own process: the raw engine, every request in one `llm.chat` call (or, for
-an embeddings file, every text in one `llm.embed` call).
+an embeddings file, every text in one `llm.embed` call), in the order the pipeline runs them (sharding's `ordered`:
+shared prefixes together, the longest work first), so it is the engine's best on this file.
 
 The engine settings are the registry's (`engine.flags.engine_kwargs(spec, path)`), so this is the
 same engine the pipeline builds. Prints one JSON object: engine_start_s (the `LLM(...)`
@@ -19,19 +20,21 @@ from typing import Any
 
 
 def main() -> None:
+    from batch_dagster.batchfile.shard import features, ordered
+
     input_path, kwargs_json, result_path = sys.argv[1:4]
     conversations, params_kwargs, texts, custom_ids = [], [], [], []
     with open(input_path, "rb") as f:
-        for raw in f:
-            if raw.strip():
-                line = json.loads(raw)
-                custom_ids.append(line["custom_id"])
-                body = line["body"]
-                if line["url"] == "/v1/embeddings":
-                    texts.append(body["input"])
-                    continue
-                conversations.append(body["messages"])
-                params_kwargs.append({"max_tokens": body["max_tokens"], "temperature": body["temperature"]})
+        lines = [json.loads(raw) for raw in f if raw.strip()]
+    order, _ = ordered([features(line["url"], line["body"]) for line in lines])
+    for line in (lines[i] for i in order):
+        custom_ids.append(line["custom_id"])
+        body = line["body"]
+        if line["url"] == "/v1/embeddings":
+            texts.append(body["input"])
+            continue
+        conversations.append(body["messages"])
+        params_kwargs.append({"max_tokens": body["max_tokens"], "temperature": body["temperature"]})
 
     from vllm import LLM, SamplingParams
 

@@ -347,7 +347,10 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float | None]:
 
     return {
         "pipeline_vs_run_batch_wall": ratio("pipeline", "run_batch", "wall_s"),
+        # Each runner's output tokens/s as a share of the raw engine's best (every request in one call, in the
+        # pipeline's order).
         "pipeline_vs_raw_engine_tok_s": ratio("pipeline", "raw_engine", "output_tok_s"),
+        "run_batch_vs_raw_engine_tok_s": ratio("run_batch", "raw_engine", "output_tok_s"),
         "pipeline_vs_run_batch_tok_s": ratio("pipeline", "run_batch", "output_tok_s"),
         "pipeline_vs_run_batch_requests_s": ratio("pipeline", "run_batch", "requests_s"),
         "pipeline_vs_raw_engine_requests_s": ratio("pipeline", "raw_engine", "requests_s"),
@@ -368,12 +371,15 @@ def markdown_table(report: dict[str, Any]) -> str:
                                                      if r.get(k) is not None else "-" for k in METRICS)]) + " |")
     meta = report["meta"]
     ratio_text = ", ".join(f"{k} = {v}" for k, v in report["ratios"].items() if v is not None)
+    shares = ", ".join(f"{stage} {report['ratios'][f'{stage}_vs_raw_engine_tok_s']:.0%}" for stage in STAGES[1:]
+                       if report["ratios"].get(f"{stage}_vs_raw_engine_tok_s") is not None)
     answers = report.get("answers") or {}
     same = ", ".join(f"{stage} {a['identical']:,}/{a['compared']:,}" for stage, a in answers.items()
                      if stage != "reference")
     return "\n".join(rows) + (f"\n\n{meta['requests']:,} requests ({meta['workload']}), model {meta['model']} in "
                               f"{meta['dtype']['dtype']}, {meta['machine']}."
                               + (f"\nRatios: {ratio_text}." if ratio_text else "")
+                              + (f"\nOutput tok/s as a share of the raw engine's best: {shares}." if shares else "")
                               + (f"\nAnswers identical to {answers['reference']}'s: {same}." if same else ""))
 
 

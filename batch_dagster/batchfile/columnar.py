@@ -24,7 +24,7 @@ from .validate import ValidationReport, validate_file, validate_stream
 
 REQUESTS_SCHEMA = pa.schema(
     [("line", pa.int64()), ("custom_id", pa.string()), ("body", pa.string()),
-     ("prompt_chars", pa.int64()), ("prefix_key", pa.string())]
+     ("prompt_chars", pa.int64()), ("prefix_key", pa.string()), ("max_tokens", pa.int64())]
 )
 SHARD_SCHEMA = pa.schema([("custom_id", pa.string()), ("body", pa.string())])
 ROWS_PER_GROUP = 2_000
@@ -60,6 +60,7 @@ def validate_to_parquet(
             buffer["body"].append(orjson.dumps(request["body"]).decode())
             buffer["prompt_chars"].append(f.prompt_chars)
             buffer["prefix_key"].append(f.prefix_key)
+            buffer["max_tokens"].append(f.max_tokens)
             if len(buffer["line"]) >= ROWS_PER_GROUP:
                 flush()
 
@@ -84,9 +85,11 @@ def shard_path(shards_dir: Path, index: int) -> Path:
 def write_shards(requests_path: Path, shards_dir: Path, shard_size: int) -> list[int]:
     """Cut the requests into shard files (see `plan_shards`); returns each shard's size."""
     source = pq.ParquetFile(requests_path)
-    planning = source.read(columns=["prompt_chars", "prefix_key"])
-    chars, keys = planning["prompt_chars"].to_pylist(), planning["prefix_key"].to_pylist()
-    feats = [Features(n, k) for n, k in zip(chars, keys, strict=True)]
+    # A requests file validated before max_tokens was kept (a batch resumed across an upgrade) orders by prompt.
+    columns = [name for name in ("prompt_chars", "prefix_key", "max_tokens") if name in source.schema_arrow.names]
+    planning = source.read(columns=columns).to_pydict()
+    outputs = planning.get("max_tokens") or [0] * source.metadata.num_rows
+    feats = [Features(*row) for row in zip(planning["prompt_chars"], planning["prefix_key"], outputs, strict=True)]
     plan = plan_shards(feats, shard_size)
     shard_of = np.empty(len(feats), dtype=np.int32)
     for index, rows in enumerate(plan):

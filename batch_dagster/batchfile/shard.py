@@ -1,9 +1,11 @@
-"""Sharding: order requests so shared prefixes and similar lengths run together, then cut.
+"""Sharding: order requests so shared prefixes run together and the longest work goes first, then cut.
 
 Requests that share a system prompt (or the same opening text) form a group; inside it,
 requests that share a longer leading text (a document asked several questions) sit together,
 so one shard holds them all and the engine's prefix cache computes that text once. Within
-what they share they go by length, and cuts fall where the least is shared.
+what they share the longest expected work goes first (the most output tokens asked, then the longest prompt), so
+the batch's tail is its shortest requests, not a few long ones running alone on an engine sized for hundreds; cuts
+fall where the least is shared. The engines send a shard's requests in the same order (`ordered`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ PATH_SEGMENTS = 32
 _PATH_BYTES = PATH_CHARS * PATH_SEGMENTS
 _HEX = 16  # hex characters of the group's hash (8 bytes)
 PATH_HEX = 8  # hex characters of one path hash (a CRC-32: a rare collision only orders two requests side by side)
+# A chat request without max_tokens may write to the end of its context: it orders as asking this many.
+UNBOUNDED_OUTPUT_TOKENS = 4096
+CHARS_PER_TOKEN = 4  # about, in English text: how a prompt's characters weigh against output tokens in `work`
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,12 @@ class Features:
 
     prompt_chars: int
     prefix_key: str
+    max_tokens: int = 0  # the output tokens it asks for at most (output_cap)
+
+    @property
+    def work(self) -> int:
+        """Its expected work, in tokens: the output asked for, and the prompt at about CHARS_PER_TOKEN a token."""
+        return self.max_tokens + self.prompt_chars // CHARS_PER_TOKEN
 
     @property
     def group(self) -> str:
@@ -71,8 +82,20 @@ def prefix_path(text: str) -> str:
     return ("%08x" * n) % tuple([zlib.crc32(data[i : i + PATH_CHARS]) for i in range(0, n * PATH_CHARS, PATH_CHARS)])
 
 
+def output_cap(endpoint: str, body: dict[str, Any]) -> int:
+    """The output tokens a request asks for at most, as ordering weighs it: its max_completion_tokens or
+    max_tokens; without one a legacy completion's default, and a chat request's UNBOUNDED_OUTPUT_TOKENS; none for
+    the endpoints that write no tokens."""
+    if endpoint not in (c.CHAT, c.COMPLETIONS):
+        return 0
+    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
+        return min(asked, UNBOUNDED_OUTPUT_TOKENS)
+    return UNBOUNDED_OUTPUT_TOKENS if endpoint == c.CHAT else c.COMPLETIONS_MAX_TOKENS
+
+
 def features(endpoint: str, body: dict[str, Any]) -> Features:
-    """Prompt size and prefix of one request body (already validated)."""
+    """Prompt size, prefix and output asked of one request body (already validated)."""
     if endpoint == c.RESPONSES:  # runs as its chat body, so it groups as one
         endpoint, body = c.CHAT, chat_body(body)
     if endpoint == c.CHAT:
@@ -98,7 +121,7 @@ def features(endpoint: str, body: dict[str, Any]) -> Features:
         chars = sum(len(t) for t in texts)
         prefix = texts[0][:PREFIX_CHARS] if texts else ""
         leading = texts[0] if texts else ""
-    return Features(chars, _digest(prefix.encode()) + prefix_path(leading))
+    return Features(chars, _digest(prefix.encode()) + prefix_path(leading), output_cap(endpoint, body))
 
 
 def _shared(a: str, b: str) -> int:
@@ -111,17 +134,14 @@ def _shared(a: str, b: str) -> int:
     return n
 
 
-def plan_shards(features_by_row: Sequence[Features], shard_size: int) -> list[list[int]]:
-    """Row indices per shard: prefix groups (largest first), shared prefixes together, each by length.
+def ordered(features_by_row: Sequence[Features]) -> tuple[list[int], list[str]]:
+    """Row indices in running order, and each row's shared path: prefix groups (largest first), shared prefixes
+    together, each the longest work first.
 
-    Within a group, requests go by the longest leading text they share with another request
-    (a trie's order: every prefix's requests are contiguous), then by length. Cuts fall every
-    shard_size rows, moved back (by up to a quarter of a shard, within the room the last shard
-    leaves) to where neighbours share the least, so a set of requests sharing a prefix stays in
-    one shard where it fits. O(n log n).
+    Within a group, requests go by the longest leading text they share with another request (a trie's order: every
+    prefix's requests are contiguous), then by expected work (Features.work), the most first. Requests whose prefix
+    nobody shares go after the groups, by work alone. O(n log n).
     """
-    if shard_size < 1:
-        raise ValueError("shard_size must be at least 1")
     rows = len(features_by_row)
     group_size: dict[str, int] = {}
     for f in features_by_row:
@@ -135,13 +155,25 @@ def plan_shards(features_by_row: Sequence[Features], shard_size: int) -> list[li
         shared[a], shared[b] = max(shared[a], n), max(shared[b], n)
     kept = [features_by_row[i].path[: shared[i] * PATH_HEX] for i in range(rows)]
 
-    def key(i: int) -> tuple[int, int, str, str, int]:
+    def key(i: int) -> tuple[int, int, str, str, int, int]:
         f = features_by_row[i]
         size = group_size[f.group]
-        # Requests whose prefix nobody shares gain nothing from grouping: they go by length only.
-        return (0, -size, f.group, kept[i], f.prompt_chars) if size > 1 else (1, 0, "", "", f.prompt_chars)
+        # Requests whose prefix nobody shares gain nothing from grouping: they go by work only.
+        return (0, -size, f.group, kept[i], -f.work, -f.prompt_chars) if size > 1 else \
+            (1, 0, "", "", -f.work, -f.prompt_chars)
 
-    order = sorted(range(rows), key=key)
+    return sorted(range(rows), key=key), kept
+
+
+def plan_shards(features_by_row: Sequence[Features], shard_size: int) -> list[list[int]]:
+    """Row indices per shard, in `ordered`'s order. Cuts fall every shard_size rows, moved back (by up to a quarter
+    of a shard, within the room the last shard leaves) to where neighbours share the least, so a set of requests
+    sharing a prefix stays in one shard where it fits. O(n log n).
+    """
+    if shard_size < 1:
+        raise ValueError("shard_size must be at least 1")
+    rows = len(features_by_row)
+    order, kept = ordered(features_by_row)
     # Cuts move back only as far as the last shard's spare room: never more shards than plain cutting makes.
     shards, start, spare = [], 0, -rows % shard_size
     while rows - start > shard_size:

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from batch_dagster.batchfile.fields import Serves
-from batch_dagster.batchfile.shard import features
+from batch_dagster.batchfile.shard import Features, features, ordered
 
 from . import lines as ln
 
@@ -32,23 +32,23 @@ class Engine(Protocol):
         ...
 
 
-def _prefix_order(endpoint: str, body: dict[str, Any]) -> tuple[str, int]:
-    """Where a request goes in the sending order: by its prompt's prefix path, then its length."""
+def _features(endpoint: str, body: dict[str, Any]) -> Features:
     try:
-        f = features(endpoint, body)
+        return features(endpoint, body)
     except (AttributeError, KeyError, TypeError):  # a mistyped body: its 400 line comes from ln.check
-        return "", 0
-    return f.prefix_key, f.prompt_chars
+        return Features(0, "")
 
 
 def sending_plan(endpoint: str, requests: Sequence[Request], lanes: int) -> list[tuple[int, int]]:
-    """(row, lane) in sending order: each lane (a server) takes a contiguous run of the shard in prefix order.
+    """(row, lane) in sending order: each lane (a server) takes a contiguous run of the shard in the order sharding
+    gives (`ordered`: shared prefixes together, the longest work first).
 
     Sent in prefix order, requests sharing a prefix are neighbours in vLLM's first-come queue: the first one's
     prefix blocks are cached when it is scheduled, and the rest hit them before the cache evicts them. In file
-    order they scatter and each recomputes the prefix. The lanes' runs are sent interleaved, so every lane is busy.
+    order they scatter and each recomputes the prefix. The longest first, the shard's tail is its shortest requests.
+    The lanes' runs are sent interleaved, so every lane is busy.
     """
-    order = sorted(range(len(requests)), key=lambda i: _prefix_order(endpoint, requests[i][1]))
+    order, _ = ordered([_features(endpoint, body) for _, body in requests])
     runs = [order[k * len(order) // lanes : (k + 1) * len(order) // lanes] for k in range(lanes)]
     return [(run[n], k) for n in range(max(map(len, runs), default=0)) for k, run in enumerate(runs) if n < len(run)]
 

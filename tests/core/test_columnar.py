@@ -59,3 +59,17 @@ def test_shards_hold_every_request_once_and_keep_prefix_groups_together(tmp_path
     assert {cid for cid, _ in shards[0]} <= translator
     assert shards[0][0][1]["messages"][0]["content"] == "You are a translator."
     assert custom_ids(shard_path(tmp_path / "shards", 2)) == [cid for cid, _ in shards[2]]
+
+
+def test_the_first_shard_holds_the_most_output_asked_and_an_older_requests_file_still_shards(tmp_path):
+    rows = [{**chat(f"r{i}", None, f"{i} " + "z" * 10), "body": {"model": "m", "max_tokens": 10 * (i + 1),
+            "messages": [{"role": "user", "content": f"{i} question"}]}} for i in range(6)]
+    requests = tmp_path / "requests.parquet"
+    assert validate_to_parquet(write(tmp_path / "in.jsonl", rows), requests).valid
+    assert pq.read_table(requests)["max_tokens"].to_pylist() == [10, 20, 30, 40, 50, 60]
+    assert write_shards(requests, tmp_path / "shards", shard_size=3) == [3, 3]
+    assert sorted(custom_ids(shard_path(tmp_path / "shards", 0))) == ["r3", "r4", "r5"]  # the longest work first
+    # A requests file written before max_tokens was kept (a batch resumed across an upgrade) shards by prompt.
+    older = tmp_path / "older.parquet"
+    pq.write_table(pq.read_table(requests).drop(["max_tokens"]), older)
+    assert write_shards(older, tmp_path / "older-shards", shard_size=3) == [3, 3]

@@ -1,4 +1,4 @@
-"""Sharding: request features and the shard plan (cut size, coverage, prefix groups, length order)."""
+"""Sharding: request features and the shard plan (cut size, coverage, prefix groups, the longest work first)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from batch_dagster.batchfile.shard import PREFIX_CHARS, Features, features, plan_shards
+from batch_dagster.batchfile.shard import PREFIX_CHARS, UNBOUNDED_OUTPUT_TOKENS, Features, features, plan_shards
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -148,7 +148,7 @@ def test_every_row_exactly_once():
     assert len(plan[-1]) == 45
 
 
-def test_shared_prefix_groups_are_contiguous_and_length_ordered():
+def test_shared_prefix_groups_are_contiguous_and_the_longest_first():
     rng = random.Random(11)
     keys = ["sysA"] * 30 + ["sysB"] * 20 + ["sysC"] * 5 + [f"solo{i}" for i in range(15)]
     rng.shuffle(keys)
@@ -160,7 +160,7 @@ def test_shared_prefix_groups_are_contiguous_and_length_ordered():
         positions = [p for p, i in enumerate(order) if feats[i].prefix_key == key]
         assert positions == list(range(positions[0], positions[0] + len(positions))), key
         lengths = [feats[order[p]].prompt_chars for p in positions]
-        assert lengths == sorted(lengths), key
+        assert lengths == sorted(lengths, reverse=True), key
 
 
 def test_larger_groups_first_then_unshared_by_length():
@@ -175,13 +175,34 @@ def test_larger_groups_first_then_unshared_by_length():
         Features(1, "solo3"),  # 7
     ]
     order = flat(plan_shards(feats, 3))
-    # Group A (3 rows) by length, then B (2 rows) by length, then the unshared rows by length.
-    assert order == [6, 4, 2, 1, 5, 7, 3, 0]
+    # Group A (3 rows) the longest first, then B (2 rows), then the unshared rows the longest first.
+    assert order == [2, 4, 6, 5, 1, 0, 3, 7]
 
 
-def test_unshared_prompts_go_by_length():
+def test_unshared_prompts_go_the_longest_first():
     feats = [Features(c, f"k{i}") for i, c in enumerate([9, 3, 7, 1, 5])]
-    assert flat(plan_shards(feats, 2)) == [3, 1, 4, 2, 0]
+    assert flat(plan_shards(feats, 2)) == [0, 2, 4, 1, 3]
+
+
+def test_the_most_output_asked_goes_first_then_the_longest_prompt():
+    """A request's work is the output it asks for and its prompt at about 4 characters a token: a short question
+    asking 500 tokens runs before a long one asking 16, so the batch's tail is short requests."""
+    bodies = [{**chat_body("a" * 400), "max_tokens": 16}, {**chat_body("short"), "max_tokens": 500},
+              chat_body("no limit"), {**chat_body("b" * 4000), "max_completion_tokens": 64, "max_tokens": 9000},
+              {**chat_body("c" * 40), "max_tokens": 16}]
+    feats = [features(CHAT, b) for b in bodies]
+    assert [f.max_tokens for f in feats] == [16, 500, UNBOUNDED_OUTPUT_TOKENS, 64, 16]
+    assert flat(plan_shards(feats, 10)) == [2, 3, 1, 0, 4]  # work: 4098, 1064, 501, 116, 26
+    assert plan_shards(feats, 2) == [[2, 3], [1, 0], [4]]  # the shards too: the longest in the first
+
+
+def test_the_output_asked_of_each_endpoint():
+    assert features(COMPLETIONS, {"model": "m", "prompt": "x"}).max_tokens == 16  # the legacy default
+    assert features(COMPLETIONS, {"model": "m", "prompt": "x", "max_tokens": 99}).max_tokens == 99
+    assert features(EMBEDDINGS, {"model": "e", "input": "x", "max_tokens": 99}).max_tokens == 0
+    assert features(CHAT, {**chat_body("x"), "max_tokens": 10**9}).max_tokens == UNBOUNDED_OUTPUT_TOKENS
+    assert features(CHAT, {**chat_body("x"), "max_tokens": "many"}).max_tokens == UNBOUNDED_OUTPUT_TOKENS
+    assert features("/v1/responses", {"model": "m", "input": "x", "max_output_tokens": 7}).max_tokens == 7
 
 
 def test_plan_from_real_bodies_groups_by_system_prompt():
@@ -234,9 +255,9 @@ def test_a_documents_questions_are_together_and_in_one_shard():
     docs = [rows[i]["doc"] for i in order]
     runs = [d for p, d in enumerate(docs) if p == 0 or docs[p - 1] != d]
     assert len(runs) == 30  # each document's questions contiguous: one run per document
-    for d in range(30):  # ... and by length within it
+    for d in range(30):  # ... and the longest first within it
         lengths = [feats[i].prompt_chars for i in order if rows[i]["doc"] == d]
-        assert lengths == sorted(lengths)
+        assert lengths == sorted(lengths, reverse=True)
     shards_per_doc = [len({p for p, s in enumerate(plan) for i in s if rows[i]["doc"] == d}) for d in range(30)]
     assert shards_per_doc == [1] * 30  # no document cut in two
     assert all(len(s) <= 40 for s in plan)
@@ -248,15 +269,16 @@ def test_cuts_never_make_more_shards_than_plain_cutting():
     assert len(plan_shards(feats, 7)) == -(-150 // 7)
 
 
-def test_a_unique_tail_after_a_shared_system_prompt_keeps_length_order():
+def test_a_unique_tail_after_a_shared_system_prompt_keeps_the_longest_first():
     from batch_dagster.batchfile.shard import PATH_CHARS
 
     system = "Long rules. " * PATH_CHARS  # many shared chunks
     rng = random.Random(5)
-    bodies = [chat_body("q" * rng.randint(1, 3 * PATH_CHARS) + str(i), system=system) for i in range(40)]
+    bodies = [chat_body("".join(rng.choices("abcdef", k=rng.randint(1, 3 * PATH_CHARS))), system=system)
+              for _ in range(40)]
     feats = [features(CHAT, b) for b in bodies]
     order = flat(plan_shards(feats, 100))
-    assert [feats[i].prompt_chars for i in order] == sorted(f.prompt_chars for f in feats)
+    assert [feats[i].prompt_chars for i in order] == sorted((f.prompt_chars for f in feats), reverse=True)
 
 
 def test_planning_stays_fast_for_many_rows():

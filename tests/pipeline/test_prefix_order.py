@@ -28,7 +28,7 @@ def test_prompts_sharing_a_prefix_are_sent_together_and_answered_in_shard_order(
 
     lines = asyncio.run(dispatch(CHAT, requests, send))
     assert [s[0] for s in sent] in (list("aaabb"), list("bbaaa"))  # each document's questions together
-    assert sent.index("a1") < sent.index("a2") < sent.index("a3")  # then by length
+    assert sent.index("a3") < sent.index("a2") < sent.index("a1")  # then the longest first
     assert [line["custom_id"] for line in lines] == [cid for cid, _ in requests]  # the shard's order
     for (_, body), line in zip(requests, lines, strict=True):
         assert line["response"]["body"]["echo"] == body["messages"][0]["content"][-8:]
