@@ -101,7 +101,7 @@ docs-screenshots: setup
 	DOCS_SCREENSHOTS=$(CURDIR)/docs/images/ui $(PY) -m pytest -q -p no:cacheprovider tests/system/test_ui_browser.py
 
 # Benchmarks (see docs/performance.md). BENCH_REQUESTS / BENCH_MODEL size and pick the workload.
-.PHONY: bench bench-cpu bench-api bench-fleet bench-eta bench-scale bench-shared
+.PHONY: bench bench-cpu bench-api bench-fleet bench-eta bench-deadlines bench-scale bench-shared
 bench: setup
 	$(PY) -m bench.run_bench
 
@@ -121,6 +121,12 @@ bench-fleet: setup
 # (BENCH_ETA_BATCHES x BENCH_ETA_REQUESTS, after BENCH_ETA_WARMUP). Writes bench/results/eta.json, prints the table.
 bench-eta: setup
 	$(PY) -m bench.eta
+
+# A 1h batch submitted behind a queue of 24h batches (BENCH_DEADLINES_QUEUE x BENCH_DEADLINES_REQUESTS) through serve,
+# one run of the model at a time: the order they finish in, each against its window. Writes
+# bench/results/deadlines.json, prints the table.
+bench-deadlines: setup
+	$(PY) -m bench.deadlines
 
 # A batch on a fleet that also answers a fixed-rate interactive client, with BATCH_VLLM_BUDGET fixed and adaptive:
 # interactive p50/p99 against the client alone, batch throughput against an idle fleet (bench/shared_fleet.py).

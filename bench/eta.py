@@ -26,6 +26,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
@@ -83,27 +84,30 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _batch(client: Any, path: Path) -> str:
+def submit(client: Any, path: Path, window: str = "24h") -> str:
+    """The file uploaded and a chat batch created of it; its id."""
     with open(path, "rb") as f:
         file_id = client.files.create(file=f, purpose="batch").id
-    return client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h").id
+    return client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window=window).id
 
 
 def _sample(batch: Any) -> dict[str, Any]:
     extra = batch.model_extra or {}
+    counts = batch.request_counts
     return {"at": time.time(), "status": batch.status, "queue_position": extra.get("queue_position"),
-            "eta": extra.get("estimated_completion_at"), "total": batch.request_counts.total if batch.request_counts
-            else 0, "done": (batch.request_counts.completed + batch.request_counts.failed) if batch.request_counts
-            else 0}
+            "eta": extra.get("estimated_completion_at"), "meets_deadline": extra.get("meets_deadline"),
+            "deadline_at_risk_at": extra.get("deadline_at_risk_at"), "total": counts.total if counts else 0,
+            "done": counts.completed + counts.failed if counts else 0}
 
 
-def run_queue(client: Any, files: list[Path], timeout_s: float) -> list[dict[str, Any]]:
-    """Submit every file as a batch at once and sample each until all ended: each batch's samples and end."""
-    ids = [_batch(client, f) for f in files]
+def follow(client: Any, ids: list[str], timeout_s: float,
+           until: Callable[[dict[str, list[dict[str, Any]]]], bool] | None = None) -> dict[str, Any]:
+    """Sample each batch every POLL_S until all ended (or `until` holds of the samples so far): each batch's samples
+    and, once ended, its end (`ended`)."""
     samples: dict[str, list[dict[str, Any]]] = {b: [] for b in ids}
     ended: dict[str, Any] = {}
     deadline = time.time() + timeout_s
-    while len(ended) < len(ids):
+    while len(ended) < len(ids) and not (until and until(samples)):
         if time.time() > deadline:
             raise TimeoutError(f"{len(ids) - len(ended)} batch(es) not ended after {timeout_s:.0f} s")
         for b in ids:
@@ -114,8 +118,18 @@ def run_queue(client: Any, files: list[Path], timeout_s: float) -> list[dict[str
             if batch.status in ENDED:
                 ended[b] = batch
         time.sleep(POLL_S)
-    return [{"batch_id": b, "status": ended[b].status, "created_at": ended[b].created_at,
-             "completed_at": ended[b].completed_at, "samples": samples[b]} for b in ids]
+    return {"samples": samples, "ended": ended}
+
+
+def ends(followed: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each ended batch's status, creation and end, with its samples."""
+    return [{"batch_id": b, "status": e.status, "created_at": e.created_at, "completed_at": e.completed_at,
+             "expires_at": e.expires_at, "samples": followed["samples"][b]} for b, e in followed["ended"].items()]
+
+
+def run_queue(client: Any, files: list[Path], timeout_s: float) -> list[dict[str, Any]]:
+    """Submit every file as a batch at once and sample each until all ended: each batch's samples and end."""
+    return ends(follow(client, [submit(client, f) for f in files], timeout_s))
 
 
 def main() -> None:

@@ -33,13 +33,15 @@ POLL_S = 0.1
 
 
 @contextmanager
-def serve(work: Path, model_cache: Path) -> Iterator[tuple[str, Path, Path]]:
-    """serve with its defaults (warm fleet included) in `work`; yields (API base URL, DAGSTER_HOME, log path)."""
+def serve(work: Path, model_cache: Path, settings: dict[str, str] | None = None) -> Iterator[tuple[str, Path, Path]]:
+    """serve with its defaults (warm fleet included) in `work`, but the `settings` given; yields (API base URL,
+    DAGSTER_HOME, log path)."""
     home, data = work / "dagster_home", work / "data"
     own = OWN_PREFIXES
     env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
     env.update({"DAGSTER_HOME": str(home), "BATCH_DATA_DIR": str(data), "BATCH_MODEL_CACHE": str(model_cache),
-                "BATCH_API_KEYS": KEY, "BATCH_FLEET_PORT": str(free_port_block(fleet.block_size(1)))})
+                "BATCH_API_KEYS": KEY, "BATCH_FLEET_PORT": str(free_port_block(fleet.block_size(1))),
+                **(settings or {})})
     port = _free_port()
     log_path = work / "serve.log"
     with open(log_path, "w") as log:

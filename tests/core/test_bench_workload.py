@@ -251,3 +251,22 @@ def test_same_answers_counts_identical_texts_by_custom_id():
     assert same_answers(answers) == {"reference": "run_batch", "pipeline": {"identical": 2, "compared": 3},
                                      "raw_engine": {"identical": 1, "compared": 3}}
     assert same_answers({"pipeline": {"a": "x"}}) == {}  # no reference stage ran
+
+
+def test_the_deadlines_bench_ranks_each_batch_by_its_end_against_its_window():
+    from bench.deadlines import markdown, summarize
+
+    def batch(b, created, completed, window_s, status="completed"):
+        return {"batch_id": b, "status": status, "created_at": created, "completed_at": completed,
+                "expires_at": created + window_s, "samples": []}
+
+    followed = [batch("d1", 0, 50, 1800), batch("h", 30, 90, 600), batch("d2", 0, 130, 1800),
+                batch("d3", 0, 1900, 1800)]  # d3 ended past its window
+    names = {"d1": ("24h #1", "24h", 1), "d2": ("24h #2", "24h", 2), "d3": ("24h #3", "24h", 3), "h": ("1h", "1h", 4)}
+    report = summarize(followed, names)
+    assert [(r["name"], r["finished"], r["waited_s"], r["in_window"]) for r in report["batches"]] == [
+        ("24h #1", 1, 50, True), ("24h #2", 3, 130, True), ("24h #3", 4, 1900, False), ("1h", 2, 60, True)]
+    assert report["summary"] == {"batches": 4, "hour_submitted": 4, "hour_finished": 2, "hour_ahead_of_queued": 2,
+                                 "all_in_window": False}
+    text = markdown({**report, "meta": {"machine": "m", "git": "g"}})
+    assert "| 24h #3 | 24h | 3 | 4 | 1900 | 1800 | **no** |" in text and "submitted 4 of 4, finished 2" in text
