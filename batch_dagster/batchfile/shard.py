@@ -2,22 +2,27 @@
 
 Requests that share a system prompt (or the same opening text) form a group; inside it,
 requests that share a longer leading text (a document asked several questions) sit together,
-so one shard holds them all and the engine's prefix cache computes that text once. Within
-what they share the longest expected work goes first (the most output tokens asked, then the longest prompt), so
-the batch's tail is its shortest requests, not a few long ones running alone on an engine sized for hundreds; cuts
-fall where the least is shared. The engines send a shard's requests in the same order (`ordered`).
+so one shard holds them all and the engine's prefix cache computes that text once. The longest expected work goes
+first (the most output tokens asked, then the longest prompt): the group holding the longest request, and within
+what requests share, the longest of them. So the batch's tail is its shortest requests, not a few long ones
+running alone on an engine sized for hundreds. Cuts fall where the least is shared.
+
+When a shard runs, its requests go in the same order, each group's output asked weighed by the share of it that
+the group's requests in the batch's earlier shards wrote (`OutputShares`): a group that writes a tenth of its
+max_tokens runs after one that writes all of it (`running_order`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import contract as c
 from .responses import chat_body
+from .usage import Usage
 
 # Opening text that counts as a shared prefix when there is no system prompt.
 PREFIX_CHARS = 256
@@ -30,6 +35,7 @@ PATH_HEX = 8  # hex characters of one path hash (a CRC-32: a rare collision only
 # A chat request without max_tokens may write to the end of its context: it orders as asking this many.
 UNBOUNDED_OUTPUT_TOKENS = 4096
 CHARS_PER_TOKEN = 4  # about, in English text: how a prompt's characters weigh against output tokens in `work`
+ALL_GROUPS = ""  # OutputShares' key for the share of every group seen: a group not seen yet is taken at it
 
 
 @dataclass(frozen=True)
@@ -45,10 +51,11 @@ class Features:
     prefix_key: str
     max_tokens: int = 0  # the output tokens it asks for at most (output_cap)
 
-    @property
-    def work(self) -> int:
-        """Its expected work, in tokens: the output asked for, and the prompt at about CHARS_PER_TOKEN a token."""
-        return self.max_tokens + self.prompt_chars // CHARS_PER_TOKEN
+    def work(self, shares: Mapping[str, float] | None = None) -> int:
+        """Its expected work, in tokens: the output asked for (times the share of it its group was seen to write,
+        `OutputShares.shares`), and the prompt at about CHARS_PER_TOKEN a token."""
+        share = shares.get(self.group, shares.get(ALL_GROUPS, 1.0)) if shares else 1.0
+        return round(self.max_tokens * share) + self.prompt_chars // CHARS_PER_TOKEN
 
     @property
     def group(self) -> str:
@@ -134,18 +141,22 @@ def _shared(a: str, b: str) -> int:
     return n
 
 
-def ordered(features_by_row: Sequence[Features]) -> tuple[list[int], list[str]]:
-    """Row indices in running order, and each row's shared path: prefix groups (largest first), shared prefixes
-    together, each the longest work first.
+def ordered(features_by_row: Sequence[Features], shares: Mapping[str, float] | None = None,
+            ) -> tuple[list[int], list[str]]:
+    """Row indices in running order, and each row's shared path: prefix groups together, the longest work first.
 
-    Within a group, requests go by the longest leading text they share with another request (a trie's order: every
-    prefix's requests are contiguous), then by expected work (Features.work), the most first. Requests whose prefix
-    nobody shares go after the groups, by work alone. O(n log n).
+    Expected work is Features.work, with the output `shares` seen so far. A prefix group runs as one block (a request
+    whose prefix nobody shares is a block of its own), the block holding the longest request first (the larger on a
+    tie). Within a group, requests go by the longest leading text they share with another request (a trie's order:
+    every prefix's requests are contiguous), then by work, the most first. O(n log n).
     """
     rows = len(features_by_row)
     group_size: dict[str, int] = {}
-    for f in features_by_row:
+    longest: dict[str, int] = {}
+    work = [f.work(shares) for f in features_by_row]
+    for f, w in zip(features_by_row, work, strict=True):
         group_size[f.group] = group_size.get(f.group, 0) + 1
+        longest[f.group] = max(longest.get(f.group, 0), w)
     # What each request shares: the longest path prefix it has in common with a neighbour in path order.
     by_path = sorted(range(rows), key=lambda i: features_by_row[i].prefix_key)
     shared = [0] * rows
@@ -157,10 +168,7 @@ def ordered(features_by_row: Sequence[Features]) -> tuple[list[int], list[str]]:
 
     def key(i: int) -> tuple[int, int, str, str, int, int]:
         f = features_by_row[i]
-        size = group_size[f.group]
-        # Requests whose prefix nobody shares gain nothing from grouping: they go by work only.
-        return (0, -size, f.group, kept[i], -f.work, -f.prompt_chars) if size > 1 else \
-            (1, 0, "", "", -f.work, -f.prompt_chars)
+        return -longest[f.group], -group_size[f.group], f.group, kept[i], -work[i], -f.prompt_chars
 
     return sorted(range(rows), key=key), kept
 
@@ -187,3 +195,47 @@ def plan_shards(features_by_row: Sequence[Features], shard_size: int) -> list[li
     if start < rows:
         shards.append(order[start:])
     return shards
+
+
+def request_features(endpoint: str, body: dict[str, Any]) -> Features:
+    """`features` of a body as it reaches an engine; one that is mistyped (its 400 line comes from the engine's
+    checks) orders as an empty request."""
+    try:
+        return features(endpoint, body)
+    except (AttributeError, KeyError, TypeError):
+        return Features(0, "")
+
+
+def running_order(endpoint: str, requests: Sequence[tuple[str, dict[str, Any]]],
+                  shares: Mapping[str, float] | None = None) -> list[int]:
+    """The order a shard's requests (custom_id, body) run in: `ordered`'s, with the output shares seen so far."""
+    order, _ = ordered([request_features(endpoint, body) for _, body in requests], shares)
+    return order
+
+
+@dataclass
+class OutputShares:
+    """How much of the output they asked for the requests of each prefix group wrote, over a batch's shards run so
+    far: what `ordered` weighs a group's max_tokens by in the shards after them."""
+
+    asked: dict[str, int] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)
+
+    def add(self, endpoint: str, requests: Sequence[tuple[str, dict[str, Any]]], lines: Sequence[dict[str, Any]]
+            ) -> None:
+        """A shard's requests and their lines: each answered request's output tokens against the output it asked."""
+        bodies = dict(requests)
+        for line in lines:
+            response = line.get("response") or {}
+            body = bodies.get(line.get("custom_id"))
+            if body is None or response.get("status_code") != 200:
+                continue
+            f, usage = request_features(endpoint, body), Usage()
+            usage.add_body(response.get("body") or {})
+            for group in (f.group, ALL_GROUPS):
+                self.asked[group] = self.asked.get(group, 0) + f.max_tokens
+                self.written[group] = self.written.get(group, 0) + usage.output_tokens
+
+    def shares(self) -> dict[str, float]:
+        """Per group (and ALL_GROUPS), the output written over the output asked."""
+        return {g: self.written[g] / asked for g, asked in self.asked.items() if asked > 0}

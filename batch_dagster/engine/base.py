@@ -1,4 +1,4 @@
-"""What every engine does: a shard's requests sent to vLLM's OpenAI layer in prefix order, each answered by its line.
+"""What every engine does: a shard's requests sent to vLLM's OpenAI layer in the order given, each answered by its line.
 
 Both engines send the same bodies to the same vLLM application (`vllm serve`'s own, in this process or in a
 server) and make the same line of its answer; they differ only in how a request reaches it.
@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from batch_dagster.batchfile.fields import Serves
-from batch_dagster.batchfile.shard import Features, features, ordered
 
 from . import lines as ln
 
@@ -32,23 +31,15 @@ class Engine(Protocol):
         ...
 
 
-def _features(endpoint: str, body: dict[str, Any]) -> Features:
-    try:
-        return features(endpoint, body)
-    except (AttributeError, KeyError, TypeError):  # a mistyped body: its 400 line comes from ln.check
-        return Features(0, "")
-
-
-def sending_plan(endpoint: str, requests: Sequence[Request], lanes: int) -> list[tuple[int, int]]:
-    """(row, lane) in sending order: each lane (a server) takes a contiguous run of the shard in the order sharding
-    gives (`ordered`: shared prefixes together, the longest work first).
+def sending_plan(requests: Sequence[Request], lanes: int) -> list[tuple[int, int]]:
+    """(row, lane) in sending order: each lane (a server) takes a contiguous run of the shard in the order given
+    (the inference step's: batchfile/shard.py's `running_order`, shared prefixes together, the longest work first).
 
     Sent in prefix order, requests sharing a prefix are neighbours in vLLM's first-come queue: the first one's
-    prefix blocks are cached when it is scheduled, and the rest hit them before the cache evicts them. In file
-    order they scatter and each recomputes the prefix. The longest first, the shard's tail is its shortest requests.
-    The lanes' runs are sent interleaved, so every lane is busy.
+    prefix blocks are cached when it is scheduled, and the rest hit them before the cache evicts them. The lanes'
+    runs are sent interleaved, so every lane is busy.
     """
-    order, _ = ordered([_features(endpoint, body) for _, body in requests])
+    order = range(len(requests))
     runs = [order[k * len(order) // lanes : (k + 1) * len(order) // lanes] for k in range(lanes)]
     return [(run[n], k) for n in range(max(map(len, runs), default=0)) for k, run in enumerate(runs) if n < len(run)]
 
@@ -85,7 +76,7 @@ async def dispatch(endpoint: str, requests: Sequence[Request], send: Send, *, se
             on_progress(1)
         return line
 
-    plan = sending_plan(endpoint, requests, lanes)
+    plan = sending_plan(requests, lanes)
     tasks = {i: asyncio.ensure_future(one(*requests[i], lane)) for i, lane in plan}
     try:
         done = await asyncio.gather(*tasks.values())

@@ -163,7 +163,7 @@ def test_shared_prefix_groups_are_contiguous_and_the_longest_first():
         assert lengths == sorted(lengths, reverse=True), key
 
 
-def test_larger_groups_first_then_unshared_by_length():
+def test_groups_run_as_blocks_the_block_holding_the_longest_request_first():
     feats = [
         Features(50, "solo1"),  # 0
         Features(10, "B"),  # 1
@@ -175,8 +175,11 @@ def test_larger_groups_first_then_unshared_by_length():
         Features(1, "solo3"),  # 7
     ]
     order = flat(plan_shards(feats, 3))
-    # Group A (3 rows) the longest first, then B (2 rows), then the unshared rows the longest first.
-    assert order == [2, 4, 6, 5, 1, 0, 3, 7]
+    # Work is chars // 4 here: solo1 (12), then group B (its longest 10), group A (7), solo2 (1), solo3 (0); each
+    # group the longest first.
+    assert order == [0, 5, 1, 2, 4, 6, 3, 7]
+    # Of two blocks whose longest requests tie, the larger goes first.
+    assert flat(plan_shards([Features(8, "solo"), Features(8, "A"), Features(4, "A")], 3)) == [1, 2, 0]
 
 
 def test_unshared_prompts_go_the_longest_first():
@@ -290,3 +293,36 @@ def test_planning_stays_fast_for_many_rows():
     started = time.perf_counter()
     plan = plan_shards(feats, 1000)
     assert time.perf_counter() - started < 5 and len(plan) == 50
+
+
+# --- the output the batch's earlier shards wrote --------------------------------------------
+
+
+def _answered(cid: str, completion_tokens: int, status: int = 200) -> dict:
+    usage = {"completion_tokens": completion_tokens}
+    return {"custom_id": cid, "response": {"status_code": status, "body": {"usage": usage}}}
+
+
+def test_the_shares_written_reorder_the_next_shard_a_group_that_writes_little_goes_after_one_that_writes_all():
+    from batch_dagster.batchfile.shard import ALL_GROUPS, OutputShares, running_order
+
+    def ask(cid, system, max_tokens):
+        return cid, {**chat_body(f"{cid} question", system=system), "max_tokens": max_tokens}
+
+    first = [ask("t1", "Translate.", 100), ask("t2", "Translate.", 100), ask("l1", "Label.", 100),
+             ask("l2", "Label.", 100)]
+    written = OutputShares()
+    written.add(CHAT, first, [_answered("t1", 90), _answered("t2", 70), _answered("l1", 4), _answered("l2", 6),
+                              _answered("nobody", 50)])  # a line of no request here counts for nothing
+    written.add(CHAT, first, [_answered("t1", 1000, status=400)])  # an error line wrote nothing it asked
+    shares = written.shares()
+    assert shares[features(CHAT, first[0][1]).group] == 0.8 and shares[features(CHAT, first[2][1]).group] == 0.05
+    assert shares[ALL_GROUPS] == 170 / 400
+    # The next shard: labels ask more (300) than translations (200), but write a twentieth of it.
+    second = [ask("l3", "Label.", 300), ask("l4", "Label.", 300), ask("t3", "Translate.", 200),
+              ask("t4", "Translate.", 200), ask("new", "Unseen.", 250), ask("new2", "Unseen.", 10)]
+    cids = lambda order: [second[i][0] for i in order]  # noqa: E731
+    assert cids(running_order(CHAT, second)) == ["l3", "l4", "new", "new2", "t3", "t4"]  # by what they ask
+    # By what they write: translations (160) before the new group (at every group's share: 106) and labels (15).
+    assert cids(running_order(CHAT, second, shares)) == ["t3", "t4", "new", "new2", "l3", "l4"]
+    assert OutputShares().shares() == {}  # nothing run yet: every request weighs what it asks

@@ -301,3 +301,18 @@ def test_a_store_that_fails_the_live_progress_write_costs_the_shard_nothing(tmp_
         progress(1)
     assert progress.done == 4
     assert log.warnings and "Could not connect to the endpoint URL" in log.warnings[0]
+
+
+def test_a_later_shard_runs_the_group_that_wrote_more_of_what_it_asked_first(tmp_path, data_dir, instance):
+    """The longest work first, as the batch's earlier shards wrote it: labels ask 1,000 tokens and write 3 (the
+    fake engine writes a word per word of the question), translations ask 200 and write them all. The first shard
+    is all labels; in the second, the translations go before the last labels, which asked five times as much and
+    are more."""
+    engine = FakeEngine()
+    defs = make_defs(data_dir, fake_vllm("shares", engine), shard_size=5)
+    labels = [chat_request(f"label{i}", "x" * 256 + f" label{i}", max_tokens=1000) for i in range(8)]
+    translations = [chat_request(f"tr{i}", "y" * 256 + f" tr{i}" + " w" * 250, max_tokens=200) for i in range(2)]
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", labels + translations), tmp_path / "out",
+                        show_progress=False, defs=defs, instance=instance).to_dict()
+    assert summary["request_counts"]["completed"] == 10
+    assert engine.calls == [[f"label{i}" for i in range(5)], ["tr0", "tr1", "label5", "label6", "label7"]]

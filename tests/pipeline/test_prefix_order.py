@@ -1,11 +1,13 @@
-"""Both engines send a shard's requests in prefix order, so requests sharing a prefix are neighbours in vLLM's
-first-come queue, and answer each request with its own line, in the shard's order."""
+"""A shard's requests run in prefix order, the longest work first (batchfile/shard.py's running_order, which the
+inference step applies), so requests sharing a prefix are neighbours in vLLM's first-come queue; both engines send
+them in that order and answer each request with its own line, in that order."""
 
 from __future__ import annotations
 
 import asyncio
 
 from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.shard import running_order
 from batch_dagster.engine.base import dispatch, sending_plan
 
 CHAT = "/v1/chat/completions"
@@ -26,6 +28,7 @@ def test_prompts_sharing_a_prefix_are_sent_together_and_answered_in_shard_order(
         await asyncio.sleep(0)  # answered in another order than sent
         return c.success_line(custom_id, {"echo": body["messages"][0]["content"][-8:]})
 
+    requests = [requests[i] for i in running_order(CHAT, requests)]
     lines = asyncio.run(dispatch(CHAT, requests, send))
     assert [s[0] for s in sent] in (list("aaabb"), list("bbaaa"))  # each document's questions together
     assert sent.index("a3") < sent.index("a2") < sent.index("a1")  # then the longest first
@@ -38,7 +41,8 @@ def test_each_server_takes_a_contiguous_run_in_prefix_order():
     doc = {d: d + " word" * 300 for d in "abc"}
     requests = [(f"{d}{q}", {"model": "m", "messages": [{"role": "user", "content": doc[d] + f" question {q}?"}]})
                 for q in range(4) for d in "abc"]  # shuffled: a0 b0 c0 a1 ...
-    plan = sending_plan(CHAT, requests, 2)
+    requests = [requests[i] for i in running_order(CHAT, requests)]
+    plan = sending_plan(requests, 2)
     assert sorted(row for row, _ in plan) == list(range(12))
     by_server = {k: [requests[row][0][0] for row, s in plan if s == k] for k in (0, 1)}
     assert len(by_server[0]) == len(by_server[1]) == 6

@@ -20,6 +20,7 @@ from batch_dagster.batchfile.folder import BatchFolder, Progress
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import CommittedShard, commit_shard, committed_shards, progress_of
 from batch_dagster.batchfile.reuse import AnswerStore, keep, look_up, model_identity
+from batch_dagster.batchfile.shard import OutputShares, running_order
 from batch_dagster.batchfile.structured import asks_structured
 from batch_dagster.db.lifecycle import record_usage
 from batch_dagster.defs.dagster_internals import dies_with_its_run
@@ -217,6 +218,7 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
         if vllm.spec(manifest.model).images_per_request else None
     started = time.perf_counter()
     ran_requests = ran_tokens = 0
+    written = OutputShares()  # how much of the output asked each prefix group writes, over the shards run
     stopped = None
     eta = RunningEta.of(folder.estimate(), manifest.total_requests, sum(s.request_counts.total for s in done.values()))
     with dies_with_its_run(context), stops_when_terminated(context):
@@ -247,12 +249,15 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
                 if unfetched:
                     progress(len(unfetched))
                 if sent:
+                    # Shared prefixes together, the longest work first, as the earlier shards wrote.
+                    sent = [sent[i] for i in running_order(manifest.endpoint, sent, written.shares())]
                     engine, lines = _run_shard(context, vllm, manifest.model, manifest.endpoint, engine, sent,
                                                progress, index)
                 lines += unfetched
             if reuse is not None and store is not None:
                 keep(store, reuse, lines)  # before the commit: a retry finds them even if this process dies now
                 lines += reuse.lines
+            written.add(manifest.endpoint, requests, lines)
             structured = {cid for cid, body in requests if asks_structured(manifest.endpoint, body)}
             committed = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
                                      engine_start_s=vllm.engine_start_s(manifest.model, t0), structured=structured)
