@@ -227,7 +227,7 @@ class OutputShares:
         bodies = dict(requests)
         for line in lines:
             response = line.get("response") or {}
-            body = bodies.get(line.get("custom_id"))
+            body = bodies.get(str(line.get("custom_id")))
             if body is None or response.get("status_code") != 200:
                 continue
             f, usage = request_features(endpoint, body), Usage()
