@@ -40,7 +40,7 @@ def test_retry_reruns_only_server_failures_and_merges_with_the_parent(start_serv
     assert child.request_counts.model_dump() == {"total": 2, "completed": 1, "failed": 1}
     assert child.model == parent.model
     # The child ran the parent's original bodies, and only the 5xx ones (never the 400).
-    assert engine.calls[-1] == ["r1", "r4"]
+    assert engine.calls[-1] == ["r4", "r1"]  # the longest first
     alone = file_lines(client, child.output_file_id)
     assert [x["custom_id"] for x in alone] == ["r1"]
     assert alone[0]["response"]["body"]["choices"][0]["message"]["content"] == "echo: question 1 word"
