@@ -7,10 +7,13 @@ server) and make the same line of its answer; they differ only in how a request 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from batch_dagster.batchfile.fields import Serves
+from batch_dagster.batchfile.shard import request_features
 
 from . import lines as ln
 
@@ -31,16 +34,22 @@ class Engine(Protocol):
         ...
 
 
-def sending_plan(requests: Sequence[Request], lanes: int) -> list[tuple[int, int]]:
+def sending_plan(endpoint: str, requests: Sequence[Request], lanes: int) -> list[tuple[int, int]]:
     """(row, lane) in sending order: each lane (a server) takes a contiguous run of the shard in the order given
-    (the inference step's: batchfile/shard.py's `running_order`, shared prefixes together, the longest work first).
+    (the inference step's: batchfile/shard.py's `running_order`, shared prefixes together, the longest work first),
+    the runs cut where each holds about as much expected work (`Features.work`) as the others.
 
     Sent in prefix order, requests sharing a prefix are neighbours in vLLM's first-come queue: the first one's
-    prefix blocks are cached when it is scheduled, and the rest hit them before the cache evicts them. The lanes'
+    prefix blocks are cached when it is scheduled, and the rest hit them before the cache evicts them. Cut by work,
+    not by count, the lane of the longest requests takes fewer of them and the servers end together. The lanes'
     runs are sent interleaved, so every lane is busy.
     """
-    order = range(len(requests))
-    runs = [order[k * len(order) // lanes : (k + 1) * len(order) // lanes] for k in range(lanes)]
+    work = [request_features(endpoint, body).work() + 1 for _, body in requests]
+    # Each row at the middle of its own work along the shard's: lane k takes the rows whose middles are in the k-th
+    # of `lanes` equal parts of the whole.
+    middles = [end - w / 2 for end, w in zip(itertools.accumulate(work), work, strict=True)]
+    cuts = [0, *(bisect.bisect_right(middles, sum(work) * k / lanes) for k in range(1, lanes)), len(requests)]
+    runs = [range(cuts[k], cuts[k + 1]) for k in range(lanes)]
     return [(run[n], k) for n in range(max(map(len, runs), default=0)) for k, run in enumerate(runs) if n < len(run)]
 
 
@@ -76,7 +85,7 @@ async def dispatch(endpoint: str, requests: Sequence[Request], send: Send, *, se
             on_progress(1)
         return line
 
-    plan = sending_plan(requests, lanes)
+    plan = sending_plan(endpoint, requests, lanes)
     tasks = {i: asyncio.ensure_future(one(*requests[i], lane)) for i, lane in plan}
     try:
         done = await asyncio.gather(*tasks.values())

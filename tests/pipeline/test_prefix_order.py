@@ -42,7 +42,7 @@ def test_each_server_takes_a_contiguous_run_in_prefix_order():
     requests = [(f"{d}{q}", {"model": "m", "messages": [{"role": "user", "content": doc[d] + f" question {q}?"}]})
                 for q in range(4) for d in "abc"]  # shuffled: a0 b0 c0 a1 ...
     requests = [requests[i] for i in running_order(CHAT, requests)]
-    plan = sending_plan(requests, 2)
+    plan = sending_plan(CHAT, requests, 2)
     assert sorted(row for row, _ in plan) == list(range(12))
     by_server = {k: [requests[row][0][0] for row, s in plan if s == k] for k in (0, 1)}
     assert len(by_server[0]) == len(by_server[1]) == 6
@@ -66,3 +66,15 @@ def test_a_body_the_checks_refuse_is_its_400_line_and_never_sent():
     assert sent == ["good"] and sum(seen) == 2
     bad = lines[1]["response"]
     assert bad["status_code"] == 400 and bad["body"]["error"]["param"] == "temperature"
+
+
+def test_the_servers_runs_hold_about_the_same_work_not_the_same_count():
+    """The longest first, a cut by count would give one server every long request: cut by work, it takes fewer."""
+    requests = [("long", {"model": "m", "messages": [{"role": "user", "content": "a long one"}], "max_tokens": 900}),
+                *[(f"short{i}", {"model": "m", "messages": [{"role": "user", "content": f"short {i}"}],
+                                 "max_tokens": 100}) for i in range(9)]]
+    plan = sending_plan(CHAT, requests, 2)
+    by_server = {k: [requests[row][0] for row, s in plan if s == k] for k in (0, 1)}
+    assert by_server == {0: ["long"], 1: [f"short{i}" for i in range(9)]}
+    assert [s for _, s in sending_plan(CHAT, requests[:1], 2)] == [0]  # a lone request: one server, the other idle
+    assert sending_plan(CHAT, [], 2) == []
