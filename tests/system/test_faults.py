@@ -49,10 +49,9 @@ def batch_rows(name: str, n: int, words: int = 0) -> list[dict]:
 
 
 def held_rows(name: str, n: int, words: int = 0) -> list[dict]:
-    """n requests in shards of 2, then `<name>-hold`, the longest: in the last shard, which a hold file of that
-    name holds in the engine once the others are committed (shard.plan_shards orders unshared prompts by length)."""
-    last = f"the last question of {name}: " + "word " * (words + 30)
-    return batch_rows(name, n, words) + [chat_request(f"{name}-hold", last, max_tokens=words + 38)]
+    """n requests in shards of 2, then `<name>-hold`, the least work: in the last shard, which a hold file of that
+    name holds in the engine once the others are committed (shard.plan_shards runs the longest work first)."""
+    return batch_rows(name, n, words) + [chat_request(f"{name}-hold", "last?", max_tokens=1)]
 
 
 class Faults:
