@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import sys
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -72,7 +70,7 @@ def main() -> None:
     from openai import OpenAI
 
     from batch_dagster.settings import Settings
-    from bench.measure import wait_for_quiet
+    from bench.measure import wait_for_quiet, work_dir
     from bench.small_batch import KEY, serve
 
     queued = int(os.environ.get("BENCH_DEADLINES_QUEUE") or 4)
@@ -81,15 +79,14 @@ def main() -> None:
     model = os.environ.get("BENCH_MODEL") or "smollm2-135m-instruct"
     out = Path(os.environ.get("BENCH_DEADLINES_OUT") or REPO / "bench" / "results" / "deadlines.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="batch-dagster-bench-deadlines-"))
-    files = [write_workload(work / f"day-{i}.jsonl", n, model, seed=300 + i) for i in range(queued)]
-    hour_file = write_workload(work / "hour.jsonl", n, model, seed=399)
-    warm = write_workload(work / "warm.jsonl", n, model, seed=398)
-    report: dict[str, Any] = {"meta": {
-        "model": model, "queued": queued, "requests": n, "windows": windows, "runs_per_model": 1,
-        "machine": machine(), "python": platform.python_version(), "git": git_state(),
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds")}}
-    try:
+    with work_dir("deadlines") as work:
+        files = [write_workload(work / f"day-{i}.jsonl", n, model, seed=300 + i) for i in range(queued)]
+        hour_file = write_workload(work / "hour.jsonl", n, model, seed=399)
+        warm = write_workload(work / "warm.jsonl", n, model, seed=398)
+        report: dict[str, Any] = {"meta": {
+            "model": model, "queued": queued, "requests": n, "windows": windows, "runs_per_model": 1,
+            "machine": machine(), "python": platform.python_version(), "git": git_state(),
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds")}}
         wait_for_quiet(float(os.environ.get("BENCH_QUIET_WAIT_S") or 600))
         (work / "serve").mkdir()
         settings = {"BATCH_COMPLETION_WINDOWS": windows, "BATCH_RUNS_PER_MODEL": "1"}
@@ -113,11 +110,6 @@ def main() -> None:
                              if any(x["deadline_at_risk_at"] is not None for x in b["samples"])]
         out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
         print(markdown(report))
-    finally:
-        if os.environ.get("BENCH_KEEP_WORK") == "1":
-            print(f"bench-deadlines: work dir kept: {work}", file=sys.stderr)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -136,7 +134,7 @@ def main() -> None:
     from openai import OpenAI
 
     from batch_dagster.settings import Settings
-    from bench.measure import wait_for_quiet
+    from bench.measure import wait_for_quiet, work_dir
     from bench.small_batch import KEY, serve
 
     batches = int(os.environ.get("BENCH_ETA_BATCHES") or 5)
@@ -146,14 +144,13 @@ def main() -> None:
     quiet_wait_s = float(os.environ.get("BENCH_QUIET_WAIT_S") or 600)
     out = Path(os.environ.get("BENCH_ETA_OUT") or REPO / "bench" / "results" / "eta.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="batch-dagster-bench-eta-"))
-    files = [write_workload(work / f"queue-{i}.jsonl", n, model, seed=100 + i) for i in range(batches)]
-    warm = [write_workload(work / f"warm-{i}.jsonl", n, model, seed=200 + i) for i in range(warmup)]
-    report: dict[str, Any] = {"meta": {
-        "model": model, "batches": batches, "requests": n, "warmup": warmup, "machine": machine(),
-        "python": platform.python_version(), "git": git_state(), "poll_s": POLL_S,
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds")}}
-    try:
+    with work_dir("eta") as work:
+        files = [write_workload(work / f"queue-{i}.jsonl", n, model, seed=100 + i) for i in range(batches)]
+        warm = [write_workload(work / f"warm-{i}.jsonl", n, model, seed=200 + i) for i in range(warmup)]
+        report: dict[str, Any] = {"meta": {
+            "model": model, "batches": batches, "requests": n, "warmup": warmup, "machine": machine(),
+            "python": platform.python_version(), "git": git_state(), "poll_s": POLL_S,
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds")}}
         wait_for_quiet(quiet_wait_s)
         serve_dir = work / "serve"
         serve_dir.mkdir()
@@ -172,11 +169,6 @@ def main() -> None:
         report["summary"] = summarize([b["errors"] for b in queue])
         out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
         print(markdown(report))
-    finally:
-        if os.environ.get("BENCH_KEEP_WORK") == "1":
-            print(f"bench-eta: work dir kept: {work}", file=sys.stderr)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -23,10 +23,8 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from typing import Any
 import orjson
 
 from bench.fleet_report import markdown, summarize
+from bench.measure import work_dir
 from bench.run_bench import REPO, git_state, machine
 from bench.workload import write_workload
 
@@ -83,15 +82,14 @@ def main() -> None:
     policy = os.environ.get("BENCH_FLEET_POLICY") or settings.fleet_policy
     vllm = resources_from_env()["vllm"].process_config_and_initialize()  # its variables read, as a run reads them
     spec = vllm.spec(model)
-    work = Path(tempfile.mkdtemp(prefix="batch-dagster-bench-fleet-"))
-    report: dict[str, Any] = {"meta": {
-        "model": model, "machine": machine(), "python": platform.python_version(), "git": git_state(),
-        "vllm": vllm.model_record(model)["vllm_version"], "engine_settings": spec.engine_settings(),
-        "parts": parts, "load_avg_before": [round(x, 2) for x in psutil.getloadavg()],
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }}
-    print(f"bench-fleet: {', '.join(parts)}; work dir {work}", file=sys.stderr, flush=True)
-    try:
+    with work_dir("fleet") as work:
+        report: dict[str, Any] = {"meta": {
+            "model": model, "machine": machine(), "python": platform.python_version(), "git": git_state(),
+            "vllm": vllm.model_record(model)["vllm_version"], "engine_settings": spec.engine_settings(),
+            "parts": parts, "load_avg_before": [round(x, 2) for x in psutil.getloadavg()],
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }}
+        print(f"bench-fleet: {', '.join(parts)}; work dir {work}", file=sys.stderr, flush=True)
         if "scaling" in parts:
             workload = write_workload(work / "scaling.jsonl", n, model)
             report["scaling"] = fleet_scaling.measure(
@@ -108,11 +106,6 @@ def main() -> None:
                                                     settings.model_cache_dir, repeats=repeats,
                                                     quiet_wait_s=quiet_wait_s)
             _write(out, report)
-    finally:
-        if os.environ.get("BENCH_KEEP_WORK") == "1":
-            print(f"bench-fleet: work dir kept: {work}", file=sys.stderr)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
     report["meta"]["load_avg_after"] = [round(x, 2) for x in psutil.getloadavg()]
     _write(out, report)
     print(markdown(report))

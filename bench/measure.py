@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +21,19 @@ import psutil
 SAMPLE_S = 0.2
 FOLLOW_S = 0.1
 Printed = list[tuple[float, str, str]]  # (seconds since launch, line, source), in arrival order
+
+
+@contextmanager
+def work_dir(bench: str) -> Iterator[Path]:
+    """A fresh temporary folder for `bench`'s files, removed after it unless BENCH_KEEP_WORK=1."""
+    work = Path(tempfile.mkdtemp(prefix=f"batch-dagster-bench-{bench}-"))
+    try:
+        yield work
+    finally:
+        if os.environ.get("BENCH_KEEP_WORK") == "1":
+            print(f"bench-{bench}: work dir kept: {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def tree_sample(proc: psutil.Process, cpu_by_pid: dict[int, float], peak_by_pid: dict[int, tuple[str, int]]) -> int:

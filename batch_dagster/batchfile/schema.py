@@ -168,7 +168,6 @@ class _Sampling(msgspec.Struct):
     prompt_logprobs: Annotated[int, _range(-1, 20)] | None = None
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
-    logprob_token_ids: TokenIds | None = None
     truncate_prompt_tokens: Annotated[int, _range(-1)] | None = None
     truncation_side: Literal["left", "right"] | None = None
     structured_outputs: StructuredOutputs | None = None
