@@ -151,3 +151,23 @@ def interruptible() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+
+def run_daemon(argv: list[str], sensor_loop_s: int) -> None:
+    """`dagster-daemon <argv>` in this process (it exits with the command), its sensor daemon looking for due sensors
+    every `sensor_loop_s`.
+
+    Dagster 1.13's sensor daemon evaluates the sensors whose minimum interval has passed once per loop, and its loop
+    runs every 5 s at most, a module constant with no setting (dagster._daemon.sensor.MIN_INTERVAL_LOOP_TIME): a
+    batch created through the API would wait up to 5 s for its launch, and as long again for its end to show. Uses
+    that private constant and the private entry point of the `dagster-daemon` command (dagster._daemon.cli.main).
+    """
+    import sys
+
+    from dagster._daemon import sensor
+    from dagster._daemon.cli import main
+
+    sensor.MIN_INTERVAL_LOOP_TIME = sensor_loop_s
+    sys.argv = ["dagster-daemon", *argv]
+    main()

@@ -174,7 +174,7 @@ def test_daemon_killed_with_batches_in_every_state_then_serve_started_again(tmp_
         serve.client().batches.cancel(cancelled.id)
         states = {b.id: serve.client().batches.retrieve(b.id).status for b in (done, running, waiting, cancelled)}
 
-        [daemon] = [p for p in psutil.Process(serve.proc.pid).children() if "dagster-daemon" in " ".join(p.cmdline())]
+        [daemon] = [p for p in psutil.Process(serve.proc.pid).children() if "batch_dagster.defs.daemon" in p.cmdline()]
         daemon.send_signal(signal.SIGKILL)
         assert serve.proc.wait(120) == 1  # it stops the API and the run worker too, and says so
         assert "dagster-daemon exited unexpectedly; stopping the rest" in serve.logs()

@@ -83,7 +83,7 @@ def run_key(instance: dg.DagsterInstance, batch_id: str) -> str:
 
 @dg.sensor(
     job=batch_job,
-    minimum_interval_seconds=3,
+    minimum_interval_seconds=1,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Adds each batch created through the API as a partition and runs batch_job for it.",
 )
@@ -370,7 +370,7 @@ def next_cursor(cursor: StatusCursor, plan: TickPlan, done: TickDone, latest_cha
 
 
 @dg.sensor(
-    minimum_interval_seconds=5,
+    minimum_interval_seconds=1,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Brings the API's batches up to date with their runs: progress, the end, and runs that failed "
     "for good (after Dagster's run retries; the batch keeps the shards they finished) or whose process is gone "
