@@ -100,8 +100,15 @@ def dagster_instance(step_logs: bool = False, events_on_disk: bool = False) -> I
 
 # Batch files.
 
-def chat_request(custom_id: str, content: str, model: str = CHAT_MODEL, **params) -> dict:
-    body = {"model": model, "messages": [{"role": "user", "content": content}], **params}
+# The demo's system prompt (batch_dagster/demo): with it the small model answers a plain question in both of the
+# dtypes it runs in; without it, in bfloat16 (a CPU with avx512_bf16 or amx_bf16), SmolLM2-135M answers "What is
+# the capital of France?" with "L'Étoile, la Marseillaise, la femme, ..." (float32: "The capital of France is Paris.").
+CONCISE = "You are a concise assistant. Answer the question in one short sentence."
+
+
+def chat_request(custom_id: str, content: str, model: str = CHAT_MODEL, system: str | None = None, **params) -> dict:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+    body = {"model": model, "messages": messages, **params}
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 

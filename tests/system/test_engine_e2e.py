@@ -22,6 +22,7 @@ from batch_dagster.db import repo
 from batch_dagster.db.session import open_database
 from tests.helpers import (
     CHAT_MODEL,
+    CONCISE,
     EMBED_MODEL,
     MODEL_CACHE,
     chat_request,
@@ -40,7 +41,7 @@ def content(line, i=0):
 
 
 def chat_rows_40():
-    rows = [chat_request("capital", "What is the capital of France?", max_tokens=24, temperature=0)]
+    rows = [chat_request("capital", "What is the capital of France?", system=CONCISE, max_tokens=24, temperature=0)]
     rows.append(chat_request("short", "Tell me a long story about a dragon.", max_tokens=5, temperature=0))
     rows.append(chat_request("three", "Name a fruit.", max_tokens=12, n=3, temperature=0.8, seed=7))
     rows.append(chat_request("stop", "Count from one to ten, one number per line.", max_tokens=40,

@@ -18,7 +18,17 @@ import psutil
 import pytest
 from openai import OpenAI
 
-from tests.helpers import CHAT_MODEL, REPO, Receiver, chat_request, free_port, serve_env, wait_http, write_jsonl
+from tests.helpers import (
+    CHAT_MODEL,
+    CONCISE,
+    REPO,
+    Receiver,
+    chat_request,
+    free_port,
+    serve_env,
+    wait_http,
+    write_jsonl,
+)
 
 SECRET = "whsec_" + base64.b64encode(b"a serve test secret of 32 bytes.").decode()
 
@@ -40,7 +50,8 @@ def test_serve_runs_an_sdk_batch_on_the_real_engine_and_stops_cleanly(tmp_path, 
 
         # An existing openai-SDK batch script, unchanged but for base_url and api_key.
         client = OpenAI(base_url=f"http://127.0.0.1:{api_port}/v1", api_key="sk-serve")
-        requests = [chat_request("capital", "What is the capital of France?", max_tokens=16, temperature=0),
+        requests = [chat_request("capital", "What is the capital of France?", system=CONCISE, max_tokens=16,
+                                 temperature=0),
                     chat_request("colors", "Name three colors.", max_tokens=16, temperature=0),
                     chat_request("count", "Count from one to five.", max_tokens=24, temperature=0),
                     chat_request("too-long", "word " * 2500, max_tokens=16)]

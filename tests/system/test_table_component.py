@@ -119,7 +119,15 @@ def test_the_reviews_are_labelled_into_typed_columns_and_only_changed_rows_run_a
     assert (meta2["computed"], meta2["reused"]) == (10, 190)
     assert again.loc[~again["row"].isin(edited), "reused"].all() and not again.loc[edited, "reused"].any()
     unchanged = [i for i in range(200) if i not in edited]
-    assert again.loc[unchanged, "answer"].tolist() == labels.loc[unchanged, "answer"].tolist()
+    # Answers are kept by request content: a review whose text another row repeats (15 of the 200) is one request
+    # asked twice. An engine whose numbers depend on what shares its step (bfloat16 on a CPU with native bf16) may
+    # have answered the two copies differently the first time; each is then given the one kept, one of those two.
+    texts = reviews["text"]
+    repeated = set(texts[texts.duplicated(keep=False)].index)
+    unique = [i for i in unchanged if i not in repeated]
+    assert again.loc[unique, "answer"].tolist() == labels.loc[unique, "answer"].tolist()
+    for i in sorted(set(unchanged) & repeated):
+        assert again.loc[i, "answer"] in set(labels.loc[texts[texts == texts[i]].index, "answer"]), i
     assert meta2["completion_tokens"] < meta["completion_tokens"] / 10  # only the 10 computed rows are counted
 
 
