@@ -1,7 +1,7 @@
 """`python -m batch_dagster.defs.daemon run ...`: the Dagster daemon (`dagster-daemon run ...`, the same arguments)
-whose sensor daemon looks for due sensors every SENSOR_LOOP_S instead of Dagster's 5 s, so that a small batch
-created through the API is launched, and shows its end, within about a second of it (issue #33). Each sensor still
-runs no more often than its own minimum interval. serve starts the daemon this way.
+whose sensor daemon looks for due sensors every BATCH_SENSOR_LOOP_S (1 s by default) instead of Dagster's 5 s, so
+that a small batch created through the API is launched, and shows its end, within about a second of it (issue #33).
+Each sensor still runs no more often than its own minimum interval. serve starts the daemon this way.
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from __future__ import annotations
 import sys
 
 from batch_dagster.defs.dagster_internals import run_daemon
-
-SENSOR_LOOP_S = 1
+from batch_dagster.settings import Settings
 
 if __name__ == "__main__":
-    run_daemon(sys.argv[1:], SENSOR_LOOP_S)
+    run_daemon(sys.argv[1:], Settings.from_env().sensor_loop_s)

@@ -82,6 +82,15 @@ def test_a_bad_number_names_its_variable(empty_env, monkeypatch):
         settings.Settings.from_env()
 
 
+def test_the_sensor_loop_is_a_second_unless_set_and_never_below_one(empty_env, monkeypatch):
+    assert empty_env.sensor_loop_s == 1
+    monkeypatch.setenv("BATCH_SENSOR_LOOP_S", "5")
+    assert settings.Settings.from_env().sensor_loop_s == 5
+    monkeypatch.setenv("BATCH_SENSOR_LOOP_S", "0")  # a loop that never sleeps
+    with pytest.raises(ValueError, match="BATCH_SENSOR_LOOP_S='0': must be a whole number of seconds, 1 or more"):
+        settings.Settings.from_env()
+
+
 def test_one_place_opens_the_storage():
     openers = [str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py")
                if "open_storage(" in p.read_text(encoding="utf-8") and p.parent.name != "storage"]
