@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -153,7 +154,6 @@ def interruptible() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-
 def run_daemon(argv: list[str], sensor_loop_s: int) -> None:
     """`dagster-daemon <argv>` in this process (it exits with the command), its sensor daemon looking for due sensors
     every `sensor_loop_s`.
@@ -163,8 +163,6 @@ def run_daemon(argv: list[str], sensor_loop_s: int) -> None:
     batch created through the API would wait up to 5 s for its launch, and as long again for its end to show. Uses
     that private constant and the private entry point of the `dagster-daemon` command (dagster._daemon.cli.main).
     """
-    import sys
-
     from dagster._daemon import sensor
     from dagster._daemon.cli import main
 

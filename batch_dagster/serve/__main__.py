@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 log.info("runs of other models see GPU(s) %s", env["CUDA_VISIBLE_DEVICES"] or "none")
         write_targets(config.data_dir / "prometheus" / "targets.json",
                       scrape_targets(f"{_scrape_host(args.host)}:{args.port}", fleets.fleets if fleets else {}))
-        # Dagster's daemon, its sensors looked at every second (batch_dagster/defs/daemon.py).
+        # Dagster's daemon, looking for due sensors every BATCH_SENSOR_LOOP_S (batch_dagster/defs/daemon.py).
         children.start("dagster-daemon", [sys.executable, "-m", "batch_dagster.defs.daemon", "run", *target], env)
         if not args.no_ui:
             children.start("dagster-webserver", [str(scripts / "dagster-webserver"), "-h", args.dagster_host,
