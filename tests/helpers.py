@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     import httpx
     import psutil
     from openai import OpenAI
+    from sqlalchemy.orm import Session
 
 REPO = Path(__file__).resolve().parents[1]
 # Read when the tests are collected, before any test moves BATCH_DATA_DIR, so the prepared models are shared.
@@ -898,6 +899,19 @@ class Serve:
                 raise TimeoutError(f"{batch_id} is still {batch.status}\n{self.logs()}")
             time.sleep(0.5)
         return batch
+
+    @contextmanager
+    def store(self) -> Iterator[Session]:
+        """A session on serve's metadata store (BATCH_DATABASE_URL's default: the data folder's batch-api.db), read
+        from the test."""
+        from batch_dagster.db import Database
+
+        database = Database(f"sqlite:///{self.data_dir / 'batch-api.db'}")
+        try:
+            with database.session() as session:
+                yield session
+        finally:
+            database.dispose()
 
     @contextmanager
     def instance(self):

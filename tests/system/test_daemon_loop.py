@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from batch_dagster.db import Database
 from batch_dagster.db.models import SensorTick
 from tests.helpers import Serve, wait_until
 
@@ -18,12 +17,8 @@ WATCH_S = 10.0
 
 def ticks(serve: Serve) -> dict[str, int]:
     """Each sensor's evaluations so far, as the sensors count them in the store (defs/sensors/timing.py)."""
-    store = Database(f"sqlite:///{serve.data_dir / 'batch-api.db'}")
-    try:
-        with store.session() as session:
-            return {row.name: row.ticks for row in session.query(SensorTick).filter(SensorTick.name.in_(SENSORS))}
-    finally:
-        store.dispose()
+    with serve.store() as session:
+        return {row.name: row.ticks for row in session.query(SensorTick).filter(SensorTick.name.in_(SENSORS))}
 
 
 def test_the_daemon_evaluates_the_api_sensors_about_every_second(tmp_path):

@@ -20,7 +20,6 @@ import httpx
 import psutil
 import pytest
 
-from batch_dagster.db import Database
 from batch_dagster.db.models import BatchRecord, FleetRecord
 from tests.core.test_deploy_monitoring import dashboard_expressions, keda_queries
 from tests.helpers import (
@@ -89,13 +88,9 @@ def embeddings(prefix: str, n: int = 3) -> list[dict]:
 
 
 def fleet_state(serve: Serve) -> str | None:
-    store = Database(f"sqlite:///{serve.data_dir / 'batch-api.db'}")
-    try:
-        with store.session() as session:
-            row = session.get(FleetRecord, EMBED_MODEL)
-            return None if row is None else row.state
-    finally:
-        store.dispose()
+    with serve.store() as session:
+        row = session.get(FleetRecord, EMBED_MODEL)
+        return None if row is None else row.state
 
 
 def replicas(serve: Serve) -> list[psutil.Process]:
@@ -173,7 +168,5 @@ def test_prometheus_sees_every_dashboard_expression_and_a_restart_resets_no_coun
         if prometheus is not None:
             prometheus.stop()
     shutil.rmtree(tmp_path / "tsdb", ignore_errors=True)
-    store = Database(f"sqlite:///{tmp_path / 'data' / 'batch-api.db'}")
-    with store.session() as session:  # each ended batch has the first end it was given, for the ETA's error
+    with serve.store() as session:  # each ended batch has the first end it was given, for the ETA's error
         assert all(b.first_estimated_completion_at for b in session.query(BatchRecord))
-    store.dispose()
