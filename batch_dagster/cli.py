@@ -232,6 +232,9 @@ def cmd_fleet(args: argparse.Namespace, settings: Settings) -> int:
             time.sleep(1)
     except KeyboardInterrupt:
         return 0
+    except (RuntimeError, TimeoutError) as exc:  # a port taken; a replica or the router that exited or hung starting
+        print(f"batch-dagster: error: {exc}", file=sys.stderr)
+        return 1
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,23 +32,28 @@ def free_port_block(n: int, host: str) -> int:
     import socket
 
     for _ in range(100):
-        socks = []
-        try:
-            first = socket.socket()
-            socks.append(first)
-            first.bind((host, 0))
-            base = first.getsockname()[1]
-            for port in range(base + 1, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind((host, port))
+        with socket.socket() as s:
+            s.bind((host, 0))
+            base = s.getsockname()[1]
+        if not taken_ports(host, range(base, base + n)):
             return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
     raise RuntimeError(f"no block of {n} free ports on {host}")
+
+
+def taken_ports(host: str, ports: Iterable[int]) -> list[int]:
+    """Those of `ports` a server could not bind on `host` now (as vLLM and the router bind: address reuse on, so a
+    port a closed connection left in TIME_WAIT is free; one that listens, or a live connection's end, is not)."""
+    import socket
+
+    taken = []
+    for port in ports:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                taken.append(port)
+    return taken
 
 
 def cores() -> list[int]:
@@ -161,7 +166,14 @@ class Fleet:
         self.wait_ready(timeout_s, should_stop)
 
     def launch(self) -> None:
-        """Start the replicas, without waiting for them."""
+        """Start the replicas, without waiting for them. The first time, RuntimeError, before starting any, when one
+        of the fleet's ports is taken (a replica would exit at once, its reason only in its log)."""
+        last = self.port + block_size(self.replicas) - 1
+        if not self.children.procs and (taken := taken_ports(self.host, range(self.port, last + 1))):
+            raise RuntimeError(
+                f"port {', '.join(map(str, taken))} on {self.host} is in use: a fleet of {self.replicas} takes ports "
+                f"{self.port} to {last} (the router, its replicas, the router's metrics); choose another port, or 0 "
+                "for a free block")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         on = [f"GPU {','.join(p.gpus)}" if p.gpus else f"core {p.core}" for p in self.placements]
         log.info("%d replica(s) of %s on %s", self.replicas, self.model, "; ".join(on))

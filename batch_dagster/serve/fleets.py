@@ -66,11 +66,17 @@ class WarmFleets:
         left out (its model's batches run in their runs' processes), with the reason logged. KeyboardInterrupt when
         `should_stop` says so meanwhile."""
         started = time.monotonic()
-        for fleet in self.fleets.values():
-            fleet.launch()
-            self._record(fleet, "starting")
+        refused: dict[str, RuntimeError] = {}
+        for model, fleet in self.fleets.items():
+            try:
+                fleet.launch()
+                self._record(fleet, "starting")
+            except RuntimeError as exc:  # one of its ports is taken: nothing of it started
+                refused[model] = exc
         for model, fleet in list(self.fleets.items()):
             try:
+                if model in refused:
+                    raise refused[model]
                 fleet.wait_ready(should_stop=should_stop)
             except (RuntimeError, TimeoutError) as exc:
                 log.error("the fleet of %s did not start (%s); its batches run in their runs' processes", model, exc)

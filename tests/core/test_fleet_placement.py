@@ -3,12 +3,17 @@ shared; on a CPU, a core each. What `make serve` and `batch-dagster fleet` start
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
 
 import pytest
 
 from batch_dagster.engine.hardware import visible_gpus
-from batch_dagster.serve.fleet import Fleet, model_fleet, place_replicas
+from batch_dagster.serve.fleet import Fleet, model_fleet, place_replicas, taken_ports
 from batch_dagster.settings import Settings
 
 REGISTRY = """
@@ -76,3 +81,34 @@ def test_a_models_fleet_takes_its_tensor_parallel_size_from_the_registry(tmp_pat
     assert [env["CUDA_VISIBLE_DEVICES"] for _, env in small.server_commands()] == ["0", "1", "2", "3"]
     with pytest.raises(ValueError, match="need 6 GPUs"):
         model_fleet(settings, "big", 3, 0, "cache_aware", "127.0.0.1")
+
+
+@contextlib.contextmanager
+def listening() -> Iterator[int]:
+    """A port another process's server holds."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        yield held.getsockname()[1]
+
+
+def test_a_fleet_with_a_port_taken_starts_nothing_and_names_the_port(tmp_path):
+    with listening() as taken:
+        f = Fleet("m", 2, taken - 2, lambda port: [sys.executable, "-c", "import time; time.sleep(60)"],
+                  "cache_aware", "127.0.0.1", log_dir=tmp_path, gpus=[])  # its second replica's port is taken
+        with pytest.raises(RuntimeError, match=f"port {taken} on 127.0.0.1 is in use: .* ports {taken - 2} to "
+                                               f"{taken + 1}"):
+            f.start(timeout_s=5)
+        assert f.children.procs == {}
+        assert taken_ports("127.0.0.1", [taken - 2, taken, taken + 1]) == [taken]
+
+
+def test_batch_dagster_fleet_on_a_taken_port_says_so_without_a_traceback(tmp_path):
+    (tmp_path / "models.toml").write_text(REGISTRY)
+    env = {**os.environ, "BATCH_MODELS_FILE": str(tmp_path / "models.toml"), "BATCH_DATA_DIR": str(tmp_path / "data")}
+    with listening() as taken:
+        done = subprocess.run([sys.executable, "-m", "batch_dagster.cli", "fleet", "small", "--replicas", "1",
+                               "--port", str(taken - 1)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert f"batch-dagster: error: port {taken} on 127.0.0.1 is in use" in done.stderr
+    assert "Traceback" not in done.stderr

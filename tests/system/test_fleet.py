@@ -17,13 +17,13 @@ import pytest
 
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.defs.runner import run_batch
+from batch_dagster.serve.fleet import block_size, free_port_block
 from batch_dagster.storage import LocalStorage
 from tests.helpers import (
     CHAT_MODEL,
     REPO,
     Serve,
     chat_request,
-    free_port,
     make_defs,
     read_jsonl,
     real_vllm,
@@ -65,7 +65,9 @@ def _first_answer(data_dir, besides: str = "") -> None:
 
 
 def test_a_replica_hung_or_killed_mid_batch_costs_nothing_and_ctrl_c_leaves_no_process(tmp_path, data_dir, instance):
-    port = free_port()
+    # A free block of ports, not one free port: the ports after one may be another process's (a replica then exited
+    # as it started).
+    port = free_port_block(block_size(2), "127.0.0.1")
     env = serve_env(tmp_path)
     log = open(tmp_path / "fleet.log", "w")
     fleet = subprocess.Popen([sys.executable, "-m", "batch_dagster.cli", "fleet", CHAT_MODEL, "--replicas", "2",

@@ -51,9 +51,17 @@ def test_a_batch_waits_in_place_and_both_end_near_their_eta(tmp_path, vllm_serve
             assert time.time() < deadline and serve.proc.poll() is None, serve.logs()
             time.sleep(0.3)
         urgent = create(urgent_file, priority=5)
-        while (second := client.batches.retrieve(second.id)).status not in ("completed", "failed"):
+
+        def read_all():
+            """The three batches from one list call, one read of the store: their places and ends are those of one
+            tick of the ETA sensor (retrieved one by one, a tick between the reads paired the running batch's end from
+            before it with the urgent one's from after it, when both had moved earlier)."""
+            batches = {b.id: b for b in client.batches.list(limit=10)}
+            return batches[first.id], batches[urgent.id], batches[second.id]
+
+        while (batches := read_all())[2].status not in ("completed", "failed"):
             assert time.time() < deadline and serve.proc.poll() is None, serve.logs()
-            first, urgent = client.batches.retrieve(first.id), client.batches.retrieve(urgent.id)
+            first, urgent, second = batches
             seen.append((time.time(), first.status, first.queue_position, urgent.queue_position, second.status,
                          second.queue_position, first.estimated_completion_at, urgent.estimated_completion_at,
                          second.estimated_completion_at))
@@ -65,7 +73,7 @@ def test_a_batch_waits_in_place_and_both_end_near_their_eta(tmp_path, vllm_serve
             if seen[-1][1:6] == ("in_progress", 0, 1, "validating", 2):
                 gate.open()  # each is in place: the first batch may run
             time.sleep(0.3)
-        first, urgent = client.batches.retrieve(first.id), client.batches.retrieve(urgent.id)
+        first, urgent, second = batches
 
     # While the first ran, the urgent batch waited first in line and the normal one behind it, each with an end in
     # the future, in that order.
