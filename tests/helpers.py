@@ -135,9 +135,11 @@ def read_jsonl(path: Path) -> list[dict]:
 # Network.
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, outside the range the system gives outgoing connections their ports from: one the
+    system picked (bind to 0) was once taken by another test's connection before the server meant for it bound it."""
+    from batch_dagster.serve.fleet import free_port_block
+
+    return free_port_block(1, "127.0.0.1")
 
 
 class Outage:

@@ -27,28 +27,47 @@ log = logging.getLogger("batch_dagster.serve.fleet")
 
 
 def free_port_block(n: int, host: str) -> int:
-    """A port p such that p .. p+n-1 are free on `host` now: p is one the system picks, so that two fleets
-    started at the same moment on one machine get different blocks."""
+    """A port p such that p .. p+n-1 are free on `host` now, for servers that bind them seconds later: outside the
+    range the system hands outgoing connections their ports from (one of those could take a port meanwhile), and p at
+    random, so that two fleets started at the same moment get different blocks."""
+    import random
     import socket
 
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            base = s.getsockname()[1]
-        if not taken_ports(host, range(base, base + n)):
+    low, high = ephemeral_ports()
+    outside = [r for r in (range(10_000, low - n), range(high + 1, 65_536 - n)) if len(r) >= 1_000]
+    pick = random.SystemRandom()
+    for _ in range(200):
+        if outside:
+            base = pick.choice(pick.choice(outside))
+        else:  # a system whose outgoing connections may take any port: one it picks
+            with socket.socket() as s:
+                s.bind((host, 0))
+                base = s.getsockname()[1]
+        if not taken_ports(host, range(base, base + n), reuse=False):
             return base
     raise RuntimeError(f"no block of {n} free ports on {host}")
 
 
-def taken_ports(host: str, ports: Iterable[int]) -> list[int]:
-    """Those of `ports` a server could not bind on `host` now (as vLLM and the router bind: address reuse on, so a
-    port a closed connection left in TIME_WAIT is free; one that listens, or a live connection's end, is not)."""
+def ephemeral_ports() -> tuple[int, int]:
+    """The first and last port the system gives outgoing connections (Linux's net.ipv4.ip_local_port_range)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32_768, 60_999  # Linux's default
+
+
+def taken_ports(host: str, ports: Iterable[int], reuse: bool = True) -> list[int]:
+    """Those of `ports` a server could not bind on `host` now. `reuse`: as vLLM and the router bind (address reuse
+    on: a port a closed connection left in TIME_WAIT is free; one that listens, or a live connection's end, is not);
+    otherwise a port in TIME_WAIT is taken too."""
     import socket
 
     taken = []
     for port in ports:
         with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
             except OSError:

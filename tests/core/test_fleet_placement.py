@@ -13,7 +13,14 @@ from collections.abc import Iterator
 import pytest
 
 from batch_dagster.engine.hardware import visible_gpus
-from batch_dagster.serve.fleet import Fleet, model_fleet, place_replicas, taken_ports
+from batch_dagster.serve.fleet import (
+    Fleet,
+    ephemeral_ports,
+    free_port_block,
+    model_fleet,
+    place_replicas,
+    taken_ports,
+)
 from batch_dagster.settings import Settings
 
 REGISTRY = """
@@ -112,3 +119,14 @@ def test_batch_dagster_fleet_on_a_taken_port_says_so_without_a_traceback(tmp_pat
     assert done.returncode == 1, done.stderr
     assert f"batch-dagster: error: port {taken} on 127.0.0.1 is in use" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_free_block_is_outside_the_ports_outgoing_connections_take():
+    # A replica binds its port seconds after the block is chosen: meanwhile any connection of the machine could take
+    # a port of the system's ephemeral range as its own end.
+    low, high = ephemeral_ports()
+    blocks = {free_port_block(4, "127.0.0.1") for _ in range(20)}
+    assert len(blocks) > 1  # at random: two fleets started at once get different blocks
+    for base in blocks:
+        assert not (low <= base + 3 and base <= high), (base, low, high)
+        assert taken_ports("127.0.0.1", range(base, base + 4), reuse=False) == []
