@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -140,21 +140,49 @@ class AnswerStore:
 
 @dataclass
 class Reuse:
-    """The answers a shard can take from the store, and the keys its other requests' answers are kept under."""
+    """The answers a shard can take from the store, the requests it runs, and the keys their answers are kept under.
+    A deterministic request asked more than once in the shard runs once: its twins take its line."""
 
     lines: list[dict[str, Any]]  # the reused requests' output lines (marked `reused`)
-    to_run: list[tuple[str, dict[str, Any]]]  # the requests the engine still runs
+    to_run: list[tuple[str, dict[str, Any]]]  # the requests the engine still runs, each deterministic one once
     keys: dict[str, str]  # custom_id -> key, for the deterministic requests it runs
+    twins: dict[str, str] = field(default_factory=dict)  # custom_id -> that of the same request, which runs
+
+    def twin_lines(self, ran: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The twins' lines, from those of the requests that ran: the same answer or the same error, each under its
+        own custom_id and ids, marked `reused` (computed once: an answer is billed once)."""
+        by_id = {line.get("custom_id"): line for line in ran}
+        lines = []
+        for cid, first in self.twins.items():
+            line = by_id[first]
+            if c.is_success(line):
+                lines.append(c.reused_line(cid, line["response"]["body"]))
+                continue
+            response = line.get("response")
+            lines.append({**line, "id": c.new_id("batch_req_"), "custom_id": cid, c.REUSED: True,
+                          "response": None if response is None else {**response, "request_id": c.new_id("req_")}})
+        return lines
 
 
 def look_up(store: AnswerStore, identity: Mapping[str, Any], endpoint: str,
             requests: Sequence[tuple[str, dict[str, Any]]]) -> Reuse:
-    """Split a shard's requests into those answered from the store and those to run."""
+    """Split a shard's requests into those answered from the store, those to run and their twins."""
     keys = {cid: key for cid, body in requests if (key := answer_key(identity, endpoint, body)) is not None}
     found = store.get(keys.values())
     lines = [c.reused_line(cid, found[keys[cid]]) for cid, _ in requests if keys.get(cid) in found]
-    to_run = [(cid, body) for cid, body in requests if keys.get(cid) not in found]
-    return Reuse(lines, to_run, {cid: key for cid, key in keys.items() if key not in found})
+    runs: dict[str, str] = {}  # key -> the custom_id that runs it
+    to_run, twins = [], {}
+    for cid, body in requests:
+        key = keys.get(cid)
+        if key in found:
+            continue
+        if key in runs:
+            twins[cid] = runs[key]
+        else:
+            if key is not None:
+                runs[key] = cid
+            to_run.append((cid, body))
+    return Reuse(lines, to_run, {cid: key for key, cid in runs.items()}, twins)
 
 
 def keep(store: AnswerStore, reuse: Reuse, lines: Iterable[dict[str, Any]]) -> int:

@@ -86,3 +86,20 @@ def test_reuse_must_be_a_boolean(start_service, tmp_path):
         client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
                               extra_body={"reuse": "yes"})
     assert caught.value.body["param"] == "reuse"
+
+
+def test_a_request_asked_three_times_in_a_batch_runs_once_and_is_billed_once(start_service, tmp_path):
+    service = start_service(shard_size=4)
+    client = service.client()
+    same = {"temperature": 0, "max_tokens": 8}
+    rows = [chat_request(cid, "the same question", **same) for cid in ("s1", "s2", "s3")]
+    rows += [chat_request("other", "another question", **same), chat_request("sampled", "the same question")]
+    batch, lines = run(client, tmp_path, rows, "repeats", reuse=True)
+    ran = sorted(cid for call in service.engine.calls for cid in call)
+    assert ran == ["other", "s1", "sampled"]  # the sampled one (temperature 1) is not the same request
+    assert [lines[cid]["response"]["body"]["choices"] for cid in ("s2", "s3")] == \
+        [lines["s1"]["response"]["body"]["choices"]] * 2
+    assert [lines[cid].get("reused") for cid in ("s1", "s2", "s3")] == [None, True, True]
+    assert batch.request_counts.completed == 5
+    billed = sum(lines[cid]["response"]["body"]["usage"]["total_tokens"] for cid in ("s1", "other", "sampled"))
+    assert batch.usage.total_tokens == billed

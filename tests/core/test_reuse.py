@@ -54,6 +54,29 @@ def test_a_shard_takes_what_the_store_holds_and_keeps_what_it_ran(tmp_path):
     assert c.is_success(second.lines[0]) and not c.is_billed(second.lines[0])
 
 
+def test_a_request_asked_twice_in_a_shard_runs_once_and_both_lines_say_the_same(tmp_path):
+    store = AnswerStore(LocalStorage(tmp_path))
+    sampled = {**body("two"), "temperature": 1}
+    requests = [("a", body("one")), ("a2", body("one")), ("b", body("bad")), ("b2", body("bad")), ("a3", body("one")),
+                ("c", sampled), ("c2", sampled)]
+    shard = look_up(store, IDENTITY, c.CHAT, requests)
+    # One of each deterministic request runs; a sampled one runs every time it is asked.
+    assert [cid for cid, _ in shard.to_run] == ["a", "b", "c", "c2"]
+    assert shard.twins == {"a2": "a", "b2": "b", "a3": "a"} and set(shard.keys) == {"a", "b"}
+    ran = [c.success_line("a", answer("1")), c.request_error_line("b", "x", "too long", param="messages"),
+           c.success_line("c", answer("3")), c.success_line("c2", answer("4"))]
+    twins = {line["custom_id"]: line for line in shard.twin_lines(ran)}
+    assert set(twins) == {"a2", "b2", "a3"}
+    for cid in ("a2", "a3"):  # the answer, marked reused: billed at zero
+        assert twins[cid]["response"]["body"] == answer("1") and twins[cid][c.REUSED] is True
+        assert not c.is_billed(twins[cid])
+    assert twins["b2"]["response"]["body"] == ran[1]["response"]["body"]  # the same error, param and all
+    assert twins["b2"][c.REUSED] is True and not c.is_success(twins["b2"])
+    ids = [line["id"] for line in [*ran, *twins.values()]]
+    assert len(set(ids)) == len(ids)  # each line its own id
+    assert keep(store, shard, ran) == 1 and store.get([shard.keys["a"]]) == {shard.keys["a"]: answer("1")}
+
+
 def test_the_store_is_bounded_in_bytes_and_the_oldest_answers_go_first(tmp_path):
     storage = LocalStorage(tmp_path)
     size = len(b'{"object":"chat.completion"}') + 0

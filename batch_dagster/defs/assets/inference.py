@@ -256,7 +256,10 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
                 lines += unfetched
             if reuse is not None and store is not None:
                 keep(store, reuse, lines)  # before the commit: a retry finds them even if this process dies now
-                lines += reuse.lines
+                twins = reuse.twin_lines(lines)  # the same request again in the shard: the same answer
+                if twins:
+                    progress(len(twins))
+                lines += reuse.lines + twins
             written.add(manifest.endpoint, requests, lines)
             structured = {cid for cid, body in requests if asks_structured(manifest.endpoint, body)}
             committed = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
