@@ -14,6 +14,19 @@ import pytest
 
 from tests.helpers import CHAT_MODEL, free_port, new_database, real_vllm, wait_http
 
+# Fixtures that start a vLLM engine: a test that takes one is on the real engine, and says so (`engine`).
+ENGINE_FIXTURES = {"vllm_server"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """`make test` runs this tier as two sessions at once, split by the `engine` marker: the tests on the real engine
+    (in their process, a run's, a server's or a fleet's) one after the other, and beside them those that hold none.
+    A test that takes a vLLM fixture unmarked would run its engine beside the others'."""
+    for item in items:
+        if item.get_closest_marker("engine") is None and ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            raise pytest.UsageError(f"{item.nodeid}: it starts a vLLM engine; mark it `engine`")
+
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory):

@@ -10,7 +10,7 @@ import pytest
 from batch_dagster.db.models import SensorTick
 from tests.helpers import Serve, wait_until
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 SENSORS = ("api_batch_sensor", "api_batch_status_sensor")  # each with a minimum interval of 1 s
 WATCH_S = 10.0
 

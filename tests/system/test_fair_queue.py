@@ -16,7 +16,7 @@ from openai import OpenAI
 from batch_dagster.defs.run_limits import launch_priority
 from tests.helpers import EMBED_MODEL, Serve, batch_runs, write_jsonl
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 KEY_A, KEY_B = "sk-tenant-a", "sk-tenant-b"
 
 

@@ -37,7 +37,7 @@ from tests.helpers import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
 
 

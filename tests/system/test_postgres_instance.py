@@ -62,6 +62,7 @@ def test_instance_on_postgres_holds_the_batch_run(tmp_path, data_dir, postgres_u
 
 
 
+@pytest.mark.engine
 def test_batch_dagster_run_with_the_url_in_the_form_dagsters_docs_use(tmp_path, postgres_url):
     """`DAGSTER_PG_URL=postgresql://...` (no driver named): the run normalizes it and its run lands on Postgres
     (it used to die in psycopg 3's `syntax error at or near "$1"`). The real engine, 2 requests."""
