@@ -61,7 +61,6 @@ def test_instance_on_postgres_holds_the_batch_run(tmp_path, data_dir, postgres_u
         pytest.fail(f"SQLite storage under DAGSTER_HOME: {sqlite_files}")
 
 
-
 @pytest.mark.engine
 def test_batch_dagster_run_with_the_url_in_the_form_dagsters_docs_use(tmp_path, postgres_url):
     """`DAGSTER_PG_URL=postgresql://...` (no driver named): the run normalizes it and its run lands on Postgres
