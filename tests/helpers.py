@@ -902,13 +902,24 @@ class Serve:
             time.sleep(0.5)
         return batch
 
+    def settings(self) -> Settings:
+        """The settings serve reads from its environment."""
+        import pytest
+
+        with pytest.MonkeyPatch.context() as env:
+            for name in os.environ.keys() - self.env.keys():
+                env.delenv(name)
+            for name, value in self.env.items():
+                env.setenv(name, value)
+            return Settings.from_env()
+
     @contextmanager
     def store(self) -> Iterator[Session]:
-        """A session on serve's metadata store (BATCH_DATABASE_URL's default: the data folder's batch-api.db), read
-        from the test."""
+        """A session on serve's metadata store (its BATCH_DATABASE_URL, or that setting's default), read from the
+        test."""
         from batch_dagster.db import Database
 
-        database = Database(f"sqlite:///{self.data_dir / 'batch-api.db'}")
+        database = Database(self.settings().database_url)
         try:
             with database.session() as session:
                 yield session
