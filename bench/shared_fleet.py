@@ -110,6 +110,8 @@ def main() -> None:
     concurrency = int(os.environ.get("BENCH_SHARED_CONCURRENCY") or 32)
     # The frontier: the fixed budget at each of these concurrencies too (what any budget can trade on this fleet).
     sweep = [int(x) for x in (os.environ.get("BENCH_SHARED_SWEEP") or "").split(",") if x.strip()]
+    runs = [("fixed", "fixed", concurrency), ("adaptive", "adaptive", concurrency),
+            *((f"fixed_{k}", "fixed", k) for k in sweep)]  # (report key, budget, concurrency), beside the client
     out = Path(os.environ.get("BENCH_SHARED_OUT") or REPO / "bench" / "results" / "shared_fleet.json")
     report: dict[str, Any] = {"requests": n, "rate_per_s": rate, "concurrency": concurrency,
                               "batch_max_tokens": batch_tokens, "chat_max_tokens": chat_tokens, "sweep": sweep}
@@ -122,8 +124,7 @@ def main() -> None:
             print(f"interactive alone: {report['interactive_alone']}", file=sys.stderr, flush=True)
             report["batch_alone"] = batch(url, n, batch_tokens, "fixed", concurrency)
             print(f"batch alone: {report['batch_alone']}", file=sys.stderr, flush=True)
-            for name, budget, limit in [("fixed", "fixed", concurrency), ("adaptive", "adaptive", concurrency),
-                                        *((f"fixed_{k}", "fixed", k) for k in sweep)]:
+            for name, budget, limit in runs:
                 client, result = with_client(url, rate, chat_tokens,
                                              lambda b=budget, k=limit: batch(url, n, batch_tokens, b, k))
                 report[f"shared_{name}"] = {"interactive": client, "batch": {**result, "concurrency": limit}}
@@ -131,9 +132,8 @@ def main() -> None:
         finally:
             _stop(proc)
     alone = report["interactive_alone"]
-    rows = ["fixed", "adaptive", *(f"fixed_{k}" for k in sweep)]
-    for budget in rows:
-        shared = report[f"shared_{budget}"]
+    for name, _, _ in runs:
+        shared = report[f"shared_{name}"]
         shared["p99_vs_alone"] = round(shared["interactive"]["p99_s"] / alone["p99_s"], 2)
         shared["p50_vs_alone"] = round(shared["interactive"]["p50_s"] / alone["p50_s"], 2)
         shared["batch_vs_alone"] = round(shared["batch"]["requests_per_s"] / report["batch_alone"]["requests_per_s"],
@@ -143,10 +143,9 @@ def main() -> None:
     print("| budget | interactive p50 | p99 | p99 vs alone (goal <= 1.2) | batch req/s | vs idle fleet (goal >= 0.5) |")
     print("|---|---|---|---|---|---|")
     print(f"| none (interactive alone) | {alone['p50_s']} | {alone['p99_s']} | 1.0 | | |")
-    for budget in rows:
-        s = report[f"shared_{budget}"]
-        name = budget if budget in ("fixed", "adaptive") else f"fixed at {s['batch']['concurrency']}"
-        print(f"| {name} | {s['interactive']['p50_s']} | {s['interactive']['p99_s']} | {s['p99_vs_alone']} | "
+    for name, budget, limit in runs:
+        s, shown = report[f"shared_{name}"], budget if name == budget else f"fixed at {limit}"
+        print(f"| {shown} | {s['interactive']['p50_s']} | {s['interactive']['p99_s']} | {s['p99_vs_alone']} | "
               f"{s['batch']['requests_per_s']} | {s['batch_vs_alone']} |")
 
 
