@@ -138,7 +138,8 @@ bench-deadlines: setup
 	$(PY) -m bench.deadlines
 
 # A batch on a fleet that also answers a fixed-rate interactive client, with BATCH_VLLM_BUDGET fixed and adaptive:
-# interactive p50/p99 against the client alone, batch throughput against an idle fleet (bench/shared_fleet.py).
+# interactive p50/p99 against the client alone, batch throughput against an idle fleet (bench/shared_fleet.py);
+# BENCH_SHARED_SWEEP=1,2,4,8 adds the fixed budget at those concurrencies (the trade any budget makes).
 bench-shared: setup
 	$(PY) -m bench.shared_fleet
 # The control plane at volume, without inference (fake engine): the API over 100,000 stored batches, the API sensors
