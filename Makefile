@@ -64,7 +64,7 @@ lint: setup
 # pytest sessions at once: the tests on the real engine (marked `engine`) one after the other, since they share one
 # vLLM server per session and two engines at once ran out of the memory vLLM's CPU backend asks for on 24 GiB; and
 # beside them those that hold none (the fake engine under the real daemon, PostgreSQL, the UI), whose output is
-# printed after the first's. On 2 cores: 23 to 26 min against 33 min 14 s in one session (docs/development.md). Not
+# printed after the first's. On 2 cores: 20 to 26 min against 33 min 14 s in one session (docs/development.md). Not
 # pytest-xdist's loadgroup: with pytest 9 it no longer groups (xdist sets a node id pytest no longer reads).
 FAST_TIERS := tests/core tests/pipeline tests/api
 XDIST := -n auto --maxprocesses 4

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def folder(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def auto_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def auto_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """AutoTokenizer's loads, counted (in the module's dict: reading its lazy attribute would import torch here)."""
     calls: list[str] = []
 
