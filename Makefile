@@ -60,14 +60,16 @@ lint: setup
 	$(VENV)/bin/ruff check batch_dagster bench tools tests
 	$(VENV)/bin/mypy
 
-# The fast tiers spread over the machine's cores (pytest-xdist, at most 4 workers). The system tier runs as two
-# pytest sessions at once: the tests on the real engine (marked `engine`) one after the other, since they share one
-# vLLM server per session and two engines at once ran out of the memory vLLM's CPU backend asks for on 24 GiB; and
-# beside them those that hold none (the fake engine under the real daemon, PostgreSQL, the UI), whose output is
-# printed after the first's. On 2 cores: 20 to 26 min against 33 min 14 s in one session (docs/development.md). Not
-# pytest-xdist's loadgroup: with pytest 9 it no longer groups (xdist sets a node id pytest no longer reads).
+# The fast tiers run on four pytest-xdist workers, whatever the cores: their tests wait on sockets, child processes
+# and polls more than they compute (2 cores: 139 s of pytest with 2 workers, 108 to 115 s with 4). The system tier
+# runs as two pytest sessions at once: the tests on the real engine (marked `engine`) one after the other, since they
+# share one vLLM server per session and two engines at once ran out of the memory vLLM's CPU backend asks for on
+# 24 GiB; and beside them those that hold none (the fake engine under the real daemon, PostgreSQL, the UI), whose
+# output is printed after the first's. On 2 cores: 20 to 26 min against 33 min 14 s in one session
+# (docs/development.md). Not pytest-xdist's loadgroup: with pytest 9 it no longer groups (xdist sets a node id
+# pytest no longer reads).
 FAST_TIERS := tests/core tests/pipeline tests/api
-XDIST := -n auto --maxprocesses 4
+XDIST := -n 4
 
 # make test: lint, types and the fast tiers (test-fast), then the system tier but the benchmark harness's tests on
 # the engine (make test-bench runs those: they test bench/, not the product, and start seven engines).

@@ -103,11 +103,13 @@ def test_a_fleet_with_a_port_taken_starts_nothing_and_names_the_port(tmp_path):
     with listening() as taken:
         f = Fleet("m", 2, taken - 2, lambda port: [sys.executable, "-c", "import time; time.sleep(60)"],
                   "cache_aware", "127.0.0.1", log_dir=tmp_path, gpus=[])  # its second replica's port is taken
-        with pytest.raises(RuntimeError, match=f"port {taken} on 127.0.0.1 is in use: .* ports {taken - 2} to "
-                                               f"{taken + 1}"):
+        # Another process (a test beside this one) may hold a second port of the block by chance: the message
+        # names every port taken, this one among them.
+        with pytest.raises(RuntimeError, match=rf"port (\d+, )*{taken}(, \d+)* on 127.0.0.1 is in use: .* ports "
+                                               rf"{taken - 2} to {taken + 1}"):
             f.start(timeout_s=5)
         assert f.children.procs == {}
-        assert taken_ports("127.0.0.1", [taken - 2, taken, taken + 1]) == [taken]
+        assert taken in taken_ports("127.0.0.1", [taken - 2, taken, taken + 1])
 
 
 def test_batch_dagster_fleet_on_a_taken_port_says_so_without_a_traceback(tmp_path):
