@@ -596,13 +596,14 @@ class Worker(threading.Thread):
 
 
 class ApiServer:
-    """uvicorn in a thread on a free loopback port."""
+    """uvicorn in a thread on a free loopback port (`config`: more of uvicorn's settings, e.g. root_path)."""
 
-    def __init__(self, app):
+    def __init__(self, app, **config: Any):
         import uvicorn
 
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    **config))
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="uvicorn")
 
     @property

@@ -34,7 +34,7 @@ class RequestGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        path = scope["path"]
+        path = route_path(scope)
         if path == "/v1" or path.startswith("/v1/"):
             authorization = headers.get(b"authorization", b"").decode("latin-1")
             try:
@@ -78,13 +78,22 @@ class RequestGuard:
     def _limit(self, scope):
         """The body limit of this request, and its 413 response."""
         config = self.context.config
-        if scope["method"] == "POST" and scope["path"].rstrip("/") == UPLOAD_PATH:
+        if scope["method"] == "POST" and route_path(scope).rstrip("/") == UPLOAD_PATH:
             return config.max_upload_bytes + MULTIPART_SLACK, error_response(
                 413, f"The file is larger than the upload limit of {config.max_upload_bytes} bytes.",
                 param="file", code="file_too_large")
         return config.max_json_body_bytes, error_response(
             413, f"The request body is larger than the limit of {config.max_json_body_bytes} bytes.",
             code="request_too_large")
+
+
+def route_path(scope) -> str:
+    """The path the routes match: behind a proxy that serves the API under a prefix (uvicorn's --root-path), the
+    server puts the prefix in front of every path, and the routes match what follows it (as Starlette's router)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root):len(root) + 1] in ("", "/"):
+        return path[len(root):]
+    return path
 
 
 class _TooLarge(Exception):
