@@ -368,7 +368,8 @@ class Settings:
         "BATCH_ERROR_BREAKER_LINES", 200, "Limits",
         "The error-rate breaker's sample: once at least this many of a batch's lines have ended (it checks before each "
         "shard), a batch whose failed share is past the rate stops, `failed` with `error_rate_exceeded`, keeping what "
-        "it finished. 0: no breaker.", parse=int)
+        "it finished. Only the requests' own failures count: `engine_error` and `out_of_memory` lines (the service's) "
+        "are left out. 0: no breaker.", parse=int)
     error_breaker_rate: float | None = variable(
         "BATCH_ERROR_BREAKER_RATE", 0.95, "Limits",
         "The share (0 to 1) of failed lines among a batch's first BATCH_ERROR_BREAKER_LINES at which it stops; a "

@@ -409,7 +409,9 @@ class FakeEngine:
     crash_times: int = 0
     calls: list[list[str]] = field(default_factory=list)
     on_call: Callable[[int], None] | None = None  # called with the call number, e.g. to cancel mid-batch
-    fail_once: set[str] = field(default_factory=set)  # custom_ids answered once with a 500 out_of_memory line
+    fail_once: set[str] = field(default_factory=set)  # custom_ids answered once with a 500 line of `fail_code`
+    fail_code: str = c.OUT_OF_MEMORY  # or c.ENGINE_ERROR: what a fleet that is down answers
+    refuse: set[str] = field(default_factory=set)  # custom_ids answered with a 400 line: the request's own failure
     on_request: Callable[[int], None] | None = None  # called after each finished request with the count so far
 
     def run(self, endpoint: str, requests: Sequence[Request],
@@ -428,7 +430,10 @@ class FakeEngine:
                 continue
             if cid in self.fail_once:
                 self.fail_once.discard(cid)
-                lines.append(c.request_error_line(cid, "out_of_memory", "fake out of memory", status_code=500))
+                lines.append(c.request_error_line(cid, self.fail_code, f"fake {self.fail_code}", status_code=500))
+                continue
+            if cid in self.refuse:
+                lines.append(c.request_error_line(cid, c.INVALID_REQUEST, "fake refusal", status_code=400))
                 continue
             text = str(body["messages"][-1]["content"]) if "messages" in body else str(body.get("prompt"))
             words = text.split()
