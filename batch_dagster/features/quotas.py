@@ -23,9 +23,10 @@ from batch_dagster.db.repo import now
 from batch_dagster.settings import Settings
 
 TYPE = "rate_limit_exceeded"
-# A batch being cancelled counts no more: the key asked it to end, and its run stops before its next shard (a run
-# that had not started only lists its requests as cancelled).
-ACTIVE = tuple(s for s in BatchStatus if s not in TERMINAL and s != BatchStatus.CANCELLING)
+# A batch counts until it has ended, cancelling included: its run is still to come or still going (it stops before
+# its next shard; one that had not started lists the requests as cancelled), so a key that creates and cancels at
+# once never has more runs on their way than its limit.
+ACTIVE = tuple(s for s in BatchStatus if s not in TERMINAL)
 
 
 class OverLimit(Exception):
@@ -51,7 +52,7 @@ class KeyLimits:
 
 
 def active_batches(session: Session, owner: str) -> int:
-    """The owner's batches that have not ended and are not being cancelled: queued, running or finalizing."""
+    """The owner's batches that have not ended: queued, running, finalizing or being cancelled."""
     return session.scalar(select(func.count()).select_from(BatchRecord).where(
         BatchRecord.owner == owner, BatchRecord.status.in_(ACTIVE))) or 0
 
@@ -78,7 +79,8 @@ def _check(limits: KeyLimits, session: Session, owner: str, batches: int, nbytes
     if batches and limits.max_active_batches is not None \
             and active_batches(session, owner) + batches > limits.max_active_batches:
         raise OverLimit(f"This key has {limits.max_active_batches} batches that have not ended, its limit (its "
-                        "own, or else BATCH_KEY_MAX_ACTIVE_BATCHES); create more when some have ended, or cancel some.",
+                        "own, or else BATCH_KEY_MAX_ACTIVE_BATCHES); create more when some have ended (a batch being "
+                        "cancelled counts until its run has stopped).",
                         code="batch_limit_exceeded")
     if limits.max_stored_bytes is not None and stored_bytes(session, owner) + nbytes > limits.max_stored_bytes:
         raise OverLimit(f"This key's files and batches would keep more than its storage limit of "

@@ -32,16 +32,41 @@ def test_a_key_past_its_unfinished_batches_gets_a_429_and_others_do_not(start_se
     assert (error["code"], error["type"]) == ("batch_limit_exceeded", "rate_limit_exceeded")
     assert "BATCH_KEY_MAX_ACTIVE_BATCHES" in error["message"]
     create(b, upload(b, tmp_path / "b.jsonl", rows(2)))  # the limit is per key
-    a.batches.cancel(first.id)  # being cancelled: no longer counted (its run only lists its requests as cancelled)
-    third = create(a, file_a)
+    a.batches.cancel(first.id)  # being cancelled: counted until it has ended (its run is still to come)
     with pytest.raises(openai.RateLimitError):
         create(a, file_a)
     with Database(service.config.database_url).session() as session:  # as the status sensor ends it
-        row = repo.get_batch(session, repo.owner_of_key(KEY_A), third.id)
+        row = repo.get_batch(session, repo.owner_of_key(KEY_A), first.id)
         assert row is not None
-        row.status = "completed"
+        row.status = "cancelled"
         session.commit()
     assert create(a, file_a).status == "validating"  # one ended: room for one more
+    with pytest.raises(openai.RateLimitError):
+        create(a, file_a)
+
+
+def test_create_then_cancel_never_passes_the_active_batch_limit(start_service, tmp_path):
+    """Sixteen creates, each cancelled at once, under a limit of one: a batch being cancelled counts until it has
+    ended, so the second create is refused and one batch (not sixteen) waits for a run; once it has ended, there is
+    room again."""
+    service = start_service(worker=False, key_max_active_batches=1)
+    a = service.client(KEY_A)
+    file_id = upload(a, tmp_path / "a.jsonl", rows(2))
+    made, codes = [], []
+    for _ in range(16):
+        try:
+            batch = create(a, file_id)
+        except openai.RateLimitError as exc:
+            codes.append(exc.body["code"])  # type: ignore[index]
+            continue
+        made.append(batch)
+        assert a.batches.cancel(batch.id).status == "cancelling"
+    assert len(made) == 1 and codes == ["batch_limit_exceeded"] * 15
+    with Database(service.config.database_url).session() as session:
+        assert [b.id for b in repo.batches_to_launch(session)] == [made[0].id]  # one run to come
+    service.start_worker()
+    assert wait_for(a, made[0].id, {"cancelled", "completed", "failed"}).status == "cancelled"
+    assert create(a, file_id).status == "validating"
 
 
 def test_a_key_past_its_stored_bytes_gets_a_429_until_it_deletes(start_service, tmp_path):
