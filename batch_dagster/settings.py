@@ -404,7 +404,9 @@ class Settings:
     api_keys: tuple[str, ...] = variable(
         "BATCH_API_KEYS", (), "API",
         "Comma-separated API keys, each `name:key` or a bare `key`; the name is the owner the Dagster UI shows (a bare"
-        " key shows as `key-` and a keyed hash). Unset: no authentication, loopback only.",
+        " key shows as `key-` and a keyed hash). Seeded into the store when the API starts: a key it never saw is "
+        "added, one the variable made that left it is revoked, and none revoked or rotated in the store comes back. "
+        "Unset: nothing seeded; with no key in the store either, no authentication, loopback only.",
         parse=api_key_entries, secret=True)
     sensor_loop_s: int = variable(
         "BATCH_SENSOR_LOOP_S", 1, "API",
