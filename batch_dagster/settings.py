@@ -432,7 +432,12 @@ class Settings:
     key_max_stored_bytes: int | None = variable(
         "BATCH_KEY_MAX_STORED_BYTES", 100 << 30, "API",
         "Bytes of files one key may keep stored (its uploads and its batches' output and error files, until deleted or"
-        " expired); past it an upload answers 429 `storage_limit_exceeded`. 0: no limit.", parse=_limit)
+        " expired); past it an upload answers 429 `storage_limit_exceeded`: from its declared length before its body "
+        "is read, or once its file's bytes pass the key's room as they stream in. 0: no limit.", parse=_limit)
+    key_max_uploads: int | None = variable(
+        "BATCH_KEY_MAX_UPLOADS", 4, "API",
+        "Uploads one key may have streaming into one API process at once; past it an upload answers 429 "
+        "`too_many_uploads` before its body is read. 0: no limit.", parse=_limit)
     api_host: str = variable(
         "BATCH_API_HOST", LOOPBACK, "API",
         "The address `make serve` binds the API to.",)

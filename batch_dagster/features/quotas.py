@@ -4,8 +4,8 @@ BATCH_KEY_MAX_STORED_BYTES). Past one, `OverLimit`, which the API answers with a
 
 Each limit holds where the write it allows is made: the owner's row is locked, the owner's holdings counted and the
 new row added in one transaction (`admit`), so parallel creates and uploads of one key queue there and each sees what
-the others wrote. A first look without the lock (`refuse_early`) answers at once when nothing more fits, before an
-upload is read or an input copied.
+the others wrote. A first look without the lock (`refuse_early`, `stored_room`) answers at once when nothing more fits,
+before an upload is read or an input copied.
 """
 
 from __future__ import annotations
@@ -83,10 +83,21 @@ def _check(limits: KeyLimits, session: Session, owner: str, batches: int, nbytes
                         "cancelled counts until its run has stopped).",
                         code="batch_limit_exceeded")
     if limits.max_stored_bytes is not None and stored_bytes(session, owner) + nbytes > limits.max_stored_bytes:
-        raise OverLimit(f"This key's files and batches would keep more than its storage limit of "
-                        f"{limits.max_stored_bytes} bytes (its own, or else BATCH_KEY_MAX_STORED_BYTES); delete "
-                        "files it no longer needs.", code="storage_limit_exceeded",
-                        param="file" if not batches else "input_file_id")
+        raise storage_exceeded(limits.max_stored_bytes, param="file" if not batches else "input_file_id")
+
+
+def storage_exceeded(limit: int, param: str = "file") -> OverLimit:
+    """The refusal of a write past the storage limit `limit`."""
+    return OverLimit(f"This key's files and batches would keep more than its storage limit of {limit} bytes (its own, "
+                     "or else BATCH_KEY_MAX_STORED_BYTES); delete files it no longer needs.",
+                     code="storage_limit_exceeded", param=param)
+
+
+def stored_room(session: Session, owner: str, settings: Settings) -> tuple[int, int] | None:
+    """The owner's storage limit and the bytes it may still store under it, 0 at least (no lock: `admit` decides);
+    None: no limit. What an upload is held to while it streams in, before anything of it is stored."""
+    limit = KeyLimits.of(session, owner, settings).max_stored_bytes
+    return None if limit is None else (limit, max(limit - stored_bytes(session, owner), 0))
 
 
 def refuse_early(limits: KeyLimits, session: Session, owner: str, *, batches: int = 0, nbytes: int = 0) -> None:

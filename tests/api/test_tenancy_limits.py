@@ -154,7 +154,7 @@ def test_parallel_creates_never_pass_the_active_batch_limit(start_service, tmp_p
 def test_parallel_uploads_never_pass_the_stored_bytes_limit(start_service, tmp_path, slow_store):
     """With room for three files, eight parallel uploads store three: each sees the others' bytes."""
     size = write_jsonl(tmp_path / "in.jsonl", rows(10)).stat().st_size
-    service = start_service(worker=False, key_max_stored_bytes=size * 3)
+    service = start_service(worker=False, key_max_stored_bytes=size * 3, key_max_uploads=None)
 
     def send(i: int) -> str:
         with open(tmp_path / "in.jsonl", "rb") as f:
@@ -185,3 +185,91 @@ def test_a_batch_counts_its_own_input_copy_and_its_working_files(start_service, 
     with Database(service.config.database_url).session() as session:
         assert stored_bytes(session, owner) == folder  # every byte it keeps; its output and error files as Files
     assert client.files.retrieve(done.output_file_id).bytes > 0
+
+
+def upload_head(service, size: int, *, key: str = KEY_A, expect: bool = False) -> tuple[bytes, bytes]:
+    """A raw upload's request head declaring a `size`-byte file, and the form's bytes before the file."""
+    form = b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n' \
+           b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+    end = b"\r\n--x--\r\n"
+    head = (f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
+            "Content-Type: multipart/form-data; boundary=x\r\n"
+            f"Content-Length: {len(form) + size + len(end)}\r\n" + ("Expect: 100-continue\r\n" if expect else "")
+            + "\r\n").encode()
+    return head, form
+
+
+def port_of(service) -> int:
+    return int(service.url.rsplit(":", 1)[1])
+
+
+def test_an_upload_past_the_keys_room_is_refused_from_its_declared_length(start_service, tmp_path):
+    """A key with 1,000 bytes of room declares a 4 MiB upload: answered 429 from the headers, before a byte of the
+    body is read (a server that read first would wait here for the body it was promised)."""
+    import socket
+
+    service = start_service(worker=False, key_max_stored_bytes=3000)
+    upload(service.client(), tmp_path / "a.jsonl", rows(10))  # about 2,000 bytes of the 3,000
+    head, _ = upload_head(service, 4 << 20)
+    with socket.create_connection(("127.0.0.1", port_of(service)), timeout=5) as sock:
+        sock.sendall(head)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 429") and b"storage_limit_exceeded" in answer, answer[:300]
+
+
+def test_a_streamed_upload_stops_at_the_keys_room_without_the_app_taking_a_byte_past_it(start_service, tmp_path,
+                                                                                        monkeypatch):
+    """Chunked (no declared length), the file's bytes are counted as they arrive: the upload is answered 429 once
+    they pass the key's room, and the app (its form parser's spooled file) never got more than the room."""
+    from starlette.datastructures import UploadFile
+
+    from tests.api.test_hardening import refused_and_closed
+
+    written = []
+    original = UploadFile.write
+
+    async def counted(self, data: bytes) -> None:
+        written.append(len(data))
+        await original(self, data)
+
+    monkeypatch.setattr(UploadFile, "write", counted)
+    service = start_service(worker=False, key_max_stored_bytes=300_000, max_upload_bytes=100 << 20)
+    head, form = upload_head(service, 0)
+    head = head.replace(b"Content-Length: ", b"X-Was: ").replace(b"\r\n\r\n", b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+    data = b'{"custom_id": "a"}\n' * 3000
+    chunk = b"%x\r\n%s\r\n" % (len(data), data)
+    line, sent = refused_and_closed(port_of(service), head + b"%x\r\n%s\r\n" % (len(form), form), chunk)
+    assert line.startswith(b"HTTP/1.1 429"), line
+    assert sum(written) <= 300_000 and sent < 40 << 20, (sum(written), sent)
+    assert service.client().files.list().data == []
+
+
+def test_a_key_has_a_bounded_number_of_uploads_at_once(start_service, tmp_path):
+    """Two uploads of one key streaming (BATCH_KEY_MAX_UPLOADS=2): its third is answered 429 at once, another key's
+    goes through, and once one of the two has ended the key may upload again."""
+    import socket
+
+    service = start_service(worker=False, key_max_uploads=2)
+    held = []
+    for _ in range(2):
+        head, form = upload_head(service, 1000, expect=True)
+        sock = socket.create_connection(("127.0.0.1", port_of(service)), timeout=5)
+        sock.sendall(head)
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue")  # admitted: the app waits for its body
+        sock.sendall(form + b"{}" * 100)
+        held.append(sock)
+    with pytest.raises(openai.RateLimitError) as refused_upload:
+        upload(service.client(KEY_A), tmp_path / "a.jsonl", rows(2))
+    assert refused_upload.value.body["code"] == "too_many_uploads"  # type: ignore[index]
+    assert "BATCH_KEY_MAX_UPLOADS" in refused_upload.value.body["message"]  # type: ignore[index]
+    upload(service.client(KEY_B), tmp_path / "b.jsonl", rows(2))  # per key
+    held.pop().close()
+    deadline = time.monotonic() + 5
+    while True:  # the closed upload's slot comes back once the server has seen it go
+        try:
+            upload(service.client(KEY_A), tmp_path / "a.jsonl", rows(2))
+            break
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    held.pop().close()
