@@ -444,6 +444,15 @@ class Settings:
     api_port: int = variable(
         "BATCH_API_PORT", 8000, "API",
         "The API's port under `make serve`.", parse=int)
+    metrics_host: str = variable(
+        "BATCH_METRICS_HOST", LOOPBACK, "API",
+        "The address of the API's Prometheus metrics: /metrics on a listener of its own, never the API's (they name "
+        "every key and what it runs, so they are the operator's). On Kubernetes `0.0.0.0`, the pod's address, for "
+        "Prometheus to scrape inside the cluster; keep the port off the Service and the ingress.",)
+    metrics_port: int = variable(
+        "BATCH_METRICS_PORT", 0, "API",
+        "The metrics listener's port (deploy/k8s: 9464); 0: a free port chosen at start, logged, and written by "
+        "`make serve` into its Prometheus targets.", parse=int)
     webhook_urls: tuple[str, ...] = variable(
         "BATCH_WEBHOOK_URLS", (), "API",
         "Comma-separated endpoints that get a signed POST when a batch ends (batch.completed, batch.failed, "

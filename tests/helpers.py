@@ -640,6 +640,7 @@ class Service:
     worker: Worker
     storage: StorageResource
     clients: list[OpenAI] = field(default_factory=list)
+    metrics_url: str = ""  # the metrics' own listener (the operator's), http://host:port/metrics
 
     @property
     def instance(self) -> dg.DagsterInstance:
@@ -838,7 +839,7 @@ class Serve:
     def __init__(self, tmp_path: Path, *, module: str | None = None, ui: bool = False, **env: str):
         self.tmp_path, self.module, self.ui = tmp_path, module, ui
         self.home, self.data_dir = tmp_path / "dagster_home", tmp_path / "data"
-        self.api_port, self.ui_port = free_port(), free_port()
+        self.api_port, self.ui_port, self.metrics_port = free_port(), free_port(), free_port()
         self.env = serve_env(tmp_path, BATCH_API_KEYS=SERVE_API_KEY, **env)
         self.proc: subprocess.Popen | None = None
 
@@ -848,7 +849,8 @@ class Serve:
                 f"load_from:\n  - python_module:\n      module_name: {self.module}\n"
                 f"      working_directory: {REPO}\n      location_name: tests\n")
         self.log = open(self.tmp_path / "serve.log", "w")
-        command = [sys.executable, "-m", "batch_dagster.serve", "--port", str(self.api_port)]
+        command = [sys.executable, "-m", "batch_dagster.serve", "--port", str(self.api_port), "--metrics-port",
+                   str(self.metrics_port)]
         command += ["--dagster-port", str(self.ui_port)] if self.ui else ["--no-ui"]
         self.proc = subprocess.Popen(command, cwd=self.tmp_path, env=self.env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
