@@ -59,23 +59,27 @@ class RequestGuard:
             return await _refuse(too_large, receive, send)
         if owner is None or not upload:
             return await _bounded(self.app, scope, receive, send, limit, too_large)
+        await self._upload(scope, receive, send, owner, declared, limit, too_large)
+
+    async def _upload(self, scope, receive, send, owner: str, declared: int | None, limit: int,
+                      too_large: Response) -> None:
+        """An upload of `owner`, held to the key's uploads at once and to its room, then bounded as any body."""
         bound = self.context.config.key_max_uploads
         if not self.context.uploads.take(owner, bound):
             return await _refuse(_limit_response(OverLimit(
                 f"This key has {bound} uploads streaming in already, its limit (BATCH_KEY_MAX_UPLOADS); send the next "
                 "when one has ended.", code="too_many_uploads", param="file")), receive, send)
         try:
-            room = await run_in_threadpool(self._room, owner)
-            full = None if room is None else _limit_response(storage_exceeded(room[0]))
-            # The declared length holds the form around the file too: refused only when the file cannot fit.
-            if full is not None and room is not None and (
-                    room[1] <= 0 or (declared is not None and declared > room[1] + MULTIPART_SLACK)):
-                return await _refuse(full, receive, send)
             file_limits = [(self.context.config.max_upload_bytes, too_large)]
-            if full is not None and room is not None:
-                file_limits.insert(0, (room[1], full))
-            await _bounded(self.app, scope, receive, send, limit, too_large,
-                           (UploadMeter(headers.get(b"content-type", b"")), file_limits))
+            if (room := await run_in_threadpool(self._room, owner)) is not None:
+                most, left = room
+                full = _limit_response(storage_exceeded(most))
+                # The declared length holds the form around the file too: refused only when the file cannot fit.
+                if left <= 0 or (declared is not None and declared > left + MULTIPART_SLACK):
+                    return await _refuse(full, receive, send)
+                file_limits.insert(0, (left, full))
+            meter = UploadMeter(dict(scope["headers"]).get(b"content-type", b""))
+            await _bounded(self.app, scope, receive, send, limit, too_large, (meter, file_limits))
         finally:
             self.context.uploads.give_back(owner)
 
