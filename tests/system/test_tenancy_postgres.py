@@ -9,6 +9,9 @@ from __future__ import annotations
 import pytest
 
 from tests.api.conftest import start_service  # noqa: F401  (the API tests' fixture)
+from tests.api.test_metrics import (  # noqa: F401  (the model labels, grouped by PostgreSQL)
+    test_a_clients_model_names_never_become_labels,
+)
 from tests.api.test_store import check_the_options_migration, check_the_parent_batch_migration
 from tests.api.test_tenancy import (  # noqa: F401  (the tests, collected here again)
     test_a_batch_of_ten_thousand_bad_lines_is_a_small_object,
@@ -17,9 +20,6 @@ from tests.api.test_tenancy import (  # noqa: F401  (the tests, collected here a
     test_a_retry_chain_of_ones_own_batches_still_merges,
     test_metadata_cannot_name_a_retry_parent,
     test_not_found_is_the_same_for_another_keys_object_and_for_none,
-)
-from tests.api.test_metrics import (  # noqa: F401  (the model labels, grouped by PostgreSQL)
-    test_a_clients_model_names_never_become_labels,
 )
 from tests.api.test_tenancy_limits import (  # noqa: F401  (the races, on PostgreSQL's row locks)
     slow_store,
