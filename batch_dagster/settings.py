@@ -281,6 +281,12 @@ class Settings:
     vllm_api_key: str | None = variable(
         "BATCH_VLLM_API_KEY", None, "Engine",
         "The key the vLLM servers expect, if any.", secret=True)
+    cache_salt_secret: str = variable(
+        "BATCH_CACHE_SALT_SECRET", "", "Engine",
+        "Mixed into the salt every request carries to vLLM's prefix cache (its `cache_salt`, one per owner). Set it "
+        "(long random text, the same in every process) where the vLLM servers also take requests from elsewhere: "
+        "then nobody who reaches them directly can compute an owner's salt. Unset: the salt is a hash of the owner "
+        "(an API key's owner is its key's SHA-256).", secret=True)
     vllm_max_concurrency: int = variable(
         "BATCH_VLLM_MAX_CONCURRENCY", 64, "Engine",
         "Requests in flight to the servers at once (server mode).", parse=int)
@@ -387,6 +393,12 @@ class Settings:
         "BATCH_ANSWER_STORE_BYTES", DEFAULT_ANSWER_STORE_BYTES, "Limits",
         "The answer store's bound, in bytes (answers/ where the batch folders live): past it the answers written "
         "first are deleted first.", parse=int)
+    shared_owners: tuple[str, ...] = variable(
+        "BATCH_SHARED_OWNERS", (), "Limits",
+        "Comma-separated owners whose batches share kept answers (the answer store) and prompt prefixes (vLLM's "
+        "prefix cache) with each other: API keys by name (as `batch-dagster keys list` shows them), table batches by "
+        "namespace; `*`: every owner. Unset: nothing is shared, each owner's answers and cached prefixes are its "
+        "own.", parse=_csv)
     max_upload_bytes: int = variable(
         "BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "API",
         "Largest upload the API accepts (413 past it).", parse=int)

@@ -120,15 +120,16 @@ class Document:
 @dataclass
 class Declared(Document):
     """What the batch was created with: every request's url must match `endpoint`; `completion_window` prices it
-    (None: a batch with no window, from the command line, or from before windows were recorded). `options`: those
-    of a batch that has no row in the metadata store (a table batch's); an API batch's options are on its row, and
-    only there."""
+    (None: a batch with no window, from the command line, or from before windows were recorded). `options` and
+    `owner`: those of a batch that has no row in the metadata store (a table batch's; its owner is its namespace,
+    batchfile/scope.py); an API batch's are on its row, and only there."""
 
     TYPED = {"options": BatchOptions.from_stored}
 
     endpoint: str
     completion_window: str | None = None
     options: BatchOptions | None = None
+    owner: str | None = None
 
 
 @dataclass
@@ -353,8 +354,9 @@ class BatchFolder:
     def declared(self) -> Declared | None:
         return self._read("batch.json", Declared)
 
-    def declare(self, endpoint: str, completion_window: str | None = None, options: BatchOptions | None = None) -> None:
-        self._write("batch.json", Declared(endpoint, completion_window, options))
+    def declare(self, endpoint: str, completion_window: str | None = None, options: BatchOptions | None = None,
+                owner: str | None = None) -> None:
+        self._write("batch.json", Declared(endpoint, completion_window, options, owner))
 
     def endpoint(self) -> str | None:
         """The batch's declared endpoint, or None (the first request's url then decides)."""

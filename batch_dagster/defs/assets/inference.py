@@ -20,6 +20,7 @@ from batch_dagster.batchfile.folder import BatchFolder, Progress
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import CommittedShard, commit_shard, committed_shards, progress_of
 from batch_dagster.batchfile.reuse import AnswerStore, keep, look_up, model_identity
+from batch_dagster.batchfile.scope import salted, scope
 from batch_dagster.batchfile.shard import OutputShares, running_order
 from batch_dagster.batchfile.structured import asks_structured
 from batch_dagster.db.lifecycle import record_usage
@@ -31,7 +32,7 @@ from batch_dagster.features.cost_cap import cap_reached
 from batch_dagster.features.eta import RunningEta
 from batch_dagster.image_fetch import ImageFetcher
 
-from .steps import batch_options, manifest_of
+from .steps import batch_options, batch_owner, manifest_of
 
 INFERENCE_RETRIES = 2  # an engine crash: the step's third attempt ends the shard in engine_error lines
 STEP_RETRIES = 6
@@ -214,6 +215,9 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
     breaker_rate = options.error_breaker_rate if options.error_breaker_rate is not None else pipeline.error_breaker_rate
     store = answer_store(options, folder, pipeline)
     identity = model_identity(vllm.model_record(manifest.model)) if store is not None else {}
+    owner = batch_owner(session, folder)
+    # Whose answers and prompt prefixes the batch's requests may meet: its owner's, unless the operator shares them.
+    where = scope(owner, pipeline.shared_owners, folder.batch_id)
     images = ImageFetcher(folder, pipeline.image_sources, Allow.parse(pipeline.fetch_allow)) \
         if vllm.spec(manifest.model).images_per_request else None
     started = time.perf_counter()
@@ -238,7 +242,7 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
                 requests = read_shard(shard)
             t0 = time.perf_counter()
             progress = ShardProgress(folder, base, index, len(requests), context.log)
-            reuse = look_up(store, identity, manifest.endpoint, requests) if store is not None else None
+            reuse = look_up(store, where, identity, manifest.endpoint, requests) if store is not None else None
             to_run = reuse.to_run if reuse is not None else requests
             lines: list[dict[str, Any]] = []
             if reuse is not None and reuse.lines:
@@ -249,7 +253,9 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
                 if unfetched:
                     progress(len(unfetched))
                 if sent:
-                    # Shared prefixes together, the longest work first, as the earlier shards wrote.
+                    # Shared prefixes together, the longest work first, as the earlier shards wrote; each request
+                    # salted with its scope's cache_salt, so that no prefix-cache hit crosses owners.
+                    sent = salted(sent, where, pipeline.cache_salt_secret)
                     sent = [sent[i] for i in running_order(manifest.endpoint, sent, written.shares())]
                     engine, lines = _run_shard(context, vllm, manifest.model, manifest.endpoint, engine, sent,
                                                progress, index)

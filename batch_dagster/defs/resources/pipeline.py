@@ -30,6 +30,9 @@ class PipelineConfig(dg.ConfigurableResource):
     runs_per_model: int = setting("BATCH_RUNS_PER_MODEL")
     reuse_answers: bool = setting("BATCH_REUSE_ANSWERS")  # a batch whose `reuse` option is unset
     answer_store_bytes: int = setting("BATCH_ANSWER_STORE_BYTES")
+    # What owners share (answers, prompt prefixes; nothing when empty), and the secret their prefix-cache salts take.
+    shared_owners: list[str] = setting("BATCH_SHARED_OWNERS")
+    cache_salt_secret: str = setting("BATCH_CACHE_SALT_SECRET")
     # Image parts: the hosts their http(s) URLs may name (fetched once per batch), the bytes of one image, and the
     # internal addresses a fetch may reach (the webhooks' allow-list).
     image_hosts: list[str] = setting("BATCH_IMAGE_HOSTS")
