@@ -370,6 +370,16 @@ class Settings:
     max_image_bytes: int = variable(
         "BATCH_MAX_IMAGE_BYTES", DEFAULT_MAX_IMAGE_BYTES, "Limits",
         "Bytes of one image a request sends (a data URL's data) or names (a fetched one).", parse=int)
+    image_budget_bytes: int = variable(
+        "BATCH_IMAGE_BUDGET_BYTES", 1 << 30, "Limits",
+        "Bytes one batch may fetch of the images its requests name, in all (as they arrive, decompressed); past it "
+        "a request naming an image not fetched yet is its own 400 line. The images are kept in the batch's folder "
+        "and count against its key's BATCH_KEY_MAX_STORED_BYTES from when they are fetched.", parse=int)
+    image_budget_s: float = variable(
+        "BATCH_IMAGE_BUDGET_S", 600.0, "Limits",
+        "Seconds one batch may spend fetching the images its requests name, in all; past it a request naming an image "
+        "not fetched yet is its own 400 line. Each fetch also ends 30 s after it starts, however its bytes trickle "
+        "in.", parse=float)
     error_breaker_lines: int = variable(
         "BATCH_ERROR_BREAKER_LINES", 200, "Limits",
         "The error-rate breaker's sample: once at least this many of a batch's lines have ended (it checks before each "

@@ -308,8 +308,19 @@ class BatchFolder:
         return self.key(RESULTS)
 
     def image_key(self, url: str) -> str:
-        """Where the image `url` names is kept once fetched (by the URL's hash: a URL is a client's value)."""
+        """Where the image `url` names is kept once fetched, as its data URL (by the URL's hash: a URL is a client's
+        value)."""
         return self.key(f"{IMAGES}/{hashlib.sha256(url.encode()).hexdigest()}")
+
+    def image_record_key(self, url: str) -> str:
+        """The kept image's record (its content's hash and size), written after it: an image without one is fetched
+        again."""
+        return self.image_key(url) + ".json"
+
+    @property
+    def images_spent_key(self) -> str:
+        """What the batch's image fetches have spent so far of its budget (bytes and seconds)."""
+        return self.key(f"{IMAGES}/spent.json")
 
     @property
     def output_key(self) -> str:
