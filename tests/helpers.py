@@ -9,6 +9,7 @@ this module stays cheap, also for the daemon's processes that load tests/daemon_
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import re
@@ -546,7 +547,7 @@ class Worker(threading.Thread):
         # The sensors' resources initialized once, as the daemon would each tick: they are plain configuration (no
         # set-up, no teardown, no state), and Dagster's initialization of configurable resources (their config
         # schemas, again for each sensor call) was most of a tick's time, ticking every 0.2 s all through a test.
-        with dg.build_resources(resources) as built:
+        with dg.build_resources(resources, instance=_resource_instance()) as built:
             self.sensor_resources = {name: dg.ResourceDefinition.hardcoded_resource(getattr(built, name))
                                      for name in resources}
         self._instance = instance  # or how to open it: opened when first needed (many API tests never need it)
@@ -593,6 +594,13 @@ class Worker(threading.Thread):
                 traceback.print_exc()
                 return
             self.stopping.wait(self.interval_s)
+
+
+@functools.cache
+def _resource_instance() -> dg.DagsterInstance:
+    """The instance the sensors' resources are initialized with (none of them uses it): without one, Dagster makes an
+    ephemeral instance for each Worker, a sixth of starting the API."""
+    return dg.DagsterInstance.ephemeral()
 
 
 class ApiServer:
@@ -658,12 +666,21 @@ class Service:
             self.worker.start()
 
 
+# The API's store migrated to head once per process, then copied for each test: Alembic's migrations on a new SQLite
+# file were a third of starting the API.
+_STORE_TEMPLATE: list[Path] = []
+
+
 def database_url(data_dir: Path) -> str:
-    """SQLite in the test's folder; BATCH_TEST_DATABASE_URL (e.g. a Postgres URL) runs the tests there, emptied
-    first."""
+    """SQLite in the test's folder, already at the schema's head (the API checks it, as at every start);
+    BATCH_TEST_DATABASE_URL (e.g. a Postgres URL) runs the tests there, emptied first."""
     url = os.environ.get("BATCH_TEST_DATABASE_URL")
     if not url:
-        return f"sqlite:///{data_dir / 'api.db'}"
+        path = data_dir / "api.db"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(_store_template(), path)
+        return f"sqlite:///{path}"
     from sqlalchemy import text
 
     from batch_dagster.db import Database
@@ -675,6 +692,22 @@ def database_url(data_dir: Path) -> str:
         connection.execute(text("DROP TABLE IF EXISTS alembic_version"))
     store.dispose()
     return url
+
+
+def _store_template() -> Path:
+    from batch_dagster.db import Database
+
+    with _TEMPLATES_LOCK:
+        if not _STORE_TEMPLATE:
+            folder = Path(tempfile.mkdtemp(prefix="api-store-"))
+            atexit.register(shutil.rmtree, folder, True)
+            store = Database(f"sqlite:///{folder / 'api.db'}")
+            store.upgrade()
+            with store.engine.connect() as connection:  # all of it in the file itself, none in its write-ahead log
+                connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            store.dispose()
+            _STORE_TEMPLATE.append(folder / "api.db")
+    return _STORE_TEMPLATE[0]
 
 
 class Flood:
