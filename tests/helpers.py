@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -218,6 +219,15 @@ class Outage:
                 self.conns.discard(s)
 
 
+@functools.cache
+def tls() -> ssl.SSLContext:
+    """One TLS context for the tests' HTTP clients: a client made without one loads the CA bundle again (tens of
+    milliseconds of CPU, for each of a flood's requests), though what the tests call is plain HTTP on loopback."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
 def wait_http(url: str, timeout_s: float, proc=None) -> None:
     import httpx
 
@@ -226,7 +236,7 @@ def wait_http(url: str, timeout_s: float, proc=None) -> None:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
         try:
-            if httpx.get(url, timeout=2).status_code < 500:
+            if httpx.get(url, timeout=2, verify=tls()).status_code < 500:
                 return
         except httpx.HTTPError:
             pass
@@ -648,9 +658,10 @@ class Service:
         return self.worker.instance
 
     def client(self, api_key: str = KEY_A) -> OpenAI:
-        from openai import OpenAI
+        from openai import DefaultHttpxClient, OpenAI
 
-        client = OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=30)
+        client = OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=30,
+                        http_client=DefaultHttpxClient(verify=tls()))
         self.clients.append(client)
         return client
 
@@ -658,7 +669,7 @@ class Service:
         import httpx
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=tls())
 
     def start_worker(self) -> None:
         if not self.worker.is_alive():
@@ -825,14 +836,15 @@ class Daemon:
 
     def api(self, stack: ExitStack) -> OpenAI:
         """The REST API over this daemon's store, served until `stack` closes; an openai SDK client for it."""
-        from openai import OpenAI
+        from openai import DefaultHttpxClient, OpenAI
 
         from batch_dagster.api.app import create_app
 
         config = replace(Settings.from_env(), api_keys=(), database_url=self.db_url, data_dir=self.data_dir,
                          storage_url=self.storage_url or str(self.data_dir), max_upload_bytes=1 << 20)
         server = stack.enter_context(ApiServer(create_app(config)))
-        return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
+                      http_client=DefaultHttpxClient(verify=tls()))
 
 
 def s3_lines(client, key: str) -> list[dict]:
