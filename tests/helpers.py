@@ -9,12 +9,14 @@ this module stays cheap, also for the daemon's processes that load tests/daemon_
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -217,6 +219,15 @@ class Outage:
                 self.conns.discard(s)
 
 
+@functools.cache
+def tls() -> ssl.SSLContext:
+    """One TLS context for the tests' HTTP clients: a client made without one loads the CA bundle again (tens of
+    milliseconds of CPU, for each of a flood's requests), though what the tests call is plain HTTP on loopback."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
 def wait_http(url: str, timeout_s: float, proc=None) -> None:
     import httpx
 
@@ -225,7 +236,7 @@ def wait_http(url: str, timeout_s: float, proc=None) -> None:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
         try:
-            if httpx.get(url, timeout=2).status_code < 500:
+            if httpx.get(url, timeout=2, verify=tls()).status_code < 500:
                 return
         except httpx.HTTPError:
             pass
@@ -552,7 +563,7 @@ class Worker(threading.Thread):
         # The sensors' resources initialized once, as the daemon would each tick: they are plain configuration (no
         # set-up, no teardown, no state), and Dagster's initialization of configurable resources (their config
         # schemas, again for each sensor call) was most of a tick's time, ticking every 0.2 s all through a test.
-        with dg.build_resources(resources) as built:
+        with dg.build_resources(resources, instance=_resource_instance()) as built:
             self.sensor_resources = {name: dg.ResourceDefinition.hardcoded_resource(getattr(built, name))
                                      for name in resources}
         self._instance = instance  # or how to open it: opened when first needed (many API tests never need it)
@@ -599,6 +610,13 @@ class Worker(threading.Thread):
                 traceback.print_exc()
                 return
             self.stopping.wait(self.interval_s)
+
+
+@functools.cache
+def _resource_instance() -> dg.DagsterInstance:
+    """The instance the sensors' resources are initialized with (none of them uses it): without one, Dagster makes an
+    ephemeral instance for each Worker, a sixth of starting the API."""
+    return dg.DagsterInstance.ephemeral()
 
 
 class ApiServer:
@@ -648,9 +666,10 @@ class Service:
         return self.worker.instance
 
     def client(self, api_key: str = KEY_A) -> OpenAI:
-        from openai import OpenAI
+        from openai import DefaultHttpxClient, OpenAI
 
-        client = OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=30)
+        client = OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=30,
+                        http_client=DefaultHttpxClient(verify=tls()))
         self.clients.append(client)
         return client
 
@@ -658,7 +677,7 @@ class Service:
         import httpx
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=tls())
 
     def start_worker(self) -> None:
         if not self.worker.is_alive():
@@ -666,12 +685,21 @@ class Service:
             self.worker.start()
 
 
+# The API's store migrated to head once per process, then copied for each test: Alembic's migrations on a new SQLite
+# file were a third of starting the API.
+_STORE_TEMPLATE: list[Path] = []
+
+
 def database_url(data_dir: Path) -> str:
-    """SQLite in the test's folder; BATCH_TEST_DATABASE_URL (e.g. a Postgres URL) runs the tests there, emptied
-    first."""
+    """SQLite in the test's folder, already at the schema's head (the API checks it, as at every start);
+    BATCH_TEST_DATABASE_URL (e.g. a Postgres URL) runs the tests there, emptied first."""
     url = os.environ.get("BATCH_TEST_DATABASE_URL")
     if not url:
-        return f"sqlite:///{data_dir / 'api.db'}"
+        path = data_dir / "api.db"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(_store_template(), path)
+        return f"sqlite:///{path}"
     from sqlalchemy import text
 
     from batch_dagster.db import Database
@@ -683,6 +711,22 @@ def database_url(data_dir: Path) -> str:
         connection.execute(text("DROP TABLE IF EXISTS alembic_version"))
     store.dispose()
     return url
+
+
+def _store_template() -> Path:
+    from batch_dagster.db import Database
+
+    with _TEMPLATES_LOCK:
+        if not _STORE_TEMPLATE:
+            folder = Path(tempfile.mkdtemp(prefix="api-store-"))
+            atexit.register(shutil.rmtree, folder, True)
+            store = Database(f"sqlite:///{folder / 'api.db'}")
+            store.upgrade()
+            with store.engine.connect() as connection:  # all of it in the file itself, none in its write-ahead log
+                connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            store.dispose()
+            _STORE_TEMPLATE.append(folder / "api.db")
+    return _STORE_TEMPLATE[0]
 
 
 class Flood:
@@ -800,14 +844,15 @@ class Daemon:
 
     def api(self, stack: ExitStack) -> OpenAI:
         """The REST API over this daemon's store, served until `stack` closes; an openai SDK client for it."""
-        from openai import OpenAI
+        from openai import DefaultHttpxClient, OpenAI
 
         from batch_dagster.api.app import create_app
 
         config = replace(Settings.from_env(), api_keys=(), database_url=self.db_url, data_dir=self.data_dir,
                          storage_url=self.storage_url or str(self.data_dir), max_upload_bytes=1 << 20)
         server = stack.enter_context(ApiServer(create_app(config)))
-        return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
+                      http_client=DefaultHttpxClient(verify=tls()))
 
 
 def s3_lines(client, key: str) -> list[dict]:

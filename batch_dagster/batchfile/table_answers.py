@@ -155,7 +155,8 @@ def answers_table(spec: TableRequest, keys: pa.Table, lines: Iterable[dict[str, 
     columns (see `answers`)."""
     check_key_columns(spec, keys.column_names)
     columns, counts = answers(spec, keys.num_rows, lines, errors)
-    table = keys.add_column(0, ROW, pa.array(range(keys.num_rows), type=pa.int64()))
+    # A new table: the upstream's schema metadata (a DataFrame's dtypes, for its own columns) is not its.
+    table = keys.replace_schema_metadata(None).add_column(0, ROW, pa.array(range(keys.num_rows), type=pa.int64()))
     for f in spec.output_fields():
         table = table.append_column(f, pa.array(columns[f.name], type=f.type))
     return table, counts

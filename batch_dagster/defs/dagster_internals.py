@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -154,9 +156,48 @@ def interruptible() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+# Dagster 1.13's daemon lines that say a loop went round, not that anything happened, by the logger that writes them
+# (dagster._daemon.daemon.get_default_daemon_logger: one per daemon) and how they begin. Under serve the sensor daemon
+# loops every second: at info they were two or three lines a second, thousands an hour.
+TICK_LINES = {
+    "dagster.daemon.SensorDaemon": re.compile(
+        r"Checking for new runs for sensor: |Sensor \S+ skipped: |No run requests returned for \S+, skipping"),
+    # Every second while a run waits in the queue.
+    "dagster.daemon.QueuedRunCoordinatorDaemon": re.compile(r"Priority sorting and checking tag concurrency limits"),
+    # Every run monitoring loop while runs go on.
+    "dagster.daemon.MonitoringDaemon": re.compile(r"Collected \d+ runs for monitoring|Checking run \S+$"),
+}
+
+
+class _TickAtDebug(logging.Filter):
+    """Lowers an info line that only says a loop went round to debug; the daemon's handler (at
+    DAGSTER_DAEMON_LOG_LEVEL, info by default) then leaves it out, and `--log-level debug` shows it again."""
+
+    def __init__(self, lines: re.Pattern[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and self.lines.match(record.getMessage()):
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return True
+
+
+def ticks_at_debug() -> None:
+    """Log the daemon's loops (a sensor evaluated and skipped, the run queue or run monitoring looked) at debug, and
+    leave what happens at info: a run requested and launched, a run marked failed, a tick that failed (at error).
+
+    Dagster 1.13 writes both at info on the same loggers, with no setting between them (`dagster-daemon run
+    --log-level` sets every daemon logger at once). Relies on the loggers' names and the lines' text (TICK_LINES).
+    Our sensors log what they did on their own, at info, through their context's log.
+    """
+    for name, lines in TICK_LINES.items():
+        logging.getLogger(name).addFilter(_TickAtDebug(lines))
+
+
 def run_daemon(argv: list[str], sensor_loop_s: int) -> None:
     """`dagster-daemon <argv>` in this process (it exits with the command), its sensor daemon looking for due sensors
-    every `sensor_loop_s`.
+    every `sensor_loop_s`, its loops logged at debug (ticks_at_debug).
 
     Dagster 1.13's sensor daemon evaluates the sensors whose minimum interval has passed once per loop, and its loop
     runs every 5 s at most, a module constant with no setting (dagster._daemon.sensor.MIN_INTERVAL_LOOP_TIME): a
@@ -167,5 +208,6 @@ def run_daemon(argv: list[str], sensor_loop_s: int) -> None:
     from dagster._daemon.cli import main
 
     sensor.MIN_INTERVAL_LOOP_TIME = sensor_loop_s
+    ticks_at_debug()
     sys.argv = ["dagster-daemon", *argv]
     main()

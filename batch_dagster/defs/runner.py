@@ -71,24 +71,28 @@ def clock(eta: RunningEta, done: int) -> str:
     return "?" if left is None else time.strftime("%H:%M:%S", time.localtime(now + left))
 
 
-def resource(defs: Any, key: str) -> Any:
-    """The resource `key` of `defs` as a run resolves it: a field a set variable fills is a dg.EnvVar (the UI shows
-    its name) until then."""
-    return defs.resources[key].process_config_and_initialize()
+def resource(defs: Any, key: str, instance: Any) -> Any:
+    """The resource `key` of `defs` as a run on `instance` resolves it: a field a set variable fills is a dg.EnvVar
+    (the UI shows its name) until then. Initialized with that instance: without one, Dagster makes an ephemeral
+    instance for each resource (a tenth of a second of CPU)."""
+    import dagster as dg
+
+    with dg.build_resources({key: defs.resources[key]}, instance=instance) as built:  # none has a teardown
+        return getattr(built, key)
 
 
 class CliBatch:
     """The batch in the metadata store, when the definitions have one: the one record of batches (the daily
     usage report reads it), listed under the owner of dropped files' batches."""
 
-    def __init__(self, defs: Any, input_path: Path):
+    def __init__(self, defs: Any, input_path: Path, instance: Any):
         from batch_dagster.db import repo
         from batch_dagster.db.batches import head_model, register_local, scan
         from batch_dagster.defs.run_tags import OwnerLabels
 
-        database = resource(defs, "database") if "database" in defs.resources else None
+        database = resource(defs, "database", instance) if "database" in defs.resources else None
         self.database = database if database is not None and database.url else None  # an empty url: no store
-        self.storage = resource(defs, "storage").open()
+        self.storage = resource(defs, "storage", instance).open()
         # A command-line batch belongs to the drop folders' owner, else (keys and none named) the keyless one.
         self.owner = (self.database.intake_owner() if self.database is not None else "") or repo.ANONYMOUS
         self.labels = self.database.labels() if self.database is not None else OwnerLabels()
@@ -158,14 +162,14 @@ def run_batch(
         print(f"batch-dagster: run {run_id} was left STARTED by a killed `batch-dagster run`: marked failed",
               file=sys.stderr)
     started = time.perf_counter()
-    record = CliBatch(defs, input_path)
+    record = CliBatch(defs, input_path, instance)
     batch_id = record.batch_id
     folder = BatchFolder(record.storage, batch_id)
     instance.add_dynamic_partitions(batches.name, [batch_id])
     # This run starts at once, without the run queue. Tagged as the sensors tag theirs, it counts against the
     # queue's limits while it runs: an offline engine here makes the daemon's offline runs wait.
     tags = run_tags(batch_id, way_in="cli", filename=input_path.name, owner=record.owner, model=record.model,
-                    vllm=resource(defs, "vllm"), labels=record.labels)
+                    vllm=resource(defs, "vllm", instance), labels=record.labels)
     tags[CLI_PROCESS_TAG] = process_label(os.getpid()) or ""
     log_file = log_dir / f"run-{batch_id}.log" if log_dir is not None else None
     with ExitStack() as stack:
@@ -191,7 +195,7 @@ def run_batch(
                 shutdown_all()
     failure = None if result.success else _failure_message(result)
     if failure is not None:  # as the daemon ends a run that failed for good: what it finished is kept
-        keep_finished(folder, failure, resource(defs, "pipeline").prices())
+        keep_finished(folder, failure, resource(defs, "pipeline", instance).prices())
     record.sync(failure)
     out_dir.mkdir(parents=True, exist_ok=True)
     output_file, error_file = out_dir / OUTPUT, out_dir / ERRORS

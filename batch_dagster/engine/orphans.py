@@ -3,13 +3,16 @@
 vLLM's engine core is a child process that lives on, idle, when its parent is killed (kill -9, the OOM
 killer): it would keep its memory (and on a GPU its device memory) while the run's retry starts a new
 engine. The same holds for the vLLM servers and routers `serve` and `batch-dagster fleet` start, each in a
-process group of its own. `watch` starts a small watcher process that kills them once the holder is gone. The
-watcher runs this file as a script, so it imports neither the package nor vLLM, and ignores the interrupts sent to
-the holder's terminal (Ctrl-C then kill -9 of the holder must still find it watching).
+process group of its own. `watch` starts a small watcher process that kills them once the holder is gone: each
+watched process with its children, and the whole group of one that leads a group (a vLLM server's engine core and
+worker are in the server's group, and outlive the server when it is killed first). The watcher runs this file as a
+script, so it imports neither the package nor vLLM; it runs in a session of its own and ignores interrupts, so that
+neither Ctrl-C at the holder's terminal nor a kill of the holder's whole process group takes it with the holder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,12 +24,24 @@ POLL_S = 1.0
 
 
 def watch(pids: list[int]) -> None:
-    """Kill `pids` (and their children) once this process is gone; the watcher leaves when they all have."""
+    """Kill `pids` (and their children, and the groups of those that lead one) once this process is gone; the watcher
+    leaves when they all have."""
     if pids:
         watcher = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(os.getpid()), *map(str, pids)],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
         # Reaped as soon as it leaves, so no zombie stays behind for the life of this process.
         threading.Thread(target=watcher.wait, daemon=True, name="engine-watcher").start()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def main(holder_pid: int, pids: list[int]) -> None:
@@ -45,13 +60,15 @@ def main(holder_pid: int, pids: list[int]) -> None:
         holder = psutil.Process(holder_pid)
     except psutil.NoSuchProcess:
         holder = None
-    watched = []
+    watched, groups = [], []
     for pid in pids:
         try:
             watched.append(psutil.Process(pid))  # is_running() later also checks it is the same process
-        except psutil.NoSuchProcess:
+            if os.getpgid(pid) == pid:  # while the group lives on, no new process gets its number
+                groups.append(pid)
+        except (psutil.NoSuchProcess, ProcessLookupError):
             pass
-    while any(alive(p) for p in watched):
+    while any(alive(p) for p in watched) or any(_group_alive(g) for g in groups):
         if holder is None or not alive(holder):
             for p in watched:
                 try:
@@ -59,6 +76,9 @@ def main(holder_pid: int, pids: list[int]) -> None:
                         q.send_signal(signal.SIGKILL)
                 except psutil.NoSuchProcess:
                     pass
+            for g in groups:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(g, signal.SIGKILL)
             return
         time.sleep(POLL_S)
 

@@ -1,5 +1,7 @@
-"""Child processes that start and stop together: each leads its own process group, so nothing outlives us; and each
-is watched (engine/orphans.py), so a parent killed with SIGKILL takes them (and their children) with it."""
+"""Child processes that start and stop together: each leads its own process group, so nothing outlives us. A parent
+killed (SIGKILL, to it or to its whole process group) takes them with it twice over: Linux's parent-death signal
+kills each child at once, and a watcher outside the parent's group (engine/orphans.py) kills each child's group,
+which holds what the child started (a vLLM server's engine core and worker)."""
 
 from __future__ import annotations
 
@@ -7,13 +9,41 @@ import logging
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import IO
 
 from batch_dagster.engine import orphans
 
 log = logging.getLogger("batch_dagster.serve.processes")
 GRACE_S = 20.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def dies_with_us() -> Callable[[], None] | None:
+    """A preexec_fn that has the child killed (SIGKILL) when this process dies, however it dies; None where that cannot
+    be had: off Linux, or off the main thread.
+
+    Linux sends the parent-death signal when the thread that forked the child ends, not the process: only the main
+    thread lives as long as the process. The signal survives exec (taskset, then vLLM), not fork: the child's own
+    children are the watcher's (engine/orphans.py). A parent that died before the child asked for it is seen by the
+    child's parent pid, and the child ends there.
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
 
 
 def _group_alive(pgid: int) -> bool:
@@ -43,10 +73,12 @@ class Children:
         """Start `command` in its own process group; its output goes to `log_file` when given."""
         log.info("starting %s: %s", name, " ".join(command))
         self.procs[name] = subprocess.Popen(command, env=env, start_new_session=True, stdout=log_file,
-                                            stderr=subprocess.STDOUT if log_file is not None else None)
+                                            stderr=subprocess.STDOUT if log_file is not None else None,
+                                            preexec_fn=dies_with_us())
         log.info("%s has pid %d", name, self.procs[name].pid)
-        # Its own process group keeps it from our terminal's Ctrl-C (stop() stops it in order); the watcher kills it
-        # when we die without stopping it (kill -9): a vLLM server would otherwise hold its memory and ports.
+        # Its own process group keeps it from our terminal's Ctrl-C (stop() stops it in order). When we die without
+        # stopping it (kill -9, to us or to our group), the parent-death signal kills it and the watcher its group:
+        # a vLLM server and its engine core would otherwise hold their memory and ports.
         orphans.watch([self.procs[name].pid])
 
     def exited(self) -> list[str]:

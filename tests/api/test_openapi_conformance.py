@@ -8,31 +8,31 @@ from __future__ import annotations
 
 import pytest
 
-schemathesis = pytest.importorskip("schemathesis")
+from batch_dagster.db import Database, keys
+from tests.helpers import KEY_A, rows, upload
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis.errors import Unsatisfiable  # noqa: E402
-from schemathesis import GenerationMode  # noqa: E402
-from schemathesis.checks import not_a_server_error  # noqa: E402
-from schemathesis.specs.openapi.checks import (  # noqa: E402
-    content_type_conformance,
-    ignored_auth,
-    negative_data_rejection,
-    response_headers_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-    unsupported_method,
-)
+# schemathesis and its checks are imported when the test runs, not at collection: about half a second of each pytest
+# worker's, and one worker runs this test.
 
-from batch_dagster.db import Database, keys  # noqa: E402
-from tests.helpers import KEY_A, rows, upload  # noqa: E402
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
-          response_schema_conformance, unsupported_method, ignored_auth]
+def checks() -> list:
+    from schemathesis.checks import not_a_server_error
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance,
+        ignored_auth,
+        response_headers_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+        unsupported_method,
+    )
+
+    return [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
+            response_schema_conformance, unsupported_method, ignored_auth]
 
 
 @pytest.fixture
 def api_schema(start_service, tmp_path):
+    schemathesis = pytest.importorskip("schemathesis")
     service = start_service(worker=False)
     client = service.client()
     # Something to find: a file and a batch, so that not every generated id is a 404.
@@ -45,20 +45,27 @@ def api_schema(start_service, tmp_path):
     return schemathesis.openapi.from_url(f"{service.url}/openapi.json"), admin
 
 
-def exercise(operation, mode: GenerationMode, key: str) -> None:
+def exercise(operation, mode, key: str) -> None:
     """One operation as its own hypothesis test, as schemathesis's pytest plugin runs them."""
-    checks = CHECKS if mode is GenerationMode.POSITIVE else [*CHECKS, negative_data_rejection]
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis import GenerationMode
+    from schemathesis.specs.openapi.checks import negative_data_rejection
+
+    run = checks() if mode is GenerationMode.POSITIVE else [*checks(), negative_data_rejection]
 
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(max_examples=15, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     def answers_match(case):
-        case.call_and_validate(headers={"Authorization": f"Bearer {key}"}, checks=checks)
+        case.call_and_validate(headers={"Authorization": f"Bearer {key}"}, checks=run)
 
     answers_match()
 
 
 def test_every_answer_matches_the_document(api_schema):
+    from hypothesis.errors import Unsatisfiable
+    from schemathesis import GenerationMode
+
     schema, admin = api_schema
     operations = [result.ok() for result in schema.get_all_operations()]
     # files (5), batches (4), the retry, partial output and estimate extensions, webhook endpoints (4), event

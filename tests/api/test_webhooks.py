@@ -45,7 +45,7 @@ def hanging_url():
     sock.close()
 
 
-def test_terminal_batches_are_posted_signed_retried_and_never_held_up(start_service, tmp_path, hanging_url):
+def test_terminal_batches_are_posted_signed_retried_and_never_held_up(start_service, tmp_path, hanging_url, capsys):
     service = start_service(worker=False, shard_size=10)
     client = service.client()
     cancelled = client.batches.create(input_file_id=upload(client, tmp_path / "c.jsonl", rows(2)), endpoint=CHAT,
@@ -76,6 +76,11 @@ def test_terminal_batches_are_posted_signed_retried_and_never_held_up(start_serv
     assert time.monotonic() - started < 6
     expected = {completed.id: "batch.completed", cancelled.id: "batch.cancelled", failed.id: "batch.failed"}
     assert {e["data"]["id"]: e["type"] for e in good.events()} == expected
+    # The operator's log says each webhook sent, at info, by the receiver's host (a URL may hold a secret).
+    logged = capsys.readouterr().err
+    for batch_id, event in expected.items():
+        assert f"INFO - {event} {batch_id} -> 127.0.0.1: delivered (attempt 1)" in logged, logged[-3000:]
+    assert "/hook" not in logged
     for _ in range(3):
         webhook_sensor(context)
 

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import transformers
 
 from batch_dagster.engine import models
 from batch_dagster.engine.prepare import minilm_dir
@@ -32,6 +31,8 @@ def folder(tmp_path: Path) -> Path:
 @pytest.fixture
 def auto_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """AutoTokenizer's loads, counted (in the module's dict: reading its lazy attribute would import torch here)."""
+    import transformers  # here, not at collection: 0.7 s of each pytest worker's, most of which run none of these
+
     calls: list[str] = []
 
     class Auto:
@@ -87,6 +88,8 @@ def test_an_unwritable_cache_asks_autotokenizer_each_time(folder: Path, tmp_path
 
 
 def test_a_model_s_own_tokenizer_code_is_not_recorded(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import transformers
+
     class Own(transformers.BertTokenizer):  # a model's remote code: no class of transformers' by that name
         pass
 

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import copy
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 from unittest import mock
 
 import dagster as dg
-import kubernetes
-import kubernetes_validate
 import pytest
 import yaml
-from dagster_k8s import K8sRunLauncher
-from dagster_k8s.container_context import K8sContainerContext
-from dagster_k8s.job import construct_dagster_k8s_job, get_user_defined_k8s_config
 
 from batch_dagster.defs.assets.batch import batch_output_files, shard_results, validated_requests
 from tests.helpers import REPO
+
+if TYPE_CHECKING:
+    from dagster_k8s import K8sRunLauncher
+
+# kubernetes, kubernetes_validate and dagster_k8s are imported where they are used: at collection they were 0.5 s of
+# each pytest worker's, most of which run none of these tests.
 
 VALUES = REPO / "deploy" / "helm" / "dagster-values.yaml"
 KUBERNETES_VERSION = "1.30.0"
@@ -43,6 +45,8 @@ def env_config() -> dict[str, str]:
 def run_launcher(values: dict) -> K8sRunLauncher:
     """The K8sRunLauncher of the instance's dagster.yaml as the chart writes it
     (helm/dagster/templates/helpers/instance/_run-launcher.tpl), without a cluster to connect to."""
+    from dagster_k8s import K8sRunLauncher
+
     config = values["runLauncher"]["config"]["k8sRunLauncher"]
     with mock.patch("dagster_k8s.launcher.load_kubernetes_config"):
         return K8sRunLauncher(
@@ -93,12 +97,16 @@ def _run(values: dict, tags: dict) -> SimpleNamespace:
 
 
 def _manifest(job) -> dict:
+    import kubernetes
+
     return kubernetes.client.ApiClient().sanitize_for_serialization(job)
 
 
 def run_job(values: dict) -> dict:
     """The run worker's Job, as K8sRunLauncher.launch_run builds it: the pod every run gets (with the default executor,
     it runs every step, shard_results included)."""
+    from dagster_k8s.job import construct_dagster_k8s_job
+
     launcher, run = run_launcher(values), _run(values, tags={})
     context = launcher.get_container_context_for_run(run)
     job = construct_dagster_k8s_job(
@@ -113,6 +121,9 @@ def run_job(values: dict) -> dict:
 def step_job(values: dict, tags: dict[str, str]) -> dict:
     """The Job for an op with `tags`, as k8s_job_executor builds it for each step: the run's container context (without
     run tags), then the op's dagster-k8s/config tags."""
+    from dagster_k8s.container_context import K8sContainerContext
+    from dagster_k8s.job import construct_dagster_k8s_job, get_user_defined_k8s_config
+
     launcher, run = run_launcher(values), _run(values, tags={})
     context = K8sContainerContext.create_for_run(run, launcher, include_run_tags=False).merge(
         K8sContainerContext(run_k8s_config=get_user_defined_k8s_config(tags)))
@@ -125,10 +136,16 @@ def step_job(values: dict, tags: dict[str, str]) -> dict:
     return _manifest(job)
 
 
+def validate(manifest: dict) -> None:
+    import kubernetes_validate
+
+    kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+
+
 def test_the_inference_step_pod_asks_for_a_gpu():
     image = values()["dagster-user-deployments"]["deployments"][0]["image"]
     manifest = step_job(values(), shard_results.op.tags)
-    kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+    validate(manifest)
 
     pod = manifest["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -159,7 +176,7 @@ def test_run_pods_read_the_batch_storage_and_keep_only_scratch():
     jobs = {"run": run_job(values())} | {op.name: step_job(values(), op.tags)
                                          for op in (validated_requests.op, shard_results.op, batch_output_files.op)}
     for name, manifest in jobs.items():
-        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+        validate(manifest)
         pod = manifest["spec"]["template"]["spec"]
         (container,) = pod["containers"]
         # BATCH_STORAGE_URL and BATCH_DATA_DIR come from the ConfigMap, and nothing in the pod overrides them.

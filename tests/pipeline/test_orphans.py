@@ -135,3 +135,55 @@ def test_a_serve_killed_after_a_ctrl_c_takes_its_servers_and_their_children_with
         for p in [*family, *psutil.Process().children(recursive=True)]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+
+
+def _serve_with_a_server() -> tuple[subprocess.Popen, psutil.Process, list[psutil.Process]]:
+    """The SERVE stand-in in a session of its own, its server and the server's family (the server and its child)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    serve = subprocess.Popen([sys.executable, "-c", SERVE], stdout=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+    assert serve.stdout is not None
+    server = psutil.Process(int(serve.stdout.readline()))
+    deadline = time.time() + 10
+    while not server.children() and time.time() < deadline:
+        time.sleep(0.05)
+    return serve, server, [server, *server.children(recursive=True)]
+
+
+def test_a_serve_killed_with_its_whole_process_group_takes_its_servers_and_their_children_with_it():
+    import signal
+
+    serve, server, family = _serve_with_a_server()
+    try:
+        assert len(family) == 2 and os.getpgid(family[1].pid) == server.pid  # the child is in the server's group
+        _watcher(serve)
+        os.killpg(serve.pid, signal.SIGKILL)  # kill -KILL -- -<serve's group>: serve and whatever else is in it
+        serve.wait()
+        gone, alive = psutil.wait_procs(family, timeout=10)
+        assert not alive, alive
+    finally:
+        serve.kill()
+        for p in [*family, *psutil.Process().children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+
+
+def test_a_server_dies_with_serve_at_once_even_when_its_watcher_is_gone():
+    import signal
+
+    serve, server, family = _serve_with_a_server()
+    try:
+        watcher = _watcher(serve)
+        watcher.kill()  # the watcher gone first (killed by hand, or by the OOM killer)
+        watcher.wait(10)
+        serve.kill()
+        serve.wait()
+        # The parent-death signal: the server itself (what it started is the watcher's to kill).
+        server.wait(5)
+    finally:
+        serve.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        for p in [*family, *psutil.Process().children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()

@@ -3,18 +3,21 @@ upstream, typed answers, reuse, retries, the cost cap, and bad input named by ro
 
 from __future__ import annotations
 
+import json
+import re
 import textwrap
 
 import dagster as dg
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.reuse import AnswerStore
 from batch_dagster.defs.resources import PipelineConfig, StorageResource
 from batch_dagster.defs.table.component import IO_MANAGER, PIPELINE, STORAGE, VLLM
-from batch_dagster.defs.table.io_manager import TableIOManager
+from batch_dagster.defs.table.io_manager import TableIOManager, as_pandas
 from batch_dagster.engine import tokens
 from batch_dagster.engine.models import Models
 from tests.helpers import (
@@ -22,6 +25,7 @@ from tests.helpers import (
     WordTokenizer,
     component_yaml,
     fake_vllm,
+    label_body,
     labels_of,
     materialize,
     reviews_frame,
@@ -51,7 +55,7 @@ def test_a_table_is_answered_into_typed_columns_and_reused_when_rows_come_back(t
                                         "error_code", "error"]
         assert labels["sentiment"].tolist() == ["positive", "negative", "positive", "negative", "positive",
                                                 "negative", "negative", "positive"]
-        assert labels["confidence"].dtype == "float64" and labels["confidence"].tolist()[0] == 1.0
+        assert labels["confidence"].dtype == "Float64" and labels["confidence"].tolist()[0] == 1.0
         assert labels["review_id"].tolist() == reviews_frame()["review_id"].tolist() and labels["error"].isna().all()
         assert (meta["rows"], meta["computed"], meta["reused"], meta["failed"]) == (8, 8, 0, 0)
         assert meta["completion_tokens"] == 8 * 12 and meta["cost"] > 0 and meta["wall_s"] > 0
@@ -129,6 +133,55 @@ def test_bad_rows_are_named_by_row_and_field_and_the_rest_are_answered(tmp_path,
         assert sorted(engine.ran) == [f"row-{i}" for i in (0, 2, 4, 5, 6, 7)]
         assert "| 1 | {'review_id': 'r1'} | empty_value | user | Column 'text' is empty in this row. |" in \
             meta["errors"]
+
+
+FLAGS = {"type": "object", "properties": {"flagged": {"type": "boolean"}, "stars": {"type": "integer"},
+                                          "confidence": {"type": "number"}, "sentiment": {"type": "string"}},
+         "required": ["flagged", "stars", "confidence", "sentiment"]}
+
+
+class FlagEngine:
+    """Answers FLAGS from the review's stars: flagged below 3."""
+
+    def run(self, endpoint: str, requests, on_progress=None) -> list[dict]:
+        lines = []
+        for cid, body in requests:
+            stars = int(re.search(r"(\d) stars", body["messages"][-1]["content"]).group(1))
+            text = json.dumps({"flagged": stars < 3, "stars": stars, "confidence": stars / 5, "sentiment": "fine"})
+            lines.append(c.success_line(cid, label_body(body["model"], text, "stop")))
+            if on_progress is not None:
+                on_progress(1)
+        return lines
+
+
+def test_a_failed_rows_missing_values_keep_the_columns_types_through_parquet(tmp_path, data_dir, instance):
+    request = {**component_yaml()["attributes"]["request"], "json_schema": FLAGS}
+    with table_project(component_yaml(request=request)) as (defs, tables):
+        rows = reviews_frame().copy().astype({"text": object})
+        rows.loc[1, "text"] = None  # this row fails: no answer, no token counts
+        tables["reviews"] = rows
+        labels, meta = labels_of(materialize(defs, ["reviews", "review_labels"], table_resources(
+            data_dir, FlagEngine(), "flags"), instance))
+    assert (meta["answered"], meta["failed"]) == (7, 1)
+    # pandas' nullable types: NumPy's bool and int64 hold no missing value (object and float64 before).
+    nullable = {"row": "Int64", "review_id": "string", "answer": "string", "flagged": "boolean", "stars": "Int64",
+                "confidence": "Float64", "sentiment": "string", "finish_reason": "string",
+                "prompt_tokens": "Int64", "completion_tokens": "Int64", "reused": "boolean",
+                "error_code": "string", "error": "string"}
+    assert labels.dtypes.astype(str).to_dict() == nullable
+    assert labels["flagged"].tolist() == [False, pd.NA, False, True, False, True, False, False]
+    assert labels["stars"].tolist() == [5, pd.NA, 4, 2, 5, 1, 3, 4]
+    assert labels.loc[1, "prompt_tokens"] is pd.NA and labels.loc[0, "prompt_tokens"] == 30
+    assert labels.loc[1, "error_code"] == "empty_value" and labels.loc[0, "error_code"] is pd.NA
+    # Parquet keeps them: read back as a downstream asset reads it, and by pandas itself.
+    path = data_dir / "tables" / "review_labels" / "table.parquet"
+    again = TableIOManager(data_dir=str(data_dir)).load_input(dg.build_input_context(
+        asset_key=dg.AssetKey("review_labels"), dagster_type=dg.DagsterType(lambda _, __: True, name="frame")))
+    pd.testing.assert_frame_equal(again, labels)
+    assert pd.read_parquet(path).dtypes.astype(str).to_dict() == nullable
+    # A table written from pyarrow (no pandas dtypes recorded) reads back nullable as well.
+    arrow = pq.read_table(path).replace_schema_metadata(None)
+    assert as_pandas(arrow).dtypes.astype(str).to_dict() == nullable
 
 
 def test_a_template_naming_a_missing_column_fails_before_anything_runs(tmp_path, data_dir, instance):

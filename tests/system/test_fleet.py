@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import httpx
 import psutil
@@ -145,6 +147,57 @@ def test_a_replica_hung_or_killed_mid_batch_costs_nothing_and_ctrl_c_leaves_no_p
         log.close()
     time.sleep(1)
     assert [p.pid for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+# An environment variable every process a fleet starts inherits: how the test finds its processes in the machine's
+# process table whoever their parent is by then (with their process groups, for those whose title vLLM and the router
+# set, which clears what /proc shows of their environment).
+FLEET_MARK = "BATCH_TEST_FLEET_MARK"
+
+
+def _marked(mark: str, groups: set[int] = frozenset()) -> list[psutil.Process]:
+    """Every live process on the machine whose environment carries `mark` or that is in one of `groups`."""
+    found = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if p.status() != psutil.STATUS_ZOMBIE and (os.getpgid(p.pid) in groups or
+                                                       p.environ().get(FLEET_MARK) == mark):
+                found.append(p)
+    return found
+
+
+def test_a_fleet_killed_with_its_process_group_leaves_no_server_router_or_engine(tmp_path):
+    port = free_port_block(block_size(1), "127.0.0.1")
+    mark = uuid.uuid4().hex
+    log = open(tmp_path / "fleet.log", "w")
+    fleet = subprocess.Popen([sys.executable, "-m", "batch_dagster.cli", "fleet", CHAT_MODEL, "--replicas", "1",
+                              "--port", str(port)], cwd=REPO, env=serve_env(tmp_path) | {FLEET_MARK: mark},
+                             stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+    groups: set[int] = set()
+    try:
+        url = fleet.stdout.readline().strip()  # printed once the replica and the router are healthy
+        assert url == f"http://127.0.0.1:{port}/v1", (tmp_path / "fleet.log").read_text()[-3000:]
+        family = psutil.Process(fleet.pid).children(recursive=True)
+        groups = {os.getpgid(p.pid) for p in family} - {os.getpgid(0)}
+        names = [" ".join(p.cmdline()) for p in family]
+        # What a kill of the group used to leave: the server, its engine core and its worker, and the router.
+        assert any("vllm.entrypoints.openai.api_server" in n and f"--port {port + 1}" in n for n in names), names
+        assert any(n.startswith("VLLM::EngineCore") for n in names), names
+        assert any(n.startswith("vllm::router") for n in names), names
+        assert {p.pid for p in _marked(mark, groups)} >= {fleet.pid, *(p.pid for p in family)}
+
+        os.killpg(fleet.pid, signal.SIGKILL)  # kill -KILL -- -<the fleet's process group>: no handler of it runs
+        fleet.wait(10)
+        psutil.wait_procs(family, timeout=30)
+        left = _marked(mark, groups)
+        assert left == [], [(p.pid, p.cmdline()) for p in left]
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url.removesuffix("/v1") + "/health", timeout=2)
+    finally:
+        for p in _marked(mark, groups):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        log.close()
 
 
 def _router(pid: int) -> psutil.Process | None:

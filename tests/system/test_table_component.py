@@ -104,7 +104,7 @@ def test_the_reviews_are_labelled_into_typed_columns_and_only_changed_rows_run_a
     # What a user reads: typed columns, each value one the schema allows.
     assert len(answered) >= 190, labels["error_code"].value_counts().to_dict()
     assert set(answered["sentiment"]) <= SENTIMENTS and set(answered["topic"]) <= TOPICS
-    assert answered["confidence"].dtype == "float64" and answered["confidence"].between(0, 1).all()
+    assert answered["confidence"].dtype == "Float64" and answered["confidence"].between(0, 1).all()
     assert labels[labels["error_code"].notna()]["error"].notna().all()  # every other row says why
     # A review whose text an earlier row has (15 of the 200) is the same request asked again: it runs once, and
     # the other rows take its line, reused.

@@ -3,6 +3,8 @@ endpoints; failed attempts are retried with backoff (features/webhooks.py)."""
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import dagster as dg
 
 from batch_dagster.defs.resources import DatabaseResource
@@ -31,8 +33,12 @@ def webhook_sensor(
         return dg.SkipReason("No webhook to deliver.")
     for a in attempts:
         delivery = a.delivery
-        if a.error is not None:
-            target = f"endpoint {delivery.endpoint_id} ({delivery.url})" if delivery.endpoint_id else delivery.url
+        # The host only: a webhook URL may carry its secret in its path or query (Slack's do).
+        host = urlsplit(delivery.url).hostname or "?"
+        target = f"endpoint {delivery.endpoint_id} ({host})" if delivery.endpoint_id else host
+        if a.error is None:
+            context.log.info(f"{a.event.type} {a.event.batch_id} -> {target}: delivered (attempt {delivery.attempts})")
+        else:
             context.log.warning(f"{a.event.type} {a.event.batch_id} -> {target}: attempt {delivery.attempts} "
                                 f"failed ({a.error}){'; giving up' if delivery.failed_at is not None else ''}")
     sent = sum(a.error is None for a in attempts)

@@ -32,7 +32,7 @@ from batch_dagster.client import BatchService
 from batch_dagster.defs.assets import inference, steps
 from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
 
-from .io_manager import as_arrow
+from .io_manager import as_arrow, as_pandas
 
 CHECK = "every_row_answered_once"
 SHOWN_ERRORS = 20  # rows whose errors the log and the metadata name one by one
@@ -238,7 +238,7 @@ def answer_table(context: dg.AssetExecutionContext, upstream: Any, batch: TableB
         "preview": steps.md_table(preview.to_pylist()),
         "dagster/row_count": answered.num_rows,
     }
-    value = answered if isinstance(upstream, pa.Table) else answered.to_pandas()
+    value = answered if isinstance(upstream, pa.Table) else as_pandas(answered)
     yield dg.Output(value, metadata=metadata)
     yield check_every_row(answered, table.num_rows)
 
