@@ -41,18 +41,23 @@ ERROR_RATE_NOT_RUN = ("The batch stopped before this request ran: nearly all of 
                       "error-rate breaker); fix what its error file says and send the batch again.")
 ERROR_RATE_ERROR = c.BatchError(c.ERROR_RATE_EXCEEDED, "Nearly all of the batch's first requests failed, past the "
                                 "error-rate breaker (error_breaker_rate, else BATCH_ERROR_BREAKER_RATE, among the "
-                                "first BATCH_ERROR_BREAKER_LINES lines), so it stopped: what it finished is in its "
-                                "output and error files, the requests it did not run are in the error file.")
+                                "first BATCH_ERROR_BREAKER_LINES lines; with error_breaker_structured, structured "
+                                "answers not following their schema count as failed), so it stopped: what it finished "
+                                "is in its output and error files, the requests it did not run are in the error file.")
 
 
-def breaker_tripped(counts: Iterable[c.RequestCounts], first_lines: int, rate: float | None) -> bool:
+def breaker_tripped(counts: Iterable[c.RequestCounts], first_lines: int, rate: float | None,
+                    structured: bool = False) -> bool:
     """Whether a batch whose committed shards hold `counts` must stop: at least `first_lines` of its lines have
-    ended and at least `rate` of them failed. Never with no rate, or no `first_lines` (0: the breaker is off)."""
+    ended and at least `rate` of them failed (with `structured`, or whose structured answer is not what they asked).
+    Never with no rate, or no `first_lines` (0: the breaker is off)."""
     if not rate or first_lines <= 0:
         return False
     total = failed = 0
     for count in counts:
         total, failed = total + count.total, failed + count.failed
+        if structured:
+            failed += count.invalid_structured + count.incomplete_structured
     return total >= first_lines and failed >= rate * total
 
 

@@ -30,16 +30,20 @@ class BatchGroup:
     failed: int
     input_tokens: int
     output_tokens: int
+    incomplete_structured: int = 0  # of `completed`: structured answers cut short, and those not following their schema
+    invalid_structured: int = 0
 
 
 def batch_groups(session: Session) -> list[BatchGroup]:
     """Every (owner, model, status) with its batches' counts and token sums."""
     tokens = [func.coalesce(func.sum(BatchRecord.usage[name].as_integer()), 0)
               for name in ("input_tokens", "output_tokens")]
+    structured = [func.coalesce(func.sum(column), 0) for column in (BatchRecord.request_incomplete_structured,
+                                                                    BatchRecord.request_invalid_structured)]
     rows = session.execute(
         select(BatchRecord.owner, BatchRecord.model, BatchRecord.status, func.count(),
                func.coalesce(func.sum(BatchRecord.request_completed), 0),
-               func.coalesce(func.sum(BatchRecord.request_failed), 0), *tokens)
+               func.coalesce(func.sum(BatchRecord.request_failed), 0), *tokens, *structured)
         .group_by(BatchRecord.owner, BatchRecord.model, BatchRecord.status))
     return [BatchGroup(owner, model or "", status, *map(int, counts)) for owner, model, status, *counts in rows]
 

@@ -12,7 +12,6 @@ from batch_dagster.batchfile.registry import ModelSpec
 
 from .hardware import dtype_choice
 
-
 # vLLM 0.32 forces a named or required tool call through its parser's structural tag, whose arguments follow the
 # tool's parameters only for a tool marked `strict: true`: any other tool's arguments may be any JSON value (SmolLM2
 # answered `"Paris"` for get_weather's `{"location": ...}`). "parameter" pins every tool's arguments to its parameters,
