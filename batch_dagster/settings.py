@@ -368,7 +368,8 @@ class Settings:
         "BATCH_ERROR_BREAKER_LINES", 200, "Limits",
         "The error-rate breaker's sample: once at least this many of a batch's lines have ended (it checks before each "
         "shard), a batch whose failed share is past the rate stops, `failed` with `error_rate_exceeded`, keeping what "
-        "it finished. 0: no breaker.", parse=int)
+        "it finished. Only the requests' own failures count: `engine_error` and `out_of_memory` lines (the service's) "
+        "are left out. 0: no breaker.", parse=int)
     error_breaker_rate: float | None = variable(
         "BATCH_ERROR_BREAKER_RATE", 0.95, "Limits",
         "The share (0 to 1) of failed lines among a batch's first BATCH_ERROR_BREAKER_LINES at which it stops; a "
@@ -403,7 +404,9 @@ class Settings:
     api_keys: tuple[str, ...] = variable(
         "BATCH_API_KEYS", (), "API",
         "Comma-separated API keys, each `name:key` or a bare `key`; the name is the owner the Dagster UI shows (a bare"
-        " key shows as `key-` and a keyed hash). Unset: no authentication, loopback only.",
+        " key shows as `key-` and a keyed hash). Seeded into the store when the API starts: a key it never saw is "
+        "added, one the variable made that left it is revoked, and none revoked or rotated in the store comes back. "
+        "Unset: nothing seeded; with no key in the store either, no authentication, loopback only.",
         parse=api_key_entries, secret=True)
     sensor_loop_s: int = variable(
         "BATCH_SENSOR_LOOP_S", 1, "API",
@@ -429,13 +432,27 @@ class Settings:
     key_max_stored_bytes: int | None = variable(
         "BATCH_KEY_MAX_STORED_BYTES", 100 << 30, "API",
         "Bytes of files one key may keep stored (its uploads and its batches' output and error files, until deleted or"
-        " expired); past it an upload answers 429 `storage_limit_exceeded`. 0: no limit.", parse=_limit)
+        " expired); past it an upload answers 429 `storage_limit_exceeded`: from its declared length before its body "
+        "is read, or once its file's bytes pass the key's room as they stream in. 0: no limit.", parse=_limit)
+    key_max_uploads: int | None = variable(
+        "BATCH_KEY_MAX_UPLOADS", 4, "API",
+        "Uploads one key may have streaming into one API process at once; past it an upload answers 429 "
+        "`too_many_uploads` before its body is read. 0: no limit.", parse=_limit)
     api_host: str = variable(
         "BATCH_API_HOST", LOOPBACK, "API",
         "The address `make serve` binds the API to.",)
     api_port: int = variable(
         "BATCH_API_PORT", 8000, "API",
         "The API's port under `make serve`.", parse=int)
+    metrics_host: str = variable(
+        "BATCH_METRICS_HOST", LOOPBACK, "API",
+        "The address of the API's Prometheus metrics: /metrics on a listener of its own, never the API's (they name "
+        "every key and what it runs, so they are the operator's). On Kubernetes `0.0.0.0`, the pod's address, for "
+        "Prometheus to scrape inside the cluster; keep the port off the Service and the ingress.",)
+    metrics_port: int = variable(
+        "BATCH_METRICS_PORT", 0, "API",
+        "The metrics listener's port (deploy/k8s: 9464); 0: a free port chosen at start, logged, and written by "
+        "`make serve` into its Prometheus targets.", parse=int)
     webhook_urls: tuple[str, ...] = variable(
         "BATCH_WEBHOOK_URLS", (), "API",
         "Comma-separated endpoints that get a signed POST when a batch ends (batch.completed, batch.failed, "

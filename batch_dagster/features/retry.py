@@ -15,6 +15,7 @@ from batch_dagster.batchfile.contract import FAILED_LINES as FAILED
 from batch_dagster.batchfile.contract import STRUCTURED_COUNTS
 from batch_dagster.batchfile.failure import retryable_ids
 from batch_dagster.batchfile.folder import BatchFolder
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.structured import flagged_ids
@@ -90,11 +91,12 @@ def retry_window(parent: BatchRecord, windows: CompletionWindows) -> Window | No
 
 def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, windows: CompletionWindows,
                  launched: bool = False, admit: Callable[[Session, BatchRecord], None] | None = None,
-                 only: Collection[str] = (FAILED,)) -> BatchRecord:
+                 max_priority: int | None = None, only: Collection[str] = (FAILED,)) -> BatchRecord:
     """A new batch of `parent`'s requests that `only` names (contract.RETRY_FILTERS: its retryable failed requests, by
     default), with their original bodies, same endpoint, model, options and window (retry_window). `admit`: the
     owner's limits (features/quotas.py batch_admission), checked before its row is added; a refusal leaves no File
-    and no folder."""
+    and no folder. `max_priority`: the highest priority the owner may ask now; a parent's above it (the bound was
+    lowered since) is lowered to it."""
     if parent.status not in TERMINAL:
         raise CannotRetry(f"Batch {parent.id} is {parent.status}; only a batch that has ended can be retried.")
     ids = _retried_ids(session, storage, parent, set(only))
@@ -113,7 +115,7 @@ def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, win
                 session, storage, owner=parent.owner, endpoint=parent.endpoint, input_file=input_file,
                 input_from=path, window=retry_window(parent, windows), metadata=metadata, launched=launched,
                 output_expires_after=parent.output_expires_after or OUTPUT_EXPIRES_AFTER_S, parent=parent,
-                options=parent.options, batch_id=batch_id, admit=admit,
+                options=_bounded(parent.options, max_priority), batch_id=batch_id, admit=admit,
             )
     except BaseException:
         session.rollback()
@@ -145,6 +147,12 @@ def _retried_ids(session: Session, storage: Storage, parent: BatchRecord, only: 
         what += [f"{name}: no line is marked so" for name in STRUCTURED_COUNTS if name in only]
         raise CannotRetry(f"Batch {parent.id} has no request to retry ({'; '.join(what)}).")
     return ids
+
+
+def _bounded(options: BatchOptions, max_priority: int | None) -> BatchOptions:
+    if max_priority is None or options.priority <= max_priority:
+        return options
+    return options.model_copy(update={"priority": max_priority})
 
 
 def _has_bytes(storage: Storage, file: FileRecord) -> bool:

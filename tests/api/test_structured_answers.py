@@ -13,6 +13,7 @@ from sqlalchemy import select
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.contract import RequestCounts
 from batch_dagster.batchfile.failure import breaker_tripped
+from batch_dagster.batchfile.results import CommittedShard
 from batch_dagster.db import Database
 from batch_dagster.db.models import WebhookEvent
 from batch_dagster.features.webhooks import event_data
@@ -109,6 +110,6 @@ def test_the_error_breaker_counts_invalid_structured_answers_when_the_batch_asks
 
 
 def test_the_breaker_adds_structured_answers_only_when_asked():
-    wrong = RequestCounts(total=2, completed=2, invalid_structured=1, incomplete_structured=1)
+    wrong = CommittedShard(0, RequestCounts(total=2, completed=2, invalid_structured=1, incomplete_structured=1))
     assert not breaker_tripped([wrong, wrong], 4, 0.95)
     assert breaker_tripped([wrong, wrong], 4, 0.95, structured=True)

@@ -227,8 +227,8 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
             if not stopped and _over_cost_cap(session, folder, options, manifest.model, done, pipeline):
                 folder.request_stop(COST_LIMIT)  # as a cancel stops it: the status follows from the files
                 stopped = COST_LIMIT
-            if not stopped and breaker_tripped((s.request_counts for s in done.values()), pipeline.error_breaker_lines,
-                                               breaker_rate, options.error_breaker_structured):
+            if not stopped and breaker_tripped(done.values(), pipeline.error_breaker_lines, breaker_rate,
+                                               options.error_breaker_structured):
                 folder.request_stop(ERROR_RATE)  # no more engine time for a batch whose lines nearly all fail
                 stopped = ERROR_RATE
             if stopped:
