@@ -5,6 +5,7 @@ The real engine's answers: tests/system/test_structured.py."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -70,7 +71,7 @@ def test_invalid_structured_answers_are_kept_marked_counted_and_retried_alone(st
     with Database(service.config.database_url).session() as session:
         events = list(session.scalars(select(WebhookEvent).where(WebhookEvent.batch_id == batch.id)))
         assert [data["request_counts"]["invalid_structured"] for data in event_data(session, events).values()] == [3]
-    scraped = service.http(None).get("/metrics").text
+    scraped = httpx.get(service.metrics_url, timeout=30).text  # the metrics' own listener
     flagged = {(s.labels["model"], s.labels["problem"]): s.value for family in text_string_to_metric_families(
         scraped) for s in family.samples if s.name == "batch_dagster_structured_answers_flagged_total"}
     assert flagged == {(CHAT_MODEL, "invalid"): 3, (CHAT_MODEL, "incomplete"): 0}  # one key: its own series
