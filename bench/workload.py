@@ -10,10 +10,10 @@ of ~800-1,500 tokens with Q questions each (one request per question: the shared
 prompt, then the document, then the question), max_tokens 16-64, temperature 0, the lines
 shuffled as a user would write them (not grouped by document).
 
-`structured`: N labelling and extraction requests (default 800), the structured modes in turn (STRUCTURED_MODES:
+`structured`: N labelling and extraction requests (default 900), the structured modes in turn (STRUCTURED_MODES:
 JSON schemas with enums, bounded numbers, nested objects and arrays, strict and not; a JSON object; forced tool calls,
-named and required, strict and not, parallel and single), each on a ticket of 20-120 words, max_tokens 200,
-temperature 0.
+named and required, strict and not, parallel and single; one whose `uniqueItems` the grammar does not enforce), each
+on a ticket of 20-120 words, max_tokens 200, temperature 0.
 
 `embeddings`: N texts to embed (one /v1/embeddings request each, on the embedded embedding model), of mixed
 length: a few words to ~180 (the model reads 256 tokens at most), median ~30, log-normal.
@@ -196,6 +196,12 @@ _CONTACT_TOOL = {"name": "record_contact", "description": "Record who wrote the 
                  "parameters": {"type": "object", "required": ["name"], "properties": {
                      "name": {"type": "string", "maxLength": 30}, "email": {"type": "string", "maxLength": 40}}}}
 
+# Unique topics: xgrammar leaves `uniqueItems` out of a tool's grammar, so this call is constrained but for that.
+_TOPICS_TOOL = {"name": "record_topics", "description": "Record the ticket's topics, each once",
+                "parameters": {"type": "object", "required": ["topics"], "properties": {"topics": {
+                    "type": "array", "items": {"enum": list(_TOPICS)}, "minItems": 1, "maxItems": 3,
+                    "uniqueItems": True}}}}
+
 
 def _tools(strict: bool = False) -> list[dict]:
     return [{"type": "function", "function": {**t, **({"strict": True} if strict else {})}}
@@ -223,6 +229,9 @@ STRUCTURED_MODES: dict[str, tuple[str, dict]] = {
     "tool_required": ("Record this ticket.", {"tools": _tools(), "tool_choice": "required"}),
     "tool_required_single": ("Record this ticket.", {"tools": _tools(), "tool_choice": "required",
                                                       "parallel_tool_calls": False}),
+    "tool_unique_items": ("Record the topics of this ticket.", {
+        "tools": [{"type": "function", "function": _TOPICS_TOOL}],
+        "tool_choice": {"type": "function", "function": {"name": "record_topics"}}}),
 }
 
 
@@ -293,7 +302,7 @@ def workload_from_env(model: str) -> tuple[int, str, Callable[[Path], Path]]:
         return (docs * questions, f"docqa {docs} documents x {questions} questions",
                 lambda path: write_docqa(path, docs, questions, model))
     if workload == "structured":
-        n = int(os.environ.get("BENCH_REQUESTS") or 800)
+        n = int(os.environ.get("BENCH_REQUESTS") or 900)
         return n, "structured", lambda path: _write_lines(path, structured_requests(n, model))
     if workload == "mixed":
         n = int(os.environ.get("BENCH_REQUESTS") or 5000)
