@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 import orjson
 
-from batch_dagster.batchfile.contract import Limits
+from batch_dagster.batchfile.contract import RETRY_FILTERS, Limits
 from batch_dagster.batchfile.outcome import RunOutcome
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.validate import validate_file
@@ -175,7 +175,7 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
                 return 1
             parent = sync_batch(session, storage, parent)
             try:
-                child = create_retry(session, storage, parent, windows=settings.windows)
+                child = create_retry(session, storage, parent, windows=settings.windows, only=args.only)
             except CannotRetry as exc:
                 print(f"batch-dagster: error: {exc}", file=sys.stderr)
                 return 1
@@ -367,8 +367,11 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo, exit_at_once=True)
 
     p = sub.add_parser("retry", help="create a batch of a batch's failed requests that can be retried (5xx, "
-                       "expired, cancelled)")
+                       "expired, cancelled), or of its lines whose structured answer does not follow its schema")
     p.add_argument("batch_id")
+    p.add_argument("--only", nargs="+", choices=RETRY_FILTERS, default=[RETRY_FILTERS[0]],
+                   help="which lines: failed (the default), invalid_structured (whole answers not following their "
+                        "schema), incomplete_structured (structured answers cut short); several may be named")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_retry)
 

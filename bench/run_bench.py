@@ -31,6 +31,9 @@ input (bench/workload.py), the same model and the same engine settings (the regi
   vllm:prompt_tokens and vllm:prefix_cache_hits) as `engine_counters`, a cross-check.
 
 Workloads (bench/workload.py): BENCH_WORKLOAD=mixed (the default; BENCH_REQUESTS lines),
+BENCH_WORKLOAD=structured (labelling in every structured mode; run_batch and the pipeline only, the raw engine's
+`llm.chat` takes no tools; the report's `structured` gives per stage and mode the share of answers that follow their
+schema, checked here with jsonschema, and the share the pipeline flagged: bench/structured_report.py),
 BENCH_WORKLOAD=docqa (requests sharing context: BENCH_DOCQA_DOCS documents, default 60, times
 BENCH_DOCQA_QUESTIONS questions each, default 5; BENCH_REQUESTS is not used) or BENCH_WORKLOAD=embeddings
 (BENCH_REQUESTS texts, default 10,000, on the embedded embedding model: the raw engine's one `llm.embed` call;
@@ -71,6 +74,7 @@ from typing import Any
 
 import orjson
 
+from bench import structured_report
 from bench.measure import Measured, run_measured, wait_for_quiet
 from bench.workload import workload_from_env, workload_model
 
@@ -186,6 +190,7 @@ def stage_run_batch(ctx: dict[str, Any]) -> dict[str, Any]:
         raise StageFailed(f"run_batch: no 'Writing outputs' line:\n{m.tail()}")
     completed = failed = tokens = prompt = cached = 0
     answers = ctx["answers"]["run_batch"] = {}
+    ctx["outputs"]["run_batch"] = out
     with open(out, "rb") as f:
         for raw in f:
             line = orjson.loads(raw)
@@ -275,6 +280,7 @@ def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
         raise StageFailed(f"pipeline: expected one finished batch, found {ids}:\n{m.tail()}")
     summary = done[0].to_dict()
     ctx["answers"]["pipeline"] = answers_of(out / OUTPUT)
+    ctx["outputs"]["pipeline"] = out / OUTPUT
     timeline = _dagster_timeline(home, m.launched_at)
     step = timeline["steps"].get("shard_results")
     if not step:
@@ -285,7 +291,7 @@ def stage_pipeline(ctx: dict[str, Any]) -> dict[str, Any]:
                     requests_completed=rc["completed"], requests_failed=rc["failed"],
                     prompt_tokens=usage["input_tokens"],
                     cached_prompt_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
-                    summary_inference_s=summary.get("inference_s"), dagster=timeline)
+                    summary_inference_s=summary.get("inference_s"), request_counts=rc, dagster=timeline)
 
 
 def answer(line: dict[str, Any]) -> Any:
@@ -433,7 +439,9 @@ def main() -> None:
         n, shape, write = workload_from_env(model)
     except ValueError as exc:
         sys.exit(str(exc))
-    stages = [s.strip() for s in (os.environ.get("BENCH_STAGES") or ",".join(STAGES)).split(",") if s.strip()]
+    # The raw engine's llm.chat takes no tools or response formats: the structured workload runs the other two.
+    default = STAGES[1:] if shape == "structured" else STAGES
+    stages = [s.strip() for s in (os.environ.get("BENCH_STAGES") or ",".join(default)).split(",") if s.strip()]
     unknown = set(stages) - set(STAGES)
     if unknown:
         sys.exit(f"Unknown BENCH_STAGES {sorted(unknown)}; choose from {', '.join(STAGES)}")
@@ -447,7 +455,7 @@ def main() -> None:
     if os.environ.get("BENCH_DTYPE"):
         spec = replace(spec, dtype=os.environ["BENCH_DTYPE"])
         stage_env = {"BATCH_MODELS_FILE": str(registry_file(spec, work / "models.toml"))}
-    ctx = {"work": work, "spec": spec, "model_path": vllm.model_path(spec), "out": out, "answers": {},
+    ctx = {"work": work, "spec": spec, "model_path": vllm.model_path(spec), "out": out, "answers": {}, "outputs": {},
            "env": stage_env,
            "profile": os.environ.get("BENCH_PROFILE") == "1",
            "timeout_s": float(os.environ.get("BENCH_STAGE_TIMEOUT_S") or 4 * 3600),
@@ -490,6 +498,8 @@ def main() -> None:
             print(f"bench: {stage} done in {time.perf_counter() - started:.0f} s: "
                   + ", ".join(f"{k}={r.get(k)}" for k in METRICS), file=sys.stderr, flush=True)
             report["answers"] = same_answers(ctx["answers"]) or report.get("answers")
+            if shape == "structured":
+                report["structured"] = structured_report.report(ctx["input"], ctx["outputs"])
             _write(out, report)  # after every stage, so a run stopped midway keeps what it measured
     finally:
         if keep or failed:
@@ -499,6 +509,8 @@ def main() -> None:
     report["meta"]["load_avg_after"] = [round(x, 2) for x in psutil.getloadavg()]
     report = _write(out, report)
     print(markdown_table(report))
+    if report.get("structured"):
+        print("\n" + structured_report.markdown(report["structured"]))
     print(f"\nResults: {out}", file=sys.stderr)
     if failed:
         sys.exit(1)

@@ -10,6 +10,11 @@ of ~800-1,500 tokens with Q questions each (one request per question: the shared
 prompt, then the document, then the question), max_tokens 16-64, temperature 0, the lines
 shuffled as a user would write them (not grouped by document).
 
+`structured`: N labelling and extraction requests (default 900), the structured modes in turn (STRUCTURED_MODES:
+JSON schemas with enums, bounded numbers, nested objects and arrays, strict and not; a JSON object; forced tool calls,
+named and required, strict and not, parallel and single; one whose `uniqueItems` the grammar does not enforce), each
+on a ticket of 20-120 words, max_tokens 200, temperature 0.
+
 `embeddings`: N texts to embed (one /v1/embeddings request each, on the embedded embedding model), of mixed
 length: a few words to ~180 (the model reads 256 tokens at most), median ~30, log-normal.
 
@@ -166,6 +171,88 @@ def docqa_requests(docs: int, questions: int, model: str, seed: int = SEED):
     return rows
 
 
+# The structured workload: labelling and extraction, as users send them, in every structured mode (STRUCTURED_MODES),
+# the lines interleaved. Its strings have a maxLength, as a labelling schema's do: a small model may otherwise run a
+# string to max_tokens.
+STRUCTURED_MAX_TOKENS = 200
+_SENTIMENT = {"type": "object", "additionalProperties": False, "required": ["sentiment", "confidence"], "properties": {
+    "sentiment": {"enum": ["positive", "negative", "neutral"]},
+    "confidence": {"type": "number", "minimum": 0, "maximum": 1}}}
+_EXTRACT = {"type": "object", "additionalProperties": False, "required": ["customer", "products", "urgent"],
+            "properties": {
+                "customer": {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+                             "properties": {"name": {"type": "string", "maxLength": 30},
+                                            "age": {"type": "integer", "minimum": 18, "maximum": 99}}},
+                "products": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 3},
+                "urgent": {"type": "boolean"}}}
+_TOPICS = ("billing", "delivery", "quality", "support", "price", "account")
+_TAGS = {"type": "object", "additionalProperties": False, "required": ["tags", "priority"], "properties": {
+    "tags": {"type": "array", "items": {"enum": list(_TOPICS)}, "minItems": 1, "maxItems": 3},
+    "priority": {"type": "integer", "minimum": 1, "maximum": 5}}}
+_LABEL_TOOL = {"name": "record_label", "description": "Record the ticket's category and priority",
+               "parameters": {"type": "object", "required": ["category", "priority"], "properties": {
+                   "category": {"enum": list(_TOPICS)}, "priority": {"type": "integer", "minimum": 1, "maximum": 5}}}}
+_CONTACT_TOOL = {"name": "record_contact", "description": "Record who wrote the ticket",
+                 "parameters": {"type": "object", "required": ["name"], "properties": {
+                     "name": {"type": "string", "maxLength": 30}, "email": {"type": "string", "maxLength": 40}}}}
+
+# Unique topics: xgrammar leaves `uniqueItems` out of a tool's grammar, so this call is constrained but for that.
+_TOPICS_TOOL = {"name": "record_topics", "description": "Record the ticket's topics, each once",
+                "parameters": {"type": "object", "required": ["topics"], "properties": {"topics": {
+                    "type": "array", "items": {"enum": list(_TOPICS)}, "minItems": 1, "maxItems": 3,
+                    "uniqueItems": True}}}}
+
+
+def _tools(strict: bool = False) -> list[dict]:
+    return [{"type": "function", "function": {**t, **({"strict": True} if strict else {})}}
+            for t in (_LABEL_TOOL, _CONTACT_TOOL)]
+
+
+def _schema(name: str, schema: dict, strict: bool = True) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}
+
+
+_NAMED = {"type": "function", "function": {"name": "record_label"}}
+# mode -> (the task's words, the body's structured fields)
+STRUCTURED_MODES: dict[str, tuple[str, dict]] = {
+    "json_schema_enum": ("Label the sentiment of this review, with your confidence:",
+                         {"response_format": _schema("sentiment", _SENTIMENT)}),
+    "json_schema_nested": ("Extract the customer, the products named and whether it is urgent:",
+                           {"response_format": _schema("extraction", _EXTRACT, strict=False)}),
+    "json_schema_array": ("Tag this support ticket with its topics and a priority from 1 to 5:",
+                          {"response_format": _schema("tags", _TAGS)}),
+    "json_object": ("Answer in JSON with one key, topic: what is this message about?",
+                    {"response_format": {"type": "json_object"}}),
+    "tool_named": ("Record the category and priority of this ticket.", {"tools": _tools(), "tool_choice": _NAMED}),
+    "tool_named_strict": ("Record the category and priority of this ticket.",
+                          {"tools": _tools(strict=True), "tool_choice": _NAMED}),
+    "tool_required": ("Record this ticket.", {"tools": _tools(), "tool_choice": "required"}),
+    "tool_required_single": ("Record this ticket.", {"tools": _tools(), "tool_choice": "required",
+                                                      "parallel_tool_calls": False}),
+    "tool_unique_items": ("Record the topics of this ticket.", {
+        "tools": [{"type": "function", "function": _TOPICS_TOOL}],
+        "tool_choice": {"type": "function", "function": {"name": "record_topics"}}}),
+}
+
+
+def structured_mode(custom_id: str) -> str:
+    """The mode of a structured workload's line, from its custom_id (`<mode>-<n>`)."""
+    return custom_id.rsplit("-", 1)[0]
+
+
+def structured_requests(n: int, model: str, seed: int = SEED):
+    """The n request lines (dicts) of the structured workload: the modes in turn, each on a ticket of 20-120 words."""
+    rng = random.Random(f"structured-{seed}")
+    modes = list(STRUCTURED_MODES)
+    for i in range(n):
+        mode = modes[i % len(modes)]
+        task, fields = STRUCTURED_MODES[mode]
+        text = prose(rng, rng.randint(20, 120))
+        yield {"custom_id": f"{mode}-{i:06d}", "method": "POST", "url": URL, "body": {
+            "model": model, "messages": [{"role": "user", "content": f"{task}\n\n{text}"}],
+            "max_tokens": STRUCTURED_MAX_TOKENS, "temperature": 0, **fields}}
+
+
 EMBED_MODEL = "all-minilm-l6-v2"
 EMBED_TEXTS = 10_000
 EMBED_MAX_WORDS = 180
@@ -214,10 +301,13 @@ def workload_from_env(model: str) -> tuple[int, str, Callable[[Path], Path]]:
         questions = int(os.environ.get("BENCH_DOCQA_QUESTIONS") or DOCQA_QUESTIONS)
         return (docs * questions, f"docqa {docs} documents x {questions} questions",
                 lambda path: write_docqa(path, docs, questions, model))
+    if workload == "structured":
+        n = int(os.environ.get("BENCH_REQUESTS") or 900)
+        return n, "structured", lambda path: _write_lines(path, structured_requests(n, model))
     if workload == "mixed":
         n = int(os.environ.get("BENCH_REQUESTS") or 5000)
         return n, "mixed", lambda path: write_workload(path, n, model)
-    raise ValueError(f"Unknown BENCH_WORKLOAD {workload!r}; choose mixed, docqa or embeddings")
+    raise ValueError(f"Unknown BENCH_WORKLOAD {workload!r}; choose mixed, docqa, embeddings or structured")
 
 
 def main() -> None:

@@ -46,6 +46,7 @@ from .schemas import (
     BatchUsage,
     CreateBatchRequest,
     ListPage,
+    RetryRequest,
     Text,
     shown,
 )
@@ -259,15 +260,18 @@ def retrieve_batch(batch_id: Text, session: DbSession, owner: Owner) -> Batch:
 
 
 @router.post("/batches/{batch_id}/retry", response_model=Batch)
-def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) -> Batch:
-    """Extension: create a batch of the failures that were not the requests' own (features/retry.py); its metadata
-    names the parent. It keeps the parent's options, its priority no higher than the key may ask now."""
+def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner, body: RetryRequest | None = None
+                ) -> Batch:
+    """Extension: create a batch of the failures that were not the requests' own, or (`only`) of the lines whose
+    structured answer does not follow its schema (features/retry.py); its metadata names the parent. It keeps the
+    parent's options, its priority no higher than the key may ask now."""
     parent = _owned_batch(session, owner, batch_id)
     limits = KeyLimits.of(session, owner, ctx.config)
     refuse_early(limits, session, owner, batches=1)
     try:
         child = create_retry(session, ctx.storage, parent, windows=ctx.config.windows, admit=batch_admission(limits),
-                             max_priority=limits_of(session, owner, ctx.config).max_priority)
+                             max_priority=limits_of(session, owner, ctx.config).max_priority,
+                             only=(body or RetryRequest()).only)
     except CannotRetry as exc:
         raise invalid(str(exc), param="batch_id", code="nothing_to_retry") from exc
     return batch_object(child)

@@ -164,19 +164,27 @@ def _batches(groups: list[stored.BatchGroup], key) -> Iterator[Metric]:
                                    labels=["key", "model", "outcome"])
     tokens = CounterMetricFamily(_name("tokens"), "Tokens processed: `input` (prompt) and `output` (generated).",
                                  labels=["key", "model", "kind"])
+    structured = CounterMetricFamily(_name("structured_answers_flagged"), "Completed requests whose structured answer "
+                                     "is not what they asked for: `incomplete` (cut short by its token limit) or "
+                                     "`invalid` (whole, not following its schema; its line is marked).",
+                                     labels=["key", "model", "problem"])
     per_key: dict[tuple[str, str], list[int]] = {}
     per_model: dict[str, int] = {}
     for g in groups:
         labels = (key(g.owner), g.model)
         batches.add_metric([*labels, g.status], g.batches)
-        sums = per_key.setdefault(labels, [0, 0, 0, 0, 0])
+        sums = per_key.setdefault(labels, [0, 0, 0, 0, 0, 0, 0])
         for i, n in enumerate((g.completed, g.failed, g.input_tokens, g.output_tokens)):
             sums[i] += n
+        sums[5] += g.incomplete_structured
+        sums[6] += g.invalid_structured
         if g.status == BatchStatus.VALIDATING:
             sums[4] += g.batches
         if g.status not in TERMINAL:
             per_model[g.model] = per_model.get(g.model, 0) + g.batches
-    for labels, (completed, failed, input_tokens, output_tokens, waiting) in per_key.items():
+    for labels, (completed, failed, input_tokens, output_tokens, waiting, incomplete, invalid) in per_key.items():
+        structured.add_metric([*labels, "incomplete"], incomplete)
+        structured.add_metric([*labels, "invalid"], invalid)
         requests.add_metric([*labels, "completed"], completed)
         requests.add_metric([*labels, "failed"], failed)
         tokens.add_metric([*labels, "input"], input_tokens)
@@ -184,7 +192,7 @@ def _batches(groups: list[stored.BatchGroup], key) -> Iterator[Metric]:
         queued.add_metric(list(labels), waiting)
     for model, n in per_model.items():
         unfinished.add_metric([model], n)
-    yield from (batches, queued, unfinished, requests, tokens)
+    yield from (batches, queued, unfinished, requests, tokens, structured)
 
 
 def _deliveries(deliveries: list[stored.Deliveries], key) -> Iterator[Metric]:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
 from pydantic import AfterValidator, BaseModel, Field, model_serializer
 
-from batch_dagster.batchfile.contract import ENDPOINTS
+from batch_dagster.batchfile.contract import ENDPOINTS, STRUCTURED_COUNTS
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.db.models import DEADLINE_AT_RISK, EVENT_TYPES
@@ -88,15 +88,18 @@ class BatchRequestCounts(BaseModel):
     total: int
     completed: int
     failed: int
-    # Extension, present when not 0: of `completed`, the requests whose structured output (a JSON schema or object,
-    # a required tool call) their token limit cut short (finish_reason "length"): their JSON is not whole.
+    # Extensions, each present when not 0: of `completed`, the requests whose structured output (a JSON schema or
+    # object, a forced tool call) their token limit cut short (finish_reason "length": their JSON is not whole), and
+    # those whose whole answer does not follow its schema (each line marked with its first violation).
     incomplete_structured: int = 0
+    invalid_structured: int = 0
 
     @model_serializer(mode="wrap")
     def _extension_when_any(self, handler: Any) -> Any:
         data = handler(self)
-        if isinstance(data, dict) and not data.get("incomplete_structured"):
-            data.pop("incomplete_structured", None)
+        for name in STRUCTURED_COUNTS:
+            if isinstance(data, dict) and not data.get(name):
+                data.pop(name, None)
         return data
 
 
@@ -167,6 +170,15 @@ class CreateBatchRequest(BatchOptions):  # OpenAI's fields, and the options (ext
     completion_window: Text
     metadata: Metadata | None = None
     output_expires_after: ExpiresAfter | None = None
+
+
+class RetryRequest(BaseModel):
+    """Extension: what a retry takes from its parent (batchfile/contract.py RETRY_FILTERS): its retryable failed
+    requests (`failed`, the default), and its lines marked as not following their schema, whole
+    (`invalid_structured`) or cut short (`incomplete_structured`)."""
+
+    only: list[Literal["failed", "invalid_structured", "incomplete_structured"]] = Field(
+        default=["failed"], min_length=1, max_length=3)
 
 
 # Webhook endpoints: OpenAI's webhook_endpoint objects (the openai SDK's client.webhooks), for batch events only.

@@ -119,36 +119,51 @@ class BatchError:
 
 @dataclass
 class RequestCounts:
-    """The Batch object's `request_counts`; `incomplete_structured` (an extension) counts the completed requests whose
-    structured output was cut short by their token limit (batchfile/structured.py)."""
+    """The Batch object's `request_counts`. Two extensions count completed requests whose structured answer is not
+    what they asked for (batchfile/structured.py): `incomplete_structured`, cut short by their token limit, and
+    `invalid_structured`, whole but not following its schema."""
 
     total: int = 0
     completed: int = 0
     failed: int = 0
     incomplete_structured: int = 0
+    invalid_structured: int = 0
 
     def __iadd__(self, other: RequestCounts) -> RequestCounts:
         self.total += other.total
         self.completed += other.completed
         self.failed += other.failed
         self.incomplete_structured += other.incomplete_structured
+        self.invalid_structured += other.invalid_structured
         return self
 
     def to_dict(self) -> dict[str, int]:
-        """OpenAI's three counts, and the extension only when there is something to say."""
+        """OpenAI's three counts, and each extension only when there is something to say."""
         counts = {"total": self.total, "completed": self.completed, "failed": self.failed}
-        return counts | ({"incomplete_structured": self.incomplete_structured} if self.incomplete_structured else {})
+        return counts | {name: n for name in STRUCTURED_COUNTS if (n := getattr(self, name))}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RequestCounts:
         return cls(total=d.get("total", 0), completed=d.get("completed", 0), failed=d.get("failed", 0),
-                   incomplete_structured=d.get("incomplete_structured", 0))
+                   **{name: d.get(name, 0) for name in STRUCTURED_COUNTS})
 
     def describe(self) -> str:
-        """For a person: "40 total, 38 completed, 2 failed", and the cut-short structured outputs when any."""
-        cut = (f" ({self.incomplete_structured} with structured output cut short by its token limit)"
-               if self.incomplete_structured else "")
-        return f"{self.total} total, {self.completed} completed{cut}, {self.failed} failed"
+        """For a person: "40 total, 38 completed, 2 failed", and the structured answers cut short or invalid."""
+        notes = [f"{n} {what}" for n, what in ((self.incomplete_structured, "with structured output cut short by "
+                                                "its token limit"),
+                                               (self.invalid_structured, "not following their schema")) if n]
+        shown = f" ({', '.join(notes)})" if notes else ""
+        return f"{self.total} total, {self.completed} completed{shown}, {self.failed} failed"
+
+
+# The counts of completed requests whose structured answer is not what they asked for, and the extension field that
+# marks such a line with its first violation (batchfile/structured.py).
+STRUCTURED_COUNTS = ("incomplete_structured", "invalid_structured")
+INVALID_STRUCTURED = "invalid_structured"
+# What a retry may take from its parent (features/retry.py): its retryable failed requests (the default), and its
+# lines marked as not following their schema, whole or cut short.
+FAILED_LINES = "failed"
+RETRY_FILTERS = (FAILED_LINES, *STRUCTURED_COUNTS)
 
 
 def quoted(value: Any, limit: int = 64) -> str:

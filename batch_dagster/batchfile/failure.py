@@ -41,8 +41,9 @@ ERROR_RATE_NOT_RUN = ("The batch stopped before this request ran: nearly all of 
                       "error-rate breaker); fix what its error file says and send the batch again.")
 ERROR_RATE_ERROR = c.BatchError(c.ERROR_RATE_EXCEEDED, "Nearly all of the batch's first requests failed, past the "
                                 "error-rate breaker (error_breaker_rate, else BATCH_ERROR_BREAKER_RATE, among the "
-                                "first BATCH_ERROR_BREAKER_LINES lines), so it stopped: what it finished is in its "
-                                "output and error files, the requests it did not run are in the error file.")
+                                "first BATCH_ERROR_BREAKER_LINES lines; with error_breaker_structured, structured "
+                                "answers not following their schema count as failed), so it stopped: what it finished "
+                                "is in its output and error files, the requests it did not run are in the error file.")
 
 
 # The service's own failures, a 5xx line's codes (an engine or a fleet that failed, an engine out of memory): as a
@@ -51,10 +52,12 @@ ERROR_RATE_ERROR = c.BatchError(c.ERROR_RATE_EXCEEDED, "Nearly all of the batch'
 SERVICE_ERRORS = (c.ENGINE_ERROR, c.OUT_OF_MEMORY)
 
 
-def breaker_tripped(shards: Iterable[CommittedShard], first_lines: int, rate: float | None) -> bool:
+def breaker_tripped(shards: Iterable[CommittedShard], first_lines: int, rate: float | None,
+                    structured: bool = False) -> bool:
     """Whether a batch whose committed shards are `shards` must stop: at least `first_lines` of its lines have ended
-    by the requests' own doing and at least `rate` of those failed; the service's own failures (SERVICE_ERRORS)
-    count for neither. Never with no rate, or no `first_lines` (0: the breaker is off)."""
+    by the requests' own doing and at least `rate` of those failed (with `structured`, or gave a structured answer
+    not following its schema, whole or cut short); the service's own failures (SERVICE_ERRORS) count for neither.
+    Never with no rate, or no `first_lines` (0: the breaker is off)."""
     if not rate or first_lines <= 0:
         return False
     total = failed = 0
@@ -62,6 +65,8 @@ def breaker_tripped(shards: Iterable[CommittedShard], first_lines: int, rate: fl
         theirs = sum(shard.error_codes.get(code, 0) for code in SERVICE_ERRORS)
         total += shard.request_counts.total - theirs
         failed += shard.request_counts.failed - theirs
+        if structured:
+            failed += shard.request_counts.invalid_structured + shard.request_counts.incomplete_structured
     return total >= first_lines and failed >= rate * total
 
 

@@ -22,6 +22,9 @@ class Serves:
 
     endpoints: tuple[str, ...] = ()
     tool_calls: bool = False
+    # Why a tool call the request forces (tool_choice "required" or named) is refused: its parser cannot make the
+    # call follow the tool's parameters (registry.UNCONSTRAINED_TOOL_PARSERS). None: it can.
+    forced_tools_refused: str | None = None
     reasoning: bool = False
     images: int = 0
     # Where its images may come from (the operator's, not the registry's); None: not known here, not checked.
@@ -70,6 +73,13 @@ def _tool_calls(value: Any, body: dict[str, Any], serves: Serves | None) -> str 
     if body.get("tool_choice") == "none" or serves is None or serves.tool_calls:
         return None
     return NO_TOOL_PARSER
+
+
+def _tool_choice(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
+    """As `_tool_calls`; and a forced call ("required", or a named function) only where the model's parser makes it
+    follow the tool's parameters."""
+    forced = value == "required" or isinstance(value, dict)
+    return _tool_calls(value, body, serves) or (serves.forced_tools_refused if forced and serves else None)
 
 
 def _needs_reasoning(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
@@ -181,8 +191,9 @@ _CHAT_ONLY = {
     "response_format": honored("`text`, `json_object` or `json_schema` (strict), enforced by xgrammar"),
     "tools": honored("function tools the model may call", _tool_calls, "on a model without a tool-call parser "
                                                                        "(unless `tool_choice` is `none`)"),
-    "tool_choice": honored("`none`, `auto`, `required` or a named function", _tool_calls,
-                           "for anything but `none` on a model without a tool-call parser"),
+    "tool_choice": honored("`none`, `auto`, `required` or a named function", _tool_choice,
+                           "for anything but `none` on a model without a tool-call parser, and for `required` or a "
+                           "named function where the parser cannot make the call follow the tool's parameters"),
     "parallel_tool_calls": honored("`false`: at most one tool call"),
     "reasoning_effort": honored("passed to the chat template", _needs_reasoning, "on a model without a reasoning "
                                                                                  "parser"),

@@ -35,6 +35,10 @@ class BatchOptions(BaseModel):
     # The error-rate breaker (batchfile/failure.py breaker_tripped): the share of failed lines among the batch's first
     # lines at which it stops. None: the operator's (BATCH_ERROR_BREAKER_RATE).
     error_breaker_rate: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False, strict=True)
+    # Whether the breaker also counts, as failed, the completed lines whose structured answer is not what they asked
+    # (request_counts.invalid_structured and incomplete_structured): a labelling batch whose answers break their
+    # schema stops as one whose lines fail would.
+    error_breaker_structured: bool = Field(default=False, strict=True)
 
     @staticmethod
     def of(body: BatchOptions) -> BatchOptions:

@@ -19,6 +19,19 @@ _ENDPOINTS_BY_TASK = {
 }
 
 
+# The tool-call parsers with which vLLM 0.32 cannot make a forced tool call (`tool_choice` "required" or a named
+# function) follow the tool's parameters: their calls' arguments reach no grammar, so the answer may be free text.
+# Validation refuses forced tool choice for their models, with the reason. Every other parser pins the arguments to
+# the parameters (a JSON schema, or the parser's structural tag at `--tool-strict-level parameter`, engine/flags.py).
+# tests/pipeline/test_forced_tools.py derives this table from the installed vLLM's parsers.
+_AS_AUTO = "vLLM 0.32 runs a forced tool choice with the {} tool-call parser as `auto`: no grammar forces the call"
+UNCONSTRAINED_TOOL_PARSERS: dict[str, str] = {
+    **{name: _AS_AUTO.format(name) for name in (
+        "dots", "gemma4", "inkling", "k2_horizon", "minimax_m3", "mistral", "muse_glimmer", "poolside_v1")},
+    "hy_v4": "vLLM 0.32's hy_v4 tool-call grammar fixes the arguments' names but leaves their values free text",
+}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One servable model: where its weights are and how the engine should run it.
@@ -53,7 +66,9 @@ class ModelSpec:
     @property
     def serves(self) -> Serves:
         """What its requests may ask for: validation refuses the rest at their line."""
+        refused = UNCONSTRAINED_TOOL_PARSERS.get(self.tool_call_parser or "")
         return Serves(self.endpoints, tool_calls=self.tool_call_parser is not None,
+                      forced_tools_refused=refused and f"{refused}, so its arguments could be free text",
                       reasoning=self.reasoning_parser is not None, images=self.images_per_request)
 
     def engine_settings(self) -> dict[str, Any]:

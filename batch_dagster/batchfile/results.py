@@ -9,7 +9,7 @@ the rest.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from . import contract as c
 from .contract import RequestCounts
 from .folder import Progress, committed_index, shard_result_files
 from .storage import Storage
-from .structured import cut_short
+from .structured import Expected, mark
 from .usage import Usage
 
 __all__ = ["RequestCounts"]  # defined with the contract; imported from here too
@@ -77,10 +77,12 @@ def shard_keys(results_prefix: str, index: int) -> tuple[str, str, str]:
 
 def commit_shard(
     storage: Storage, results_prefix: str, index: int, lines: Iterable[dict[str, Any]], duration_s: float = 0.0,
-    engine_start_s: float = 0.0, structured: Collection[str] = (),
+    engine_start_s: float = 0.0, structured: Mapping[str, Expected] | None = None,
 ) -> CommittedShard:
-    """Split a shard's lines into output and error lines and commit them atomically. `structured`: the custom_ids
-    of the requests that asked for structured output (those cut short are counted)."""
+    """Split a shard's lines into output and error lines and commit them atomically. `structured`: what the answers
+    of the requests that asked for structure must be (structured.expectations): an answer that is not is marked with
+    its first violation and counted."""
+    structured = structured or {}
     summary = CommittedShard(index=index, duration_s=round(duration_s, 3), engine_start_s=round(engine_start_s, 3))
     ok, failed = bytearray(), bytearray()
     for line in lines:
@@ -92,8 +94,9 @@ def commit_shard(
                 summary.usage.add_body(body)
             else:
                 summary.reused += 1
-            if line["custom_id"] in structured and cut_short(body):
-                summary.request_counts.incomplete_structured += 1
+            expected = structured.get(line["custom_id"])
+            if expected is not None and (count := mark(line, expected)) is not None:
+                setattr(summary.request_counts, count, getattr(summary.request_counts, count) + 1)
             ok += orjson.dumps(line) + b"\n"
         else:
             summary.request_counts.failed += 1
@@ -127,6 +130,7 @@ def progress_of(shards: dict[int, CommittedShard], total_requests: int, shard_co
         counts.completed += shard.request_counts.completed
         counts.failed += shard.request_counts.failed
         counts.incomplete_structured += shard.request_counts.incomplete_structured
+        counts.invalid_structured += shard.request_counts.invalid_structured
         usage += shard.usage
     at = time.time()
     return Progress(shard_count=shard_count, shards_committed=len(shards), request_counts=counts, usage=usage,

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from . import contract as c
 from .results import error_code
+from .structured import follows
 from .table import (
     ANSWER,
     EMBEDDING,
@@ -36,6 +37,7 @@ class Answered:
     failed: int = 0
     reused: int = 0
     cut: int = 0  # rows whose structured output max_tokens cut before its JSON ended
+    invalid: int = 0  # rows whose whole structured output does not follow the schema
     computed: int = 0  # rows the engine ran now (answered or failed), not reused, not refused before it
     prompt_tokens: int = 0  # of the rows computed now (reused rows cost nothing)
     completion_tokens: int = 0
@@ -43,7 +45,7 @@ class Answered:
 
     def to_dict(self) -> dict[str, int]:
         return {"rows": self.rows, "answered": self.answered, "failed": self.failed, "reused": self.reused,
-                "computed": self.computed, "cut": self.cut,
+                "computed": self.computed, "cut": self.cut, "invalid": self.invalid,
                 "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
 
 
@@ -62,22 +64,18 @@ def _coerce(value: Any, kind: pa.DataType) -> Any:
 
 def structured(text: str, schema: Mapping[str, Any], finish_reason: str | None
                ) -> tuple[dict[str, Any], RowError | None]:
-    """The answer's values by column, or why it is not the schema's (the row is then named by the caller)."""
-    from jsonschema import validators
-
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        if finish_reason == "length":
-            return {}, RowError(-1, STRUCTURED_OUTPUT_CUT, "The answer was cut at max_tokens before its JSON ended; "
-                                "raise max_tokens.", "max_tokens")
-        return {}, RowError(-1, INVALID_STRUCTURED_OUTPUT, f"The answer is not JSON: {exc}.", "response_format")
-    errors = sorted(validators.validator_for(schema)(schema).iter_errors(value), key=lambda e: list(e.path))
-    if errors:
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in errors[0].path)
-        return {}, RowError(-1, INVALID_STRUCTURED_OUTPUT, f"The answer does not follow the schema: "
-                            f"{errors[0].message[:300]}", "answer" + path)
-    return value, None
+    """The answer's values by column, or why it is not the schema's (the row is then named by the caller): the check
+    every structured answer passes (structured.follows)."""
+    value, violation = follows(text, schema)
+    if violation is None:
+        return value, None
+    if finish_reason == "length":
+        return {}, RowError(-1, STRUCTURED_OUTPUT_CUT, "The answer was cut at max_tokens before its JSON ended; "
+                            "raise max_tokens.", "max_tokens")
+    if value is None:
+        return {}, RowError(-1, INVALID_STRUCTURED_OUTPUT, f"The answer is {violation.reason}.", "response_format")
+    return {}, RowError(-1, INVALID_STRUCTURED_OUTPUT, f"The answer does not follow the schema: {violation.reason}",
+                        violation.dotted)
 
 
 def _line_error(row: int, line: dict[str, Any]) -> RowError:
@@ -138,6 +136,7 @@ def answers(spec: TableRequest, rows: int, lines: Iterable[dict[str, Any]], erro
         if spec.json_schema is not None:
             counts.cut += finish == "length"
             values, problem = structured(text or "", spec.json_schema, finish)
+            counts.invalid += problem is not None and problem.code == INVALID_STRUCTURED_OUTPUT
             if problem is not None:
                 fail(RowError(row, problem.code, problem.message, problem.param))
                 continue

@@ -39,6 +39,8 @@ class BatchGroup:
     failed: int
     input_tokens: int
     output_tokens: int
+    incomplete_structured: int = 0  # of `completed`: structured answers cut short, and those not following their schema
+    invalid_structured: int = 0
 
 
 def batch_groups(session: Session, models: Collection[str]) -> list[BatchGroup]:
@@ -46,10 +48,12 @@ def batch_groups(session: Session, models: Collection[str]) -> list[BatchGroup]:
     tokens = [func.coalesce(func.sum(BatchRecord.usage[name].as_integer()), 0)
               for name in ("input_tokens", "output_tokens")]
     model = model_label(models)
+    structured = [func.coalesce(func.sum(column), 0) for column in (BatchRecord.request_incomplete_structured,
+                                                                    BatchRecord.request_invalid_structured)]
     rows = session.execute(
         select(BatchRecord.owner, model, BatchRecord.status, func.count(),
                func.coalesce(func.sum(BatchRecord.request_completed), 0),
-               func.coalesce(func.sum(BatchRecord.request_failed), 0), *tokens)
+               func.coalesce(func.sum(BatchRecord.request_failed), 0), *tokens, *structured)
         .group_by(BatchRecord.owner, model, BatchRecord.status))
     return [BatchGroup(owner, label, status, *map(int, counts)) for owner, label, status, *counts in rows]
 

@@ -114,6 +114,7 @@ class BatchRecord(Base):
     request_completed: Mapped[int] = mapped_column(default=0)
     request_failed: Mapped[int] = mapped_column(default=0)
     request_incomplete_structured: Mapped[int] = mapped_column(default=0, server_default="0")
+    request_invalid_structured: Mapped[int] = mapped_column(default=0, server_default="0")
     # "metadata" is reserved on declarative classes; the column keeps the API's name.
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON().with_variant(JSONB(), "postgresql"))
     model: Mapped[str | None] = mapped_column(String(MAX_MODEL_CHARS))
@@ -159,7 +160,7 @@ class BatchRecord(Base):
     def counts(self) -> RequestCounts:
         """The batch's request_counts, from its `request_*` columns."""
         return RequestCounts(self.request_total, self.request_completed, self.request_failed,
-                             self.request_incomplete_structured)
+                             self.request_incomplete_structured, self.request_invalid_structured)
 
 
 class IntakeRecord(Base):

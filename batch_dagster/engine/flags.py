@@ -12,6 +12,13 @@ from batch_dagster.batchfile.registry import ModelSpec
 
 from .hardware import dtype_choice
 
+# vLLM 0.32 forces a named or required tool call through its parser's structural tag, whose arguments follow the
+# tool's parameters only for a tool marked `strict: true`: any other tool's arguments may be any JSON value (SmolLM2
+# answered `"Paris"` for get_weather's `{"location": ...}`). "parameter" pins every tool's arguments to its parameters,
+# as before structural tags, and constrains the calls a model makes on its own (tool_choice auto) alike. What
+# docs/formats.md ("Structured answers") says, and the upstream report, are there.
+TOOL_STRICT_LEVEL = "parameter"
+
 
 def engine_kwargs(spec: ModelSpec, model_path: str) -> dict[str, Any]:
     """The registry's settings as vLLM's engine arguments (`vllm.LLM`'s keywords, `vllm serve`'s engine flags)."""
@@ -46,7 +53,8 @@ def frontend_kwargs(spec: ModelSpec) -> dict[str, Any]:
         "enable_prompt_tokens_details": True,
     }
     if spec.tool_call_parser:
-        kwargs |= {"tool_call_parser": spec.tool_call_parser, "enable_auto_tool_choice": True}
+        kwargs |= {"tool_call_parser": spec.tool_call_parser, "enable_auto_tool_choice": True,
+                   "tool_strict_level": TOOL_STRICT_LEVEL}
     return kwargs
 
 

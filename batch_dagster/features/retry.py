@@ -11,11 +11,14 @@ import pyarrow.parquet as pq
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from batch_dagster.batchfile.contract import FAILED_LINES as FAILED
+from batch_dagster.batchfile.contract import STRUCTURED_COUNTS
 from batch_dagster.batchfile.failure import retryable_ids
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
+from batch_dagster.batchfile.structured import flagged_ids
 from batch_dagster.batchfile.windows import CompletionWindows, Window
 from batch_dagster.db import repo
 from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S, add_input_file, create_batch
@@ -88,26 +91,16 @@ def retry_window(parent: BatchRecord, windows: CompletionWindows) -> Window | No
 
 def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, windows: CompletionWindows,
                  launched: bool = False, admit: Callable[[Session, BatchRecord], None] | None = None,
-                 max_priority: int | None = None) -> BatchRecord:
-    """A new batch of `parent`'s retryable failed requests, with their original bodies, same endpoint, model,
-    options and window (retry_window). `admit`: the owner's limits (features/quotas.py batch_admission), checked
-    before its row is added; a refusal leaves no File and no folder. `max_priority`: the highest priority the owner
-    may ask now; a parent's above it (the bound was lowered since) is lowered to it."""
+                 max_priority: int | None = None, only: Collection[str] = (FAILED,)) -> BatchRecord:
+    """A new batch of `parent`'s requests that `only` names (contract.RETRY_FILTERS: its retryable failed requests, by
+    default), with their original bodies, same endpoint, model, options and window (retry_window). `admit`: the
+    owner's limits (features/quotas.py batch_admission), checked before its row is added; a refusal leaves no File
+    and no folder. `max_priority`: the highest priority the owner may ask now; a parent's above it (the bound was
+    lowered since) is lowered to it."""
     if parent.status not in TERMINAL:
         raise CannotRetry(f"Batch {parent.id} is {parent.status}; only a batch that has ended can be retried.")
-    error_file = _file(session, parent.error_file_id)
+    ids = _retried_ids(session, storage, parent, set(only))
     folder = BatchFolder(storage, parent.id)
-    # Each reason its own message: a batch whose files are gone is not one whose requests cannot be retried.
-    if parent.error_file_id is None:
-        raise CannotRetry(f"Batch {parent.id} ended with no error file, so it has no request to retry.")
-    if error_file is None or not _has_bytes(storage, error_file) or not storage.exists(folder.requests_key):
-        raise CannotRetry(f"Batch {parent.id} can no longer be retried: its files were deleted (retention, or its "
-                          "error file was deleted).")
-    ids = retryable_ids(_lines(storage, error_file))
-    if not ids:
-        raise CannotRetry(f"Batch {parent.id} has no request to retry: only requests that failed with a server "
-                          "error (5xx) or never ran (batch_expired, batch_cancelled, batch_failed) are retried, "
-                          "never 4xx.")
     input_file = add_input_file(session, owner=parent.owner, file_id=repo.new_file_id(),
                                 filename=f"{parent.id}_retry.jsonl", size=0)
     batch_id = repo.new_batch_id()
@@ -129,6 +122,31 @@ def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, win
         storage.delete(input_file.path)
         storage.delete_folder(BatchFolder(storage, batch_id).prefix)
         raise
+
+
+def _retried_ids(session: Session, storage: Storage, parent: BatchRecord, only: set[str]) -> list[str]:
+    """The custom_ids a retry of `parent` runs: its error file's retryable lines (FAILED), its output file's lines
+    marked as not following their schema (the STRUCTURED_COUNTS named); the reason when there are none."""
+    # Each reason its own message: a batch whose files are gone is not one whose requests cannot be retried.
+    wanted = [(FAILED, "error_file_id")] if FAILED in only else []
+    wanted += [("structured", "output_file_id")] if only & set(STRUCTURED_COUNTS) else []
+    ids: list[str] = []
+    for kind, column in wanted:
+        if getattr(parent, column) is None:
+            raise CannotRetry(f"Batch {parent.id} ended with no {column.removesuffix('_id').replace('_', ' ')}, so it "
+                              "has no request to retry.")
+        file = _file(session, getattr(parent, column))
+        requests_key = BatchFolder(storage, parent.id).requests_key
+        if file is None or not _has_bytes(storage, file) or not storage.exists(requests_key):
+            raise CannotRetry(f"Batch {parent.id} can no longer be retried: its files were deleted (retention, or its "
+                              f"{column.removesuffix('_file_id')} file was deleted).")
+        ids += retryable_ids(_lines(storage, file)) if kind == FAILED else flagged_ids(_lines(storage, file), only)
+    if not ids:
+        what = [f"{FAILED}: only requests that failed with a server error (5xx) or never ran (batch_expired, "
+                "batch_cancelled, batch_failed) are retried, never 4xx"] if FAILED in only else []
+        what += [f"{name}: no line is marked so" for name in STRUCTURED_COUNTS if name in only]
+        raise CannotRetry(f"Batch {parent.id} has no request to retry ({'; '.join(what)}).")
+    return ids
 
 
 def _bounded(options: BatchOptions, max_priority: int | None) -> BatchOptions:

@@ -180,8 +180,10 @@ def test_bench_workload_comes_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("BENCH_WORKLOAD", "mixed")
     monkeypatch.setenv("BENCH_REQUESTS", "7")
     assert workload_from_env("m")[:2] == (7, "mixed")
+    monkeypatch.setenv("BENCH_WORKLOAD", "structured")
+    assert workload_from_env("m")[:2] == (7, "structured")
     monkeypatch.setenv("BENCH_WORKLOAD", "nope")
-    with pytest.raises(ValueError, match="mixed, docqa or embeddings"):
+    with pytest.raises(ValueError, match="mixed, docqa, embeddings or structured"):
         workload_from_env("m")
 
 
@@ -270,3 +272,48 @@ def test_the_deadlines_bench_ranks_each_batch_by_its_end_against_its_window():
                                  "all_in_window": False}
     text = markdown({**report, "meta": {"machine": "m", "git": "g"}})
     assert "| 24h #3 | 24h | 3 | 4 | 1900 | 1800 | **no** |" in text and "submitted 4 of 4, finished 2" in text
+
+
+# `BENCH_WORKLOAD=structured`: its lines, every one valid for the embedded model, and its report's own check.
+
+def test_the_structured_workload_runs_every_mode_and_validates(tmp_path):
+    from batch_dagster.batchfile import contract as c
+    from batch_dagster.batchfile.fields import Serves
+    from batch_dagster.batchfile.validate import validate_file
+    from bench.workload import STRUCTURED_MODES, structured_mode, structured_requests
+
+    rows = list(structured_requests(2 * len(STRUCTURED_MODES), "m"))
+    assert rows == list(structured_requests(2 * len(STRUCTURED_MODES), "m"))
+    assert sorted(structured_mode(r["custom_id"]) for r in rows) == sorted(list(STRUCTURED_MODES) * 2)
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    report = validate_file(path, models={"m": Serves((c.CHAT,), tool_calls=True)})
+    assert report.valid and report.rejected == [], report.rejected
+
+
+def test_the_structured_report_decides_validity_itself_and_counts_the_flags(tmp_path):
+    from bench.structured_report import report
+    from bench.workload import structured_requests
+
+    rows = {r["custom_id"]: r for r in structured_requests(8, "m")}
+    enum, named = rows["json_schema_enum-000000"], rows["tool_named-000004"]
+
+    def line(row, content=None, calls=(), finish="stop", mark=None):
+        message = {"role": "assistant", "content": content, "tool_calls": [
+            {"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]}
+        out = {"custom_id": row["custom_id"], "response": {"status_code": 200, "body": {
+            "choices": [{"message": message, "finish_reason": finish}]}}, "error": None}
+        return out | ({"invalid_structured": mark} if mark else {})
+
+    (tmp_path / "in.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in (enum, named)))
+    outputs = {"a": [line(enum, '{"sentiment": "neutral", "confidence": 0.5}'),
+                     line(named, calls=[("record_label", '"support"')])],  # invalid, not flagged: missed
+               "b": [line(enum, '{"sentiment": "happy", "confidence": 2}', mark={"reason": "x"}),
+                     line(named, calls=[("record_label", '{"category": "price", "priority": 2}')])]}
+    for stage, lines in outputs.items():
+        (tmp_path / f"{stage}.jsonl").write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    got = report(tmp_path / "in.jsonl", {stage: tmp_path / f"{stage}.jsonl" for stage in outputs})
+    assert (got["a"]["json_schema_enum"]["valid"], got["a"]["tool_named"]["valid"]) == (1, 0)
+    assert got["a"]["tool_named"]["missed"] == 1 and got["a"]["tool_named"]["valid_share"] == 0
+    assert (got["b"]["json_schema_enum"]["valid"], got["b"]["json_schema_enum"]["flagged"]) == (0, 1)
+    assert got["b"]["json_schema_enum"]["missed"] == 0 and got["b"]["tool_named"]["valid"] == 1

@@ -99,6 +99,24 @@ def test_what_a_model_takes_is_what_its_registry_entry_says(tmp_path):
     assert rejected(tmp_path, c.CHAT, {"stream": False, "store": False, "modalities": ["text"], "functions": None}) == []
 
 
+def test_a_forced_tool_call_is_refused_where_the_models_parser_cannot_make_it_follow_the_tools_parameters(tmp_path):
+    from batch_dagster.batchfile.registry import ModelSpec
+
+    free = ModelSpec(name=MODEL, source="/m", tool_call_parser="gemma4").serves  # forced choice runs as `auto`
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for url, tool in ((c.CHAT, TOOL), (c.RESPONSES, {"type": "function", "name": "get_weather"})):
+        for choice in ("required", named if url == c.CHAT else {"type": "function", "name": "get_weather"}):
+            [(line, param, message)] = rejected(tmp_path, url, {"tools": [tool], "tool_choice": choice}, free)
+            assert (line, param) == (2, "body.tool_choice"), message
+            assert "gemma4 tool-call parser as `auto`" in message and "arguments could be free text" in message
+        assert rejected(tmp_path, url, {"tools": [tool], "tool_choice": "auto"}, free) == []
+        assert rejected(tmp_path, url, {"tools": [tool]}, free) == []
+    hermes = ModelSpec(name=MODEL, source="/m", tool_call_parser="hermes").serves  # its structural tag pins them
+    assert hermes.forced_tools_refused is None
+    assert rejected(tmp_path, c.CHAT, {"tools": [TOOL], "tool_choice": "required"}, hermes) == []
+    assert rejected(tmp_path, c.CHAT, {"tools": [TOOL], "tool_choice": named}, hermes) == []
+
+
 def test_honored_fields_are_the_typed_ones_and_the_fast_path_takes_only_those():
     for url, table in FIELDS.items():
         assert {name for name, f in table.items() if f.honored} == TYPED[url], url

@@ -113,7 +113,7 @@ def test_answers_become_typed_columns_and_every_row_gets_an_answer_or_an_error()
     assert "(field: answer.sentiment)" in rows[3]["error"] and "(field: messages)" in rows[4]["error"]
     assert rows[5]["reused"] is True and rows[5]["sentiment"] == "positive"
     assert counts.to_dict() == {"rows": 6, "answered": 2, "failed": 4, "reused": 1, "computed": 5, "cut": 1,
-                                "prompt_tokens": 40, "completion_tokens": 20}  # the reused row costs nothing
+                                "invalid": 2, "prompt_tokens": 40, "completion_tokens": 20}  # the reused row costs nothing
     for r in rows:  # each row answered (its answer typed) or failed (its error named), never both, never neither
         assert (r["error_code"] is None) == (r["error"] is None)
         assert (r["error_code"] is None) == (r["sentiment"] is not None)

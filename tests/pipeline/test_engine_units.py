@@ -85,6 +85,8 @@ def test_both_engines_run_the_same_flags_parsed_by_vllms_own_server_parser():
     args = parsed_args(spec, "/w")  # what the in-process engine runs
     assert (args.model, args.served_model_name, args.max_model_len, args.dtype) == ("/w", ["m"], 1024, "bfloat16")
     assert (args.tool_call_parser, args.enable_auto_tool_choice) == ("hermes", True)
+    # Forced tool calls' arguments follow the tool's parameters whether or not a tool says `strict: true`.
+    assert args.tool_strict_level == "parameter"
     assert args.reasoning_parser == "qwen3"
     assert args.enable_prompt_tokens_details and args.enforce_eager and not args.enable_prefix_caching
     bare = parsed_args(ModelSpec(name="e", source="/e", task="embed"), "/e")

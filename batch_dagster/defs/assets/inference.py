@@ -22,7 +22,7 @@ from batch_dagster.batchfile.results import CommittedShard, commit_shard, commit
 from batch_dagster.batchfile.reuse import AnswerStore, keep, look_up, model_identity
 from batch_dagster.batchfile.scope import salted, scope
 from batch_dagster.batchfile.shard import OutputShares, running_order
-from batch_dagster.batchfile.structured import asks_structured
+from batch_dagster.batchfile.structured import expectations
 from batch_dagster.db.lifecycle import record_usage
 from batch_dagster.defs.dagster_internals import dies_with_its_run
 from batch_dagster.defs.resources import PipelineConfig, VLLMResource
@@ -244,7 +244,8 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
             if not stopped and _over_cost_cap(session, folder, options, manifest.model, done, pipeline):
                 folder.request_stop(COST_LIMIT)  # as a cancel stops it: the status follows from the files
                 stopped = COST_LIMIT
-            if not stopped and breaker_tripped(done.values(), pipeline.error_breaker_lines, breaker_rate):
+            if not stopped and breaker_tripped(done.values(), pipeline.error_breaker_lines, breaker_rate,
+                                               options.error_breaker_structured):
                 folder.request_stop(ERROR_RATE)  # no more engine time for a batch whose lines nearly all fail
                 stopped = ERROR_RATE
             if stopped:
@@ -281,9 +282,9 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
                     progress(len(twins))
                 lines += reuse.lines + twins
             written.add(manifest.endpoint, requests, lines)
-            structured = {cid for cid, body in requests if asks_structured(manifest.endpoint, body)}
             committed = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
-                                     engine_start_s=vllm.engine_start_s(manifest.model, t0), structured=structured)
+                                     engine_start_s=vllm.engine_start_s(manifest.model, t0),
+                                     structured=expectations(manifest.endpoint, requests))
             done[index] = committed
             base = progress_of(done, manifest.total_requests, manifest.shard_count)  # after the marker
             folder.write_progress(base)
