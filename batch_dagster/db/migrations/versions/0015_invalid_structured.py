@@ -1,7 +1,7 @@
 """A batch's completed requests whose whole structured answer does not follow its schema
 (request_counts.invalid_structured).
 
-Revision ID: 0017
+Revision ID: 0015
 Revises: 0014
 Create Date: 2026-12-04
 """
@@ -9,7 +9,7 @@ Create Date: 2026-12-04
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0017"
+revision = "0015"
 down_revision = "0014"
 branch_labels = None
 depends_on = None
