@@ -699,6 +699,7 @@ def database_url(data_dir: Path) -> str:
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(_store_template(), path)
+            path.chmod(0o600)  # as the store makes its file (db/session.py), whatever the umask
         return f"sqlite:///{path}"
     from sqlalchemy import text
 
