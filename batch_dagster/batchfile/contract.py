@@ -80,6 +80,9 @@ TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"  # the owner's enqueued prompt tok
 # The batch's cost cap (max_cost, the key's daily budget): at validation, in errors.data; while it runs, on the
 # error lines of the requests it did not run (features/cost_cap.py).
 COST_LIMIT_EXCEEDED = "cost_limit_exceeded"
+# A request whose prompt tokens were not counted by their deadline (its chat template renders too long, or an estimate's
+# file outlasted BATCH_ESTIMATE_TIMEOUT_S): the count stopped there (engine/tokens.py).
+COUNT_TIMEOUT = "count_timeout"
 # The error-rate breaker: nearly every one of the batch's first lines failed, so it stopped (batchfile/failure.py).
 ERROR_RATE_EXCEEDED = "error_rate_exceeded"
 

@@ -91,7 +91,9 @@ def validate(folder: BatchFolder, pipeline: PipelineConfig, vllm: VLLMResource, 
         # A batch cancelled (or expired) before its run started runs nothing: its requests are only listed.
         stopped = folder.stop_reason() is not None
         wanted = (limit or session is not None or options.max_cost is not None or count) and not stopped
-        tally = count_tokens(out, report, vllm.models, needed=bool(limit or budget), log=log) if wanted else None
+        servers = vllm.server_urls_for(report.model) if report.model is not None else None
+        tally = count_tokens(out, report, vllm.models, needed=bool(limit or budget), log=log, servers=servers,
+                             api_key=vllm.server_api_key) if wanted else None
         prompt_tokens = refuse_over_limit(session, folder, report, limit, tally)
         if not stopped:
             refuse_over_cap(session, folder.batch_id, options, report, tally, pipeline.prices(), budget,
