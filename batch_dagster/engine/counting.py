@@ -198,6 +198,10 @@ def worker_count(worker: CountWorker, model: str) -> TimedCount:
     return lambda endpoint, body, timeout_s: worker.count(model, endpoint, body, timeout_s)
 
 
+# vLLM's answers to a body it will not run: a bad request, an unknown model, a body its request model refuses.
+_REFUSALS = (400, 404, 422)
+
+
 class ServersAway(Exception):
     """No replica answers with vLLM's render routes (none reachable, or a vLLM without them)."""
 
@@ -250,8 +254,9 @@ class ServerCount:
                 continue
             if answer.status_code == 200:
                 return [len(r["token_ids"]) for r in (payload if isinstance(payload, list) else [payload])]
-            # vLLM answers its errors in its own shape; a route it does not have in FastAPI's {"detail": ...}.
-            if 400 <= answer.status_code < 500 and isinstance(payload, dict) and "error" in payload:
+            # vLLM refuses a body in its own error shape (a route it does not have answers FastAPI's {"detail": ...});
+            # anything else (403: a server without --enable-scale-out; 5xx) says nothing of the body.
+            if answer.status_code in _REFUSALS and isinstance(payload, dict) and "error" in payload:
                 return None
         raise ServersAway(f"No server of {self.model} renders bodies ({', '.join(self.replicas)}).")
 
