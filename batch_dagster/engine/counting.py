@@ -43,7 +43,10 @@ class CountWorker:
     """One count worker process, asked one body at a time (a lock: each ask is short, or stopped at its deadline)."""
 
     def __init__(self, models_file: str, model_cache_dir: str, factory: str):
-        self.command = [sys.executable, "-m", "batch_dagster.engine.render", models_file, model_cache_dir, factory]
+        # -P: the worker imports what this process imports (its sys.path, as PYTHONPATH), never a package of the same
+        # name in its working folder.
+        self.command = [sys.executable, "-P", "-m", "batch_dagster.engine.render", models_file, model_cache_dir,
+                        factory]
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._pending = b""
@@ -108,7 +111,9 @@ class CountWorker:
         os.set_blocking(self._proc.stdin.fileno(), False)
         try:
             ready = self._read(time.monotonic() + START_TIMEOUT_S)
-        except (_Gone, TimedOut):
+        except _Gone:
+            raise CountFailed("The count worker ended as it started (its error is in this process's log).") from None
+        except TimedOut:
             self._kill()
             raise CountFailed(f"The count worker did not start within {START_TIMEOUT_S:g} s.") from None
         if not ready.get("ready"):
@@ -188,10 +193,10 @@ def shared_worker(models_file: str, model_cache_dir: str) -> CountWorker:
 
 @atexit.register
 def close_workers() -> None:
+    """End this process's count workers (each starts again on its next count)."""
     with _WORKERS_LOCK:
         for worker in _WORKERS.values():
             worker.close()
-        _WORKERS.clear()
 
 
 def worker_count(worker: CountWorker, model: str) -> TimedCount:

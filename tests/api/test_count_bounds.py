@@ -25,10 +25,9 @@ def estimate(service, file_id: str, key: str | None = None):
         return http.post("/v1/batches/estimate", json={"input_file_id": file_id, **CREATE}, timeout=60)
 
 
-def worker_pid() -> int | None:
-    """The pid of the count worker of this process (the API runs in the test's process)."""
-    [worker] = counting._WORKERS.values()
-    return worker.pid
+def worker_pid(service) -> int | None:
+    """The pid of the API's count worker (the API runs in the test's process)."""
+    return counting.shared_worker(str(service.config.models_file), str(service.config.model_cache_dir)).pid
 
 
 def alive(pid: int) -> bool:
@@ -60,7 +59,7 @@ def test_an_estimate_stops_at_its_deadline_and_the_api_stays_responsive(start_se
     """Before: the estimate lane had no deadline; a body whose template ran for minutes held its thread that long."""
     service = start_service(worker=False, estimate_timeout_s=2.0)
     assert estimate(service, upload(service.client(), tmp_path / "a.jsonl", [chat_request("a", "x")])).is_success
-    before = worker_pid()
+    before = worker_pid(service)
     hanging = upload(service.client(), tmp_path / "hang.jsonl",
                      [chat_request("a", "fine"), chat_request("b", "HANG forever"), chat_request("c", "fine")])
     answered: list = []
@@ -75,9 +74,9 @@ def test_an_estimate_stops_at_its_deadline_and_the_api_stays_responsive(start_se
     error = answer.json()["error"]
     assert answer.status_code == 400 and error["code"] == c.COUNT_TIMEOUT
     assert error["message"].startswith("Line 2: ") and "deadline of 2 s" in error["message"]
-    assert before is not None and not alive(before) and worker_pid() is None  # its worker was killed
+    assert before is not None and not alive(before) and worker_pid(service) is None  # its worker was killed
     assert estimate(service, upload(service.client(), tmp_path / "b.jsonl", [chat_request("b", "x")])).is_success
-    assert worker_pid() not in (None, before)  # the next count started another
+    assert worker_pid(service) not in (None, before)  # the next count started another
     assert estimate(service, hanging).json()["error"]["code"] == c.COUNT_TIMEOUT  # a stopped count is not kept
 
 
