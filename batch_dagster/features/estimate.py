@@ -1,9 +1,9 @@
 """A batch's estimate before it runs: validation's report, its tokens, the range of its cost and of its duration.
 
-Tokens are counted with the model's tokenizer (engine/tokens.py), the durations divide them by the model's engine
-throughput (throughput.py) after the work queued ahead. The API (`count_file`, then `price_file`) and the CLI
-(`estimate_file`) estimate a file; a valid batch's validation writes its own (`write_estimate`). docs/http-api.md
-("Estimate") says what each bound assumes.
+Tokens are counted as the engine counts them (engine/tokens.py: vLLM's renderer, in a count worker or on the model's
+servers), the durations divide them by the model's engine throughput (throughput.py) after the work queued ahead.
+The API (`count_file`, then `price_file`) and the CLI (`estimate_file`) estimate a file; a valid batch's validation
+writes its own (`write_estimate`). docs/http-api.md ("Estimate") says what each bound assumes.
 """
 
 from __future__ import annotations
