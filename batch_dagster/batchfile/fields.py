@@ -92,15 +92,16 @@ def _images(value: Any, body: dict[str, Any], serves: Serves | None) -> str | No
     return "the registry does not mark this model as taking images"
 
 
-# The template variables vLLM refuses from a request (resolve_chat_template_kwargs, after two advisories): a template of
-# the client's own, which would run in the count and in the engine's renderer, and a switch of how it renders.
+# The template variables vLLM's filter of a request's template kwargs refuses (resolve_chat_template_kwargs, after two
+# advisories): a template of the client's own, which would run in the count and in the engine's renderer (vLLM's
+# server refuses it before rendering), and a switch of how the template renders.
 CLIENT_TEMPLATE_KEYS = ("chat_template", "tokenize")
 
 
 def _own_template(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
     named = [key for key in CLIENT_TEMPLATE_KEYS if isinstance(value, dict) and key in value]
     return (f"its {named[0]!r} key is refused: a request may not replace the model's chat template or change how it "
-            "renders (vLLM refuses it too)") if named else None
+            "renders (the keys vLLM's own filter of template kwargs refuses)") if named else None
 
 
 def _logprobs_only(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
