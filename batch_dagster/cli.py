@@ -51,10 +51,11 @@ def cmd_validate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace, settings: Settings) -> int:
-    """What a batch of FILE would cost and take: tokens counted with the model's tokenizer, priced, timed against
+    """What a batch of FILE would cost and take: tokens counted as the engine counts them, priced, timed against
     the store's record of the model's recent batches and its queue (POST /v1/batches/estimate's answer)."""
     from batch_dagster.db import Database
     from batch_dagster.engine.models import Models
+    from batch_dagster.engine.tokens import CountFailed, CountTimeout
     from batch_dagster.features.estimate import estimate_file
 
     store = Database(settings.database_url)
@@ -64,6 +65,9 @@ def cmd_estimate(args: argparse.Namespace, settings: Settings) -> int:
             estimate = estimate_file(f, size=os.fstat(f.fileno()).st_size, endpoint=args.endpoint, session=session,
                                      storage=settings.storage(), models=Models.from_settings(settings),
                                      settings=settings)
+    except (CountTimeout, CountFailed) as exc:
+        print(f"not counted: {exc}", file=sys.stderr)
+        return 1
     finally:
         store.dispose()
     data = estimate.to_dict()

@@ -416,6 +416,12 @@ class Settings:
     max_json_body_bytes: int = variable(
         "BATCH_MAX_JSON_BODY_BYTES", 1 << 20, "API",
         "Largest JSON request body the API reads (413 past it).", parse=int)
+    estimate_timeout_s: float = variable(
+        "BATCH_ESTIMATE_TIMEOUT_S", 120.0, "API",
+        "How long POST /v1/batches/estimate may count one file's tokens (and `batch-dagster estimate`), from its first "
+        "request on: past it the count is stopped and the estimate answers `count_timeout` with the line it reached "
+        "(split the file, or create the batch: validation counts it with no such bound). Each request also has vLLM's "
+        "own bound on rendering it.", parse=float)
     completion_windows: tuple[str, ...] = variable(
         "BATCH_COMPLETION_WINDOWS", ("1h", "24h"), "API",
         "The `completion_window` values a batch may ask, comma-separated: a whole number of hours and `h`. Its batch "

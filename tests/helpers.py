@@ -44,6 +44,7 @@ from batch_dagster.defs.table.component import IO_MANAGER, PIPELINE, STORAGE, VL
 from batch_dagster.defs.table.io_manager import TableIOManager
 from batch_dagster.engine.base import EngineCrash, Line, Request
 from batch_dagster.engine.lines import RequestError
+from batch_dagster.engine.models import Models
 from batch_dagster.engine.offline import OfflineEngine
 from batch_dagster.settings import Settings
 from batch_dagster.storage import LocalStorage
@@ -512,14 +513,23 @@ FAKES: dict[str, Any] = {}
 
 
 class WordTokenizer:
-    """One token per word of the prompt text, as the fake engine bills: counts exactly for it, and loads instantly
-    (set as Models.tokenizer by the tests that count tokens)."""
-
-    def apply_chat_template(self, messages, tokenize, add_generation_prompt, **kwargs):
-        return " ".join(m["content"] for m in messages)
+    """One token per word of the text, as the fake engine bills: counts an embedding model's inputs exactly for it,
+    and loads instantly (set as Models.tokenizer by `count_words`)."""
 
     def encode(self, text, add_special_tokens=True):
         return text.split()
+
+
+WORD_RENDERER = "tests.word_render:WordRenderer"
+
+
+def count_words(monkeypatch: Any) -> None:
+    """Every model's tokens counted one per word, as the fake engine bills them: a generation model's bodies by a
+    count worker that renders words (tests/word_render.py, no vLLM), an embedding model's inputs by WordTokenizer."""
+    from batch_dagster.engine import counting
+
+    monkeypatch.setattr(counting, "FACTORY", WORD_RENDERER)
+    monkeypatch.setattr(Models, "tokenizer", lambda self, model: WordTokenizer())
 
 
 class FakeVLLM(VLLMResource):

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import QueryParams
 
-from batch_dagster.batchfile.contract import ENDPOINTS
+from batch_dagster.batchfile.contract import COUNT_TIMEOUT, ENDPOINTS
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import committed_output
@@ -24,6 +24,7 @@ from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
 from batch_dagster.db.batches import create_batch as store_create_batch
 from batch_dagster.db.keys import limits_of
 from batch_dagster.engine.models import Models
+from batch_dagster.engine.tokens import CountFailed, CountTimeout
 from batch_dagster.features.estimate import Counted, Estimate, count_file, price_file, unreachable_deadline
 from batch_dagster.features.eta import meets_deadline
 from batch_dagster.features.quotas import KeyLimits, batch_admission, refuse_early
@@ -173,17 +174,25 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
 async def estimate_batch(body: CreateBatchRequest, ctx: Context, owner: Owner) -> BatchEstimate:
     """Extension: what a batch of the caller's file would cost and take, before it is created; nothing is written.
 
-    The file is validated as the batch would be, its tokens counted with the model's tokenizer (loaded on the first
-    estimate for that model, never at import), priced and timed against the model's measured throughput and queue.
-    The same checks as create, the same 404s. The count runs on the estimate lane (api/lanes.py), never in the
-    API's worker pool, one file of a key at a time, and is kept by file: a File's bytes never change.
+    The file is validated as the batch would be, its tokens counted as the engine counts them (each body rendered by
+    vLLM in the API's count worker, started on the first estimate, never at import: engine/counting.py), priced and
+    timed against the model's measured throughput and queue. The same checks as create, the same 404s. The count
+    runs on the estimate lane (api/lanes.py), never in the API's worker pool, one file of a key at a time, and is kept
+    by file: a File's bytes never change. It stops at BATCH_ESTIMATE_TIMEOUT_S, or at a body that renders past vLLM's
+    own bound (its worker killed): a 400 `count_timeout` naming the line.
     """
     async with ctx.estimates.admitted(owner):
         file_id, path, size = await run_in_threadpool(_estimated_file, body, ctx, owner)
         kept = (file_id, body.endpoint)
         counted = ctx.counts.get(kept)
         if counted is None:
-            counted = await ctx.estimates.run(owner, lambda: ctx.counts.get(kept) or _count(ctx, kept, path, size))
+            try:
+                counted = await ctx.estimates.run(owner, lambda: ctx.counts.get(kept) or _count(ctx, kept, path, size))
+            except CountTimeout as exc:
+                raise invalid(str(exc), code=COUNT_TIMEOUT) from None
+            except CountFailed as exc:
+                raise ApiError(503, f"The tokens could not be counted: {exc}", type="server_error",
+                               code="count_failed") from None
         estimate = await run_in_threadpool(_priced, ctx, counted, ctx.config.windows.window(body.completion_window))
     if refusal := estimate.deadline_refusal():
         raise invalid(refusal, param="completion_window", code="deadline_unreachable")

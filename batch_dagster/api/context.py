@@ -13,12 +13,14 @@ from batch_dagster.settings import Settings
 from .lanes import Kept, Lane
 from .uploads import UploadSlots
 
-# An estimate validates and tokenizes a whole file (up to the upload limit): the CPU's work, so few threads; one of a
-# key's files at a time, a few more waiting, so one key never holds the lane.
-ESTIMATE_WORKERS, ESTIMATE_PER_KEY, ESTIMATES_QUEUED_PER_KEY = 2, 1, 8
+# An estimate validates and counts a whole file (up to the upload limit, each body rendered by the count worker,
+# engine/counting.py): the CPU's work, so few threads; one of a key's files at a time, a few more waiting, so one key
+# never holds the lane; and a bound across keys, since each estimate waiting holds its request (and many keys are
+# many floods). Each count stops at BATCH_ESTIMATE_TIMEOUT_S.
+ESTIMATE_WORKERS, ESTIMATE_PER_KEY, ESTIMATES_QUEUED_PER_KEY, ESTIMATES_QUEUED = 2, 1, 8, 32
 KEPT_COUNTS = 256  # files whose count is kept: a File's bytes never change, so its count never does
 # A webhook endpoint's host is resolved when it is created: a slow resolver must hold no thread of the API's.
-LOOKUP_WORKERS, LOOKUPS_PER_KEY, LOOKUPS_QUEUED_PER_KEY = 4, 2, 4
+LOOKUP_WORKERS, LOOKUPS_PER_KEY, LOOKUPS_QUEUED_PER_KEY, LOOKUPS_QUEUED = 4, 2, 4, 64
 
 
 @dataclass
@@ -30,11 +32,11 @@ class AppContext:
     keyed: bool = False  # the store has held a key: every /v1 request needs one (once True, it stays so)
     estimates: Lane = field(default_factory=lambda: Lane(
         "estimates", workers=ESTIMATE_WORKERS, per_key=ESTIMATE_PER_KEY, queued_per_key=ESTIMATES_QUEUED_PER_KEY,
-        what="estimates"))
+        queued=ESTIMATES_QUEUED, what="estimates"))
     counts: Kept[Counted] = field(default_factory=lambda: Kept(KEPT_COUNTS))  # by (file id, endpoint)
     lookups: Lane = field(default_factory=lambda: Lane(
         "webhook_lookups", workers=LOOKUP_WORKERS, per_key=LOOKUPS_PER_KEY, queued_per_key=LOOKUPS_QUEUED_PER_KEY,
-        what="webhook endpoint creations"))
+        queued=LOOKUPS_QUEUED, what="webhook endpoint creations"))
     uploads: UploadSlots = field(default_factory=UploadSlots)  # streaming in, per key (BATCH_KEY_MAX_UPLOADS)
 
     def close(self) -> None:

@@ -8,7 +8,7 @@ rows to their shard files, so memory does not grow with the file.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -118,6 +118,15 @@ def read_shard(path: Path) -> list[tuple[str, dict[str, Any]]]:
     table = pq.read_table(path)
     ids, bodies = table["custom_id"].to_pylist(), table["body"].to_pylist()
     return [(cid, orjson.loads(body)) for cid, body in zip(ids, bodies, strict=True)]
+
+
+def read_requests(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A requests file's bodies with their input lines, a row group at a time."""
+    source = pq.ParquetFile(path)
+    for group in range(source.num_row_groups):
+        table = source.read_row_group(group, columns=["line", "body"])
+        for line, body in zip(table["line"].to_pylist(), table["body"].to_pylist(), strict=True):
+            yield line, orjson.loads(body)
 
 
 def custom_ids(path: Path) -> list[str]:

@@ -23,6 +23,10 @@ MAX_FILENAME_CHARS = 255  # a File's name
 MAX_SOURCE_CHARS = 1024  # a dropped file's s3:// or file:// URI
 MAX_VERSION_CHARS = 255  # its ETag, or size and mtime
 MAX_COST = 1e9  # a batch's max_cost, in the price table's currency
+# The texts one /v1/score or /v1/rerank line may hold (its queries, its documents: each list at most this long). vLLM
+# sets no bound; Cohere's rerank takes up to 1,000 documents a call. Each text is embedded and counted apart, so a line
+# of 500,000 texts would be as much work as 500,000 lines, past every per-file bound.
+MAX_SCORE_TEXTS = 1_000
 # A legacy completion without max_tokens generates at most 16 tokens (OpenAI's default, and vLLM's server's).
 COMPLETIONS_MAX_TOKENS = 16
 
@@ -76,6 +80,9 @@ TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"  # the owner's enqueued prompt tok
 # The batch's cost cap (max_cost, the key's daily budget): at validation, in errors.data; while it runs, on the
 # error lines of the requests it did not run (features/cost_cap.py).
 COST_LIMIT_EXCEEDED = "cost_limit_exceeded"
+# A request whose prompt tokens were not counted by their deadline (its chat template renders too long, or an estimate's
+# file outlasted BATCH_ESTIMATE_TIMEOUT_S): the count stopped there (engine/tokens.py).
+COUNT_TIMEOUT = "count_timeout"
 # The error-rate breaker: nearly every one of the batch's first lines failed, so it stopped (batchfile/failure.py).
 ERROR_RATE_EXCEEDED = "error_rate_exceeded"
 

@@ -102,6 +102,18 @@ def _images(value: Any, body: dict[str, Any], serves: Serves | None) -> str | No
     return "the registry does not mark this model as taking images"
 
 
+# The template variables vLLM's filter of a request's template kwargs refuses (resolve_chat_template_kwargs, after two
+# advisories): a template of the client's own, which would run in the count and in the engine's renderer (vLLM's
+# server refuses it before rendering), and a switch of how the template renders.
+CLIENT_TEMPLATE_KEYS = ("chat_template", "tokenize")
+
+
+def _own_template(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
+    named = [key for key in CLIENT_TEMPLATE_KEYS if isinstance(value, dict) and key in value]
+    return (f"its {named[0]!r} key is refused: a request may not replace the model's chat template or change how it "
+            "renders (the keys vLLM's own filter of template kwargs refuses)") if named else None
+
+
 def _logprobs_only(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
     if isinstance(value, list) and all(v == "message.output_text.logprobs" for v in value):
         return None
@@ -200,7 +212,8 @@ _CHAT_ONLY = {
     "include_reasoning": honored("`false` leaves the reasoning out of the answer (vLLM)", _needs_reasoning,
                                  "on a model without a reasoning parser"),
     "enable_thinking": honored("a switch of the chat template (Qwen3), as `chat_template_kwargs.enable_thinking`"),
-    "chat_template_kwargs": honored("variables for the model's chat template (vLLM)"),
+    "chat_template_kwargs": honored("variables for the model's chat template (vLLM)", _own_template,
+                                    "with a `chat_template` or `tokenize` key (a template of the client's own)"),
     "add_generation_prompt": honored("`false` leaves out the assistant turn's opening (vLLM)"),
     "continue_final_message": honored("continue the last assistant message instead of starting one (vLLM)"),
     "echo": honored("the last assistant message's text before the answer (vLLM)"),
@@ -317,7 +330,7 @@ NO_SCORE_TEMPLATE = "it goes to a score template, and the registry's scoring mod
 OTHER_NAMES = "vLLM's other name for what this endpoint takes as {name}: use {name}"
 _SCORING = {
     "model": SAMPLING["model"],
-    "documents": honored("the texts scored: a string or strings"),
+    "documents": honored(f"the texts scored: a string or up to {c.MAX_SCORE_TEXTS:,} strings"),
     "user": SAMPLING["user"],
     "truncate_prompt_tokens": honored("keep only each text's last (or first) N tokens (vLLM)"),
     "truncation_side": SAMPLING["truncation_side"],
@@ -334,7 +347,8 @@ _SCORING = {
 }
 _SCORE = {
     **_SCORING,
-    "queries": honored("the text(s) each document is scored against: one, or one per document"),
+    "queries": honored(f"the text(s) each document is scored against: one, or one per document (up to "
+                       f"{c.MAX_SCORE_TEXTS:,})"),
     "text_1": refused(OTHER_NAMES.format(name="queries")),
     "data_1": refused(OTHER_NAMES.format(name="queries")),
     "text_2": refused(OTHER_NAMES.format(name="documents")),

@@ -287,7 +287,7 @@ class ResponsesBody(msgspec.Struct):
     cache_salt: CacheSalt | None = None
 
 
-Texts = str | Annotated[list[str], msgspec.Meta(min_length=1)]
+Texts = str | Annotated[list[str], msgspec.Meta(min_length=1, max_length=c.MAX_SCORE_TEXTS)]
 
 
 class _ScoringBody(msgspec.Struct):

@@ -51,6 +51,9 @@ def frontend_kwargs(spec: ModelSpec) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         # Usage carries the prefix cache's hits (prompt_tokens_details.cached_tokens), which are priced apart.
         "enable_prompt_tokens_details": True,
+        # The /render routes (vLLM's render server API): validation counts a served model's prompt tokens there, as
+        # the server renders them (engine/counting.py). Whoever reaches a replica may already run any request on it.
+        "enable_scale_out": True,
     }
     if spec.tool_call_parser:
         kwargs |= {"tool_call_parser": spec.tool_call_parser, "enable_auto_tool_choice": True,

@@ -124,10 +124,35 @@ class Models:
         return spec.source
 
     def tokenizer(self, model: str) -> Any:
-        """The model's tokenizer (transformers), for counting prompt tokens before anything runs."""
+        """The model's tokenizer (transformers), for counting an embedding model's inputs before anything runs."""
         return _tokenizer(self.path(self.spec(model)), self.model_cache_dir)
 
-    def counter(self, model: str) -> tuple[CountTokens, int]:
-        """How an estimate counts `model`'s prompt tokens, and the model's context length."""
-        spec, tokenizer = self.spec(model), self.tokenizer(model)
-        return tokens.counter(tokenizer), spec.max_model_len or tokens.stated_context_length(tokenizer, self.path(spec))
+    def counter(self, model: str, *, servers: list[str] | None = None, api_key: str | None = None,
+                budget_s: float | None = None) -> tuple[CountTokens, int]:
+        """How `model`'s prompt tokens are counted before anything runs, and the model's context length.
+
+        A generation model's bodies are rendered by vLLM (engine/counting.py): by its `servers` (a fleet's router, or
+        server mode's servers) when given, else by this process's count worker. Each body has vLLM's own bound on
+        rendering, and all of them `budget_s` from the first (tokens.bounded).
+        """
+        from . import counting
+
+        spec = self.spec(model)
+        if spec.task == "embed":
+            tokenizer = self.tokenizer(model)
+            return (tokens.bounded(tokens.pooling_counter(tokenizer), budget_s),
+                    spec.max_model_len or tokens.stated_context_length(tokenizer, self.path(spec)))
+        worker = counting.shared_worker(self.models_file, self.model_cache_dir)
+        local = counting.worker_count(worker, model)
+        if servers:
+            remote = counting.ServerCount(servers, model, api_key)
+            context = spec.max_model_len or remote.context_length() or worker.context_length(model)
+            return tokens.bounded(counting.servers_then_worker(remote, local), budget_s), context
+        return tokens.bounded(local, budget_s), worker.context_length(model)
+
+
+def server_urls_for(model: str, fleet_urls: dict[str, str], mode: str, server_urls: list[str]) -> list[str] | None:
+    """Where a model's requests go in server mode (its fleet first), or None when it runs offline, in the process."""
+    if model in fleet_urls:
+        return [fleet_urls[model]]
+    return list(server_urls) if mode == "server" else None

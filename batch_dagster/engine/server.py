@@ -78,10 +78,8 @@ class ServerEngine:
         for base in self.base_urls:
             base = base.rstrip("/")
             try:
-                answer = await client.get(base + "/workers", timeout=5)
-                workers = answer.json().get("workers", []) if answer.status_code == 200 else []
-                healthy = [w["url"].rstrip("/") for w in workers if w.get("is_healthy", True)]
-            except (httpx.HTTPError, ValueError, AttributeError, TypeError, KeyError):
+                healthy = healthy_workers(await client.get(base + "/workers", timeout=5))
+            except httpx.HTTPError:
                 healthy = []
             found += healthy or [base]
         return list(dict.fromkeys(found))
@@ -137,6 +135,15 @@ class ServerEngine:
                 raise EngineCrash(f"No server answered for {self.failover_s:.0f}s; last: {gone}")
             await asyncio.sleep(min(0.5 * 2 ** min(attempt, 5), 10.0))
         raise AssertionError("unreachable")
+
+
+def healthy_workers(answer: httpx.Response) -> list[str]:
+    """The healthy replicas a vllm-router lists (its answer to GET /workers); none from anything else."""
+    try:
+        workers = answer.json().get("workers", []) if answer.status_code == 200 else []
+        return [w["url"].rstrip("/") for w in workers if w.get("is_healthy", True)]
+    except (ValueError, AttributeError, TypeError, KeyError):
+        return []
 
 
 def server_command(spec: ModelSpec, model_path: str, host: str, port: int) -> list[str]:

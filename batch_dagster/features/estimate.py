@@ -1,9 +1,9 @@
 """A batch's estimate before it runs: validation's report, its tokens, the range of its cost and of its duration.
 
-Tokens are counted with the model's tokenizer (engine/tokens.py), the durations divide them by the model's engine
-throughput (throughput.py) after the work queued ahead. The API (`count_file`, then `price_file`) and the CLI
-(`estimate_file`) estimate a file; a valid batch's validation writes its own (`write_estimate`). docs/http-api.md
-("Estimate") says what each bound assumes.
+Tokens are counted as the engine counts them (engine/tokens.py: vLLM's renderer, in a count worker or on the model's
+servers), the durations divide them by the model's engine throughput (throughput.py) after the work queued ahead.
+The API (`count_file`, then `price_file`) and the CLI (`estimate_file`) estimate a file; a valid batch's validation
+writes its own (`write_estimate`). docs/http-api.md ("Estimate") says what each bound assumes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.bodies import BodyError, check_body
-from batch_dagster.batchfile.columnar import read_shard
+from batch_dagster.batchfile.columnar import read_requests
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.registry import served
 from batch_dagster.batchfile.status import TERMINAL
@@ -29,8 +29,8 @@ from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of, load_price
 from batch_dagster.batchfile.validate import ValidationReport, validate_stream
 from batch_dagster.batchfile.windows import Window
 from batch_dagster.db.models import BatchRecord
-from batch_dagster.engine.models import Models
-from batch_dagster.engine.tokens import CountTokens
+from batch_dagster.engine.models import Models, server_urls_for
+from batch_dagster.engine.tokens import CountTimeout, CountTokens
 from batch_dagster.settings import Settings
 
 from .throughput import Throughput, engine_throughput, queue_throughput
@@ -196,18 +196,21 @@ def count_stream(
     """Validate the file and count its tokens in one pass.
 
     `counter(model)` is the model's CountTokens and context length; it is asked for once, for a model the
-    registry (`served`) serves, so an unknown model costs no tokenizer.
+    registry (`served`) serves, so an unknown model costs no tokenizer. CountTimeout names the line it stopped at.
     """
     tally = Tally()
     counters: dict[str, tuple[CountTokens, int] | None] = {}  # only the file's first model gets one
 
-    def on_request(_line: int, request: dict[str, Any]) -> None:
+    def on_request(line: int, request: dict[str, Any]) -> None:
         model = request["body"]["model"]
         if model not in counters:
             counters[model] = counter(model) if model in served and not counters else None
         found = counters[model]
         if found is not None:
-            tally.add(request["url"], request["body"], *found)
+            try:
+                tally.add(request["url"], request["body"], *found)
+            except CountTimeout as exc:
+                raise exc.at(line) from None
 
     report = validate_stream(f, size=size, limits=limits, endpoint=endpoint, models=served, on_request=on_request)
     return Counted(report, tally)
@@ -240,9 +243,16 @@ def queue_ahead(session: Session, model: str, exclude: str | None = None) -> Que
 
 def count_file(f: BinaryIO, *, size: int | None, endpoint: str | None, models: Models,
                settings: Settings) -> Counted:
-    """A file validated and counted with its model's tokenizer: the slow part of an estimate, and its file's alone."""
+    """A file validated and counted as the engine counts it: the slow part of an estimate, and its file's alone.
+    Counting stops at BATCH_ESTIMATE_TIMEOUT_S (CountTimeout, with the line it reached)."""
+
+    def counter(model: str) -> tuple[CountTokens, int]:
+        servers = server_urls_for(model, settings.fleet_urls, settings.engine_mode, list(settings.vllm_server_urls))
+        return models.counter(model, servers=servers, api_key=settings.vllm_api_key,
+                              budget_s=settings.estimate_timeout_s)
+
     return count_stream(f, size=size, limits=settings.limits, endpoint=endpoint,
-                        served=served(models.registry(), settings.image_sources), counter=models.counter)
+                        served=served(models.registry(), settings.image_sources), counter=counter)
 
 
 def price_file(counted: Counted, *, session: Session, storage: Storage, settings: Settings,
@@ -278,19 +288,29 @@ def unreachable_deadline(session: Session, model: str | None, input_bytes: int, 
             f"{rate.batches} batch(es). Use a longer completion_window, or split the file.")
 
 
-def count_tokens(requests: Path, report: ValidationReport, models: Models, *, needed: bool, log: Any) -> Tally | None:
+def count_tokens(requests: Path, report: ValidationReport, models: Models, *, needed: bool, log: Any,
+                 servers: list[str] | None = None, api_key: str | None = None) -> Tally | None:
     """Validation's one count of a valid batch's tokens, which the token limit, the cost cap and the estimate read:
-    its validated `requests` counted once with the model's tokenizer (each request's prompt and bound on output, as
-    an estimate counts them). None for an invalid batch, or when the tokenizer fails and nothing `needed` the count
-    (a limit that must hold fails the step instead); that failure is logged and the batch runs without an estimate.
+    its validated `requests` counted once as the engine counts them (by the model's `servers` when it has some; each
+    request's prompt and bound on output, as an estimate counts them).
+
+    A request whose count outlasts its bound (its chat template renders too long) makes the batch invalid, at that
+    line (`count_timeout`): nothing of it is counted further, nothing runs. None for an invalid batch, or when the
+    count fails and nothing `needed` it (a limit that must hold fails the step instead); that failure is logged and
+    the batch runs without an estimate.
     """
     if not report.valid or report.model is None or report.endpoint is None:
         return None
     try:
-        count, context_length = models.counter(report.model)
+        count, context_length = models.counter(report.model, servers=servers, api_key=api_key)
         tally = Tally()
-        for _, body in read_shard(requests):
-            tally.add(report.endpoint, body, count, context_length)
+        for line, body in read_requests(requests):
+            try:
+                tally.add(report.endpoint, body, count, context_length)
+            except CountTimeout as exc:
+                report.errors.append(c.BatchError(c.COUNT_TIMEOUT, exc.reason, line))
+                report.error_count += 1
+                return None
     except Exception as exc:
         if needed:
             raise

@@ -17,7 +17,6 @@ import pytest
 from batch_dagster.api import metrics
 from batch_dagster.api.app import create_app
 from batch_dagster.defs.resources import DatabaseResource, StorageResource, VLLMResource
-from batch_dagster.engine.models import Models
 from batch_dagster.settings import Settings
 from tests.helpers import (
     KEY_A,
@@ -25,8 +24,8 @@ from tests.helpers import (
     ApiServer,
     FakeEngine,
     Service,
-    WordTokenizer,
     Worker,
+    count_words,
     dagster_instance,
     database_url,
     fake_vllm,
@@ -37,8 +36,8 @@ from tests.helpers import (
 @pytest.fixture(autouse=True)
 def word_tokenizer(monkeypatch):
     """Every model's tokens are counted as the fake engine counts them (the estimate, the cost cap and the token
-    limit count them at validation): exact for these tests, and no tokenizer to load."""
-    monkeypatch.setattr(Models, "tokenizer", lambda self, model: WordTokenizer())
+    limit count them at validation): exact for these tests, and no vLLM or tokenizer to load."""
+    count_words(monkeypatch)
 
 
 @contextmanager

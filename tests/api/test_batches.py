@@ -19,7 +19,6 @@ from tests.helpers import (
     KEY_B,
     FakeEngine,
     FakeVLLM,
-    WordTokenizer,
     chat_request,
     fake_vllm,
     rows,
@@ -298,7 +297,8 @@ def test_cancel_mid_run_keeps_partial_results(start_service, tmp_path):
 
 def test_cancel_before_launch_runs_nothing(start_service, tmp_path, monkeypatch):
     counted: list[str] = []
-    monkeypatch.setattr(Models, "tokenizer", lambda self, model: counted.append(model) or WordTokenizer())
+    count = Models.counter
+    monkeypatch.setattr(Models, "counter", lambda self, model, **kw: counted.append(model) or count(self, model, **kw))
     service = start_service(worker=False, key_daily_budget=1.0)  # a budget needs the tokens of a batch that runs
     client = service.client()
     requests = rows(3)

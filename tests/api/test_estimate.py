@@ -259,10 +259,10 @@ def test_a_flood_of_one_keys_estimates_leaves_the_api_serving_everyone(start_ser
     release, counting = threading.Event(), []
     count = Models.counter
 
-    def held(self, model):
+    def held(self, model, **kwargs):
         counting.append(model)
         release.wait(60)
-        return count(self, model)
+        return count(self, model, **kwargs)
 
     monkeypatch.setattr(Models, "counter", held)
     service = start_service(worker=False)

@@ -184,3 +184,24 @@ def test_validate_lists_mistyped_requests_that_will_end_as_400_lines(tmp_path):
     assert "expected `number`, got `string`" in report["rejected"][0]["message"]
     text = subprocess.run([cli, "validate", str(path)], capture_output=True, text=True, timeout=120)
     assert text.returncode == 0 and "line 2 (body.temperature)" in text.stderr
+
+
+@pytest.mark.parametrize("key", ["chat_template", "tokenize"])
+@pytest.mark.parametrize("url", [c.CHAT, c.RESPONSES])
+def test_a_clients_own_template_in_the_template_kwargs_is_refused_at_its_line(url, key):
+    """vLLM refuses these keys (resolve_chat_template_kwargs): a client's template would run in the count and in the
+    engine's renderer. Refused here, the line is a 400 before anything renders it."""
+    prompt = {"messages": MESSAGES} if url == c.CHAT else {"input": "hi"}
+    body = {"model": MODEL, **prompt, "chat_template_kwargs": {key: "{% for i in range(10**9) %}x{% endfor %}"}}
+    err = error_of(url, body)
+    assert err is not None and err[0] == "body.chat_template_kwargs" and repr(key) in err[1]
+    assert error_of(url, {**body, "chat_template_kwargs": {"add_generation_prompt": True, "x": 1}}) is None
+
+
+@pytest.mark.parametrize(("url", "field"), [(c.SCORE, "documents"), (c.SCORE, "queries"), (c.RERANK, "documents")])
+def test_a_score_or_rerank_line_holds_a_bounded_number_of_texts(url, field):
+    texts = {"documents": "d", "queries": "q"} if url == c.SCORE else {"documents": "d", "query": "q"}
+    at_most = {"model": MODEL, **texts, field: ["t"] * c.MAX_SCORE_TEXTS}
+    assert error_of(url, at_most) is None
+    err = error_of(url, {**at_most, field: ["t"] * (c.MAX_SCORE_TEXTS + 1)})
+    assert err is not None and err[0] == f"body.{field}" and f"{c.MAX_SCORE_TEXTS}" in err[1]

@@ -89,6 +89,7 @@ def test_both_engines_run_the_same_flags_parsed_by_vllms_own_server_parser():
     assert args.tool_strict_level == "parameter"
     assert args.reasoning_parser == "qwen3"
     assert args.enable_prompt_tokens_details and args.enforce_eager and not args.enable_prefix_caching
+    assert args.enable_scale_out  # the /render routes validation counts with
     bare = parsed_args(ModelSpec(name="e", source="/e", task="embed"), "/e")
     assert bare.runner == "pooling" and bare.tool_call_parser is None and not bare.enable_auto_tool_choice
     vision = parsed_args(ModelSpec(name="v", source="/v", images_per_request=2), "/v")

@@ -18,12 +18,11 @@ from batch_dagster.batchfile.reuse import AnswerStore
 from batch_dagster.defs.resources import PipelineConfig, StorageResource
 from batch_dagster.defs.table.component import IO_MANAGER, PIPELINE, STORAGE, VLLM
 from batch_dagster.defs.table.io_manager import TableIOManager, as_pandas
-from batch_dagster.engine import tokens
 from batch_dagster.engine.models import Models
 from tests.helpers import (
     LabelEngine,
-    WordTokenizer,
     component_yaml,
+    count_words,
     fake_vllm,
     label_body,
     labels_of,
@@ -37,7 +36,7 @@ from tests.helpers import (
 @pytest.fixture(autouse=True)
 def word_tokens(monkeypatch):
     """The estimate's tokens counted one per word, in a 2,048-token context: no real tokenizer, no model prepared."""
-    monkeypatch.setattr(Models, "counter", lambda self, model: (tokens.counter(WordTokenizer()), 2048))
+    count_words(monkeypatch)
 
 
 def test_a_table_is_answered_into_typed_columns_and_reused_when_rows_come_back(tmp_path, data_dir, instance):
@@ -270,7 +269,7 @@ def test_the_cost_cap_stops_the_batch_and_every_row_still_has_an_answer_or_an_er
                  component_yaml(reuse=False, max_cost=10.0, asset={"key": "refused"})) as (defs, tables):
         tables["reviews"] = reviews_frame()
         # Its estimate's upper bound passes (one token per request, as the stand-in counts); its spend does not.
-        monkeypatch.setattr(Models, "counter", lambda self, model: (lambda endpoint, body: [1], 2048))
+        monkeypatch.setattr(Models, "counter", lambda self, model, **kw: (lambda endpoint, body: [1], 2048))
         res = table_resources(data_dir, engine, "cap", prices_file=str(prices))
         res[PIPELINE] = PipelineConfig(shard_size=3, prices_file=str(prices))
         result = materialize(defs, ["reviews", "review_labels"], res, instance, raise_on_error=False)

@@ -16,16 +16,13 @@ from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import DatabaseResource, LazyS3Resource, PipelineConfig, StorageResource
 from batch_dagster.defs.runner import run_batch
-from batch_dagster.engine.hardware import dtype_choice
-from batch_dagster.engine.models import Models
-from batch_dagster.engine.prepare import smollm2_path
-from tests.helpers import CHAT_MODEL, MODEL_CACHE, FakeEngine, WordTokenizer, chat_request, fake_vllm, write_jsonl
+from tests.helpers import CHAT_MODEL, FakeEngine, chat_request, count_words, fake_vllm, write_jsonl
 
 
 @pytest.fixture(autouse=True)
 def word_tokenizer(monkeypatch):
-    """The limit's tokens counted one per word: the smollm2 tests below count with the real tokenizer."""
-    monkeypatch.setattr(Models, "tokenizer", lambda self, model: WordTokenizer())
+    """The limit's tokens counted one per word (tests/system/test_count_worker.py counts with vLLM's renderer)."""
+    count_words(monkeypatch)
 
 
 def defs_with_limit(data_dir: Path, limit: int, url: str) -> dg.Definitions:
@@ -91,40 +88,3 @@ def test_alone_a_batch_is_held_to_the_limit_too(tmp_path, data_dir, instance):
     summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", show_progress=False,
                         defs=defs_with_limit(data_dir, 19, url), instance=instance).to_dict()
     assert summary["status"] == "failed" and summary["errors"][0]["code"] == "token_limit_exceeded"
-
-
-@pytest.fixture
-def smollm2():
-    """SmolLM2's tokenizer (no vLLM started)."""
-    from batch_dagster.engine.models import _tokenizer
-
-    path = smollm2_path(MODEL_CACHE, dtype_choice("auto").dtype)
-    if not (path / "tokenizer.json").exists():
-        pytest.skip(f"the SmolLM2 model is not prepared in {MODEL_CACHE} (make setup)")
-    return _tokenizer(str(path), str(MODEL_CACHE))
-
-
-def test_the_estimate_counts_each_prompt_as_the_model_s_tokenizer_renders_it(smollm2):
-    # The engine's own count is what it bills: tests/system/test_estimate.py compares the two on the real engine.
-    from batch_dagster.engine.tokens import counter
-
-    tokenizer = smollm2
-    count = counter(tokenizer)
-
-    def rendered(messages: list) -> int:
-        return len(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
-                                                 return_dict=True)["input_ids"])
-
-    turns = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2 + 2?"},
-             {"role": "assistant", "content": "4"}, {"role": "user", "content": [{"type": "text", "text": "x3?"}]}]
-    as_text = [*turns[:3], {"role": "user", "content": "x3?"}]
-    assert count(c.CHAT, {"model": CHAT_MODEL, "messages": turns}) == [
-        rendered(as_text)]
-    brief = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three colors."}]
-    assert count(c.RESPONSES, {"model": CHAT_MODEL, "input": "Name three colors.", "instructions": "Be brief."}) == [
-        rendered(brief)]
-    assert count(c.COMPLETIONS, {"model": CHAT_MODEL, "prompt": ["Once upon a time", "In a land"]}) == [
-        len(tokenizer.encode("Once upon a time")), len(tokenizer.encode("In a land"))]
-    assert count(c.COMPLETIONS, {"model": CHAT_MODEL, "prompt": [1, 2, 3]}) == [3]
-    # A body the engine cannot prepare is refused, not counted (and raises nothing).
-    assert count(c.CHAT, {"model": CHAT_MODEL, "messages": [{"content": "no role"}]}) is None

@@ -3,6 +3,8 @@ in its range (POST /v1/batches/estimate through the openai SDK, then the same fi
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from batch_dagster.batchfile import contract as c
@@ -44,6 +46,13 @@ ROWS = [
          max_tokens=5, n=2, temperature=0.8, seed=1),
     chat("greedy-two", [user("Say yes.")], max_tokens=3, n=2),  # the engine refuses it: n > 1 at temperature 0
     chat("unicode", [user("Traduis « déjà vu » en anglais, s'il te plaît. 日本語も。")], max_tokens=9),
+    # Template switches in the kwargs: vLLM merges them with the request's own and runs the line (before, the count
+    # raised on them: 0 tokens counted for a line the engine billed).
+    chat("gen-kw", [user("Say hi.")], max_tokens=4, chat_template_kwargs={"add_generation_prompt": True}),
+    chat("cont-kw", [user("Name a fruit."), assistant("An")], max_tokens=4,
+         chat_template_kwargs={"continue_final_message": True}),
+    # A template of the client's own: refused at its line, never rendered (it would count 5,000 words).
+    chat("own", [user("Hi")], max_tokens=4, chat_template_kwargs={"chat_template": "{{ 'word ' * 5000 }}"}),
 ]
 
 
@@ -52,16 +61,18 @@ def test_the_estimate_counts_the_prompt_tokens_the_engine_bills(start_service, t
     client = service.client()
     file_id = upload(client, tmp_path / "in.jsonl", ROWS)
     create = {"input_file_id": file_id, "endpoint": c.CHAT, "completion_window": "24h"}
-    # The first estimate of a model loads its tokenizer (transformers and torch): longer than the client's 30 s
-    # on a loaded 2-core machine.
+    # The first estimate starts the API's count worker (vLLM's renderer, torch with it): longer than the client's
+    # 30 s on a loaded 2-core machine.
     estimate = client.post("/batches/estimate", body=create, cast_to=object, options={"timeout": 300})
-    assert estimate["object"] == "batch.estimate" and estimate["valid"] and estimate["refused_requests"] == 1
-    assert estimate["max_output_tokens"] == 12 + 10 + 8 + 6 + 5 * 2 + 9
+    assert estimate["object"] == "batch.estimate" and estimate["valid"] and estimate["refused_requests"] == 2
+    assert estimate["max_output_tokens"] == 12 + 10 + 8 + 6 + 5 * 2 + 9 + 4 + 4
 
     batch = client.batches.create(**create)
     done = wait_for(client, batch.id, "completed", timeout_s=300)
     errors = client.files.content(done.error_file_id).text if done.error_file_id else ""
-    assert done.request_counts.model_dump() == {"total": len(ROWS), "completed": len(ROWS) - 1, "failed": 1}, errors
+    assert done.request_counts.model_dump() == {"total": len(ROWS), "completed": len(ROWS) - 2, "failed": 2}, errors
+    own = next(json.loads(line) for line in errors.splitlines() if json.loads(line)["custom_id"] == "own")
+    assert own["response"]["body"]["error"]["param"] == "chat_template_kwargs"
     assert done.usage.input_tokens == estimate["input_tokens"]  # exactly
     assert 0 < done.usage.output_tokens <= estimate["max_output_tokens"]
     summary = BatchFolder(service.storage.open(), batch.id).summary()

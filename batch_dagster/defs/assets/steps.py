@@ -28,6 +28,7 @@ from batch_dagster.batchfile.usage import cost_of
 from batch_dagster.batchfile.validate import ValidationReport
 from batch_dagster.db.models import ApiKey, BatchRecord
 from batch_dagster.defs.resources import PipelineConfig, VLLMResource
+from batch_dagster.engine.counting import close_workers
 from batch_dagster.features.cost_cap import refuse_over_cap
 from batch_dagster.features.estimate import Tally, count_tokens, write_estimate
 from batch_dagster.features.token_limit import refuse_over_limit
@@ -106,7 +107,11 @@ def validate(folder: BatchFolder, pipeline: PipelineConfig, vllm: VLLMResource, 
         # A batch cancelled (or expired) before its run started runs nothing: its requests are only listed.
         stopped = folder.stop_reason() is not None
         wanted = (limit or session is not None or options.max_cost is not None or count) and not stopped
-        tally = count_tokens(out, report, vllm.models, needed=bool(limit or budget), log=log) if wanted else None
+        servers = vllm.server_urls_for(report.model) if report.model is not None else None
+        tally = count_tokens(out, report, vllm.models, needed=bool(limit or budget), log=log, servers=servers,
+                             api_key=vllm.server_api_key) if wanted else None
+        if wanted and servers is None:  # the model's engine starts in this process next: its count worker's memory
+            close_workers()             # (vLLM's renderer, torch) goes back first
         prompt_tokens = refuse_over_limit(session, folder, report, limit, tally)
         if not stopped:
             refuse_over_cap(session, folder.batch_id, options, report, tally, pipeline.prices(), budget,

@@ -13,7 +13,7 @@ import dagster as dg
 from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.defs.run_limits import queue_tags
 from batch_dagster.engine.base import Engine
-from batch_dagster.engine.models import Models, UnknownModel
+from batch_dagster.engine.models import Models, UnknownModel, server_urls_for
 from batch_dagster.engine.server import ServerEngine
 
 from .fields import setting
@@ -95,9 +95,7 @@ class VLLMResource(dg.ConfigurableResource):
 
     def server_urls_for(self, model: str) -> list[str] | None:
         """Where a model's requests go in server mode (its fleet first), or None when it runs offline."""
-        if model in self.fleet_urls:
-            return [self.fleet_urls[model]]
-        return self.server_urls if self.mode == "server" else None
+        return server_urls_for(model, self.fleet_urls, self.mode, self.server_urls)
 
     def queue_tags(self, model: str | None) -> dict[str, str]:
         """The run queue's tags for a batch of `model`: served or in-process. An unknown model counts as in-process."""
