@@ -94,12 +94,12 @@ def commit_shard(
                 summary.reused += 1
             if line["custom_id"] in structured and cut_short(body):
                 summary.request_counts.incomplete_structured += 1
-            ok += orjson.dumps(line) + b"\n"
+            ok += c.jsonl_line(line)
         else:
             summary.request_counts.failed += 1
             code = error_code(line)
             summary.error_codes[code] = summary.error_codes.get(code, 0) + 1
-            failed += orjson.dumps(line) + b"\n"
+            failed += c.jsonl_line(line)
     out_key, err_key, summary_key = shard_keys(results_prefix, index)
     storage.write_bytes(out_key, bytes(ok))
     storage.write_bytes(err_key, bytes(failed))
@@ -198,7 +198,7 @@ def merge(
             counts.failed += 1
             code = error_code(line)
             codes[code] = codes.get(code, 0) + 1
-            err.write(orjson.dumps(line) + b"\n")
+            err.write(c.jsonl_line(line))
     return MergeResult(counts, usage, codes, reused)
 
 
