@@ -281,6 +281,12 @@ class Settings:
     vllm_api_key: str | None = variable(
         "BATCH_VLLM_API_KEY", None, "Engine",
         "The key the vLLM servers expect, if any.", secret=True)
+    cache_salt_secret: str = variable(
+        "BATCH_CACHE_SALT_SECRET", "", "Engine",
+        "Mixed into the salt every request carries to vLLM's prefix cache (its `cache_salt`, one per owner). Set it "
+        "(long random text, the same in every process) where the vLLM servers also take requests from elsewhere: "
+        "then nobody who reaches them directly can compute an owner's salt. Unset: the salt is a hash of the owner "
+        "(an API key's owner is its key's SHA-256).", secret=True)
     vllm_max_concurrency: int = variable(
         "BATCH_VLLM_MAX_CONCURRENCY", 64, "Engine",
         "Requests in flight to the servers at once (server mode).", parse=int)
@@ -364,11 +370,22 @@ class Settings:
     max_image_bytes: int = variable(
         "BATCH_MAX_IMAGE_BYTES", DEFAULT_MAX_IMAGE_BYTES, "Limits",
         "Bytes of one image a request sends (a data URL's data) or names (a fetched one).", parse=int)
+    image_budget_bytes: int = variable(
+        "BATCH_IMAGE_BUDGET_BYTES", 1 << 30, "Limits",
+        "Bytes one batch may fetch of the images its requests name, in all (as they arrive, decompressed); past it "
+        "a request naming an image not fetched yet is its own 400 line. The images are kept in the batch's folder "
+        "and count against its key's BATCH_KEY_MAX_STORED_BYTES from when they are fetched.", parse=int)
+    image_budget_s: float = variable(
+        "BATCH_IMAGE_BUDGET_S", 600.0, "Limits",
+        "Seconds one batch may spend fetching the images its requests name, in all; past it a request naming an image "
+        "not fetched yet is its own 400 line. Each fetch also ends 30 s after it starts, however its bytes trickle "
+        "in.", parse=float)
     error_breaker_lines: int = variable(
         "BATCH_ERROR_BREAKER_LINES", 200, "Limits",
         "The error-rate breaker's sample: once at least this many of a batch's lines have ended (it checks before each "
         "shard), a batch whose failed share is past the rate stops, `failed` with `error_rate_exceeded`, keeping what "
-        "it finished. 0: no breaker.", parse=int)
+        "it finished. Only the requests' own failures count: `engine_error` and `out_of_memory` lines (the service's) "
+        "are left out. 0: no breaker.", parse=int)
     error_breaker_rate: float | None = variable(
         "BATCH_ERROR_BREAKER_RATE", 0.95, "Limits",
         "The share (0 to 1) of failed lines among a batch's first BATCH_ERROR_BREAKER_LINES at which it stops; a "
@@ -387,6 +404,12 @@ class Settings:
         "BATCH_ANSWER_STORE_BYTES", DEFAULT_ANSWER_STORE_BYTES, "Limits",
         "The answer store's bound, in bytes (answers/ where the batch folders live): past it the answers written "
         "first are deleted first.", parse=int)
+    shared_owners: tuple[str, ...] = variable(
+        "BATCH_SHARED_OWNERS", (), "Limits",
+        "Comma-separated owners whose batches share kept answers (the answer store) and prompt prefixes (vLLM's "
+        "prefix cache) with each other: API keys by name (as `batch-dagster keys list` shows them), table batches by "
+        "namespace; `*`: every owner. Unset: nothing is shared, each owner's answers and cached prefixes are its "
+        "own.", parse=_csv)
     max_upload_bytes: int = variable(
         "BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "API",
         "Largest upload the API accepts (413 past it).", parse=int)
@@ -403,7 +426,9 @@ class Settings:
     api_keys: tuple[str, ...] = variable(
         "BATCH_API_KEYS", (), "API",
         "Comma-separated API keys, each `name:key` or a bare `key`; the name is the owner the Dagster UI shows (a bare"
-        " key shows as `key-` and a keyed hash). Unset: no authentication, loopback only.",
+        " key shows as `key-` and a keyed hash). Seeded into the store when the API starts: a key it never saw is "
+        "added, one the variable made that left it is revoked, and none revoked or rotated in the store comes back. "
+        "Unset: nothing seeded; with no key in the store either, no authentication, loopback only.",
         parse=api_key_entries, secret=True)
     sensor_loop_s: int = variable(
         "BATCH_SENSOR_LOOP_S", 1, "API",
@@ -429,13 +454,27 @@ class Settings:
     key_max_stored_bytes: int | None = variable(
         "BATCH_KEY_MAX_STORED_BYTES", 100 << 30, "API",
         "Bytes of files one key may keep stored (its uploads and its batches' output and error files, until deleted or"
-        " expired); past it an upload answers 429 `storage_limit_exceeded`. 0: no limit.", parse=_limit)
+        " expired); past it an upload answers 429 `storage_limit_exceeded`: from its declared length before its body "
+        "is read, or once its file's bytes pass the key's room as they stream in. 0: no limit.", parse=_limit)
+    key_max_uploads: int | None = variable(
+        "BATCH_KEY_MAX_UPLOADS", 4, "API",
+        "Uploads one key may have streaming into one API process at once; past it an upload answers 429 "
+        "`too_many_uploads` before its body is read. 0: no limit.", parse=_limit)
     api_host: str = variable(
         "BATCH_API_HOST", LOOPBACK, "API",
         "The address `make serve` binds the API to.",)
     api_port: int = variable(
         "BATCH_API_PORT", 8000, "API",
         "The API's port under `make serve`.", parse=int)
+    metrics_host: str = variable(
+        "BATCH_METRICS_HOST", LOOPBACK, "API",
+        "The address of the API's Prometheus metrics: /metrics on a listener of its own, never the API's (they name "
+        "every key and what it runs, so they are the operator's). On Kubernetes `0.0.0.0`, the pod's address, for "
+        "Prometheus to scrape inside the cluster; keep the port off the Service and the ingress.",)
+    metrics_port: int = variable(
+        "BATCH_METRICS_PORT", 0, "API",
+        "The metrics listener's port (deploy/k8s: 9464); 0: a free port chosen at start, logged, and written by "
+        "`make serve` into its Prometheus targets.", parse=int)
     webhook_urls: tuple[str, ...] = variable(
         "BATCH_WEBHOOK_URLS", (), "API",
         "Comma-separated endpoints that get a signed POST when a batch ends (batch.completed, batch.failed, "

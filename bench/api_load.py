@@ -167,10 +167,10 @@ def serve(database_url: str | None, workdir: Path):
     (home / "dagster.yaml").write_text(config)
     # serve gets only the settings below: none of the caller's own (it reads them itself, through settings.py).
     env = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
-    # One key makes every request: its per-key limits off (they would answer 429 past 100 unfinished batches),
-    # since this measures the API's latency, not the limits.
+    # One key makes every request: its per-key limits off (they would answer 429 past 100 unfinished batches, or past
+    # 4 uploads at once), since this measures the API's latency, not the limits.
     settings = {"DAGSTER_HOME": str(home), "BATCH_DATA_DIR": str(data), "BATCH_API_KEYS": LOAD_KEY,
-                "BATCH_KEY_MAX_ACTIVE_BATCHES": "0", "BATCH_KEY_MAX_STORED_BYTES": "0"}
+                "BATCH_KEY_MAX_ACTIVE_BATCHES": "0", "BATCH_KEY_MAX_STORED_BYTES": "0", "BATCH_KEY_MAX_UPLOADS": "0"}
     if database_url:
         settings["BATCH_DATABASE_URL"] = database_url
     env.update(settings)

@@ -369,16 +369,17 @@ class InferenceGate:
 # Definitions.
 
 def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storage_url: str = "",
-              database_url: str = "", **pipeline: Any) -> dg.Definitions:
+              database_url: str = "", intake_api_key: str = "", **pipeline: Any) -> dg.Definitions:
     """batch_job over `data_dir` (or batch folders at `storage_url`) on `vllm`, cutting shards of `shard_size`
-    (`pipeline`: PipelineConfig's other fields); its steps read the store at `database_url` (none: no store)."""
+    (`pipeline`: PipelineConfig's other fields); its steps read the store at `database_url` (none: no store), where a
+    command-line batch belongs to `intake_api_key`'s owner (none: the keyless one)."""
     return dg.Definitions(
         assets=lifecycle(STEP_RETRY_DELAY_S),
         asset_checks=lifecycle_checks,
         jobs=[batch_job],
         resources={"storage": StorageResource(data_dir=str(data_dir), url=storage_url), "vllm": vllm, "s3": LazyS3Resource(),
                    "pipeline": PipelineConfig(shard_size=shard_size, **pipeline),
-                   "database": DatabaseResource(url=database_url)},
+                   "database": DatabaseResource(url=database_url, intake_api_key=intake_api_key)},
     )
 
 
@@ -409,7 +410,9 @@ class FakeEngine:
     crash_times: int = 0
     calls: list[list[str]] = field(default_factory=list)
     on_call: Callable[[int], None] | None = None  # called with the call number, e.g. to cancel mid-batch
-    fail_once: set[str] = field(default_factory=set)  # custom_ids answered once with a 500 out_of_memory line
+    fail_once: set[str] = field(default_factory=set)  # custom_ids answered once with a 500 line of `fail_code`
+    fail_code: str = c.OUT_OF_MEMORY  # or c.ENGINE_ERROR: what a fleet that is down answers
+    refuse: set[str] = field(default_factory=set)  # custom_ids answered with a 400 line: the request's own failure
     on_request: Callable[[int], None] | None = None  # called after each finished request with the count so far
 
     def run(self, endpoint: str, requests: Sequence[Request],
@@ -428,7 +431,10 @@ class FakeEngine:
                 continue
             if cid in self.fail_once:
                 self.fail_once.discard(cid)
-                lines.append(c.request_error_line(cid, "out_of_memory", "fake out of memory", status_code=500))
+                lines.append(c.request_error_line(cid, self.fail_code, f"fake {self.fail_code}", status_code=500))
+                continue
+            if cid in self.refuse:
+                lines.append(c.request_error_line(cid, c.INVALID_REQUEST, "fake refusal", status_code=400))
                 continue
             text = str(body["messages"][-1]["content"]) if "messages" in body else str(body.get("prompt"))
             words = text.split()
@@ -596,13 +602,14 @@ class Worker(threading.Thread):
 
 
 class ApiServer:
-    """uvicorn in a thread on a free loopback port."""
+    """uvicorn in a thread on a free loopback port (`config`: more of uvicorn's settings, e.g. root_path)."""
 
-    def __init__(self, app):
+    def __init__(self, app, **config: Any):
         import uvicorn
 
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    **config))
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="uvicorn")
 
     @property
@@ -634,6 +641,7 @@ class Service:
     worker: Worker
     storage: StorageResource
     clients: list[OpenAI] = field(default_factory=list)
+    metrics_url: str = ""  # the metrics' own listener (the operator's), http://host:port/metrics
 
     @property
     def instance(self) -> dg.DagsterInstance:
@@ -832,7 +840,7 @@ class Serve:
     def __init__(self, tmp_path: Path, *, module: str | None = None, ui: bool = False, **env: str):
         self.tmp_path, self.module, self.ui = tmp_path, module, ui
         self.home, self.data_dir = tmp_path / "dagster_home", tmp_path / "data"
-        self.api_port, self.ui_port = free_port(), free_port()
+        self.api_port, self.ui_port, self.metrics_port = free_port(), free_port(), free_port()
         self.env = serve_env(tmp_path, BATCH_API_KEYS=SERVE_API_KEY, **env)
         self.proc: subprocess.Popen | None = None
 
@@ -842,7 +850,8 @@ class Serve:
                 f"load_from:\n  - python_module:\n      module_name: {self.module}\n"
                 f"      working_directory: {REPO}\n      location_name: tests\n")
         self.log = open(self.tmp_path / "serve.log", "w")
-        command = [sys.executable, "-m", "batch_dagster.serve", "--port", str(self.api_port)]
+        command = [sys.executable, "-m", "batch_dagster.serve", "--port", str(self.api_port), "--metrics-port",
+                   str(self.metrics_port)]
         command += ["--dagster-port", str(self.ui_port)] if self.ui else ["--no-ui"]
         self.proc = subprocess.Popen(command, cwd=self.tmp_path, env=self.env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -14,16 +15,23 @@ from . import keys as key_routes
 from .context import AppContext
 from .guard import RequestGuard
 
+log = logging.getLogger("batch_dagster.api")
+
 
 def create_app(config: Settings | None = None) -> FastAPI:
-    """Build the app; the store's schema is upgraded to head and BATCH_API_KEYS seeded into it here, before the
-    first request (KeyProblem when an entry names a key made with `batch-dagster keys`)."""
+    """Build the app; the store's schema is upgraded to head and BATCH_API_KEYS' new keys seeded into it here, before
+    the first request (KeyProblem when an entry names a key made with `batch-dagster keys`)."""
     config = config or Settings.from_env()
     context = AppContext.build(config)
     context.db.upgrade()
     with context.db.session() as session:
         repo.ensure_owners(session, [repo.ANONYMOUS])
-        keys.seed(session, map(split_key, config.api_keys))
+        for name in keys.seed(session, map(split_key, config.api_keys)):
+            log.warning("BATCH_API_KEYS names the key %r, which was revoked or rotated in the store: it stays "
+                        "refused (the store is the truth); remove its entry", name)
+        for name in keys.brought_back(session):
+            log.warning("The key %r was rotated, but an earlier version seeding BATCH_API_KEYS made its old key live "
+                        "again: rotate it again (`batch-dagster keys rotate %s`) to refuse the old key", name, name)
         context.keyed = keys.keyed(session)
 
     @asynccontextmanager

@@ -261,12 +261,13 @@ def retrieve_batch(batch_id: Text, session: DbSession, owner: Owner) -> Batch:
 @router.post("/batches/{batch_id}/retry", response_model=Batch)
 def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner) -> Batch:
     """Extension: create a batch of the failures that were not the requests' own (features/retry.py); its metadata
-    names the parent."""
+    names the parent. It keeps the parent's options, its priority no higher than the key may ask now."""
     parent = _owned_batch(session, owner, batch_id)
     limits = KeyLimits.of(session, owner, ctx.config)
     refuse_early(limits, session, owner, batches=1)
     try:
-        child = create_retry(session, ctx.storage, parent, windows=ctx.config.windows, admit=batch_admission(limits))
+        child = create_retry(session, ctx.storage, parent, windows=ctx.config.windows, admit=batch_admission(limits),
+                             max_priority=limits_of(session, owner, ctx.config).max_priority)
     except CannotRetry as exc:
         raise invalid(str(exc), param="batch_id", code="nothing_to_retry") from exc
     return batch_object(child)

@@ -11,6 +11,7 @@ from batch_dagster.features.estimate import Counted
 from batch_dagster.settings import Settings
 
 from .lanes import Kept, Lane
+from .uploads import UploadSlots
 
 # An estimate validates and tokenizes a whole file (up to the upload limit): the CPU's work, so few threads; one of a
 # key's files at a time, a few more waiting, so one key never holds the lane.
@@ -34,6 +35,7 @@ class AppContext:
     lookups: Lane = field(default_factory=lambda: Lane(
         "webhook_lookups", workers=LOOKUP_WORKERS, per_key=LOOKUPS_PER_KEY, queued_per_key=LOOKUPS_QUEUED_PER_KEY,
         what="webhook endpoint creations"))
+    uploads: UploadSlots = field(default_factory=UploadSlots)  # streaming in, per key (BATCH_KEY_MAX_UPLOADS)
 
     def close(self) -> None:
         self.estimates.close()

@@ -83,7 +83,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: _documented("No API key, or not a valid one."),
     404: _documented("No such object (for this key), or its content is gone."),
     413: _documented("The request body is larger than the limit."),
-    429: _documented("A limit of this key is reached: batches not yet ended, or bytes of files stored."),
+    429: _documented("A limit of this key is reached: batches not yet ended, bytes of files stored, uploads "
+                     "streaming at once, or estimates or lookups in flight."),
 }
 # The key management endpoints' (api/keys.py): also a key that is not an admin's, and a name taken or revoked.
 ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {

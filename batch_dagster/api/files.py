@@ -70,16 +70,16 @@ def create_file(
     created_at = repo.now()
     if expires_seconds is not None:
         expires_at = created_at + expires_seconds
+    # The guard (guard.py) held the upload to the key's room as it streamed in; counted again here, then with the
+    # owner locked as the row is added (parallel uploads each see the others').
     limits = KeyLimits.of(session, owner, ctx.config)
-    refuse_early(limits, session, owner, nbytes=1)  # a key with no room left sends nothing more
-    session.rollback()  # no transaction stays open while the upload streams in
+    session.rollback()  # no transaction stays open while the upload is copied
     key = file_key(file_id)
     with ctx.storage.writing(key) as dest:
         size = _store_upload(file, dest, ctx.config.max_upload_bytes)
         refuse_early(limits, session, owner, nbytes=size)  # raised inside: the object is never written
         session.rollback()
     try:
-        # Counted again with the owner locked, as the row is added: parallel uploads each see the others'.
         admit(limits, session, owner, nbytes=size)
         row = repo.add_file(session, FileRecord(
             id=file_id, owner=owner, bytes=size, created_at=created_at, expires_at=expires_at, filename=filename,

@@ -1,5 +1,9 @@
-"""The service's Prometheus metrics at /metrics: the API's requests and latency by route
-(prometheus-fastapi-instrumentator), and the service's state read from the store at each scrape (db/metrics.py).
+"""The service's Prometheus metrics: the API's requests and latency by route (prometheus-fastapi-instrumentator), and
+the service's state read from the store at each scrape (db/metrics.py), by key name and model.
+
+They name every key and what it runs, so they are the operator's: served on a listener of their own (`serve`,
+prometheus_client's exporter, on BATCH_METRICS_HOST:BATCH_METRICS_PORT, loopback by default), never on the API's
+tenant-facing one. A model label is one of the registry's, or `other`: a client's model string never becomes a label.
 
 The state is read, not counted in this process: batches and requests by key and model, tokens, the queue, the ETA's
 error, webhook deliveries, the sensors' ticks (which the sensors record in the store) and the warm fleets. So a
@@ -10,11 +14,14 @@ not answer is `batch_dagster_store_up 0`, never a failed scrape.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
 
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -25,6 +32,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_fastapi_instrumentator import Instrumentator
 
+from batch_dagster.batchfile.registry import load_registry
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.db import keys
 from batch_dagster.db import metrics as stored
@@ -40,12 +48,50 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 
 def install(app: FastAPI, context: AppContext) -> None:
-    """Count the app's requests by route and serve /metrics from a registry of this app's own."""
+    """Count the app's requests by route into a registry of this app's own (`app.state.metrics`), which `serve`
+    exposes; the app itself serves no /metrics."""
     registry = CollectorRegistry()
-    registry.register(StoreCollector(context))
-    instrumentator = Instrumentator(excluded_handlers=[PATH], registry=registry)
+    registry.register(StoreCollector(context, _registry_models(context)))
+    instrumentator = Instrumentator(registry=registry)
     instrumentator.instrument(app, metric_namespace=NAMESPACE, latency_lowr_buckets=LATENCY_BUCKETS)
-    instrumentator.expose(app, endpoint=PATH, include_in_schema=False)
+    app.state.metrics = registry
+
+
+@dataclass
+class Listener:
+    """The metrics' own listener: where it is, and how to stop it."""
+
+    host: str
+    port: int
+    server: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}{PATH}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def serve(app: FastAPI, host: str, port: int) -> Listener:
+    """Serve `app`'s metrics (install) on `host`:`port` (0: a free port), off the API's own listener:
+    prometheus_client's exporter, in a thread of its own. OSError when the port is taken."""
+    server, thread = start_http_server(port, addr=host, registry=app.state.metrics)
+    listener = Listener(host, server.server_port, server, thread)
+    log.info("metrics on %s (the operator's: keep this port off any tenant-facing ingress)", listener.url)
+    return listener
+
+
+def _registry_models(context: AppContext) -> frozenset[str]:
+    """The models a model label may name: the registry's (read once, at start)."""
+    try:
+        return frozenset(load_registry(context.config.models_file))
+    except (OSError, ValueError) as exc:  # the API still serves; every batch's model is `other`
+        log.warning("metrics: the model registry %s could not be read (%r): every model is labelled `%s`",
+                    context.config.models_file, exc, stored.OTHER)
+        return frozenset()
 
 
 def _name(metric: str) -> str:
@@ -55,8 +101,8 @@ def _name(metric: str) -> str:
 class StoreCollector(Collector):
     """The service's state as Prometheus metrics, from a few grouped queries on the store at each scrape."""
 
-    def __init__(self, context: AppContext):
-        self.context = context
+    def __init__(self, context: AppContext, models: frozenset[str]):
+        self.context, self.models = context, models
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
@@ -78,9 +124,9 @@ class StoreCollector(Collector):
     def _families(self, now: float) -> Iterator[Metric]:
         with self.context.db.session() as session:
             names = keys.labels(session)
-            groups = stored.batch_groups(session)
-            oldest = stored.oldest_queued(session)
-            eta = stored.eta_errors(session)
+            groups = stored.batch_groups(session, self.models)
+            oldest = stored.oldest_queued(session, self.models)
+            eta = stored.eta_errors(session, self.models)
             deliveries = stored.webhook_deliveries(session)
             ticks = stored.sensor_ticks(session)
             fleets = stored.fleets(session)

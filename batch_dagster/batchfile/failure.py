@@ -17,7 +17,7 @@ import orjson
 from . import contract as c
 from .columnar import custom_ids
 from .folder import BatchFolder, Merged, Summary
-from .results import committed_shards, merge
+from .results import CommittedShard, committed_shards, merge
 from .status import BatchStatus
 from .usage import PriceTable, cost_of
 
@@ -45,14 +45,23 @@ ERROR_RATE_ERROR = c.BatchError(c.ERROR_RATE_EXCEEDED, "Nearly all of the batch'
                                 "output and error files, the requests it did not run are in the error file.")
 
 
-def breaker_tripped(counts: Iterable[c.RequestCounts], first_lines: int, rate: float | None) -> bool:
-    """Whether a batch whose committed shards hold `counts` must stop: at least `first_lines` of its lines have
-    ended and at least `rate` of them failed. Never with no rate, or no `first_lines` (0: the breaker is off)."""
+# The service's own failures, a 5xx line's codes (an engine or a fleet that failed, an engine out of memory): as a
+# retry runs them again (is_retryable), the error-rate breaker leaves them out. A fleet outage fails every line it
+# was sent; the batch is not to blame, and stopping it would fail what the fleet will run once it is back.
+SERVICE_ERRORS = (c.ENGINE_ERROR, c.OUT_OF_MEMORY)
+
+
+def breaker_tripped(shards: Iterable[CommittedShard], first_lines: int, rate: float | None) -> bool:
+    """Whether a batch whose committed shards are `shards` must stop: at least `first_lines` of its lines have ended
+    by the requests' own doing and at least `rate` of those failed; the service's own failures (SERVICE_ERRORS)
+    count for neither. Never with no rate, or no `first_lines` (0: the breaker is off)."""
     if not rate or first_lines <= 0:
         return False
     total = failed = 0
-    for count in counts:
-        total, failed = total + count.total, failed + count.failed
+    for shard in shards:
+        theirs = sum(shard.error_codes.get(code, 0) for code in SERVICE_ERRORS)
+        total += shard.request_counts.total - theirs
+        failed += shard.request_counts.failed - theirs
     return total >= first_lines and failed >= rate * total
 
 

@@ -201,7 +201,8 @@ SAMPLING = {
     "add_special_tokens": honored("add the tokenizer's special tokens to the prompt (vLLM)"),
     "priority": no_effect(PRIORITY, left_out=True),
     "request_id": refused(ID_BY_BATCH),
-    "cache_salt": refused("the prefix cache is not partitioned per request here"),
+    "cache_salt": honored("a part of the prefix cache of its own, within its key's: the engine gets a hash of the "
+                          "key's scope and this value (every request is salted by its key's scope anyway)"),
     "kv_transfer_params": no_effect(NO_TRANSFER, left_out=True),
     "ec_transfer_params": no_effect(NO_TRANSFER, left_out=True),
     "vllm_xargs": refused(NO_PLUGINS),

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from . import contract as c
+from .scope import CLIENT_SALT
 
 # Token ids as vLLM takes them (int32); ids past the vocabulary are refused by the engine, per request.
 MAX_TOKEN_ID = 2**31 - 1
@@ -31,6 +32,7 @@ TokenIds = Annotated[list[TokenId], msgspec.Meta(min_length=1)]
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 Object = dict[str, Any]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
+CacheSalt = Annotated[str, msgspec.Meta(pattern=CLIENT_SALT)]
 
 
 # Chat content parts: the types OpenAI's schema lists, told apart by `type` (which of them a model takes: fields.py).
@@ -219,6 +221,7 @@ class _Sampling(_UnusedGenerating):
     return_token_offsets: bool | None = None
     stream_interval: Annotated[int, _range(1)] | None = None
     routed_experts_prompt_start: Annotated[int, _range(0)] | None = None
+    cache_salt: CacheSalt | None = None
 
 
 class ChatBody(_Sampling):
@@ -266,6 +269,7 @@ class EmbeddingBody(_Unused):
     truncation_side: Literal["left", "right"] | None = None
     add_special_tokens: bool | None = None
     padding: Padding | None = None
+    cache_salt: CacheSalt | None = None
 
 
 class ResponsesJsonSchemaFormat(msgspec.Struct, tag="json_schema", tag_field="type"):
@@ -340,6 +344,7 @@ class ResponsesBody(_UnusedGenerating):
     prompt_cache_options: Object | None = None
     prompt_cache_retention: CacheRetention | None = None
     safety_identifier: str | None = None
+    cache_salt: CacheSalt | None = None
 
 
 Texts = str | Annotated[list[str], msgspec.Meta(min_length=1)]
@@ -355,6 +360,7 @@ class _ScoringBody(_Unused):
     max_tokens_per_doc: Annotated[int, _range(0)] | None = None
     padding: Padding | None = None
     use_activation: bool | None = None
+    cache_salt: CacheSalt | None = None
 
 
 class ScoreBody(_ScoringBody):

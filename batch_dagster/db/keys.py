@@ -1,9 +1,9 @@
 """API keys in the store: each key's owner, name, role and limits, kept by the SHA-256 of the key (never the key).
 
 The API looks a caller's key up here on every request, so a revoked or rotated key is refused from its next request
-on, without a restart. BATCH_API_KEYS seeds the store when the API starts: its keys are kept as its entries say, and
-a key that left the variable is revoked. Keys made with `batch-dagster keys` or the admin endpoints stay until
-revoked.
+on, without a restart. The store is the truth: BATCH_API_KEYS seeds it when the API starts with the keys it has
+never seen, and revokes a key the variable made that left it; it never makes a revoked or rotated key live again.
+Keys made with `batch-dagster keys` or the admin endpoints stay until revoked.
 """
 
 from __future__ import annotations
@@ -165,35 +165,62 @@ def set_limits(session: Session, name: str, limits: Limits, *, admin: bool | Non
     return row
 
 
-def seed(session: Session, entries: Iterable[tuple[str | None, str]]) -> None:
-    """Make the store's keys from BATCH_API_KEYS say what its (name or None, key) entries say: each key live under
-    its owner (an owner keeps its rows whatever its name), named as the entry names it (a bare key gets a random
-    name); and revoke the seeded keys that left the variable. Their roles and limits are kept as set
-    (`batch-dagster keys limits`). KeyProblem when an entry names a key made otherwise (`batch-dagster keys`)."""
+def seed(session: Session, entries: Iterable[tuple[str | None, str]]) -> list[str]:
+    """Add BATCH_API_KEYS' (name or None, key) entries to the store, which stays the truth: a key it has never seen
+    is made live under its owner (named as the entry names it; a bare key gets a random name), a key the variable
+    made is renamed as its entry says, and one it made that left the variable is revoked. A key revoked or rotated
+    (`batch-dagster keys`, /v1/keys, or by leaving the variable) is never made live again, and a key made otherwise
+    is left as it is. No entries (the variable unset): nothing is added or revoked, the store's keys are all there
+    are. Roles and limits are the store's (`batch-dagster keys limits`). The names of the entries that did nothing
+    because their key was revoked or rotated; KeyProblem when an entry names a key made otherwise."""
+    dead: list[str] = []
     seeded: set[str] = set()
     for name, key in entries:
         owner = owner_of_key(key)
         seeded.add(owner)
         row = session.get(ApiKey, owner)
+        if row is not None and (row.revoked_at is not None or row.key_hash not in (None, owner)):
+            dead.append(row.name or name or UNNAMED)  # revoked, or rotated to another key: the store says so
+            continue
         if row is None:
             row = ApiKey(owner=owner, created_at=now())
             session.add(row)
-        if name is not None and row.name != name:
-            clash = session.scalar(select(ApiKey).where(ApiKey.name == name, ApiKey.owner != owner))
-            if clash is not None and clash.created_by not in (SEEDED, None):
-                session.rollback()
-                raise KeyProblem(f"BATCH_API_KEYS names a key {name!r}, the name of a key made with "
-                                 "`batch-dagster keys`: rename the entry, or revoke and rename that key")
-            if clash is not None:  # an earlier entry's owner had the name: it gives it up (its rows stay its own)
-                clash.name = None
-                session.flush()
+        if row.key_hash is None:  # an owner that never had a key (its rows older than the keys' table)
+            row.key_hash, row.created_by = owner, SEEDED
+        if name is not None and row.name != name and row.created_by == SEEDED:
+            _take_name(session, name, owner)
             row.name = name
-        row.key_hash, row.revoked_at, row.created_by = owner, None, SEEDED
-    session.flush()
-    session.execute(update(ApiKey).where(ApiKey.created_by == SEEDED, ApiKey.owner.not_in(seeded),
-                                         ApiKey.revoked_at.is_(None)).values(revoked_at=now()))
+    if seeded:
+        session.flush()
+        # Only a key the variable made, and still its own (not rotated): a rotated key is the store's now.
+        session.execute(update(ApiKey).where(ApiKey.created_by == SEEDED, ApiKey.owner.not_in(seeded),
+                                             ApiKey.key_hash == ApiKey.owner, ApiKey.revoked_at.is_(None))
+                        .values(revoked_at=now()))
     name_unnamed(session)
     session.commit()
+    return dead
+
+
+def brought_back(session: Session) -> list[str]:
+    """The names of the keys seeded from BATCH_API_KEYS that were rotated but hold their first key again: before the
+    store was the truth, seeding the variable again undid a rotation (the new key lost, the old one live). Rotating
+    such a key again gives its owner a new key, files and batches kept."""
+    return list(session.scalars(select(ApiKey.name).where(
+        ApiKey.created_by == SEEDED, ApiKey.rotated_at.is_not(None), ApiKey.key_hash == ApiKey.owner,
+        ApiKey.revoked_at.is_(None)).order_by(ApiKey.name)))
+
+
+def _take_name(session: Session, name: str, owner: str) -> None:
+    """Free `name` for the seeded key of `owner`: KeyProblem when a key made otherwise has it; an earlier entry's
+    owner that had it gives it up (its rows stay its own)."""
+    clash = session.scalar(select(ApiKey).where(ApiKey.name == name, ApiKey.owner != owner))
+    if clash is not None and clash.created_by not in (SEEDED, None):
+        session.rollback()
+        raise KeyProblem(f"BATCH_API_KEYS names a key {name!r}, the name of a key made with `batch-dagster keys`: "
+                         "rename the entry, or revoke and rename that key")
+    if clash is not None:
+        clash.name = None
+        session.flush()
 
 
 def name_unnamed(session: Session) -> None:

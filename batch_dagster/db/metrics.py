@@ -1,12 +1,15 @@
 """What the service's metrics read from the store at scrape time: grouped counts and sums, one row per owner, model
-and status (never one per batch), so a scrape costs the same at a year's volume as on the first day."""
+and status (never one per batch), so a scrape costs the same at a year's volume as on the first day. A model is one
+of the registry's, or OTHER: a batch's model is its file's first line, any string a client wrote, and the label's
+values (and the rows a scrape reads) stay as few as the registry's models whatever clients write."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
-from sqlalchemy import Integer, and_, case, func, select, update
+from sqlalchemy import ColumnElement, Integer, String, and_, case, func, literal, select, update
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.status import BatchStatus
@@ -16,6 +19,12 @@ from .repo import ended_at
 
 # Upper bounds of the ETA's relative error buckets: |estimated end - end| over the batch's whole time.
 ETA_ERROR_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+OTHER = "other"  # the model label of every batch whose model is not the registry's
+
+
+def model_label(models: Collection[str]) -> ColumnElement[str]:
+    """A batch's model as a label: its model when one of `models` (the registry's), else OTHER."""
+    return case((BatchRecord.model.in_(sorted(models)), BatchRecord.model), else_=literal(OTHER, String))
 
 
 @dataclass(frozen=True)
@@ -32,23 +41,25 @@ class BatchGroup:
     output_tokens: int
 
 
-def batch_groups(session: Session) -> list[BatchGroup]:
-    """Every (owner, model, status) with its batches' counts and token sums."""
+def batch_groups(session: Session, models: Collection[str]) -> list[BatchGroup]:
+    """Every (owner, model label, status) with its batches' counts and token sums."""
     tokens = [func.coalesce(func.sum(BatchRecord.usage[name].as_integer()), 0)
               for name in ("input_tokens", "output_tokens")]
+    model = model_label(models)
     rows = session.execute(
-        select(BatchRecord.owner, BatchRecord.model, BatchRecord.status, func.count(),
+        select(BatchRecord.owner, model, BatchRecord.status, func.count(),
                func.coalesce(func.sum(BatchRecord.request_completed), 0),
                func.coalesce(func.sum(BatchRecord.request_failed), 0), *tokens)
-        .group_by(BatchRecord.owner, BatchRecord.model, BatchRecord.status))
-    return [BatchGroup(owner, model or "", status, *map(int, counts)) for owner, model, status, *counts in rows]
+        .group_by(BatchRecord.owner, model, BatchRecord.status))
+    return [BatchGroup(owner, label, status, *map(int, counts)) for owner, label, status, *counts in rows]
 
 
-def oldest_queued(session: Session) -> dict[str, int]:
-    """Per model, when its oldest batch still waiting for its run to start (validating) was created."""
-    rows = session.execute(select(BatchRecord.model, func.min(BatchRecord.created_at))
-                           .where(BatchRecord.status == BatchStatus.VALIDATING).group_by(BatchRecord.model))
-    return {model or "": int(created) for model, created in rows}
+def oldest_queued(session: Session, models: Collection[str]) -> dict[str, int]:
+    """Per model label, when its oldest batch still waiting for its run to start (validating) was created."""
+    model = model_label(models)
+    rows = session.execute(select(model, func.min(BatchRecord.created_at))
+                           .where(BatchRecord.status == BatchStatus.VALIDATING).group_by(model))
+    return {label: int(created) for label, created in rows}
 
 
 @dataclass(frozen=True)
@@ -62,19 +73,20 @@ class EtaErrors:
     buckets: tuple[int, ...]
 
 
-def eta_errors(session: Session) -> list[EtaErrors]:
-    """The relative error of the first estimated end each completed batch was given, per model."""
+def eta_errors(session: Session, models: Collection[str]) -> list[EtaErrors]:
+    """The relative error of the first estimated end each completed batch was given, per model label."""
     end = ended_at()
     greatest = func.max if session.get_bind().dialect.name == "sqlite" else func.greatest  # SQLite's max(a, b)
     whole = greatest(end - BatchRecord.created_at, 1)
     error = func.abs(BatchRecord.first_estimated_completion_at - end) * 1.0 / whole
     counted = and_(BatchRecord.status == BatchStatus.COMPLETED, BatchRecord.first_estimated_completion_at.is_not(None))
+    model = model_label(models)
     rows = session.execute(
-        select(BatchRecord.model, func.count(), func.coalesce(func.sum(error), 0.0),
+        select(model, func.count(), func.coalesce(func.sum(error), 0.0),
                *(func.sum(case((error <= bound, 1), else_=0)).cast(Integer) for bound in ETA_ERROR_BUCKETS))
-        .where(counted).group_by(BatchRecord.model))
-    return [EtaErrors(model or "", int(count), float(total), tuple(int(b or 0) for b in buckets))
-            for model, count, total, *buckets in rows]
+        .where(counted).group_by(model))
+    return [EtaErrors(label, int(count), float(total), tuple(int(b or 0) for b in buckets))
+            for label, count, total, *buckets in rows]
 
 
 @dataclass(frozen=True)

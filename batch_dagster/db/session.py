@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import logging
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +14,9 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from batch_dagster.storage.local import FILE_MODE, private_folder
+
+log = logging.getLogger("batch_dagster.db")
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 
@@ -19,7 +24,7 @@ def make_engine(url: str) -> Engine:
     if not url.startswith("sqlite"):
         return create_engine(url, pool_pre_ping=True)
     if url.startswith("sqlite:///") and ":memory:" not in url:
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        _private_file(Path(url.removeprefix("sqlite:///")))
     # The API's worker threads and the Dagster sensors share one file: wait for locks, never fail on them.
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
@@ -31,6 +36,20 @@ def make_engine(url: str) -> Engine:
         cursor.close()
 
     return engine
+
+
+def _private_file(path: Path) -> None:
+    """Create the SQLite store's file for its user alone (0600, whatever the umask: it keeps webhook secrets and
+    every key's batches); SQLite gives its -wal and -shm files the same mode. A store that exists is left as it is,
+    with a warning when other users may read it."""
+    private_folder(path.parent)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
+        os.chmod(path, FILE_MODE)
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            log.warning("the store %s may be read by other users (mode %o): `chmod 600` it and its -wal and -shm "
+                        "files", path, path.stat().st_mode & 0o777)
 
 
 def alembic_config(url: str):

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from batch_dagster.batchfile.contract import one_line
 from batch_dagster.batchfile.failure import retryable_ids
 from batch_dagster.batchfile.folder import BatchFolder
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.windows import CompletionWindows, Window
@@ -87,10 +88,12 @@ def retry_window(parent: BatchRecord, windows: CompletionWindows) -> Window | No
 
 
 def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, windows: CompletionWindows,
-                 launched: bool = False, admit: Callable[[Session, BatchRecord], None] | None = None) -> BatchRecord:
+                 launched: bool = False, admit: Callable[[Session, BatchRecord], None] | None = None,
+                 max_priority: int | None = None) -> BatchRecord:
     """A new batch of `parent`'s retryable failed requests, with their original bodies, same endpoint, model,
     options and window (retry_window). `admit`: the owner's limits (features/quotas.py batch_admission), checked
-    before its row is added; a refusal leaves no File and no folder."""
+    before its row is added; a refusal leaves no File and no folder. `max_priority`: the highest priority the owner
+    may ask now; a parent's above it (the bound was lowered since) is lowered to it."""
     if parent.status not in TERMINAL:
         raise CannotRetry(f"Batch {parent.id} is {parent.status}; only a batch that has ended can be retried.")
     error_file = _file(session, parent.error_file_id)
@@ -120,13 +123,19 @@ def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, win
                 session, storage, owner=parent.owner, endpoint=parent.endpoint, input_file=input_file,
                 input_from=path, window=retry_window(parent, windows), metadata=metadata, launched=launched,
                 output_expires_after=parent.output_expires_after or OUTPUT_EXPIRES_AFTER_S, parent=parent,
-                options=parent.options, batch_id=batch_id, admit=admit,
+                options=_bounded(parent.options, max_priority), batch_id=batch_id, admit=admit,
             )
     except BaseException:
         session.rollback()
         storage.delete(input_file.path)
         storage.delete_folder(BatchFolder(storage, batch_id).prefix)
         raise
+
+
+def _bounded(options: BatchOptions, max_priority: int | None) -> BatchOptions:
+    if max_priority is None or options.priority <= max_priority:
+        return options
+    return options.model_copy(update={"priority": max_priority})
 
 
 def _has_bytes(storage: Storage, file: FileRecord) -> bool:

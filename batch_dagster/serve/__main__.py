@@ -1,6 +1,7 @@
 """`make serve`: the API, the Dagster UI and the Dagster daemon (which runs the sensors), and a warm fleet per model
 of BATCH_FLEET_MODELS, stopped together. It writes where Prometheus finds what it runs to
-$BATCH_DATA_DIR/prometheus/targets.json (a file_sd_config's file).
+$BATCH_DATA_DIR/prometheus/targets.json (a file_sd_config's file): the API's metrics listener (loopback, a port of
+its own, never the API's), each fleet's router exporter and replicas.
 
 Each child runs in its own process group. Ctrl-C (SIGINT) or SIGTERM stops them all: SIGINT to each
 group, a grace period, then SIGKILL to whatever is left in the groups, so no child outlives serve.
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 from batch_dagster.db import Database
+from batch_dagster.serve.fleet import free_port_block
 from batch_dagster.serve.fleets import WarmFleets, scrape_targets, write_targets
 from batch_dagster.serve.processes import Children
 from batch_dagster.settings import LOOPBACK, Settings
@@ -34,6 +36,10 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m batch_dagster.serve", description=__doc__)
     parser.add_argument("--host", default=settings.api_host, help="the API's address")
     parser.add_argument("--port", type=int, default=settings.api_port)
+    parser.add_argument("--metrics-host", default=settings.metrics_host, help="the address of the API's metrics "
+                        "listener (the operator's: loopback unless BATCH_METRICS_HOST says otherwise)")
+    parser.add_argument("--metrics-port", type=int, default=settings.metrics_port,
+                        help="its port; 0 (the default): a free one, logged and written to the Prometheus targets")
     parser.add_argument("--dagster-host", default=LOOPBACK, help="the Dagster UI's address")
     parser.add_argument("--dagster-port", type=int, default=3000)
     parser.add_argument("--no-ui", action="store_true", help="run the API and the daemon only")
@@ -90,9 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     rc = 0
+    metrics_port = args.metrics_port or free_port_block(1, args.metrics_host)
     try:
         children.start("api", [sys.executable, "-m", "batch_dagster.api", "--host", args.host, "--port",
-                               str(args.port)], env)
+                               str(args.port), "--metrics-host", args.metrics_host, "--metrics-port",
+                               str(metrics_port)], env)
         if fleets is not None:
             # Warm before the daemon starts: no run waits on an engine start, none meets a fleet half up.
             fleets.start(should_stop=lambda: bool(stopping))
@@ -102,16 +110,17 @@ def main(argv: list[str] | None = None) -> int:
                 # fleets left, never on a replica's (their engine would not fit beside it).
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(fleets.spare_gpus)
                 log.info("runs of other models see GPU(s) %s", env["CUDA_VISIBLE_DEVICES"] or "none")
+        metrics_target = f"{_scrape_host(args.metrics_host)}:{metrics_port}"
         write_targets(config.data_dir / "prometheus" / "targets.json",
-                      scrape_targets(f"{_scrape_host(args.host)}:{args.port}", fleets.fleets if fleets else {}))
+                      scrape_targets(metrics_target, fleets.fleets if fleets else {}))
         # Dagster's daemon, looking for due sensors every BATCH_SENSOR_LOOP_S (batch_dagster/defs/daemon.py).
         children.start("dagster-daemon", [sys.executable, "-m", "batch_dagster.defs.daemon", "run", *target], env)
         if not args.no_ui:
             children.start("dagster-webserver", [str(scripts / "dagster-webserver"), "-h", args.dagster_host,
                                                  "-p", str(args.dagster_port), *target], env)
         ui = "" if args.no_ui else f"; Dagster UI on http://{args.dagster_host}:{args.dagster_port}"
-        log.info("API on http://%s:%d/v1%s; DAGSTER_HOME=%s; Ctrl-C stops everything",
-                 args.host, args.port, ui, home)
+        log.info("API on http://%s:%d/v1 (its metrics on http://%s:%d/metrics)%s; DAGSTER_HOME=%s; Ctrl-C stops "
+                 "everything", args.host, args.port, args.metrics_host, metrics_port, ui, home)
         while not stopping:
             if fleets is not None:
                 fleets.tick()  # the fleets' processes are restarted, idle ones sleep; serve's own three are not
@@ -133,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _scrape_host(host: str) -> str:
-    """Where a Prometheus on this machine reaches the API bound to `host`."""
+    """Where a Prometheus on this machine reaches the API's metrics bound to `host`."""
     return LOOPBACK if host in ("0.0.0.0", "::", "") else host
 
 

@@ -145,7 +145,8 @@ class WarmFleets:
 
 
 def scrape_targets(api: str, fleets: dict[str, Fleet]) -> list[dict[str, Any]]:
-    """Prometheus file_sd targets for what serve runs: the API, and each fleet's router exporter and replicas."""
+    """Prometheus file_sd targets for what serve runs: the API's metrics listener (`api`), and each fleet's router
+    exporter and replicas."""
     targets: list[dict[str, Any]] = [{"targets": [api], "labels": {"component": "api"}}]
     for model, fleet in fleets.items():
         targets.append({"targets": [f"{fleet.host}:{fleet.metrics_port}"],

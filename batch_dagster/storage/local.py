@@ -1,4 +1,5 @@
-"""Batch folders and files on local disk: the Storage interface over a folder, writes by rename."""
+"""Batch folders and files on local disk: the Storage interface over a folder, writes by rename. What it creates is
+its user's alone (files 0600, folders 0700, whatever the umask): uploads and batches are tenants' data."""
 
 from __future__ import annotations
 
@@ -9,6 +10,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
+
+FILE_MODE, FOLDER_MODE = 0o600, 0o700
+
+
+def private_folder(folder: Path) -> None:
+    """Create `folder` and its missing parents, each FOLDER_MODE (mkdir's mode is cut by the umask, and parents made
+    by `parents=True` ignore it): a folder that exists already is left as it is."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=FOLDER_MODE)
+        except FileExistsError:  # made meanwhile by another writer
+            continue
+        os.chmod(path, FOLDER_MODE)
 
 
 class LocalStorage:
@@ -36,12 +54,13 @@ class LocalStorage:
     @contextmanager
     def writing(self, key: str) -> Iterator[Path]:
         path = self.local_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(path.parent)
         tmp = path.with_name(path.name + ".tmp")
         try:
             yield tmp
             if tmp.exists():
                 with open(tmp, "rb+") as f:  # on disk before the rename: a commit marker never names lost bytes
+                    os.fchmod(f.fileno(), FILE_MODE)
                     os.fsync(f.fileno())
                 tmp.replace(path)
         finally:
@@ -51,7 +70,7 @@ class LocalStorage:
     def writing_folder(self, prefix: str) -> Iterator[Path]:
         # Written in place: what marks a folder's files complete is a document written after them.
         folder = self.local_path(prefix)
-        folder.mkdir(parents=True, exist_ok=True)
+        private_folder(folder)
         yield folder
 
     def write_bytes(self, key: str, data: bytes) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from batch_dagster.api import metrics
 from batch_dagster.api.app import create_app
 from batch_dagster.defs.resources import DatabaseResource, StorageResource, VLLMResource
 from batch_dagster.engine.models import Models
@@ -66,13 +67,18 @@ def serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
         defs = make_defs(data_dir, vllm, shard_size, storage_url, database_url=config.database_url,
                          key_daily_budget=config.key_daily_budget, error_breaker_lines=config.error_breaker_lines,
                          error_breaker_rate=config.error_breaker_rate,
-                         reuse_answers=config.reuse_answers)
+                         reuse_answers=config.reuse_answers, shared_owners=list(config.shared_owners),
+                         image_hosts=list(config.image_hosts), fetch_allow=list(config.webhook_allow),
+                         max_image_bytes=config.max_image_bytes, key_max_stored_bytes=config.key_max_stored_bytes)
         resources = {"database": DatabaseResource(url=config.database_url), "storage": storage, "vllm": vllm,
                      "pipeline": defs.resources["pipeline"]}
-        server = stack.enter_context(ApiServer(create_app(config)))
+        app = create_app(config)
+        server = stack.enter_context(ApiServer(app))
+        listener = metrics.serve(app, "127.0.0.1", 0)  # the operator's listener, as `python -m batch_dagster.api`'s
+        stack.callback(listener.close)
         # The Dagster instance is opened when first used (a third of a second): many tests only need the API.
         daemon = Worker(defs, lambda: stack.enter_context(dagster_instance(step_logs, events_on_disk)), resources)
-        service = Service(server.url, data_dir, config, engine, daemon, storage)
+        service = Service(server.url, data_dir, config, engine, daemon, storage, metrics_url=listener.url)
         services.append(service)
         if worker:  # (`worker=False`: the test starts it when it wants, or never)
             service.start_worker()

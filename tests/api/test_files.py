@@ -192,3 +192,36 @@ def test_the_file_list_answers_a_page_by_default_and_the_sdk_reads_them_all(star
         page = http.get("/v1/files", params={"limit": 2}).json()
         assert len(page["data"]) == 2 and page["has_more"] is True
     assert sorted(f.id for f in client.files.list(limit=2)) == sorted(ids)
+
+
+def test_the_store_uploads_and_batch_folders_are_readable_by_their_owner_only(start_service, tmp_path):
+    """Under the usual umask (022, which leaves files world-readable), the SQLite store (it keeps webhook secrets),
+    an upload and a batch's folder are created for the service's user alone: files 0600, folders 0700."""
+    import os
+    import stat
+
+    from batch_dagster.db import Database
+    from tests.helpers import KEY_A
+
+    def mode(path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    before = os.umask(0o022)
+    try:
+        service = start_service()
+        client = service.client(KEY_A)
+        file_id = upload(client, tmp_path / "in.jsonl", rows(2))
+        batch = wait_for(client, client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                                       completion_window="24h").id, "completed")
+    finally:
+        os.umask(before)
+    store = service.data_dir / "api.db"
+    Database(service.config.database_url).dispose()
+    assert {p.name: mode(p) for p in service.data_dir.glob("api.db*")} == {
+        p.name: 0o600 for p in service.data_dir.glob("api.db*")} and mode(store) == 0o600  # and its -wal, -shm
+    files = service.data_dir / "files"
+    assert mode(files / f"{file_id}.jsonl") == 0o600 and mode(files) == 0o700
+    folder = service.data_dir / "batches" / batch.id
+    assert mode(folder) == 0o700 and mode(folder.parent) == 0o700
+    modes = {p.name: mode(p) for p in folder.glob("*") if p.is_file()}
+    assert modes and set(modes.values()) == {0o600}, modes

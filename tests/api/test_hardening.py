@@ -278,3 +278,22 @@ def test_a_refusal_says_connection_close_and_a_client_reads_it_whole(start_servi
         response = http.post("/v1/batches", json={"input_file_id": "f"})
         assert response.status_code == 401 and response.headers["connection"] == "close"
         assert assert_error(response, 401)["code"] == "missing_api_key"
+
+
+def test_an_api_served_under_a_root_path_checks_keys_and_answers(start_service, tmp_path):
+    """Behind a proxy that serves the API under a prefix and strips it (uvicorn's --root-path: the app sees the
+    prefix in every path), every /v1 route is guarded and answered as at the root: the guard reads the path the
+    routes match."""
+    from batch_dagster.api.app import create_app
+    from tests.helpers import ApiServer
+
+    service = start_service(worker=False)
+    with ApiServer(create_app(service.config), root_path="/prefix") as server, \
+            httpx.Client(base_url=server.url, timeout=30) as http:  # as the proxy forwards
+        assert_error(http.get("/v1/files"), 401)  # no key: refused by the guard, not a 500 from the route
+        keyed = {"Authorization": f"Bearer {KEY_A}"}
+        file_id = http.post("/v1/files", headers=keyed, files={"file": ("a.jsonl", b'{"custom_id": "a"}\n')},
+                            data={"purpose": "batch"}).json()["id"]
+        assert http.get(f"/v1/files/{file_id}", headers=keyed).json()["id"] == file_id
+        assert http.get("/v1/batches", headers=keyed).status_code == 200
+        assert_error(http.post("/v1/batches", headers=keyed, content=b"x" * (2 << 20)), 413)  # the body's limit holds

@@ -1,7 +1,7 @@
 """API keys managed in the store (issue 31): admin keys create, list, limit, rotate and revoke keys through /v1/keys
 (403 for any other key); a revoked or rotated key is refused on its very next request, no restart; a key's own
-limits hold over the deployment's; the store keeps no key, only its hash; BATCH_API_KEYS seeds the store, and a key
-that leaves it is refused once the API starts again."""
+limits hold over the deployment's; the store keeps no key, only its hash; BATCH_API_KEYS seeds the store, a key
+that leaves it is refused once the API starts again, and none revoked or rotated ever comes back."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from sqlalchemy import select, text
 
 from batch_dagster.cli import main as cli
 from batch_dagster.db import Database, keys, repo
-from batch_dagster.db.models import ApiKey
+from batch_dagster.db.models import ApiKey, FileRecord
 from tests.helpers import KEY_A, KEY_B, rows, upload, wait_for
 
 CHAT = "/v1/chat/completions"
@@ -79,9 +79,62 @@ def test_env_keys_seed_the_store_and_one_that_leaves_is_refused_after_a_restart(
     with pytest.raises(openai.AuthenticationError):
         again.client(KEY_B).files.list()
     assert again.client(KEY_A).files.list().data == []
-    # Back in the variable: live again, its files still its own.
+    # Back in the variable: still revoked (the store says so); its files stay its owner's.
     third = start_service(worker=False, api_keys=(KEY_A, KEY_B))
-    assert [f.id for f in third.client(KEY_B).files.list()] == [file_id]
+    with pytest.raises(openai.AuthenticationError):
+        third.client(KEY_B).files.list()
+    with Database(third.config.database_url).session() as session:
+        assert [f.id for f in session.scalars(select(FileRecord).where(
+            FileRecord.owner == repo.owner_of_key(KEY_B)))] == [file_id]
+
+
+def test_a_key_revoked_or_rotated_in_the_store_stays_so_when_the_api_starts_again(start_service):
+    """The store is the truth: BATCH_API_KEYS seeds keys it has never seen, and never brings back one that was
+    revoked or rotated (with `batch-dagster keys` or /v1/keys), however often the API starts again."""
+    env = (f"alice:{KEY_A}", f"bob:{KEY_B}")
+    first = start_service(worker=False, api_keys=env)
+    with Database(first.config.database_url).session() as session:
+        keys.revoke(session, "alice")
+        _, rotated = keys.rotate(session, "bob")
+    again = start_service(worker=False, api_keys=env)  # the same variable, the next start
+    for old in (KEY_A, KEY_B):
+        with pytest.raises(openai.AuthenticationError):
+            again.client(old).files.list()
+    assert again.client(rotated).files.list().data == []
+    # The rotated key is the store's now: its old entry leaving the variable revokes nothing.
+    third = start_service(worker=False, api_keys=(f"alice:{KEY_A}",))
+    assert third.client(rotated).files.list().data == []
+    with Database(third.config.database_url).session() as session:
+        assert keys.get(session, "bob").revoked_at is None and keys.get(session, "alice").revoked_at is not None
+
+
+def test_a_rotation_an_earlier_version_undid_is_named_at_start(start_service, caplog):
+    """A store an earlier version seeded again after a rotation (the old key live, rotated_at set): the API's log
+    names the key to rotate again, and seeding leaves it as it is."""
+    first = start_service(worker=False, api_keys=(f"bob:{KEY_B}",))
+    with Database(first.config.database_url).session() as session:
+        keys.rotate(session, "bob")
+        row = keys.get(session, "bob")
+        row.key_hash = row.owner  # what the earlier seeding wrote
+        session.commit()
+        assert keys.brought_back(session) == ["bob"]
+    again = start_service(worker=False, api_keys=(f"bob:{KEY_B}",))
+    assert "rotate it again (`batch-dagster keys rotate bob`)" in caplog.text
+    assert again.client(KEY_B).files.list().data == []  # left live: refusing it is the operator's rotation
+
+
+def test_unsetting_the_variable_leaves_the_store_its_keys(start_service):
+    """The way from BATCH_API_KEYS to the store: once the API has started with the variable, its keys are in the
+    store; unset, it seeds nothing and revokes nothing, and the keys are managed with `batch-dagster keys` alone."""
+    first = start_service(worker=False, api_keys=(f"alice:{KEY_A}", KEY_B))
+    assert first.client(KEY_A).files.list().data == []
+    moved = start_service(worker=False, api_keys=())
+    assert moved.client(KEY_A).files.list().data == [] and moved.client(KEY_B).files.list().data == []
+    assert moved.http(None).get("/v1/files").status_code == 401  # keyed: no open API
+    with Database(moved.config.database_url).session() as session:
+        keys.revoke(session, "alice")
+    with pytest.raises(openai.AuthenticationError):
+        moved.client(KEY_A).files.list()
 
 
 def test_a_store_that_had_keys_never_opens_up_again(start_service):

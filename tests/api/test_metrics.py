@@ -1,9 +1,11 @@
 """/metrics (issue 31): the API's requests by route (the route's template, never a client's id) and the service's
 state read from the store at scrape time, by key name and model; a store that does not answer is
-`batch_dagster_store_up 0` in a scrape that still succeeds."""
+`batch_dagster_store_up 0` in a scrape that still succeeds. They are the operator's (issue 45): served on a listener
+of their own, never on the API's, and a model label is the registry's or `other`, whatever model a client names."""
 
 from __future__ import annotations
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from batch_dagster.api import metrics
@@ -16,8 +18,8 @@ CHAT = "/v1/chat/completions"
 
 
 def scrape(service) -> dict[str, dict[tuple, float]]:
-    """Every sample of /metrics: name -> {sorted labels: value}."""
-    answer = service.http(None).get("/metrics")
+    """Every sample of /metrics (on the metrics' own listener): name -> {sorted labels: value}."""
+    answer = httpx.get(service.metrics_url, timeout=30)
     assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
     samples: dict[str, dict[tuple, float]] = {}
     for family in text_string_to_metric_families(answer.text):
@@ -90,3 +92,43 @@ def test_a_scrape_while_the_store_is_away_says_so_and_still_succeeds(start_servi
     assert "batch_dagster_batches" not in m
     assert any(dict(k)["handler"] == "/v1/files" for k in m["batch_dagster_http_requests_total"])
     assert service.http(KEY_A).get("/v1/files").status_code == 200  # the API is up
+
+
+def test_the_apis_own_listener_serves_no_metrics_with_a_key_or_without(start_service):
+    """A tenant reaches the API's listener only: /metrics there is a 404 (before, it named every key, its models,
+    counts and tokens to anyone, no key needed)."""
+    service = start_service(worker=False, api_keys=(f"alice:{KEY_A}", f"bob:{KEY_B}"))
+    for key in (None, KEY_A):
+        answer = service.http(key).get("/metrics")
+        assert answer.status_code == 404 and "alice" not in answer.text and "batch_dagster_" not in answer.text
+    assert "batch_dagster_store_up 1.0" in httpx.get(service.metrics_url, timeout=30).text  # the operator's has them
+    assert service.metrics_url.startswith("http://127.0.0.1:")
+
+
+def test_a_clients_model_names_never_become_labels(start_service, tmp_path):
+    """2,000 batches of invented model names (a batch's model is its file's first line, any string): their series
+    fold into one `other`, beside the registry's models, and the scrape reads a row per key, label and status."""
+    service = start_service(worker=False)
+    a = service.client(KEY_A)
+    a.batches.create(input_file_id=upload(a, tmp_path / "a.jsonl", rows(2)), endpoint=CHAT, completion_window="24h")
+    invented = upload(a, tmp_path / "x.jsonl", rows(2, model="invented-0"))
+    made = a.batches.create(input_file_id=invented, endpoint=CHAT, completion_window="24h")
+    with Database(service.config.database_url).session() as session:
+        template = session.query(BatchRecord).filter_by(id=made.id).one()
+        session.add_all(BatchRecord(**{c.name: getattr(template, c.name) for c in BatchRecord.__table__.columns
+                                       if c.name != "pk"} | {"id": f"batch_x{i}", "model": f"invented-{i}"})
+                        for i in range(1, 2000))
+        session.commit()
+    m = scrape(service)
+    models = {dict(k)["model"] for name, samples in m.items() for k in samples if "model" in dict(k)}
+    assert models == {CHAT_MODEL, "other"}, sorted(models)[:10]
+    assert m["batch_dagster_batches"][labels(key=key_name(service, KEY_A), model="other", status="validating")] == 2000
+    assert m["batch_dagster_queue_depth"][labels(key=key_name(service, KEY_A), model="other")] == 2000
+    assert m["batch_dagster_unfinished_batches"][labels(model="other")] == 2000
+
+
+def key_name(service, key: str) -> str:
+    from batch_dagster.db import keys, repo
+
+    with Database(service.config.database_url).session() as session:
+        return keys.labels(session)[repo.owner_of_key(key)]

@@ -167,3 +167,23 @@ def test_a_batch_whose_run_failed_for_good_keeps_its_shards_and_retries_the_rest
     merged_out = file_lines(client, child.output_file_id, merged=True)
     assert sorted(x["custom_id"] for x in merged_out) == sorted(r["custom_id"] for r in requests)
     assert file_lines(client, child.error_file_id, merged=True) == []
+
+
+def test_a_retry_is_held_to_the_keys_priority_bound_as_it_stands(start_service, tmp_path):
+    """A parent created at priority 5 while the key could ask it; the key's bound lowered to 0 since: its retry runs
+    at 0, never above what the key may ask now."""
+    from batch_dagster.db import Database, keys, repo
+    from tests.helpers import KEY_A
+
+    service = start_service(engine=FakeEngine(fail_once={"r1"}), key_max_priority=5)
+    client = service.client()
+    parent = client.batches.create(input_file_id=upload(client, tmp_path / "in.jsonl", rows(3)), endpoint=CHAT,
+                                   completion_window="24h", extra_body={"priority": 5})
+    parent = wait_for(client, parent.id, "completed")
+    assert parent.model_extra["priority"] == 5 and parent.request_counts.failed == 1
+    with Database(service.config.database_url).session() as session:
+        name = keys.labels(session)[repo.owner_of_key(KEY_A)]
+        keys.set_limits(session, name, keys.Limits(max_priority=0))
+    child = retry(client, parent.id)
+    assert child.model_extra["priority"] == 0
+    assert wait_for(client, child.id, "completed").request_counts.completed == 1

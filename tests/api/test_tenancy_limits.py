@@ -32,16 +32,41 @@ def test_a_key_past_its_unfinished_batches_gets_a_429_and_others_do_not(start_se
     assert (error["code"], error["type"]) == ("batch_limit_exceeded", "rate_limit_exceeded")
     assert "BATCH_KEY_MAX_ACTIVE_BATCHES" in error["message"]
     create(b, upload(b, tmp_path / "b.jsonl", rows(2)))  # the limit is per key
-    a.batches.cancel(first.id)  # being cancelled: no longer counted (its run only lists its requests as cancelled)
-    third = create(a, file_a)
+    a.batches.cancel(first.id)  # being cancelled: counted until it has ended (its run is still to come)
     with pytest.raises(openai.RateLimitError):
         create(a, file_a)
     with Database(service.config.database_url).session() as session:  # as the status sensor ends it
-        row = repo.get_batch(session, repo.owner_of_key(KEY_A), third.id)
+        row = repo.get_batch(session, repo.owner_of_key(KEY_A), first.id)
         assert row is not None
-        row.status = "completed"
+        row.status = "cancelled"
         session.commit()
     assert create(a, file_a).status == "validating"  # one ended: room for one more
+    with pytest.raises(openai.RateLimitError):
+        create(a, file_a)
+
+
+def test_create_then_cancel_never_passes_the_active_batch_limit(start_service, tmp_path):
+    """Sixteen creates, each cancelled at once, under a limit of one: a batch being cancelled counts until it has
+    ended, so the second create is refused and one batch (not sixteen) waits for a run; once it has ended, there is
+    room again."""
+    service = start_service(worker=False, key_max_active_batches=1)
+    a = service.client(KEY_A)
+    file_id = upload(a, tmp_path / "a.jsonl", rows(2))
+    made, codes = [], []
+    for _ in range(16):
+        try:
+            batch = create(a, file_id)
+        except openai.RateLimitError as exc:
+            codes.append(exc.body["code"])  # type: ignore[index]
+            continue
+        made.append(batch)
+        assert a.batches.cancel(batch.id).status == "cancelling"
+    assert len(made) == 1 and codes == ["batch_limit_exceeded"] * 15
+    with Database(service.config.database_url).session() as session:
+        assert [b.id for b in repo.batches_to_launch(session)] == [made[0].id]  # one run to come
+    service.start_worker()
+    assert wait_for(a, made[0].id, {"cancelled", "completed", "failed"}).status == "cancelled"
+    assert create(a, file_id).status == "validating"
 
 
 def test_a_key_past_its_stored_bytes_gets_a_429_until_it_deletes(start_service, tmp_path):
@@ -129,7 +154,7 @@ def test_parallel_creates_never_pass_the_active_batch_limit(start_service, tmp_p
 def test_parallel_uploads_never_pass_the_stored_bytes_limit(start_service, tmp_path, slow_store):
     """With room for three files, eight parallel uploads store three: each sees the others' bytes."""
     size = write_jsonl(tmp_path / "in.jsonl", rows(10)).stat().st_size
-    service = start_service(worker=False, key_max_stored_bytes=size * 3)
+    service = start_service(worker=False, key_max_stored_bytes=size * 3, key_max_uploads=None)
 
     def send(i: int) -> str:
         with open(tmp_path / "in.jsonl", "rb") as f:
@@ -160,3 +185,91 @@ def test_a_batch_counts_its_own_input_copy_and_its_working_files(start_service, 
     with Database(service.config.database_url).session() as session:
         assert stored_bytes(session, owner) == folder  # every byte it keeps; its output and error files as Files
     assert client.files.retrieve(done.output_file_id).bytes > 0
+
+
+def upload_head(service, size: int, *, key: str = KEY_A, expect: bool = False) -> tuple[bytes, bytes]:
+    """A raw upload's request head declaring a `size`-byte file, and the form's bytes before the file."""
+    form = b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n' \
+           b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+    end = b"\r\n--x--\r\n"
+    head = (f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
+            "Content-Type: multipart/form-data; boundary=x\r\n"
+            f"Content-Length: {len(form) + size + len(end)}\r\n" + ("Expect: 100-continue\r\n" if expect else "")
+            + "\r\n").encode()
+    return head, form
+
+
+def port_of(service) -> int:
+    return int(service.url.rsplit(":", 1)[1])
+
+
+def test_an_upload_past_the_keys_room_is_refused_from_its_declared_length(start_service, tmp_path):
+    """A key with 1,000 bytes of room declares a 4 MiB upload: answered 429 from the headers, before a byte of the
+    body is read (a server that read first would wait here for the body it was promised)."""
+    import socket
+
+    service = start_service(worker=False, key_max_stored_bytes=3000)
+    upload(service.client(), tmp_path / "a.jsonl", rows(10))  # about 2,000 bytes of the 3,000
+    head, _ = upload_head(service, 4 << 20)
+    with socket.create_connection(("127.0.0.1", port_of(service)), timeout=5) as sock:
+        sock.sendall(head)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 429") and b"storage_limit_exceeded" in answer, answer[:300]
+
+
+def test_a_streamed_upload_stops_at_the_keys_room_without_the_app_taking_a_byte_past_it(start_service, tmp_path,
+                                                                                        monkeypatch):
+    """Chunked (no declared length), the file's bytes are counted as they arrive: the upload is answered 429 once
+    they pass the key's room, and the app (its form parser's spooled file) never got more than the room."""
+    from starlette.datastructures import UploadFile
+
+    from tests.api.test_hardening import refused_and_closed
+
+    written = []
+    original = UploadFile.write
+
+    async def counted(self, data: bytes) -> None:
+        written.append(len(data))
+        await original(self, data)
+
+    monkeypatch.setattr(UploadFile, "write", counted)
+    service = start_service(worker=False, key_max_stored_bytes=300_000, max_upload_bytes=100 << 20)
+    head, form = upload_head(service, 0)
+    head = head.replace(b"Content-Length: ", b"X-Was: ").replace(b"\r\n\r\n", b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+    data = b'{"custom_id": "a"}\n' * 3000
+    chunk = b"%x\r\n%s\r\n" % (len(data), data)
+    line, sent = refused_and_closed(port_of(service), head + b"%x\r\n%s\r\n" % (len(form), form), chunk)
+    assert line.startswith(b"HTTP/1.1 429"), line
+    assert sum(written) <= 300_000 and sent < 40 << 20, (sum(written), sent)
+    assert service.client().files.list().data == []
+
+
+def test_a_key_has_a_bounded_number_of_uploads_at_once(start_service, tmp_path):
+    """Two uploads of one key streaming (BATCH_KEY_MAX_UPLOADS=2): its third is answered 429 at once, another key's
+    goes through, and once one of the two has ended the key may upload again."""
+    import socket
+
+    service = start_service(worker=False, key_max_uploads=2)
+    held = []
+    for _ in range(2):
+        head, form = upload_head(service, 1000, expect=True)
+        sock = socket.create_connection(("127.0.0.1", port_of(service)), timeout=5)
+        sock.sendall(head)
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue")  # admitted: the app waits for its body
+        sock.sendall(form + b"{}" * 100)
+        held.append(sock)
+    with pytest.raises(openai.RateLimitError) as refused_upload:
+        upload(service.client(KEY_A), tmp_path / "a.jsonl", rows(2))
+    assert refused_upload.value.body["code"] == "too_many_uploads"  # type: ignore[index]
+    assert "BATCH_KEY_MAX_UPLOADS" in refused_upload.value.body["message"]  # type: ignore[index]
+    upload(service.client(KEY_B), tmp_path / "b.jsonl", rows(2))  # per key
+    held.pop().close()
+    deadline = time.monotonic() + 5
+    while True:  # the closed upload's slot comes back once the server has seen it go
+        try:
+            upload(service.client(KEY_A), tmp_path / "a.jsonl", rows(2))
+            break
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    held.pop().close()

@@ -66,6 +66,22 @@ def test_every_pod_with_metrics_is_scraped_on_a_port_it_opens():
     assert {"api", "vllm-router", "vllm-worker"} <= set(components.values())
 
 
+def test_the_apis_metrics_are_on_a_port_its_service_does_not_expose():
+    """The API's metrics name every key: the pods are scraped on a port of their own, which an Ingress in front of the
+    Service never reaches."""
+    (api,) = [doc for doc in documents() if doc["kind"] in WORKLOADS
+              and doc["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "api"]
+    scraped = int(api["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"])
+    (container,) = api["spec"]["template"]["spec"]["containers"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert scraped != named["http"] and "--metrics-port" in container["command"]
+    assert container["command"][container["command"].index("--metrics-port") + 1] == str(scraped)
+    services = [doc for doc in documents() if doc["kind"] == "Service"
+                and doc["spec"].get("selector", {}).get("app.kubernetes.io/component") == "api"]
+    assert services and all({named.get(p["targetPort"], p["targetPort"]) for p in s["spec"]["ports"]} == {named["http"]}
+                            for s in services)
+
+
 def test_the_scrape_configurations_are_valid(tmp_path):
     tool = promtool()
     (config,) = [doc for doc in documents() if doc["kind"] == "ConfigMap"

@@ -2,8 +2,9 @@
 vllm-router's exporter on the fleet's own port) and a real Prometheus (Debian's `prometheus`) scraping what serve
 writes to its file_sd targets. Batches run on the fleet, in-process (the chat model has no fleet), and on the fleet
 again after it slept when idle; then every expression of the Grafana dashboard and of the KEDA autoscaler returns
-data through Prometheus' query API. serve is restarted while Prometheus scrapes: the API's target is down meanwhile,
-and the store's counters go on from where they were (no reset)."""
+data through Prometheus' query API, scraped from the API's metrics listener (the operator's, not the API's port).
+serve is restarted while Prometheus scrapes: the API's target is down meanwhile, and the store's counters go on from
+where they were (no reset)."""
 
 from __future__ import annotations
 
@@ -152,12 +153,14 @@ def test_prometheus_sees_every_dashboard_expression_and_a_restart_resets_no_coun
             total = "sum(max without (instance, pod) (batch_dagster_requests_total))"
             before = prometheus.value(total)
             assert before == 9  # 3 + 3 + 3 requests, each finished once
-            api_port = serve.api_port
+            # Scraped on the metrics' own loopback listener; the API's own (the tenants') serves none.
+            assert httpx.get(f"http://127.0.0.1:{serve.api_port}/metrics", timeout=5).status_code == 404
+            api_port, metrics_port = serve.api_port, serve.metrics_port
 
         # serve is down: Prometheus still scrapes the API's address and records it down.
         wait_until(lambda: prometheus.value('up{component="api"}') == 0, 30, "the API to be seen down")
         again = Serve(tmp_path, BATCH_FLEET_REPLICAS="0")
-        again.api_port = api_port
+        again.api_port, again.metrics_port = api_port, metrics_port
         with again:
             wait_until(lambda: prometheus.value('up{component="api"}') == 1, 60, "the API to be seen up")
             time.sleep(3)

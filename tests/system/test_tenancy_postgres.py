@@ -1,14 +1,17 @@
 """The tenancy tests on a real PostgreSQL 15, which enforces the column lengths SQLite ignores: the store's and the
 sensors' (tests/api/test_tenancy_store.py), the API's with two keys (tests/api/test_tenancy.py, the service's store
 on PostgreSQL through BATCH_TEST_DATABASE_URL), the per-key limits under parallel clients (tests/api/
-test_tenancy_limits.py: PostgreSQL's row locks, where SQLite has its one write lock), and the parent-batch migration
-(0005)."""
+test_tenancy_limits.py: PostgreSQL's row locks, where SQLite has its one write lock), the metrics' model labels
+(grouped in the store), and the parent-batch migration (0005)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.api.conftest import start_service  # noqa: F401  (the API tests' fixture)
+from tests.api.test_metrics import (  # noqa: F401  (the model labels, grouped by PostgreSQL)
+    test_a_clients_model_names_never_become_labels,
+)
 from tests.api.test_store import check_the_options_migration, check_the_parent_batch_migration
 from tests.api.test_tenancy import (  # noqa: F401  (the tests, collected here again)
     test_a_batch_of_ten_thousand_bad_lines_is_a_small_object,
@@ -21,6 +24,8 @@ from tests.api.test_tenancy import (  # noqa: F401  (the tests, collected here a
 from tests.api.test_tenancy_limits import (  # noqa: F401  (the races, on PostgreSQL's row locks)
     slow_store,
     test_a_batch_counts_its_own_input_copy_and_its_working_files,
+    test_an_upload_past_the_keys_room_is_refused_from_its_declared_length,
+    test_create_then_cancel_never_passes_the_active_batch_limit,
     test_parallel_creates_never_pass_the_active_batch_limit,
     test_parallel_uploads_never_pass_the_stored_bytes_limit,
 )
