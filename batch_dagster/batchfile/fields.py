@@ -143,8 +143,8 @@ METADATA_CHAT = ("OpenAI keeps a chat completion's metadata only for stored comp
                  "vLLM ignores it (tag lines by custom_id)")
 TIER = ("a batch runs in the batch tier, whatever tier the line names; left out, so the answer's `service_tier` is "
         "vLLM's own")
-ID_BY_BATCH = ("each line's ids are the engine's: behind a fleet's router the router's request id wins, so it could "
-               "not be honored alike on both engines (the line's custom_id is yours)")
+ID_BY_BATCH = ("vLLM makes the answer's id from it unless an X-Request-Id header names another, which a fleet's router "
+               "may send, so the same line could get other ids on the two engines (the line's custom_id is yours)")
 PRIORITY = ("the engine serves a shard in the order of its shared prefixes; left out (vLLM refuses a priority "
             "unless it schedules by priority): order batches with the batch's priority")
 NO_TRANSFER = ("no disaggregated prefill or encoder cache is configured; left out, so a request never names where the "
