@@ -198,8 +198,9 @@ def completion_rows(ids: dict[str, int]) -> list[dict]:
         completion("default-length", max_tokens=None, user="u-1", stream=False, cache_salt="user-1"),
         completion("no-effect", best_of=1, **NO_EFFECT_GENERATING, **NO_EFFECT_SAMPLING),
         # A grammar makes the text repeat (and past the end-of-text); the detection ends it early.
+        # (The grammar writes " dog" in about three tokens: the pattern is up to 4 long.)
         completion("repetition-detected", structured_outputs={"regex": "( dog)+"}, ignore_eos=True, max_tokens=16,
-                   repetition_detection={"max_pattern_size": 2, "min_count": 3}),
+                   repetition_detection={"max_pattern_size": 4, "min_count": 3}),
         completion("echo", echo=True),
         completion("logprobs", logprobs=2, max_tokens=3),
         completion("prompts", ["One, two,", "Monday, Tuesday,"], max_tokens=4),
