@@ -97,12 +97,12 @@ def commit_shard(
             expected = structured.get(line["custom_id"])
             if expected is not None and (count := mark(line, expected)) is not None:
                 setattr(summary.request_counts, count, getattr(summary.request_counts, count) + 1)
-            ok += orjson.dumps(line) + b"\n"
+            ok += c.jsonl_line(line)
         else:
             summary.request_counts.failed += 1
             code = error_code(line)
             summary.error_codes[code] = summary.error_codes.get(code, 0) + 1
-            failed += orjson.dumps(line) + b"\n"
+            failed += c.jsonl_line(line)
     out_key, err_key, summary_key = shard_keys(results_prefix, index)
     storage.write_bytes(out_key, bytes(ok))
     storage.write_bytes(err_key, bytes(failed))
@@ -202,7 +202,7 @@ def merge(
             counts.failed += 1
             code = error_code(line)
             codes[code] = codes.get(code, 0) + 1
-            err.write(orjson.dumps(line) + b"\n")
+            err.write(c.jsonl_line(line))
     return MergeResult(counts, usage, codes, reused)
 
 

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.contract import FAILED_LINES as FAILED
-from batch_dagster.batchfile.contract import STRUCTURED_COUNTS
+from batch_dagster.batchfile.contract import STRUCTURED_COUNTS, one_line
 from batch_dagster.batchfile.failure import retryable_ids
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.options import BatchOptions
@@ -46,8 +46,8 @@ def write_retry_input(requests_path: Path, ids: Collection[str], endpoint: str, 
             for cid, body in zip(table["custom_id"].to_pylist(), table["body"].to_pylist(), strict=True):
                 if cid in wanted:
                     # The body is written as validated, byte for byte, so the child runs the same request.
-                    out.write(b'{"custom_id":' + orjson.dumps(cid) + b',"method":"POST","url":' + orjson.dumps(endpoint)
-                              + b',"body":' + body.encode() + b"}\n")
+                    out.write(one_line(b'{"custom_id":' + orjson.dumps(cid) + b',"method":"POST","url":'
+                                       + orjson.dumps(endpoint) + b',"body":' + body.encode() + b"}") + b"\n")
                     written += 1
     tmp.replace(dest)
     return written
@@ -70,10 +70,10 @@ def merged_lines(parent_lines: Iterator[bytes], child_lines: Iterable[bytes],
     """
     for raw in parent_lines:
         if raw.strip() and orjson.loads(raw)["custom_id"] not in child_ids:
-            yield raw if raw.endswith(b"\n") else raw + b"\n"
+            yield one_line(raw.rstrip(b"\n")) + b"\n"  # a file written before lines were escaped, escaped here
     for raw in child_lines:
         if raw.strip():
-            yield raw if raw.endswith(b"\n") else raw + b"\n"
+            yield one_line(raw.rstrip(b"\n")) + b"\n"
 
 
 class CannotRetry(ValueError):
