@@ -30,10 +30,13 @@ from batch_dagster.features.interactive import (
     InFlight,
     Unavailable,
     UsageTail,
+    not_isolated,
+    prefix_cached,
     route,
     salted_body,
     too_many,
     unknown_model,
+    unsalted_refused,
 )
 
 from .context import AppContext
@@ -98,6 +101,7 @@ class Interactive:
     fleets: Fleets
     metrics: CallMetrics
     in_flight: InFlight = field(default_factory=InFlight)
+    prefix_cached: dict[str, bool] = field(default_factory=dict)  # by router: whether its servers keep a prefix cache
     client: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(
         timeout=httpx.Timeout(ANSWER_S, connect=CONNECT_S), limits=httpx.Limits(max_connections=None)))
 
@@ -166,12 +170,14 @@ async def forward(request: Request) -> Response:
         if exc.code == "fleet_not_warm":
             await _called(calls, model)  # a sleeping fleet wakes for it
         return _counted(calls, caller, calls.model_label(model), endpoint, _refusal(exc))
-    limit = calls.context.config.key_max_interactive_calls
+    config = calls.context.config
+    if unsalted_refused(endpoint, config.shared_owners) and await _prefix_cached(calls, fleet.url):
+        return _counted(calls, caller, model, endpoint, _refusal(not_isolated(model, endpoint)))
+    limit = config.key_max_interactive_calls
     if not calls.in_flight.take(caller.owner, limit):
         return _counted(calls, caller, model, endpoint, _refusal(too_many(limit or 0)))
     try:
         await _called(calls, model)
-        config = calls.context.config
         sent = json.dumps(salted_body(payload, caller, config.shared_owners, config.cache_salt_secret)).encode()
         answer = await _send(calls, fleet.url + endpoint, sent)
     except BaseException:
@@ -202,6 +208,24 @@ async def _called(calls: Interactive, model: str) -> None:
         await run_in_threadpool(calls.fleets.called, model)
     except Exception as exc:  # the call goes on; the fleet's idle clock reads the next one
         log.warning("could not record an interactive call of %s: %r", model, exc)
+
+
+async def _prefix_cached(calls: Interactive, url: str) -> bool:
+    """Whether the servers behind the router at `url` keep a prefix cache: a replica the router lists is asked (its
+    /metrics), once per router; while none can be asked, taken as yes."""
+    if (known := calls.prefix_cached.get(url)) is not None:
+        return known
+    try:
+        listed = await calls.client.get(url + "/list_workers", timeout=CONNECT_S)
+        urls = listed.json().get("urls") if listed.status_code == 200 else None
+        server = str(urls[0]).rstrip("/") if isinstance(urls, list) and urls else url
+        answer = await calls.client.get(server + "/metrics", timeout=CONNECT_S)
+        answer.raise_for_status()
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        log.warning("could not ask the servers behind %s whether they keep a prefix cache: %r", url, exc)
+        return True
+    calls.prefix_cached[url] = found = prefix_cached(answer.text)
+    return found
 
 
 async def _send(calls: Interactive, url: str, body: bytes) -> httpx.Response | Response:

@@ -5,7 +5,9 @@ each key has in flight, and the tokens an answer says it used."""
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -13,11 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batch_dagster.batchfile.registry import ModelSpec
-from batch_dagster.batchfile.scope import Owner, salted, scope
+from batch_dagster.batchfile.scope import EVERYONE, Owner, salted, scope
 from batch_dagster.db import Database
 from batch_dagster.db.fleets import fleet_records, record_call
 from batch_dagster.db.keys import UNNAMED, Caller
 
+log = logging.getLogger(__name__)
 # What the API forwards, each to the same path on the model's router.
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 NO_FLEET_RETRY_S = 10  # Retry-After when no fleet is on its way: short, since only the operator can start one
@@ -105,6 +108,31 @@ def salted_body(body: dict[str, Any], caller: Caller, shared: tuple[str, ...], s
     return out
 
 
+# vllm-router (0.1.17) re-types an embeddings request and drops vLLM's own fields, cache_salt among them.
+UNSALTED = ("/v1/embeddings",)
+# vLLM's CacheConfig on its /metrics, as an info gauge whose labels are the config's fields.
+_PREFIX_CACHED = re.compile(r'^vllm:cache_config_info\{[^}]*enable_prefix_caching="True"', re.MULTILINE)
+
+
+def prefix_cached(metrics: str) -> bool:
+    """Whether a vLLM server keeps a prefix cache, from its /metrics text."""
+    return _PREFIX_CACHED.search(metrics) is not None
+
+
+def unsalted_refused(endpoint: str, shared: tuple[str, ...]) -> bool:
+    """Whether a call of `endpoint` must not reach servers that keep a prefix cache: its cache_salt does not reach
+    them (the router drops it), so cached prefixes would cross keys, unless the operator shares them among all."""
+    return endpoint in UNSALTED and EVERYONE not in shared
+
+
+def not_isolated(model: str, endpoint: str) -> Unavailable:
+    return Unavailable(400, f"Interactive {endpoint} calls of {model} are not served: its servers keep a prefix cache, "
+                       "and the fleet's router (vllm-router) drops the cache_salt that keeps each key's part of it "
+                       "apart. Send them in a batch; or the operator turns the model's prefix cache off "
+                       "(enable_prefix_caching = false in its registry entry) or shares it (BATCH_SHARED_OWNERS=*).",
+                       "prefix_cache_not_isolated", param="model")
+
+
 class Fleets:
     """The fleets' states, read from the store (where serve writes them) at most every LOOK_AGAIN_S, over the routers
     BATCH_FLEET_URLS names; and the calls each model's fleet gets, written to the store (serve keeps a fleet in use
@@ -118,12 +146,17 @@ class Fleets:
         self._recorded: dict[str, float] = {}
 
     def current(self) -> dict[str, Fleet]:
+        """The fleets by model; while the store does not answer, those it said last (or BATCH_FLEET_URLS')."""
         with self._lock:
             if time.monotonic() - self._read_at >= LOOK_AGAIN_S:
                 fleets = {model: Fleet(url.rstrip("/")) for model, url in self.fleet_urls.items()}
-                with self.db.session() as session:
-                    for model, f in fleet_records(session).items():
-                        fleets[model] = Fleet(f.url.rstrip("/"), f.state, f.start_s, f.changed_at, served=True)
+                try:
+                    with self.db.session() as session:
+                        for model, f in fleet_records(session).items():
+                            fleets[model] = Fleet(f.url.rstrip("/"), f.state, f.start_s, f.changed_at, served=True)
+                except Exception as exc:  # the store restarting: calls go on where they went
+                    log.warning("could not read the fleets' states from the store: %r", exc)
+                    fleets = self._fleets or fleets
                 self._fleets, self._read_at = fleets, time.monotonic()
             return self._fleets
 

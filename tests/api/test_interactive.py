@@ -59,6 +59,7 @@ class FakeRouter:
     seen: list[Seen] = field(default_factory=list)
     gate: queue.Queue = field(default_factory=queue.Queue)
     open: int = 0
+    config_info: str = 'vllm:cache_config_info{block_size="16",enable_prefix_caching="False",engine="0"} 1.0\n'
     disconnected: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -68,7 +69,7 @@ class FakeRouter:
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                text = f"vllm:num_requests_running {router.open}\nvllm:num_requests_waiting 0\n".encode()
+                text = f"vllm:num_requests_running {router.open}\nvllm:num_requests_waiting 0\n{router.config_info}".encode()
                 self._answer(200, text if self.path == "/metrics" else b"{}", "text/plain")
 
             def do_POST(self) -> None:  # noqa: N802
@@ -306,6 +307,22 @@ def test_shared_owners_share_the_interactive_salt(start_service, router):
     for key in (KEY_A, KEY_B):
         service.http(key).post("/v1/responses", json={"model": CHAT_MODEL, "input": "hi"})
     assert router.seen[0].body["cache_salt"] == router.seen[1].body["cache_salt"]
+
+
+@pytest.mark.parametrize("shared", [(), ("*",)])
+def test_embeddings_whose_salt_the_router_drops_never_reach_a_prefix_cache_unless_all_share_it(start_service, router,
+                                                                                               shared):
+    router.config_info = router.config_info.replace('caching="False"', 'caching="True"')
+    service = start_service(worker=False, fleet_urls={EMBED_MODEL: router.url, CHAT_MODEL: router.url},
+                            shared_owners=shared)
+    answer = service.http().post("/v1/embeddings", json={"model": EMBED_MODEL, "input": "a secret prefix"})
+    if shared:
+        assert answer.status_code == 200 and [s.path for s in router.seen] == ["/v1/embeddings"]
+        return
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "prefix_cache_not_isolated"
+    assert "enable_prefix_caching = false" in answer.json()["error"]["message"] and router.seen == []
+    # Calls whose cache_salt the router passes on go through.
+    assert service.http().post("/v1/chat/completions", json=chat()).status_code == 200
 
 
 def test_models_lists_the_registry_and_says_which_have_a_warm_fleet(start_service, router):
