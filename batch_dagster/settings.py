@@ -466,6 +466,11 @@ class Settings:
         "BATCH_KEY_MAX_UPLOADS", 4, "API",
         "Uploads one key may have streaming into one API process at once; past it an upload answers 429 "
         "`too_many_uploads` before its body is read. 0: no limit.", parse=_limit)
+    key_max_interactive_calls: int | None = variable(
+        "BATCH_KEY_MAX_INTERACTIVE_CALLS", 8, "API",
+        "Interactive calls (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, forwarded to a "
+        "model's warm fleet) one key may have in flight in one API process at once, streams included until they end;"
+        " past it a call answers 429 `too_many_interactive_calls` with `Retry-After`. 0: no limit.", parse=_limit)
     api_host: str = variable(
         "BATCH_API_HOST", LOOPBACK, "API",
         "The address `make serve` binds the API to.",)

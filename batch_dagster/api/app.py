@@ -1,4 +1,5 @@
-"""The FastAPI app: OpenAI-compatible /v1/files and /v1/batches over the store and the pipeline's storage."""
+"""The FastAPI app: OpenAI-compatible /v1/files and /v1/batches over the store and the pipeline's storage, and the
+interactive endpoints forwarded to the models' warm fleets."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from fastapi import FastAPI
 from batch_dagster.db import keys, repo
 from batch_dagster.settings import Settings, split_key
 
-from . import batches, errors, files, metrics, webhooks
+from . import batches, errors, files, interactive, metrics, webhooks
 from . import keys as key_routes
 from .context import AppContext
 from .guard import RequestGuard
@@ -37,6 +38,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
+        await interactive.close(_app)
         context.close()
 
     app = FastAPI(
@@ -57,6 +59,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     metrics.install(app, context)
+    interactive.install(app, context)  # its metrics in the registry metrics.install made
     app.add_middleware(RequestGuard, context=context)
     app.openapi = _documented(app, config)  # type: ignore[method-assign]
     return app

@@ -267,7 +267,8 @@ class SensorTick(Base):
 
 class FleetRecord(Base):
     """A warm fleet `make serve` runs for a model (serve/fleets.py): where its router is, whether its replicas are
-    up, and how long they took to start last, which the ETA adds while they are not."""
+    up, how long they took to start last (which the ETA adds while they are not), and when an interactive call last
+    wanted it."""
 
     __tablename__ = "fleets"
 
@@ -276,6 +277,9 @@ class FleetRecord(Base):
     state: Mapped[str] = mapped_column(String(16))  # FLEET_STATES
     start_s: Mapped[float | None] = mapped_column(Float)
     changed_at: Mapped[int]
+    # When the API last forwarded an interactive call to it (or was asked for one while it slept): serve keeps a fleet
+    # in use warm, and wakes one that sleeps, as for a batch of its model.
+    called_at: Mapped[int | None]
 
 
 FLEET_STATES = ("starting", "warm", "asleep", "failed")
