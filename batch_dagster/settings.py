@@ -281,6 +281,12 @@ class Settings:
     vllm_api_key: str | None = variable(
         "BATCH_VLLM_API_KEY", None, "Engine",
         "The key the vLLM servers expect, if any.", secret=True)
+    cache_salt_secret: str = variable(
+        "BATCH_CACHE_SALT_SECRET", "", "Engine",
+        "Mixed into the salt every request carries to vLLM's prefix cache (its `cache_salt`, one per owner). Set it "
+        "(long random text, the same in every process) where the vLLM servers also take requests from elsewhere: "
+        "then nobody who reaches them directly can compute an owner's salt. Unset: the salt is a hash of the owner "
+        "(an API key's owner is its key's SHA-256).", secret=True)
     vllm_max_concurrency: int = variable(
         "BATCH_VLLM_MAX_CONCURRENCY", 64, "Engine",
         "Requests in flight to the servers at once (server mode).", parse=int)
@@ -364,6 +370,16 @@ class Settings:
     max_image_bytes: int = variable(
         "BATCH_MAX_IMAGE_BYTES", DEFAULT_MAX_IMAGE_BYTES, "Limits",
         "Bytes of one image a request sends (a data URL's data) or names (a fetched one).", parse=int)
+    image_budget_bytes: int = variable(
+        "BATCH_IMAGE_BUDGET_BYTES", 1 << 30, "Limits",
+        "Bytes one batch may fetch of the images its requests name, in all (as they arrive, decompressed); past it "
+        "a request naming an image not fetched yet is its own 400 line. The images are kept in the batch's folder "
+        "and count against its key's BATCH_KEY_MAX_STORED_BYTES from when they are fetched.", parse=int)
+    image_budget_s: float = variable(
+        "BATCH_IMAGE_BUDGET_S", 600.0, "Limits",
+        "Seconds one batch may spend fetching the images its requests name, in all; past it a request naming an image "
+        "not fetched yet is its own 400 line. Each fetch also ends 30 s after it starts, however its bytes trickle "
+        "in.", parse=float)
     error_breaker_lines: int = variable(
         "BATCH_ERROR_BREAKER_LINES", 200, "Limits",
         "The error-rate breaker's sample: once at least this many of a batch's lines have ended (it checks before each "
@@ -388,6 +404,12 @@ class Settings:
         "BATCH_ANSWER_STORE_BYTES", DEFAULT_ANSWER_STORE_BYTES, "Limits",
         "The answer store's bound, in bytes (answers/ where the batch folders live): past it the answers written "
         "first are deleted first.", parse=int)
+    shared_owners: tuple[str, ...] = variable(
+        "BATCH_SHARED_OWNERS", (), "Limits",
+        "Comma-separated owners whose batches share kept answers (the answer store) and prompt prefixes (vLLM's "
+        "prefix cache) with each other: API keys by name (as `batch-dagster keys list` shows them), table batches by "
+        "namespace; `*`: every owner. Unset: nothing is shared, each owner's answers and cached prefixes are its "
+        "own.", parse=_csv)
     max_upload_bytes: int = variable(
         "BATCH_MAX_UPLOAD_BYTES", "$BATCH_MAX_BYTES", "API",
         "Largest upload the API accepts (413 past it).", parse=int)

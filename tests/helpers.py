@@ -369,16 +369,17 @@ class InferenceGate:
 # Definitions.
 
 def make_defs(data_dir: Path, vllm: VLLMResource, shard_size: int = 1000, storage_url: str = "",
-              database_url: str = "", **pipeline: Any) -> dg.Definitions:
+              database_url: str = "", intake_api_key: str = "", **pipeline: Any) -> dg.Definitions:
     """batch_job over `data_dir` (or batch folders at `storage_url`) on `vllm`, cutting shards of `shard_size`
-    (`pipeline`: PipelineConfig's other fields); its steps read the store at `database_url` (none: no store)."""
+    (`pipeline`: PipelineConfig's other fields); its steps read the store at `database_url` (none: no store), where a
+    command-line batch belongs to `intake_api_key`'s owner (none: the keyless one)."""
     return dg.Definitions(
         assets=lifecycle(STEP_RETRY_DELAY_S),
         asset_checks=lifecycle_checks,
         jobs=[batch_job],
         resources={"storage": StorageResource(data_dir=str(data_dir), url=storage_url), "vllm": vllm, "s3": LazyS3Resource(),
                    "pipeline": PipelineConfig(shard_size=shard_size, **pipeline),
-                   "database": DatabaseResource(url=database_url)},
+                   "database": DatabaseResource(url=database_url, intake_api_key=intake_api_key)},
     )
 
 

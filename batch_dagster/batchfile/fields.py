@@ -157,7 +157,8 @@ SAMPLING = {
     "add_special_tokens": honored("add the tokenizer's special tokens to the prompt (vLLM)"),
     "priority": refused(PRIORITY),
     "request_id": refused(ID_BY_BATCH),
-    "cache_salt": refused("the prefix cache is not partitioned per request here"),
+    "cache_salt": honored("a part of the prefix cache of its own, within its key's: the engine gets a hash of the "
+                          "key's scope and this value (every request is salted by its key's scope anyway)"),
     "kv_transfer_params": refused(NO_TRANSFER),
     "ec_transfer_params": refused(NO_TRANSFER),
     "vllm_xargs": refused(NO_PLUGINS),

@@ -120,15 +120,16 @@ class Document:
 @dataclass
 class Declared(Document):
     """What the batch was created with: every request's url must match `endpoint`; `completion_window` prices it
-    (None: a batch with no window, from the command line, or from before windows were recorded). `options`: those
-    of a batch that has no row in the metadata store (a table batch's); an API batch's options are on its row, and
-    only there."""
+    (None: a batch with no window, from the command line, or from before windows were recorded). `options` and
+    `owner`: those of a batch that has no row in the metadata store (a table batch's; its owner is its namespace,
+    batchfile/scope.py); an API batch's are on its row, and only there."""
 
     TYPED = {"options": BatchOptions.from_stored}
 
     endpoint: str
     completion_window: str | None = None
     options: BatchOptions | None = None
+    owner: str | None = None
 
 
 @dataclass
@@ -307,8 +308,19 @@ class BatchFolder:
         return self.key(RESULTS)
 
     def image_key(self, url: str) -> str:
-        """Where the image `url` names is kept once fetched (by the URL's hash: a URL is a client's value)."""
+        """Where the image `url` names is kept once fetched, as its data URL (by the URL's hash: a URL is a client's
+        value)."""
         return self.key(f"{IMAGES}/{hashlib.sha256(url.encode()).hexdigest()}")
+
+    def image_record_key(self, url: str) -> str:
+        """The kept image's record (its content's hash and size), written after it: an image without one is fetched
+        again."""
+        return self.image_key(url) + ".json"
+
+    @property
+    def images_spent_key(self) -> str:
+        """What the batch's image fetches have spent so far of its budget (bytes and seconds)."""
+        return self.key(f"{IMAGES}/spent.json")
 
     @property
     def output_key(self) -> str:
@@ -353,8 +365,9 @@ class BatchFolder:
     def declared(self) -> Declared | None:
         return self._read("batch.json", Declared)
 
-    def declare(self, endpoint: str, completion_window: str | None = None, options: BatchOptions | None = None) -> None:
-        self._write("batch.json", Declared(endpoint, completion_window, options))
+    def declare(self, endpoint: str, completion_window: str | None = None, options: BatchOptions | None = None,
+                owner: str | None = None) -> None:
+        self._write("batch.json", Declared(endpoint, completion_window, options, owner))
 
     def endpoint(self) -> str | None:
         """The batch's declared endpoint, or None (the first request's url then decides)."""

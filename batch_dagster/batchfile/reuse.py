@@ -1,7 +1,9 @@
-"""Answers kept for reuse: a deterministic request asked again of the same model gets the answer it got before.
+"""Answers kept for reuse: a deterministic request asked again of the same model, by the same owner, gets the answer
+it got before, as if answered now.
 
-An answer is found by a content hash of the model's identity (its name, its weights' revision, the dtype and the
-engine settings that change numerics) and of the request's body. Only deterministic requests are kept (an
+An answer is found by a content hash of its scope (its owner's, or the one the operator's shared owners share:
+batchfile/scope.py), the model's identity (its name, its weights' revision, the dtype and the engine settings that
+change numerics) and the request's body (its images by their content's hash). Only deterministic requests are kept (an
 embedding, or temperature 0, or a seed). The store lives in the batch storage beside the batch folders, bounded in
 bytes: the answers written first go first.
 
@@ -12,6 +14,7 @@ bytes: the answers written first go first.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,13 +47,51 @@ def model_identity(record: Mapping[str, Any]) -> dict[str, Any]:
             **{k: args[k] for k in NUMERIC_ENGINE_ARGS if k in args}}
 
 
-def answer_key(identity: Mapping[str, Any], endpoint: str, body: Mapping[str, Any]) -> str | None:
-    """The content hash an answer is kept under; None for a request that is not deterministic."""
+def answer_key(scope: str, identity: Mapping[str, Any], endpoint: str, body: Mapping[str, Any]) -> str | None:
+    """The content hash an answer is kept under, within `scope`; None for a request that is not deterministic."""
     if not deterministic(endpoint, body):
         return None
-    data = orjson.dumps({"identity": identity, "endpoint": endpoint, "body": body},
+    data = orjson.dumps({"scope": scope, "identity": identity, "endpoint": endpoint, "body": body},
                         option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
     return hashlib.sha256(data).hexdigest()
+
+
+_ID_HEAD = re.compile(r"^(.*[-_])")  # what an id keeps of itself renewed: up to its last '-' or '_' (`chatcmpl-`)
+_TIMES = ("created", "created_at")
+
+
+def _new_id(old: Any) -> Any:
+    if not isinstance(old, str):
+        return old
+    head = _ID_HEAD.match(old)
+    return (head.group(1) if head else "") + uuid.uuid4().hex
+
+
+def renewed(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A kept answer as if answered now: new ids wherever the engine makes random ones (the answer's, its tool
+    calls', a response's output items' and their call ids), its creation time now, and no measurements of the call
+    that computed it (`metrics`). Nothing in it tells when, or for whom, it was first computed; `system_fingerprint`
+    stays, as it names the engine's version and settings, the same for every call."""
+    out: dict[str, Any] = orjson.loads(orjson.dumps(body))  # a copy of its own: one kept answer may serve many lines
+    now = int(time.time())
+    out.pop("metrics", None)
+    if "id" in out:
+        out["id"] = _new_id(out["id"])
+    for name in _TIMES:
+        if isinstance(out.get(name), (int, float)):
+            out[name] = now
+    for choice in out.get("choices") or []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        for call in (message.get("tool_calls") or []) if isinstance(message, dict) else []:
+            if isinstance(call, dict) and "id" in call:
+                call["id"] = _new_id(call["id"])
+    output = out.get("output")
+    for item in output if isinstance(output, list) else []:
+        if isinstance(item, dict):
+            for name in ("id", "call_id"):
+                if name in item:
+                    item[name] = _new_id(item[name])
+    return out
 
 
 def _entry(key: str) -> str:
@@ -156,7 +197,7 @@ class Reuse:
         for cid, first in self.twins.items():
             line = by_id[first]
             if c.is_success(line):
-                lines.append(c.reused_line(cid, line["response"]["body"]))
+                lines.append(c.reused_line(cid, renewed(line["response"]["body"])))
                 continue
             response = line.get("response")
             lines.append({**line, "id": c.new_id("batch_req_"), "custom_id": cid, c.REUSED: True,
@@ -164,12 +205,12 @@ class Reuse:
         return lines
 
 
-def look_up(store: AnswerStore, identity: Mapping[str, Any], endpoint: str,
+def look_up(store: AnswerStore, scope: str, identity: Mapping[str, Any], endpoint: str,
             requests: Sequence[tuple[str, dict[str, Any]]]) -> Reuse:
-    """Split a shard's requests into those answered from the store, those to run and their twins."""
-    keys = {cid: key for cid, body in requests if (key := answer_key(identity, endpoint, body)) is not None}
+    """Split a shard's requests into those answered from the store (within `scope`), those to run and their twins."""
+    keys = {cid: key for cid, body in requests if (key := answer_key(scope, identity, endpoint, body)) is not None}
     found = store.get(keys.values())
-    lines = [c.reused_line(cid, found[keys[cid]]) for cid, _ in requests if keys.get(cid) in found]
+    lines = [c.reused_line(cid, renewed(found[keys[cid]])) for cid, _ in requests if keys.get(cid) in found]
     runs: dict[str, str] = {}  # key -> the custom_id that runs it
     to_run, twins = [], {}
     for cid, body in requests:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from . import contract as c
+from .scope import CLIENT_SALT
 
 # Token ids as vLLM takes them (int32); ids past the vocabulary are refused by the engine, per request.
 MAX_TOKEN_ID = 2**31 - 1
@@ -31,6 +32,7 @@ TokenIds = Annotated[list[TokenId], msgspec.Meta(min_length=1)]
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 Object = dict[str, Any]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
+CacheSalt = Annotated[str, msgspec.Meta(pattern=CLIENT_SALT)]
 
 
 # Chat content parts: the types OpenAI's schema lists, told apart by `type` (which of them a model takes: fields.py).
@@ -176,6 +178,7 @@ class _Sampling(msgspec.Struct):
     length_penalty: float | None = None
     add_special_tokens: bool | None = None
     echo: bool | None = None
+    cache_salt: CacheSalt | None = None
 
 
 class ChatBody(_Sampling):
@@ -214,6 +217,7 @@ class EmbeddingBody(msgspec.Struct):
     truncate_prompt_tokens: Annotated[int, _range(-1)] | None = None
     truncation_side: Literal["left", "right"] | None = None
     add_special_tokens: bool | None = None
+    cache_salt: CacheSalt | None = None
 
 
 class ResponsesJsonSchemaFormat(msgspec.Struct, tag="json_schema", tag_field="type"):
@@ -280,6 +284,7 @@ class ResponsesBody(msgspec.Struct):
     skip_special_tokens: bool | None = None
     stop_token_ids: list[TokenId] | None = None
     structured_outputs: StructuredOutputs | None = None
+    cache_salt: CacheSalt | None = None
 
 
 Texts = str | Annotated[list[str], msgspec.Meta(min_length=1)]
@@ -293,6 +298,7 @@ class _ScoringBody(msgspec.Struct):
     truncation_side: Literal["left", "right"] | None = None
     max_tokens_per_query: Annotated[int, _range(0)] | None = None
     max_tokens_per_doc: Annotated[int, _range(0)] | None = None
+    cache_salt: CacheSalt | None = None
 
 
 class ScoreBody(_ScoringBody):

@@ -118,3 +118,22 @@ def batch_admission(limits: KeyLimits) -> Callable[[Session, BatchRecord], None]
     """What db/batches.py create_batch runs before it adds a batch's row: the batch, and what its folder keeps, must
     fit its owner's limits."""
     return lambda session, row: admit(limits, session, row.owner, batches=1, nbytes=row.stored_bytes)
+
+
+def store_while_running(session: Session, owner: str, batch_id: str, nbytes: int,
+                        deployment_max: int | None) -> str | None:
+    """Count `nbytes` the running batch `batch_id` keeps in its folder (an image it fetched) against its owner's
+    stored-bytes limit, from now on (the batch's folder is measured whole when it ends): None when they fit, and are
+    counted; else why not, and nothing is counted. Under the owner's lock, as `admit`."""
+    lock_owner(session, owner)
+    row = session.get(ApiKey, owner)
+    own = None if row is None else row.max_stored_bytes
+    limit = deployment_max if own is None else own or None  # the key's own, else the deployment's; 0: no limit
+    if limit is not None and stored_bytes(session, owner) + nbytes > limit:
+        session.rollback()
+        return (f"keeping it would pass this key's storage limit of {limit} bytes (its own, or else "
+                "BATCH_KEY_MAX_STORED_BYTES)")
+    session.execute(update(BatchRecord).where(BatchRecord.id == batch_id)
+                    .values(stored_bytes=BatchRecord.stored_bytes + nbytes))
+    session.commit()
+    return None

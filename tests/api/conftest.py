@@ -67,7 +67,9 @@ def serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
         defs = make_defs(data_dir, vllm, shard_size, storage_url, database_url=config.database_url,
                          key_daily_budget=config.key_daily_budget, error_breaker_lines=config.error_breaker_lines,
                          error_breaker_rate=config.error_breaker_rate,
-                         reuse_answers=config.reuse_answers)
+                         reuse_answers=config.reuse_answers, shared_owners=list(config.shared_owners),
+                         image_hosts=list(config.image_hosts), fetch_allow=list(config.webhook_allow),
+                         max_image_bytes=config.max_image_bytes, key_max_stored_bytes=config.key_max_stored_bytes)
         resources = {"database": DatabaseResource(url=config.database_url), "storage": storage, "vllm": vllm,
                      "pipeline": defs.resources["pipeline"]}
         app = create_app(config)

@@ -1,5 +1,5 @@
-"""The answer store: found by a content hash of the model's identity and the request, deterministic requests only,
-bounded in bytes with the oldest answers out first."""
+"""The answer store: found by a content hash of the scope, the model's identity and the request, deterministic
+requests only, reused as if answered now, bounded in bytes with the oldest answers out first."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import time
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import reuse
-from batch_dagster.batchfile.reuse import AnswerStore, answer_key, keep, look_up, model_identity
+from batch_dagster.batchfile.reuse import AnswerStore, answer_key, keep, look_up, model_identity, renewed
 from batch_dagster.storage import LocalStorage
 
 RECORD = {"model": "m", "revision": "sha256:abc", "dtype": "bfloat16", "engine_mode": "offline",
           "engine_settings": {"max_num_seqs": 8, "engine_args": {"quantization": "fp8", "enforce_eager": True}}}
 IDENTITY = model_identity(RECORD)
+SCOPE = "owner:a"
 
 
 def body(text: str, **params) -> dict:
@@ -26,31 +27,73 @@ def answer(text: str) -> dict:
 
 def test_the_key_covers_the_model_its_weights_the_numerics_and_the_request_only():
     assert IDENTITY == {"model": "m", "revision": "sha256:abc", "dtype": "bfloat16", "quantization": "fp8"}
-    key = answer_key(IDENTITY, c.CHAT, body("hi"))
+    key = answer_key(SCOPE, IDENTITY, c.CHAT, body("hi"))
     # How fast it runs (engine mode, cache sizes) is not in it; the key order of the body is not either.
-    assert key == answer_key(model_identity({**RECORD, "engine_mode": "server", "engine_settings": {
+    assert key == answer_key(SCOPE, model_identity({**RECORD, "engine_mode": "server", "engine_settings": {
         "max_num_seqs": 64, "engine_args": {"quantization": "fp8"}}}), c.CHAT, dict(reversed(body("hi").items())))
     for other in ({**IDENTITY, "revision": "sha256:new"}, {**IDENTITY, "dtype": "float32"}):
-        assert answer_key(other, c.CHAT, body("hi")) != key
-    assert answer_key(IDENTITY, c.CHAT, body("hi", max_tokens=5)) != key
+        assert answer_key(SCOPE, other, c.CHAT, body("hi")) != key
+    assert answer_key(SCOPE, IDENTITY, c.CHAT, body("hi", max_tokens=5)) != key
+
+
+def test_each_scope_keeps_its_own_answers(tmp_path):
+    """An owner's answers are found in its own scope only: another owner asking the same request of the same model
+    finds nothing, computes it, and keeps its own."""
+    store = AnswerStore(LocalStorage(tmp_path))
+    assert answer_key("owner:a", IDENTITY, c.CHAT, body("hi")) != answer_key("owner:b", IDENTITY, c.CHAT, body("hi"))
+    requests = [("q", body("the same question"))]
+    keep(store, mine := look_up(store, "owner:a", IDENTITY, c.CHAT, requests), [c.success_line("q", answer("mine"))])
+    assert mine.to_run == requests
+    theirs = look_up(store, "owner:b", IDENTITY, c.CHAT, requests)
+    assert theirs.lines == [] and theirs.to_run == requests
+    again = look_up(store, "owner:a", IDENTITY, c.CHAT, requests)
+    assert [line["custom_id"] for line in again.lines] == ["q"] and again.to_run == []
+
+
+def test_a_reused_answer_is_renewed_as_if_answered_now():
+    """Nothing of the first call stays in a reused body: its ids (the answer's, its tool calls', a response's items')
+    are new, its creation time is now, its call's metrics are gone; the answer itself and the engine's fingerprint
+    stay."""
+    old = int(time.time()) - 3600
+    chat = {"id": "chatcmpl-0123abcd", "object": "chat.completion", "created": old, "system_fingerprint": "vllm-x",
+            "metrics": {"time_to_first_token_ms": 12.0},
+            "choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "chatcmpl-tool-9f9f", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}}]}
+    fresh = renewed(chat)
+    assert fresh["id"].startswith("chatcmpl-") and fresh["id"] != chat["id"]
+    assert fresh["created"] >= old + 3600 and "metrics" not in fresh and fresh["system_fingerprint"] == "vllm-x"
+    call = fresh["choices"][0]["message"]["tool_calls"][0]
+    assert call["id"].startswith("chatcmpl-tool-") and call["id"] != "chatcmpl-tool-9f9f"
+    assert call["function"] == chat["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert chat["id"] == "chatcmpl-0123abcd"  # the kept answer itself is left as it was
+    response = {"id": "resp_1", "object": "response", "created_at": old, "output": [
+        {"id": "rs_1", "type": "reasoning"}, {"id": "fc_1", "type": "function_call", "call_id": "call_1"},
+        {"id": "msg_1", "type": "message", "content": [{"type": "output_text", "text": "hi"}]}]}
+    fresh = renewed(response)
+    assert fresh["created_at"] > old and fresh["id"].startswith("resp_") and fresh["id"] != "resp_1"
+    assert [item["id"][:3] for item in fresh["output"]] == ["rs_", "fc_", "msg"]
+    assert not {item["id"] for item in fresh["output"]} & {"rs_1", "fc_1", "msg_1"}
+    assert fresh["output"][1]["call_id"].startswith("call_") and fresh["output"][1]["call_id"] != "call_1"
+    assert fresh["output"][2]["content"] == response["output"][2]["content"]
+    assert renewed(response)["id"] != fresh["id"]  # each line its own
 
 
 def test_only_deterministic_requests_have_a_key():
-    assert answer_key(IDENTITY, c.CHAT, {**body("hi"), "temperature": 0.7}) is None
-    assert answer_key(IDENTITY, c.CHAT, {**body("hi"), "temperature": 0.7, "seed": 1}) is not None
-    assert answer_key(IDENTITY, c.EMBEDDINGS, {"model": "e", "input": "hi"}) is not None
+    assert answer_key(SCOPE, IDENTITY, c.CHAT, {**body("hi"), "temperature": 0.7}) is None
+    assert answer_key(SCOPE, IDENTITY, c.CHAT, {**body("hi"), "temperature": 0.7, "seed": 1}) is not None
+    assert answer_key(SCOPE, IDENTITY, c.EMBEDDINGS, {"model": "e", "input": "hi"}) is not None
 
 
 def test_a_shard_takes_what_the_store_holds_and_keeps_what_it_ran(tmp_path):
     store = AnswerStore(LocalStorage(tmp_path))
     requests = [("a", body("one")), ("b", body("two")), ("c", {**body("three"), "temperature": 1})]
-    first = look_up(store, IDENTITY, c.CHAT, requests)
+    first = look_up(store, SCOPE, IDENTITY, c.CHAT, requests)
     assert first.lines == [] and first.to_run == requests and set(first.keys) == {"a", "b"}
     ran = [c.success_line("a", answer("1")), c.request_error_line("b", "x", "failed"), c.success_line("c", answer("3"))]
     assert keep(store, first, ran) == 1  # an error and a non-deterministic answer are not kept
-    second = look_up(store, IDENTITY, c.CHAT, requests)
+    second = look_up(store, SCOPE, IDENTITY, c.CHAT, requests)
     assert [line["custom_id"] for line in second.lines] == ["a"] and [r[0] for r in second.to_run] == ["b", "c"]
-    assert second.lines[0][c.REUSED] is True and second.lines[0]["response"]["body"] == answer("1")
+    assert second.lines[0][c.REUSED] is True and second.lines[0]["response"]["body"]["choices"] == answer("1")["choices"]
     assert c.is_success(second.lines[0]) and not c.is_billed(second.lines[0])
 
 
@@ -59,7 +102,7 @@ def test_a_request_asked_twice_in_a_shard_runs_once_and_both_lines_say_the_same(
     sampled = {**body("two"), "temperature": 1}
     requests = [("a", body("one")), ("a2", body("one")), ("b", body("bad")), ("b2", body("bad")), ("a3", body("one")),
                 ("c", sampled), ("c2", sampled)]
-    shard = look_up(store, IDENTITY, c.CHAT, requests)
+    shard = look_up(store, SCOPE, IDENTITY, c.CHAT, requests)
     # One of each deterministic request runs; a sampled one runs every time it is asked.
     assert [cid for cid, _ in shard.to_run] == ["a", "b", "c", "c2"]
     assert shard.twins == {"a2": "a", "b2": "b", "a3": "a"} and set(shard.keys) == {"a", "b"}
@@ -68,7 +111,7 @@ def test_a_request_asked_twice_in_a_shard_runs_once_and_both_lines_say_the_same(
     twins = {line["custom_id"]: line for line in shard.twin_lines(ran)}
     assert set(twins) == {"a2", "b2", "a3"}
     for cid in ("a2", "a3"):  # the answer, marked reused: billed at zero
-        assert twins[cid]["response"]["body"] == answer("1") and twins[cid][c.REUSED] is True
+        assert twins[cid]["response"]["body"]["choices"] == answer("1")["choices"] and twins[cid][c.REUSED] is True
         assert not c.is_billed(twins[cid])
     assert twins["b2"]["response"]["body"] == ran[1]["response"]["body"]  # the same error, param and all
     assert twins["b2"][c.REUSED] is True and not c.is_success(twins["b2"])

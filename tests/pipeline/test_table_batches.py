@@ -272,3 +272,23 @@ def test_a_project_s_table_batch_touches_no_metadata_store(tmp_path, data_dir, i
         labels, meta = labels_of(materialize(defs, ["reviews", "review_labels"], res, instance))
     assert meta["answered"] == 8 and meta.get("estimated_cost_max", 0) > 0
     assert not list(data_dir.glob("*.db*")) and (data_dir / "tables" / "review_labels" / "table.parquet").exists()
+
+
+def test_table_batches_share_answers_within_their_namespace_only(tmp_path, data_dir, instance):
+    """A table batch's answers are its namespace's: by default its project's (its components share them); a component
+    naming another namespace meets none of them, unless the operator shares the two (BATCH_SHARED_OWNERS)."""
+    engine = LabelEngine()
+    with table_project(component_yaml(), component_yaml(asset={"key": "labels_too"}),
+                       component_yaml(asset={"key": "other_team"}, namespace="other")) as (defs, tables):
+        tables["reviews"] = reviews_frame()
+        res = table_resources(data_dir, engine, "namespaces")
+        materialize(defs, ["reviews", "review_labels"], res, instance)
+        _, same = labels_of(materialize(defs, ["reviews", "labels_too"], res, instance), "labels_too")
+        assert (same["reused"], same["computed"]) == (8, 0)  # the project's two components share
+        _, other = labels_of(materialize(defs, ["reviews", "other_team"], res, instance), "other_team")
+        assert (other["reused"], other["computed"]) == (0, 8)  # another namespace: nothing of theirs
+        res[PIPELINE] = PipelineConfig(shard_size=3, shared_owners=["*"])
+        _, shared = labels_of(materialize(defs, ["reviews", "other_team"], res, instance), "other_team")
+        assert shared["computed"] == 8  # the shared scope is a new one: computed once there...
+        _, again = labels_of(materialize(defs, ["reviews", "labels_too"], res, instance), "labels_too")
+        assert (again["reused"], again["computed"]) == (8, 0)  # ...and met by every owner the operator shares

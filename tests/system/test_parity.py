@@ -117,7 +117,8 @@ def chat_rows(ids: dict[str, int]) -> list[dict]:
                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
     return [
         chat("base"),
-        chat("no-effect", user="u-1", stream=False, store=False, service_tier="auto", modalities=["text"]),
+        chat("no-effect", user="u-1", stream=False, store=False, service_tier="auto", modalities=["text"],
+             cache_salt="user-1"),
         chat("greedy-top-k", temperature=1.0, top_k=1),
         chat("greedy-top-p", temperature=1.0, top_p=1e-9),
         chat("greedy-min-p", temperature=1.0, min_p=1.0),
@@ -181,7 +182,7 @@ def completion_rows(ids: dict[str, int]) -> list[dict]:
     paris = ids[" Paris"]
     return [
         completion("base"),
-        completion("default-length", max_tokens=None, user="u-1", stream=False),
+        completion("default-length", max_tokens=None, user="u-1", stream=False, cache_salt="user-1"),
         completion("echo", echo=True),
         completion("logprobs", logprobs=2, max_tokens=3),
         completion("prompts", ["One, two,", "Monday, Tuesday,"], max_tokens=4),
@@ -214,7 +215,7 @@ def response_rows(ids: dict[str, int]) -> list[dict]:
     text_format = {"type": "json_schema", "name": "city", "strict": True, "schema": CITY}
     return [
         response("base", instructions="Answer in one short sentence.", user="u-1", metadata={"team": "geo"},
-                 stream=False, store=False, service_tier="auto"),
+                 stream=False, store=False, service_tier="auto", cache_salt="user-1"),
         response("items", [{"role": "user", "content": [{"type": "input_text", "text": "Name three colors."}]}],
                  top_p=1.0),
         response("cut", max_output_tokens=3),
@@ -247,7 +248,7 @@ def response_rows(ids: dict[str, int]) -> list[dict]:
 
 def embedding_rows() -> list[dict]:
     return [
-        embedding("base", user="u-1"),
+        embedding("base", user="u-1", cache_salt="user-1"),
         embedding("texts", ["A cat sleeps.", "Taxes are due."]),
         embedding("tokens", [101, 4937, 102]),
         embedding("b64", encoding_format="base64"),
@@ -273,7 +274,7 @@ def rerank(cid: str, **fields) -> dict:
 
 def score_rows() -> list[dict]:
     return [
-        score("base", user="u-1"),
+        score("base", user="u-1", cache_salt="user-1"),
         score("pairs", queries=[CAT, TAXES], documents=[KITTEN, "The tax office is closed."]),
         score("truncated", truncate_prompt_tokens=4),
         score("truncated-right", truncate_prompt_tokens=4, truncation_side="right"),
@@ -284,7 +285,7 @@ def score_rows() -> list[dict]:
 
 def rerank_rows() -> list[dict]:
     return [
-        rerank("base", user="u-1"),
+        rerank("base", user="u-1", cache_salt="user-1"),
         rerank("top", top_n=1),
         rerank("truncated", truncate_prompt_tokens=4, truncation_side="left"),
         rerank("short", max_tokens_per_query=3, max_tokens_per_doc=3),

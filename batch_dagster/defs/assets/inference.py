@@ -20,6 +20,7 @@ from batch_dagster.batchfile.folder import BatchFolder, Progress
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import CommittedShard, commit_shard, committed_shards, progress_of
 from batch_dagster.batchfile.reuse import AnswerStore, keep, look_up, model_identity
+from batch_dagster.batchfile.scope import salted, scope
 from batch_dagster.batchfile.shard import OutputShares, running_order
 from batch_dagster.batchfile.structured import asks_structured
 from batch_dagster.db.lifecycle import record_usage
@@ -29,9 +30,10 @@ from batch_dagster.egress import Allow
 from batch_dagster.engine.base import EngineCrash
 from batch_dagster.features.cost_cap import cap_reached
 from batch_dagster.features.eta import RunningEta
+from batch_dagster.features.quotas import store_while_running
 from batch_dagster.image_fetch import ImageFetcher
 
-from .steps import batch_options, manifest_of
+from .steps import batch_options, batch_owner, manifest_of
 
 INFERENCE_RETRIES = 2  # an engine crash: the step's third attempt ends the shard in engine_error lines
 STEP_RETRIES = 6
@@ -154,6 +156,18 @@ def answer_store(options: BatchOptions, folder: BatchFolder, pipeline: PipelineC
     return AnswerStore(folder.storage, pipeline.answer_store_bytes) if reuse else None
 
 
+def image_fetcher(folder: BatchFolder, pipeline: PipelineConfig, session: Session | None,
+                  owner: str) -> ImageFetcher:
+    """The batch's image fetcher: its images kept count against its owner's stored bytes (with a store)."""
+    def count(nbytes: int) -> str | None:
+        assert session is not None
+        return store_while_running(session, owner, folder.batch_id, nbytes, pipeline.key_max_stored_bytes)
+
+    return ImageFetcher(folder, pipeline.image_sources, Allow.parse(pipeline.fetch_allow),
+                        budget_bytes=pipeline.image_budget_bytes, budget_s=pipeline.image_budget_s,
+                        keep=count if session is not None and owner else None)
+
+
 def _over_cost_cap(session: Session | None, folder: BatchFolder, options: BatchOptions, model: str,
                    committed: dict[int, CommittedShard], pipeline: PipelineConfig) -> bool:
     """Whether the batch's spend has reached its cost cap; the store's transaction ends here, so none is held while a
@@ -214,8 +228,11 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
     breaker_rate = options.error_breaker_rate if options.error_breaker_rate is not None else pipeline.error_breaker_rate
     store = answer_store(options, folder, pipeline)
     identity = model_identity(vllm.model_record(manifest.model)) if store is not None else {}
-    images = ImageFetcher(folder, pipeline.image_sources, Allow.parse(pipeline.fetch_allow)) \
-        if vllm.spec(manifest.model).images_per_request else None
+    owner = batch_owner(session, folder)
+    # Whose answers and prompt prefixes the batch's requests may meet: its owner's, unless the operator shares them.
+    where = scope(owner, pipeline.shared_owners, folder.batch_id)
+    images = image_fetcher(folder, pipeline, session, owner.id) if vllm.spec(manifest.model).images_per_request \
+        else None
     started = time.perf_counter()
     ran_requests = ran_tokens = 0
     written = OutputShares()  # how much of the output asked each prefix group writes, over the shards run
@@ -237,22 +254,26 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
                 requests = read_shard(shard)
             t0 = time.perf_counter()
             progress = ShardProgress(folder, base, index, len(requests), context.log)
-            reuse = look_up(store, identity, manifest.endpoint, requests) if store is not None else None
-            to_run = reuse.to_run if reuse is not None else requests
+            # Images named by URL, fetched once per batch (a request whose image cannot be had is its 400 line), are
+            # named by their content's hash from here on: what the answer store keys them by.
+            fetched, unfetched = images.fetch(manifest.endpoint, requests) if images else (requests, [])
+            if unfetched:
+                progress(len(unfetched))
+            reuse = look_up(store, where, identity, manifest.endpoint, fetched) if store is not None else None
+            to_run = reuse.to_run if reuse is not None else fetched
             lines: list[dict[str, Any]] = []
             if reuse is not None and reuse.lines:
                 progress(len(reuse.lines))
             if to_run:
-                # Images named by URL, fetched once per batch: a request whose image cannot be had is its 400 line.
-                sent, unfetched = images.inline(manifest.endpoint, to_run) if images else (to_run, [])
-                if unfetched:
-                    progress(len(unfetched))
-                if sent:
-                    # Shared prefixes together, the longest work first, as the earlier shards wrote.
-                    sent = [sent[i] for i in running_order(manifest.endpoint, sent, written.shares())]
-                    engine, lines = _run_shard(context, vllm, manifest.model, manifest.endpoint, engine, sent,
-                                               progress, index)
-                lines += unfetched
+                # Shared prefixes together, the longest work first, as the earlier shards wrote; each request salted
+                # with its scope's cache_salt, so that no prefix-cache hit crosses owners.
+                sent = salted(to_run, where, pipeline.cache_salt_secret)
+                sent = [sent[i] for i in running_order(manifest.endpoint, sent, written.shares())]
+                for group in images.inlined(manifest.endpoint, sent) if images else [sent]:
+                    engine, ran = _run_shard(context, vllm, manifest.model, manifest.endpoint, engine, group,
+                                             progress, index)
+                    lines += ran
+            lines += unfetched
             if reuse is not None and store is not None:
                 keep(store, reuse, lines)  # before the commit: a retry finds them even if this process dies now
                 twins = reuse.twin_lines(lines)  # the same request again in the shard: the same answer

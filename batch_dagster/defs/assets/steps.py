@@ -22,10 +22,11 @@ from batch_dagster.batchfile.folder import BatchFolder, Manifest, Merged, Summar
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.registry import served
 from batch_dagster.batchfile.results import MergeResult, committed_shards, merge
+from batch_dagster.batchfile.scope import TABLE, Owner
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import cost_of
 from batch_dagster.batchfile.validate import ValidationReport
-from batch_dagster.db.models import BatchRecord
+from batch_dagster.db.models import ApiKey, BatchRecord
 from batch_dagster.defs.resources import PipelineConfig, VLLMResource
 from batch_dagster.features.cost_cap import refuse_over_cap
 from batch_dagster.features.estimate import Tally, count_tokens, write_estimate
@@ -55,6 +56,20 @@ def batch_options(session: Session | None, folder: BatchFolder) -> BatchOptions:
             return row.options
     declared = folder.declared()
     return declared.options if declared is not None and declared.options is not None else BatchOptions()
+
+
+def batch_owner(session: Session | None, folder: BatchFolder) -> Owner:
+    """Who the batch belongs to: its row's owner in the store (an API, dropped or CLI batch), named as its key is,
+    else its folder's batch.json's (a table batch: its namespace), else nobody known."""
+    if session is not None:
+        owner = session.scalar(select(BatchRecord.owner).where(BatchRecord.id == folder.batch_id))
+        if owner is not None:
+            key = session.get(ApiKey, owner)
+            return Owner(owner, key.name if key is not None and key.name else owner)
+    declared = folder.declared()
+    if declared is not None and declared.owner:
+        return Owner(declared.owner, declared.owner.removeprefix(TABLE))
+    return Owner()
 
 
 @dataclass

@@ -30,11 +30,18 @@ class PipelineConfig(dg.ConfigurableResource):
     runs_per_model: int = setting("BATCH_RUNS_PER_MODEL")
     reuse_answers: bool = setting("BATCH_REUSE_ANSWERS")  # a batch whose `reuse` option is unset
     answer_store_bytes: int = setting("BATCH_ANSWER_STORE_BYTES")
-    # Image parts: the hosts their http(s) URLs may name (fetched once per batch), the bytes of one image, and the
-    # internal addresses a fetch may reach (the webhooks' allow-list).
+    # What owners share (answers, prompt prefixes; nothing when empty), and the secret their prefix-cache salts take.
+    shared_owners: list[str] = setting("BATCH_SHARED_OWNERS")
+    cache_salt_secret: str = setting("BATCH_CACHE_SALT_SECRET")
+    # Image parts: the hosts their http(s) URLs may name (fetched once per batch), the bytes of one image, the
+    # internal addresses a fetch may reach (the webhooks' allow-list), and what one batch may fetch in all.
     image_hosts: list[str] = setting("BATCH_IMAGE_HOSTS")
     max_image_bytes: int = setting("BATCH_MAX_IMAGE_BYTES")
     fetch_allow: list[str] = setting("BATCH_WEBHOOK_ALLOW")
+    image_budget_bytes: int = setting("BATCH_IMAGE_BUDGET_BYTES")
+    image_budget_s: float = setting("BATCH_IMAGE_BUDGET_S")
+    # A key's stored bytes, its fetched images counted as they are kept (features/quotas.py).
+    key_max_stored_bytes: int | None = setting("BATCH_KEY_MAX_STORED_BYTES")
 
     @property
     def limits(self) -> Limits:

@@ -142,6 +142,10 @@ class TableBatchComponent(dg.Component, dg.Resolvable, dg.Model):
     key_columns: list[str] = Field(default_factory=list, description="Upstream columns copied beside each answer.")
     reuse: bool = Field(True, description="Reuse the answers of deterministic requests asked before (temperature "
                         "0 or a seed), from the answer store where the batch folders live.")
+    namespace: str | None = Field(None, min_length=1, max_length=128, description="Whose answers and cached "
+                                  "prompt prefixes this batch meets, in its process: those of the table batches of the "
+                                  "same namespace (and of the owners BATCH_SHARED_OWNERS shares with it). Default: the "
+                                  "project's (its defs module's top package).")
     max_cost: float | None = Field(None, gt=0, description="What one run may spend (the price table's currency): "
                                    "refused above it at validation, stopped there while it runs.")
     service_url: str | None = Field(None, description="A batch-dagster service's /v1 URL: the batch runs there.")
@@ -149,10 +153,10 @@ class TableBatchComponent(dg.Component, dg.Resolvable, dg.Model):
     io_manager_key: str = Field(IO_MANAGER, description="The answered table's IO manager; the default writes "
                                 "Parquet under tables/ where the batch folders live.")
 
-    def table_batch(self) -> TableBatch:
+    def table_batch(self, project: str = "") -> TableBatch:
         service = BatchService(self.service_url, self.service_api_key) if self.service_url else None
         return TableBatch(self.request, tuple(self.key_columns), BatchOptions(reuse=self.reuse, max_cost=self.max_cost),
-                          service)
+                          service, self.namespace or project)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         try:
@@ -161,7 +165,7 @@ class TableBatchComponent(dg.Component, dg.Resolvable, dg.Model):
             raise ValueError(f"The table batch's {exc}") from None
         spec = self.asset
         partitions = spec.partitions_def or upstream_partitions(context, self.upstream)
-        batch = self.table_batch()
+        batch = self.table_batch(project=context.defs_module_name.split(".")[0])
         settings = Settings.from_env()
         resources = _resources(settings)
         in_process = batch.service is None and resources[VLLM].server_urls_for(self.request.model) is None

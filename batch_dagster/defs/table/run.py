@@ -24,6 +24,7 @@ from batch_dagster.batchfile.contract import BatchError
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import iter_lines
+from batch_dagster.batchfile.scope import Owner
 from batch_dagster.batchfile.table import Rendered, TableRequest
 from batch_dagster.batchfile.table_answers import answers_table
 from batch_dagster.batchfile.usage import Usage, cost_of
@@ -40,12 +41,15 @@ SHOWN_ERRORS = 20  # rows whose errors the log and the metadata name one by one
 @dataclass(frozen=True)
 class TableBatch:
     """What a component asks of each row, and how: the request, the key columns carried over, the batch's options
-    (whether answers are reused, what it may cost), and the service that runs it (None: this process's pipeline)."""
+    (whether answers are reused, what it may cost), the service that runs it (None: this process's pipeline), and
+    the namespace it runs under in this process (its owner: whose kept answers and cached prompt prefixes it
+    meets; a service's batch is its key's)."""
 
     request: TableRequest
     key_columns: tuple[str, ...] = ()
     options: BatchOptions = field(default_factory=lambda: BatchOptions(reuse=True))
     service: BatchService | None = None
+    namespace: str = ""
 
 
 @dataclass
@@ -78,13 +82,18 @@ def _asks_the_same(folder: BatchFolder, batch: TableBatch, payload: bytes) -> bo
     """Whether the batch in `folder` is the one `payload` and `batch`'s options make: the same input, byte for byte,
     and the same options."""
     declared = folder.declared()
-    if declared is None or declared.options != batch.options or folder.storage.size(folder.input_key) != len(payload):
+    if declared is None or declared.options != batch.options or declared.owner != _owner(batch) \
+            or folder.storage.size(folder.input_key) != len(payload):
         return False
     h = hashlib.sha256()
     with folder.storage.open(folder.input_key) as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.digest() == hashlib.sha256(payload).digest()
+
+
+def _owner(batch: TableBatch) -> str | None:
+    return Owner.of_table(batch.namespace).id if batch.namespace else None
 
 
 def _invalid(errors: list[BatchError], rows: list[int]) -> str:
@@ -106,7 +115,8 @@ def _in_pipeline(context: dg.AssetExecutionContext, batch: TableBatch, rendered:
                             "discarded, the batch starts afresh (answers it kept are still reused)")
         _remove(folder)
     if not folder.has_input():
-        folder.declare(batch.request.endpoint, options=batch.options)  # it has no row: its options here
+        # It has no row: its options and its owner here.
+        folder.declare(batch.request.endpoint, options=batch.options, owner=_owner(batch))
         with folder.storage.writing(folder.input_key) as path:
             path.write_bytes(payload)
     if folder.manifest() is None:  # a retry, or a run after one that failed, resumes at the shards
