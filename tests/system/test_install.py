@@ -73,12 +73,13 @@ def test_the_example_project_installs_from_the_wheel_and_its_readme_runs_as_writ
         install = install.replace(f"--find-links {TORCH_INDEX}", f"--find-links {torch_wheels()}")
     env = user_env()
     started = time.perf_counter()
-    ran = subprocess.run(["bash", "-euo", "pipefail", "-c", install], cwd=checkout, env=env, capture_output=True,
+    ran = subprocess.run(["bash", "-eo", "pipefail", "-c", install], cwd=checkout, env=env, capture_output=True,
                          text=True, timeout=1500)
     print(f"the README's commands: {time.perf_counter() - started:.1f}s")
     said = ran.stdout + ran.stderr
     assert ran.returncode == 0, said[-5000:]
     assert "All component YAML validated successfully" in said and "All definitions loaded successfully" in said
+    assert "does not match the virtual environment" not in said  # dg ran in the project's own, active
     project = checkout / "examples" / "reviews"
     venv = project / ".venv"
     packages = {p.name.split("-")[0].lower() for p in venv.glob("lib/python3.11/site-packages/*.dist-info")}
@@ -107,11 +108,11 @@ def test_the_example_project_installs_from_the_wheel_and_its_readme_runs_as_writ
     assert len(labels) == 200 and len(answered) >= 190, labels["error_code"].value_counts().to_dict()
     assert set(answered["sentiment"]) <= SENTIMENTS and answered["confidence"].between(0, 1).all()
 
-    # `dg dev` in the same shell shows that run: the same instance.
+    # `dg dev` in the same shell (its environment active, its DAGSTER_HOME) shows that run: the same instance.
     project_env = env | {"DAGSTER_HOME": str(home), "BATCH_DATA_DIR": str(project / "data")}
     log = open(tmp_path / "dg-dev.log", "w")
-    proc = subprocess.Popen(["bash", "-c", dev], cwd=project, env=project_env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(["bash", "-c", f"source .venv/bin/activate && {dev}"], cwd=project, env=project_env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = None
         deadline = time.time() + 180
@@ -134,6 +135,7 @@ def test_the_example_project_installs_from_the_wheel_and_its_readme_runs_as_writ
         log.close()
 
     # A second table batch, as a team adds one: dg scaffolds its defs.yaml, and the definitions still load.
+    project_env |= {"VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{project_env['PATH']}"}
     dg_bin = str(venv / "bin" / "dg")
     scaffold = subprocess.run([dg_bin, "scaffold", "defs", "batch_dagster.components.TableBatchComponent", "summaries",
                                "--json-params", '{"upstream": "reviews"}'], cwd=project, env=project_env,

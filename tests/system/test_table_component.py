@@ -83,7 +83,9 @@ def run_dg(args: list[str], cwd: Path, home: Path) -> str:
 
 def test_dg_check_defs_passes_on_the_example_project_and_on_batch_dagster_itself(tmp_path):
     # The example, with a second table batch `dg scaffold defs` wrote (as a team adds one), and batch-dagster itself.
-    project = shutil.copytree(EXAMPLE, tmp_path / "reviews", ignore=shutil.ignore_patterns("*.egg-info"))
+    # Its sources only: not the environment, instance and data its README's commands leave in a checkout.
+    project = shutil.copytree(EXAMPLE, tmp_path / "reviews", ignore=lambda folder, names: [
+        n for n in names if n.endswith(".egg-info") or (Path(folder) == EXAMPLE and n in {".venv", ".dagster_home", "data"})])
     run_dg(["scaffold", "defs", "batch_dagster.components.TableBatchComponent", "summaries", "--upstream", "reviews"],
            project, tmp_path)
     scaffolded = (project / "src" / "reviews_example" / "defs" / "summaries" / "defs.yaml").read_text()
