@@ -175,7 +175,7 @@ def success_line(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# An output line's extension key: its answer was taken from the answer store (batchfile/reuse.py), not computed
+# An output line's extension key: its answer was taken from the answer store (features/reuse.py), not computed
 # again, and it is billed at zero.
 REUSED = "reused"
 

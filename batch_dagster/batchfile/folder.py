@@ -21,7 +21,7 @@ way through it, in the order of the listing below; each internal JSON document i
       summary.json        Summary: usage, cost and how the batch ran (written last)
       delivery/summary.json   what a dropped file's results carry beside them
     files/<file_id>.jsonl  uploaded, dropped and retry input files (beside the batch folders)
-    answers/               answers kept for reuse (batchfile/reuse.py)
+    answers/               answers kept for reuse (features/reuse.py)
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class Declared(Document):
     """What the batch was created with: every request's url must match `endpoint`; `completion_window` prices it
     (None: a batch with no window, from the command line, or from before windows were recorded). `options` and
     `owner`: those of a batch that has no row in the metadata store (a table batch's; its owner is its namespace,
-    batchfile/scope.py); an API batch's are on its row, and only there."""
+    features/scope.py); an API batch's are on its row, and only there."""
 
     TYPED = {"options": BatchOptions.from_stored}
 

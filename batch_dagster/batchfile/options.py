@@ -30,7 +30,7 @@ class BatchOptions(BaseModel):
     # (features/cost_cap.py). None: uncapped.
     max_cost: float | None = Field(default=None, gt=0, le=MAX_COST, allow_inf_nan=False, strict=True)
     # Answer reuse: answers of deterministic requests taken from the answer store, billed at zero, and this batch's
-    # kept there (batchfile/reuse.py). None: as the operator's BATCH_REUSE_ANSWERS says.
+    # kept there (features/reuse.py). None: as the operator's BATCH_REUSE_ANSWERS says.
     reuse: bool | None = Field(default=None, strict=True)
     # The error-rate breaker (batchfile/failure.py breaker_tripped): the share of failed lines among the batch's first
     # lines at which it stops. None: the operator's (BATCH_ERROR_BREAKER_RATE).

@@ -19,8 +19,8 @@ from batch_dagster.batchfile.failure import COST_LIMIT, ERROR_RATE, breaker_trip
 from batch_dagster.batchfile.folder import BatchFolder, Progress
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import CommittedShard, commit_shard, committed_shards, progress_of
-from batch_dagster.batchfile.reuse import AnswerStore, keep, look_up, model_identity
-from batch_dagster.batchfile.scope import salted, scope
+from batch_dagster.features.reuse import AnswerStore, keep, look_up, model_identity
+from batch_dagster.features.scope import salted, scope
 from batch_dagster.batchfile.shard import OutputShares, running_order
 from batch_dagster.batchfile.structured import asks_structured
 from batch_dagster.db.lifecycle import record_usage

@@ -22,7 +22,7 @@ from batch_dagster.batchfile.folder import BatchFolder, Manifest, Merged, Summar
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.registry import served
 from batch_dagster.batchfile.results import MergeResult, committed_shards, merge
-from batch_dagster.batchfile.scope import TABLE, Owner
+from batch_dagster.features.scope import TABLE, Owner
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import cost_of
 from batch_dagster.batchfile.validate import ValidationReport

@@ -14,12 +14,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from batch_dagster.batchfile.schema import CLIENT_SALT
+
 SHARED = "shared"  # the one scope of the owners the operator lets share
 EVERYONE = "*"  # in BATCH_SHARED_OWNERS: every owner shares
 TABLE = "table:"  # a table batch's owner is its namespace, after this
-# What vLLM takes as a cache_salt (vllm/entrypoints/generate/base/protocol.py validate_cache_salt): 1 to 128
-# characters, none of them '@', '/', '\' or NUL.
-CLIENT_SALT = r"^[^@/\\\x00]{1,128}\Z"
 _CLIENT_SALT = re.compile(CLIENT_SALT)
 
 

@@ -2,7 +2,7 @@
 it got before, as if answered now.
 
 An answer is found by a content hash of its scope (its owner's, or the one the operator's shared owners share:
-batchfile/scope.py), the model's identity (its name, its weights' revision, the dtype and the engine settings that
+features/scope.py), the model's identity (its name, its weights' revision, the dtype and the engine settings that
 change numerics) and the request's body (its images by their content's hash). Only deterministic requests are kept (an
 embedding, or temperature 0, or a seed). The store lives in the batch storage beside the batch folders, bounded in
 bytes: the answers written first go first.
@@ -24,9 +24,9 @@ from typing import Any
 
 import orjson
 
-from . import contract as c
-from .folder import ANSWERS
-from .storage import Storage
+from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.folder import ANSWERS
+from batch_dagster.batchfile.storage import Storage
 
 # Engine arguments that change the numbers a model computes (beside its dtype); the others (cache sizes,
 # parallelism) change only how fast.
