@@ -151,7 +151,7 @@ def _windows(text: str) -> tuple[str, ...]:
 
 
 def _allow(text: str) -> tuple[str, ...]:
-    from batch_dagster.egress import Allow
+    from batch_dagster.features.egress import Allow
 
     entries = _csv(text)
     Allow.parse(entries)  # refuses an entry that is neither a host nor a CIDR

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
 from batch_dagster.db.models import WebhookEndpointRecord
-from batch_dagster.egress import Allow, Refused, check
+from batch_dagster.features.egress import Allow, Refused, check
 from batch_dagster.features import webhooks as store
 
 from .context import AppContext

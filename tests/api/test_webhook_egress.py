@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from batch_dagster import egress
+from batch_dagster.features import egress
 from batch_dagster.api.context import LOOKUPS_QUEUED_PER_KEY
 from batch_dagster.defs.resources.webhooks import WebhookConfig
 from tests.helpers import KEY_A, KEY_B, Flood, Receiver

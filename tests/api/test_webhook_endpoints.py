@@ -13,7 +13,7 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import select
 
-from batch_dagster import egress
+from batch_dagster.features import egress
 from batch_dagster.db import Database, repo
 from batch_dagster.db.lifecycle import add_event
 from batch_dagster.db.models import WebhookDelivery, WebhookEndpointRecord

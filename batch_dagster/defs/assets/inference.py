@@ -26,12 +26,12 @@ from batch_dagster.batchfile.structured import asks_structured
 from batch_dagster.db.lifecycle import record_usage
 from batch_dagster.defs.dagster_internals import dies_with_its_run
 from batch_dagster.defs.resources import PipelineConfig, VLLMResource
-from batch_dagster.egress import Allow
+from batch_dagster.features.egress import Allow
 from batch_dagster.engine.base import EngineCrash
 from batch_dagster.features.cost_cap import cap_reached
 from batch_dagster.features.eta import RunningEta
 from batch_dagster.features.quotas import store_while_running
-from batch_dagster.image_fetch import ImageFetcher
+from batch_dagster.features.images import ImageFetcher
 
 from .steps import batch_options, batch_owner, manifest_of
 

@@ -34,7 +34,7 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import image_sources
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.image_sources import ImageSources
-from batch_dagster.egress import Allow, Refused, pinned
+from batch_dagster.features.egress import Allow, Refused, pinned
 from batch_dagster.settings import default
 
 Request = tuple[str, dict[str, Any]]
