@@ -24,7 +24,7 @@ from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.defs.run_limits import PRIORITY_TAG
 from batch_dagster.defs.run_tags import OWNER_TAG, input_filenames, run_tags
-from batch_dagster.defs.sensors.fairness import with_launch_order
+from batch_dagster.defs.fairness import with_launch_order
 from batch_dagster.defs.sensors.timing import timed
 from batch_dagster.features.eta import set_launch_priorities
 
