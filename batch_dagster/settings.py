@@ -22,9 +22,9 @@ from batch_dagster.batchfile import generated
 from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.image_sources import DEFAULT_MAX_BYTES as DEFAULT_MAX_IMAGE_BYTES
 from batch_dagster.batchfile.image_sources import ImageSources
-from batch_dagster.features.reuse import DEFAULT_MAX_BYTES as DEFAULT_ANSWER_STORE_BYTES
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.windows import CompletionWindows
+from batch_dagster.features.reuse import DEFAULT_MAX_BYTES as DEFAULT_ANSWER_STORE_BYTES
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR / "config"

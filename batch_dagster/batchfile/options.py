@@ -24,7 +24,7 @@ class BatchOptions(BaseModel):
     The openai SDK sends them in `extra_body`; the Batch object shows them beside OpenAI's fields.
     """
 
-    # The launch order across the queue, higher first (the run queue's dagster/priority: defs/run_limits.py).
+    # The launch order across the queue, higher first (the run queue's dagster/priority: features/fairness.py).
     priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY)
     # The cost cap: the most the batch's successful requests may cost, in the price table's currency
     # (features/cost_cap.py). None: uncapped.

@@ -13,9 +13,9 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from sqlalchemy import select
 
-from batch_dagster.features import images
 from batch_dagster.batchfile import contract as c
 from batch_dagster.db import BatchRecord, Database
+from batch_dagster.features import images as image_fetch
 from batch_dagster.settings import Settings
 from tests.helpers import FAKES, KEY_A, ApiServer, FakeVLLM, fake_body, upload, wait_for, write_jsonl
 
@@ -143,7 +143,7 @@ def test_the_images_a_batch_keeps_count_against_its_keys_storage_while_it_runs(s
 
 
 def test_the_engine_gets_a_shards_images_a_bounded_group_at_a_time(start_service, tmp_path, monkeypatch):
-    monkeypatch.setattr(images, "IN_MEMORY_BYTES", 1300, raising=False)  # 3 of the images below
+    monkeypatch.setattr(image_fetch, "IN_MEMORY_BYTES", 1300, raising=False)  # 3 of the images below
     engine = ImageEngine()
     client = images_service(start_service, tmp_path, engine, shard_size=10).client(KEY_A)
     images = {f"im{i}.png": f"im{i}".encode() * 100 for i in range(5)}  # 300 bytes: a 422-byte data URL each

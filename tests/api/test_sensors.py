@@ -139,7 +139,7 @@ def test_a_run_of_an_ended_batch_left_started_by_a_stopped_serve_is_marked_faile
 
 
 def test_a_batchs_own_priority_goes_before_the_fair_order_and_equals_interleave(sensor_env):
-    from batch_dagster.defs.run_limits import PRIORITY_TAG, RANK_TAG
+    from batch_dagster.defs.fairness import PRIORITY_TAG, RANK_TAG
 
     instance, resources, _ = sensor_env
     with resources["database"].session() as session:

@@ -12,10 +12,10 @@ import tracemalloc
 from fastapi import FastAPI
 from fastapi.responses import Response, StreamingResponse
 
-from batch_dagster.features import images
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.image_sources import ImageSources
+from batch_dagster.features import images
 from batch_dagster.features.egress import Allow
 from batch_dagster.features.images import ImageFetcher
 from batch_dagster.storage import LocalStorage

@@ -11,12 +11,12 @@ import pyarrow as pa
 import pytest
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.features.reuse import AnswerStore
 from batch_dagster.defs.resources import PipelineConfig, StorageResource
 from batch_dagster.defs.table.component import IO_MANAGER, PIPELINE, STORAGE, VLLM
 from batch_dagster.defs.table.io_manager import TableIOManager
 from batch_dagster.engine import tokens
 from batch_dagster.engine.models import Models
+from batch_dagster.features.reuse import AnswerStore
 from tests.helpers import (
     LabelEngine,
     WordTokenizer,

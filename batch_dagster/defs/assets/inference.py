@@ -19,19 +19,19 @@ from batch_dagster.batchfile.failure import COST_LIMIT, ERROR_RATE, breaker_trip
 from batch_dagster.batchfile.folder import BatchFolder, Progress
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import CommittedShard, commit_shard, committed_shards, progress_of
-from batch_dagster.features.reuse import AnswerStore, keep, look_up, model_identity
-from batch_dagster.features.scope import salted, scope
 from batch_dagster.batchfile.shard import OutputShares, running_order
 from batch_dagster.batchfile.structured import asks_structured
 from batch_dagster.db.lifecycle import record_usage
 from batch_dagster.defs.dagster_internals import dies_with_its_run
 from batch_dagster.defs.resources import PipelineConfig, VLLMResource
-from batch_dagster.features.egress import Allow
 from batch_dagster.engine.base import EngineCrash
 from batch_dagster.features.cost_cap import cap_reached
+from batch_dagster.features.egress import Allow
 from batch_dagster.features.eta import RunningEta
-from batch_dagster.features.quotas import store_while_running
 from batch_dagster.features.images import ImageFetcher
+from batch_dagster.features.quotas import store_while_running
+from batch_dagster.features.reuse import AnswerStore, keep, look_up, model_identity
+from batch_dagster.features.scope import salted, scope
 
 from .steps import batch_options, batch_owner, manifest_of
 

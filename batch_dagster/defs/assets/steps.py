@@ -22,7 +22,6 @@ from batch_dagster.batchfile.folder import BatchFolder, Manifest, Merged, Summar
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.registry import served
 from batch_dagster.batchfile.results import MergeResult, committed_shards, merge
-from batch_dagster.features.scope import TABLE, Owner
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import cost_of
 from batch_dagster.batchfile.validate import ValidationReport
@@ -30,6 +29,7 @@ from batch_dagster.db.models import ApiKey, BatchRecord
 from batch_dagster.defs.resources import PipelineConfig, VLLMResource
 from batch_dagster.features.cost_cap import refuse_over_cap
 from batch_dagster.features.estimate import Tally, count_tokens, write_estimate
+from batch_dagster.features.scope import TABLE, Owner
 from batch_dagster.features.token_limit import refuse_over_limit
 
 

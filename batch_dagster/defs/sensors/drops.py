@@ -24,12 +24,11 @@ from batch_dagster.batchfile.table import TableSpecError
 from batch_dagster.batchfile.table_files import MAX_SIDECAR_BYTES, SIDECAR_SUFFIX, Sidecar, is_table, sidecar_name
 from batch_dagster.db import repo
 from batch_dagster.db.batches import HEAD_BYTES, DroppedFile, drop_problem, head_model, register_dropped
+from batch_dagster.defs.fairness import PRIORITY_TAG, with_launch_order
 from batch_dagster.defs.jobs import batch_job, deliver_results_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, Intake, StorageResource, VLLMResource
-from batch_dagster.defs.run_limits import PRIORITY_TAG
 from batch_dagster.defs.run_tags import OWNER_TAG, run_tags
-from batch_dagster.defs.fairness import with_launch_order
 from batch_dagster.defs.sensors.timing import timed
 from batch_dagster.features.eta import set_launch_priorities
 from batch_dagster.storage.transfer import s3_uri

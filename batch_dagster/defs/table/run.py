@@ -24,13 +24,13 @@ from batch_dagster.batchfile.contract import BatchError
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import iter_lines
-from batch_dagster.features.scope import Owner
 from batch_dagster.batchfile.table import Rendered, TableRequest
 from batch_dagster.batchfile.table_answers import answers_table
 from batch_dagster.batchfile.usage import Usage, cost_of
 from batch_dagster.client import BatchService
 from batch_dagster.defs.assets import inference, steps
 from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.features.scope import Owner
 
 from .io_manager import as_arrow
 
