@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from batch_dagster.db import keys, repo
 from batch_dagster.settings import Settings, split_key
 
-from . import batches, errors, files, metrics, webhooks
+from . import batches, errors, files, metrics, webhook_endpoints
 from . import keys as key_routes
 from .context import AppContext
 from .guard import RequestGuard
@@ -49,7 +49,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.include_router(files.router, prefix="/v1")
     app.include_router(batches.router, prefix="/v1")
-    app.include_router(webhooks.router, prefix="/v1")
+    app.include_router(webhook_endpoints.router, prefix="/v1")
     app.include_router(key_routes.router, prefix="/v1")
 
     @app.get("/health", include_in_schema=False)

@@ -12,12 +12,12 @@ from batch_dagster.defs.resources import (
     DatabaseResource,
     Intake,
     PipelineConfig,
-    Retention,
     StorageResource,
     VLLMResource,
 )
 from batch_dagster.defs.resources.from_env import resources_from_env
-from batch_dagster.defs.resources.webhooks import WebhookConfig
+from batch_dagster.defs.retention import Retention
+from batch_dagster.defs.webhooks import WebhookConfig
 from batch_dagster.engine.server import ServerEngine
 
 

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from batch_dagster.defs.retention import Retention
+from batch_dagster.defs.webhooks import WebhookConfig
 from batch_dagster.settings import Settings
 
 from .database import DatabaseResource
 from .drops import Intake
 from .fields import from_settings
 from .pipeline import PipelineConfig
-from .retention import Retention
 from .s3 import LazyS3Resource
 from .storage import StorageResource
 from .vllm import VLLMResource
-from .webhooks import WebhookConfig
 
 
 def resources_from_env(settings: Settings | None = None) -> dict[str, Any]:
