@@ -6,7 +6,7 @@ from __future__ import annotations
 import dagster as dg
 
 from batch_dagster.defs.resources import DatabaseResource
-from batch_dagster.defs.resources.fields import setting
+from batch_dagster.defs.resources.setting_fields import setting
 from batch_dagster.defs.sensors.timing import timed
 from batch_dagster.features.webhooks import Post, Sender, check_secret, deliver_due
 

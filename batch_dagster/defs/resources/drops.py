@@ -7,7 +7,7 @@ import dagster as dg
 
 from batch_dagster.batchfile.windows import CompletionWindows, Window
 
-from .fields import setting
+from .setting_fields import setting
 
 
 class Intake(dg.ConfigurableResource):

@@ -1,4 +1,5 @@
-"""Every resource of the definitions, as the settings configure them (fields.py fills each field from its setting)."""
+"""Every resource of the definitions, as the settings configure them (setting_fields.py fills each field from its
+setting)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from batch_dagster.settings import Settings
 
 from .database import DatabaseResource
 from .drops import Intake
-from .fields import from_settings
 from .pipeline import PipelineConfig
 from .s3 import LazyS3Resource
+from .setting_fields import from_settings
 from .storage import StorageResource
 from .vllm import VLLMResource
 

@@ -10,7 +10,7 @@ from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.image_sources import ImageSources
 from batch_dagster.batchfile.usage import PriceTable, load_price_table
 
-from .fields import setting
+from .setting_fields import setting
 
 
 class PipelineConfig(dg.ConfigurableResource):

@@ -14,7 +14,7 @@ from batch_dagster.batchfile.table import TableRequest, TableSpecError, check_ke
 from batch_dagster.client import BatchService
 from batch_dagster.defs.assets.inference import step_retries
 from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
-from batch_dagster.defs.resources.fields import from_settings
+from batch_dagster.defs.resources.setting_fields import from_settings
 from batch_dagster.settings import Settings
 
 from .io_manager import TableIOManager
