@@ -14,10 +14,10 @@ from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile.folder import BatchFolder, Source
 from batch_dagster.batchfile.table_files import is_table
+from batch_dagster.defs.assets.dropped_tables import fetch_dropped_table
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource, VLLMResource
-from batch_dagster.defs.table.drop import fetch_dropped_table
 from batch_dagster.settings import default
 from batch_dagster.storage import file_location
 from batch_dagster.storage.transfer import fetch

@@ -10,9 +10,9 @@ from dagster_aws.s3 import S3Resource
 from batch_dagster.db import repo
 from batch_dagster.db.batches import delivered_summary
 from batch_dagster.defs.assets.batch import GROUP, batch_usage
+from batch_dagster.defs.assets.dropped_tables import answered_table
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, StorageResource
-from batch_dagster.defs.table.drop import answered_table
 from batch_dagster.storage.transfer import deliver
 
 
