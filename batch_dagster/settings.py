@@ -248,7 +248,7 @@ def default(name: str) -> Any:
 class Settings:
     """Every setting, typed, as the environment gives it now: one field per environment variable, each declared
     once here with its default, its meaning and how its text is read. The docs' tables (`markdown`), `VARIABLES`
-    and the Dagster resources' fields (defs/resources/settings.py) are derived from these declarations."""
+    and the Dagster resources' fields (defs/resources/setting_fields.py) are derived from these declarations."""
 
     data_dir: Path = variable(
         "BATCH_DATA_DIR", "./data", "Storage",
@@ -533,7 +533,7 @@ class Settings:
 
     @property
     def limits(self) -> Limits:
-        return Limits(max_requests=self.max_requests, max_bytes=self.max_bytes, max_line_bytes=self.max_line_bytes)
+        return Limits.of(self)
 
     @property
     def image_sources(self) -> ImageSources:

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from batch_dagster.batchfile.contract import PIPELINE_ERROR, BatchError
 from batch_dagster.batchfile.failure import keep_finished
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder, Progress
+from batch_dagster.batchfile.options import BatchRequest
 from batch_dagster.batchfile.outcome import BatchOutcome, RunOutcome
 from batch_dagster.features.eta import RunningEta
 from batch_dagster.terminal import output_to_log
@@ -83,7 +84,7 @@ class CliBatch:
 
     def __init__(self, defs: Any, input_path: Path):
         from batch_dagster.db import repo
-        from batch_dagster.db.batches import head_model, register_local, scan
+        from batch_dagster.db.batches import head_model, register_local, scan, source_of
         from batch_dagster.defs.run_tags import OwnerLabels
 
         database = resource(defs, "database") if "database" in defs.resources else None
@@ -93,10 +94,12 @@ class CliBatch:
         self.owner = (self.database.intake_owner() if self.database is not None else "") or repo.ANONYMOUS
         self.labels = self.database.labels() if self.database is not None else OwnerLabels()
         self.model: str | None  # the model of its first request, as the batch record holds it
-        if self.database is None:  # no store: the batch folder alone
+        if self.database is None:  # no store: the batch folder alone, whose owner is not known
             self.batch_id = repo.new_batch_id()
             self.model = head_model(scan(input_path)[0])
-            BatchFolder(self.storage, self.batch_id).put_input(input_path)
+            folder = BatchFolder(self.storage, self.batch_id)
+            folder.put_input(input_path)
+            folder.declare(BatchRequest(model=self.model, metadata=source_of(input_path)))
             return
         with self.database.session() as session:
             row = register_local(session, self.storage, input_path, owner=self.owner)

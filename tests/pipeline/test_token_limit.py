@@ -9,6 +9,7 @@ import pytest
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.folder import BatchFolder, Validation
+from batch_dagster.batchfile.options import BatchRequest
 from batch_dagster.db import Database, repo
 from batch_dagster.db.batches import add_input_file, create_batch
 from batch_dagster.defs.assets.batch import lifecycle_assets
@@ -44,8 +45,8 @@ def enqueue_other(store: Database, data_dir: Path, owner: str, tokens: int, stat
     with store.session() as session:
         file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename="other.jsonl", size=0)
         storage.write_bytes(file.path, b"")
-        row = create_batch(session, storage, owner=owner, endpoint=c.CHAT, input_file=file, input_from=None,
-            window=None, launched=True)
+        row = create_batch(session, storage, BatchRequest(owner=owner, input_file_id=file.id, endpoint=c.CHAT), None)
+        row.launched_at = row.created_at
         row.status = status
         session.commit()
         BatchFolder(storage, row.id).write_validation(Validation(

@@ -33,7 +33,7 @@ from batch_dagster.features.quotas import store_while_running
 from batch_dagster.features.reuse import AnswerStore, keep, look_up, model_identity
 from batch_dagster.features.scope import salted, scope
 
-from .steps import batch_options, batch_owner, manifest_of
+from .steps import batch_owner, batch_request, manifest_of
 
 INFERENCE_RETRIES = 2  # an engine crash: the step's third attempt ends the shard in engine_error lines
 STEP_RETRIES = 6
@@ -149,13 +149,6 @@ class Inference:
         }
 
 
-def answer_store(options: BatchOptions, folder: BatchFolder, pipeline: PipelineConfig) -> AnswerStore | None:
-    """The answer store, when the batch reuses answers: its `reuse` option says so, or is unset and the operator's
-    default (BATCH_REUSE_ANSWERS) does."""
-    reuse = options.reuse if options.reuse is not None else pipeline.reuse_answers
-    return AnswerStore(folder.storage, pipeline.answer_store_bytes) if reuse else None
-
-
 def image_fetcher(folder: BatchFolder, pipeline: PipelineConfig, session: Session | None,
                   owner: str) -> ImageFetcher:
     """The batch's image fetcher: its images kept count against its owner's stored bytes (with a store)."""
@@ -223,12 +216,11 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
     base = progress_of(done, manifest.total_requests, manifest.shard_count, before.committed_at if before else None)
     folder.write_progress(base)
     engine = None  # built at the first shard that runs: a stopped batch never loads the model
-    options = batch_options(session, folder)
-    # The batch's own error_breaker_rate (an API batch's option), else the operator's.
-    breaker_rate = options.error_breaker_rate if options.error_breaker_rate is not None else pipeline.error_breaker_rate
-    store = answer_store(options, folder, pipeline)
+    request = batch_request(session, folder)
+    options = request.options.resolved(pipeline.option_defaults())  # the batch's own, else the operator's
+    store = AnswerStore(folder.storage, pipeline.answer_store_bytes) if options.reuse else None
     identity = model_identity(vllm.model_record(manifest.model)) if store is not None else {}
-    owner = batch_owner(session, folder)
+    owner = batch_owner(session, request)
     # Whose answers and prompt prefixes the batch's requests may meet: its owner's, unless the operator shares them.
     where = scope(owner, pipeline.shared_owners, folder.batch_id)
     images = image_fetcher(folder, pipeline, session, owner.id) if vllm.spec(manifest.model).images_per_request \
@@ -244,7 +236,7 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
             if not stopped and _over_cost_cap(session, folder, options, manifest.model, done, pipeline):
                 folder.request_stop(COST_LIMIT)  # as a cancel stops it: the status follows from the files
                 stopped = COST_LIMIT
-            if not stopped and breaker_tripped(done.values(), pipeline.error_breaker_lines, breaker_rate):
+            if not stopped and breaker_tripped(done.values(), pipeline.error_breaker_lines, options.error_breaker_rate):
                 folder.request_stop(ERROR_RATE)  # no more engine time for a batch whose lines nearly all fail
                 stopped = ERROR_RATE
             if stopped:
