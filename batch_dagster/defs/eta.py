@@ -10,7 +10,7 @@ import dagster as dg
 
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig
 from batch_dagster.defs.run_limits import model_run_limit
-from batch_dagster.defs.sensors.timing import timed
+from batch_dagster.defs.sensor_timing import timed
 from batch_dagster.features.eta import refresh_queue
 
 POSITION_TAG, ETA_TAG = "batch/queue_position", "batch/estimated_completion_at"

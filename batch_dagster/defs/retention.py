@@ -25,7 +25,7 @@ from batch_dagster.defs.dagster_internals import delete_run_leftovers, forget_pa
 from batch_dagster.defs.partitions import BATCH_PARTITIONS
 from batch_dagster.defs.resources import DatabaseResource, StorageResource
 from batch_dagster.defs.resources.setting_fields import setting
-from batch_dagster.defs.sensors.timing import timed
+from batch_dagster.defs.sensor_timing import timed
 from batch_dagster.features.retention import Ended, ended_before, record_stored_bytes, served_keys
 from batch_dagster.storage import scratch
 

@@ -7,7 +7,7 @@ import dagster as dg
 
 from batch_dagster.defs.resources import DatabaseResource
 from batch_dagster.defs.resources.setting_fields import setting
-from batch_dagster.defs.sensors.timing import timed
+from batch_dagster.defs.sensor_timing import timed
 from batch_dagster.features.webhooks import Post, Sender, check_secret, deliver_due
 
 

@@ -24,7 +24,7 @@ from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource, VLLMResource
 from batch_dagster.defs.run_tags import OWNER_TAG, input_filenames, run_tags
-from batch_dagster.defs.sensors.timing import timed
+from batch_dagster.defs.sensor_timing import timed
 from batch_dagster.features.eta import set_launch_priorities
 
 PARTITION_TAG = "dagster/partition"

@@ -29,7 +29,7 @@ from batch_dagster.defs.jobs import batch_job, deliver_results_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, Intake, StorageResource, VLLMResource
 from batch_dagster.defs.run_tags import OWNER_TAG, run_tags
-from batch_dagster.defs.sensors.timing import timed
+from batch_dagster.defs.sensor_timing import timed
 from batch_dagster.features.eta import set_launch_priorities
 from batch_dagster.storage.transfer import s3_uri
 
