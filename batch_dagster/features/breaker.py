@@ -1,0 +1,22 @@
+"""The error-rate breaker: a batch whose first lines nearly all fail by the requests' own doing stops before its next
+shard, so that it spends no more engine time (batchfile/failure.py breaker_tripped counts them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from batch_dagster.batchfile.failure import ERROR_RATE, breaker_tripped
+from batch_dagster.batchfile.results import CommittedShard
+
+from .shards import ShardFeature
+
+
+class ErrorBreaker(ShardFeature):
+    """Stops the batch once at least `first_lines` of its lines have ended and at least `rate` of them failed (the
+    batch's own error_breaker_rate, else the operator's; None: never)."""
+
+    def __init__(self, first_lines: int, rate: float | None):
+        self.first_lines, self.rate = first_lines, rate
+
+    def before(self, done: Mapping[int, CommittedShard]) -> str | None:
+        return ERROR_RATE if breaker_tripped(done.values(), self.first_lines, self.rate) else None
