@@ -19,7 +19,7 @@ import dagster as dg
 
 from batch_dagster.db import repo
 from batch_dagster.db.lifecycle import folder_bytes
-from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.batch import LIFECYCLE
 from batch_dagster.defs.assets.delivery import delivered_results
 from batch_dagster.defs.dagster_internals import delete_run_leftovers, forget_partition_status, staged_logs
 from batch_dagster.defs.partitions import BATCH_PARTITIONS
@@ -34,7 +34,7 @@ PARTITION_TAG = "dagster/partition"
 # 60 s limit on a sensor evaluation: it is worked off tick after tick.
 BATCHES_PER_TICK = 200
 TICK_BUDGET_S = 30.0
-BATCH_ASSETS = [*(a.key for a in lifecycle_assets), delivered_results.key]
+BATCH_ASSETS = [*LIFECYCLE, delivered_results.key]
 _RUN_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 

@@ -21,10 +21,14 @@ from dagster_k8s import K8sRunLauncher
 from dagster_k8s.container_context import K8sContainerContext
 from dagster_k8s.job import construct_dagster_k8s_job, get_user_defined_k8s_config
 
-from batch_dagster.defs.assets.batch import batch_output_files, shard_results, validated_requests
+from batch_dagster.defs.assets.batch import lifecycle
+from batch_dagster.settings import default
 from tests.helpers import REPO
 
 VALUES = REPO / "deploy" / "helm" / "dagster-values.yaml"
+validated_requests, shard_results, batch_output_files = (
+    next(a for a in lifecycle(default("BATCH_STEP_RETRY_DELAY_S")) if a.key.path[-1] == name)
+    for name in ("validated_requests", "shard_results", "batch_output_files"))
 KUBERNETES_VERSION = "1.30.0"
 # `helm upgrade --install dagster dagster/dagster -n batch-dagster` (docs/deploy.md): the chart's full name is
 # "dagster", and the names below are the ones its templates derive from it.

@@ -12,7 +12,7 @@ from batch_dagster.batchfile.folder import BatchFolder, Validation
 from batch_dagster.batchfile.options import BatchRequest
 from batch_dagster.db import Database, repo
 from batch_dagster.db.batches import add_input_file, create_batch
-from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.batch import lifecycle
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import DatabaseResource, LazyS3Resource, PipelineConfig, StorageResource
@@ -20,6 +20,7 @@ from batch_dagster.defs.runner import run_batch
 from batch_dagster.engine.hardware import dtype_choice
 from batch_dagster.engine.models import Models
 from batch_dagster.engine.prepare import smollm2_path
+from batch_dagster.settings import default
 from tests.helpers import CHAT_MODEL, MODEL_CACHE, FakeEngine, WordTokenizer, chat_request, fake_vllm, write_jsonl
 
 
@@ -32,7 +33,7 @@ def word_tokenizer(monkeypatch):
 def defs_with_limit(data_dir: Path, limit: int, url: str) -> dg.Definitions:
     vllm = fake_vllm("token-limit", FakeEngine())
     return dg.Definitions(
-        assets=lifecycle_assets, asset_checks=lifecycle_checks, jobs=[batch_job],
+        assets=lifecycle(default("BATCH_STEP_RETRY_DELAY_S")), asset_checks=lifecycle_checks, jobs=[batch_job],
         resources={"storage": StorageResource(data_dir=str(data_dir)), "vllm": vllm, "s3": LazyS3Resource(),
                    "database": DatabaseResource(url=url),
                    "pipeline": PipelineConfig(max_enqueued_tokens=limit)},
