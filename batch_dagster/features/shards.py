@@ -13,13 +13,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from batch_dagster.batchfile.columnar import read_shard
 from batch_dagster.batchfile.folder import BatchFolder
-from batch_dagster.batchfile.results import CommittedShard
+from batch_dagster.batchfile.results import CommittedShard, commit_shard
 from batch_dagster.batchfile.shard import OutputShares, running_order
+from batch_dagster.batchfile.structured import asks_structured
 
 Request = tuple[str, dict[str, Any]]
 Line = dict[str, Any]
 Run = Callable[[list[Request]], list[Line]]  # requests in, their lines out
+
+
+def _uncounted(n: int) -> None:
+    pass
 
 
 @dataclass
@@ -29,8 +35,20 @@ class Shard:
 
     index: int
     requests: list[Request]
-    progress: Callable[[int], None]
+    progress: Callable[[int], None] = _uncounted
     lines: list[Line] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, folder: BatchFolder, index: int) -> Shard:
+        """Shard `index` of the batch in `folder`, its requests read from its file."""
+        with folder.storage.local_copy(folder.shard_key(index)) as path:
+            return cls(index, read_shard(path))
+
+    def commit(self, folder: BatchFolder, endpoint: str, duration_s: float, engine_start_s: float) -> CommittedShard:
+        """Its lines committed atomically, its marker last (batchfile/results.py commit_shard)."""
+        structured = {cid for cid, body in self.requests if asks_structured(endpoint, body)}
+        return commit_shard(folder.storage, folder.results_prefix, self.index, self.lines, duration_s,
+                            engine_start_s=engine_start_s, structured=structured)
 
 
 class ShardFeature:

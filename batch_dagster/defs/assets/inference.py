@@ -14,11 +14,9 @@ import dagster as dg
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.columnar import read_shard
 from batch_dagster.batchfile.failure import public
 from batch_dagster.batchfile.folder import BatchFolder, Manifest, Progress
-from batch_dagster.batchfile.results import CommittedShard, commit_shard, committed_shards, progress_of
-from batch_dagster.batchfile.structured import asks_structured
+from batch_dagster.batchfile.results import CommittedShard, committed_shards, progress_of
 from batch_dagster.defs.dagster_internals import dies_with_its_run
 from batch_dagster.defs.eta import EtaObservations
 from batch_dagster.defs.resources import PipelineConfig, VLLMResource
@@ -201,26 +199,16 @@ def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMReso
             if stopped := stop_before(folder, features, done):
                 context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
                 break
-            with folder.storage.local_copy(folder.shard_key(index)) as path:
-                requests = read_shard(path)
-            started = time.perf_counter()
-            shard = Shard(index, requests, ShardProgress(folder, base, index, len(requests), context.log))
+            shard, started = Shard.read(folder, index), time.perf_counter()
+            shard.progress = ShardProgress(folder, base, index, len(shard.requests), context.log)
             shard.lines = run_through(features, shard, engine.runs(shard))
-            done[index] = commit(folder, manifest, shard, time.perf_counter() - started,
-                                 vllm.engine_start_s(manifest.model, started))
+            done[index] = shard.commit(folder, manifest.endpoint, time.perf_counter() - started,
+                                       vllm.engine_start_s(manifest.model, started))
             base = progress_of(done, manifest.total_requests, manifest.shard_count)  # after the marker
             folder.write_progress(base)
             after_shard(features, shard, done)
             ran.add(context, done[index])
     return Inference.of(manifest, todo, done, ran, stopped)
-
-
-def commit(folder: BatchFolder, manifest: Manifest, shard: Shard, duration_s: float,
-           engine_start_s: float) -> CommittedShard:
-    """The shard's lines committed atomically, its marker last."""
-    structured = {cid for cid, body in shard.requests if asks_structured(manifest.endpoint, body)}
-    return commit_shard(folder.storage, folder.results_prefix, shard.index, shard.lines, duration_s,
-                        engine_start_s=engine_start_s, structured=structured)
 
 
 def _progress_again(folder: BatchFolder, manifest: Manifest, done: dict[int, CommittedShard]) -> Progress:
