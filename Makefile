@@ -43,7 +43,7 @@ lock: | $(PY)
 	UV=$(UV) $(PY) tools/deps.py lock $(if $(UPGRADE),--upgrade)
 
 models: $(STAMP)
-	$(PY) -m batch_dagster.engine.prepare
+	$(VENV)/bin/batch-dagster models
 
 # Bytecode compiled ahead, the lock's packages' at sync (above) and the project's here (only what changed): where
 # PYTHONDONTWRITEBYTECODE is set, as on the CI machines, Python would otherwise compile every module it imports from

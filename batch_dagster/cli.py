@@ -141,19 +141,19 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
 
-    summary = run_batch(Path(args.file), Path(args.out), show_progress=not args.json and not args.quiet,
-                        log_dir=settings.data_dir / "logs")
+    run = run_batch(Path(args.file), Path(args.out), show_progress=not args.json and not args.quiet,
+                    log_dir=settings.data_dir / "logs", settings=settings)
     if args.json:
-        _print_json(summary.to_dict())
+        _print_json(run.to_dict())
     else:
-        _print_summary(summary, settings)
-    return 0 if summary.batch.status == BatchStatus.COMPLETED else 1
+        _print_summary(run, settings)
+    return 0 if run.batch.status == BatchStatus.COMPLETED else 1
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from batch_dagster.demo.run import run_demo
 
-    return run_demo(Path(args.out), log_dir=settings.data_dir / "logs")
+    return run_demo(Path(args.out), settings)
 
 
 def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
@@ -255,6 +255,25 @@ def cmd_instance(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_dagster.engine.prepare import prepare_models
+
+    prepare_models(settings)
+    return 0
+
+
+def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_dagster.db import Database
+
+    store = Database(settings.database_url)
+    if args.action == "revision":
+        store.revision(args.message)
+    else:
+        store.upgrade()
+        print(f"upgraded {settings.database_url}")
+    return 0
+
+
 def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
     """Manage the API's keys in its store (BATCH_DATABASE_URL): the API refuses a revoked or rotated key from its
     next request on. A new key is printed once, on stdout; the store keeps its SHA-256 only."""
@@ -332,11 +351,10 @@ def _key_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_keys)
 
 
-def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
-    """The command line, its defaults from `settings` (by default, the environment's)."""
+def build_parser(settings: Settings) -> argparse.ArgumentParser:
+    """The command line, its defaults from `settings`."""
     from batch_dagster.settings import POLICIES
 
-    settings = settings or Settings.from_env()
     parser = argparse.ArgumentParser(prog="batch-dagster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -390,6 +408,15 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("instance", help="prepare DAGSTER_HOME with this project's dagster.yaml (storage on "
                                           "Postgres when DAGSTER_PG_URL is set; the run limits of the settings)")
     p.set_defaults(func=cmd_instance)
+    p = sub.add_parser("models", help="prepare the registry's embedded models in BATCH_MODEL_CACHE (make models)")
+    p.set_defaults(func=cmd_models)
+    p = sub.add_parser("db", help="the API's store (BATCH_DATABASE_URL): upgrade it to the newest schema (the API "
+                                  "and serve do at start), or write a new migration from the models")
+    action = p.add_subparsers(dest="action", required=True)
+    action.add_parser("upgrade", help="upgrade the store to the newest schema")
+    action.add_parser("revision", help="write a new migration from the difference to the models").add_argument(
+        "-m", "--message", required=True)
+    p.set_defaults(func=cmd_db)
     _key_parsers(sub)
     return parser
 

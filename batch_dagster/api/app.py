@@ -18,10 +18,9 @@ from .guard import RequestGuard
 log = logging.getLogger("batch_dagster.api")
 
 
-def create_app(config: Settings | None = None) -> FastAPI:
+def create_app(config: Settings) -> FastAPI:
     """Build the app; the store's schema is upgraded to head and BATCH_API_KEYS' new keys seeded into it here, before
     the first request (KeyProblem when an entry names a key made with `batch-dagster keys`)."""
-    config = config or Settings.from_env()
     context = AppContext.build(config)
     context.db.upgrade()
     with context.db.session() as session:

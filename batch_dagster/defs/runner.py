@@ -21,6 +21,7 @@ from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder, Progress
 from batch_dagster.batchfile.options import BatchRequest
 from batch_dagster.batchfile.outcome import BatchOutcome, RunOutcome
 from batch_dagster.features.eta import RunningEta
+from batch_dagster.settings import Settings
 from batch_dagster.terminal import output_to_log
 
 
@@ -126,11 +127,12 @@ def _failure_message(result: Any) -> str:
 
 def run_batch(
     input_path: Path, out_dir: Path, *, show_progress: bool = True, defs: Any = None, instance: Any = None,
-    log_dir: Path | None = None,
+    log_dir: Path | None = None, settings: Settings | None = None,
 ) -> RunOutcome:
     """Register a batch partition, materialize its lifecycle through Dagster, copy the files to out_dir.
 
-    `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME). With
+    `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME, prepared from `settings`,
+    which it then needs). With
     `log_dir`, everything the run, vLLM and torch print goes to `log_dir/run-<batch id>.log` (named in
     the summary as `log_file`), the engine is shut down before returning, and only the progress bar
     reaches the terminal.
@@ -154,7 +156,9 @@ def run_batch(
     if instance is None:
         from batch_dagster.defs.instance import ensure_dagster_home
 
-        ensure_dagster_home()
+        if settings is None:
+            raise ValueError("run_batch prepares the project's Dagster instance from the settings: pass them")
+        ensure_dagster_home(settings)
         instance = dg.DagsterInstance.get()
 
     for run_id in fail_runs_of_gone_cli_processes(instance):

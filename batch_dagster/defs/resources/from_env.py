@@ -18,9 +18,8 @@ from .storage import StorageResource
 from .vllm import VLLMResource
 
 
-def resources_from_env(settings: Settings | None = None) -> dict[str, Any]:
-    """The resources by key, from `settings` (by default, the environment's now)."""
-    settings = settings or Settings.from_env()
+def resources_from_env(settings: Settings) -> dict[str, Any]:
+    """The resources by key, from `settings`."""
     return {
         "storage": from_settings(StorageResource, settings),
         "pipeline": from_settings(PipelineConfig, settings),
