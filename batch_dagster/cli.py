@@ -101,32 +101,32 @@ def _price_note(model: str | None, settings: Settings) -> None:
 
 
 def _print_summary(run: RunOutcome, settings: Settings) -> None:
-    summary = run.batch
-    rc = summary.request_counts
-    print(f"batch {summary.batch_id}: {summary.status}")
-    if summary.status != BatchStatus.COMPLETED:
-        errors = summary.errors or []
+    outcome = run.batch
+    rc = outcome.request_counts
+    print(f"batch {outcome.batch_id}: {outcome.status}")
+    if outcome.status != BatchStatus.COMPLETED:
+        errors = outcome.errors or []
         for e in errors[:20]:
             where = f"line {e.line}" if e.line is not None else "file"
             field = f" ({e.param})" if e.param else ""
             print(f"  {where}{field}: [{e.code}] {e.message}", file=sys.stderr)
         if len(errors) > 20:
             print(f"  ... and {len(errors) - 20} more", file=sys.stderr)
-        if summary.usage is not None:  # it kept what its run finished
+        if outcome.usage is not None:  # it kept what its run finished
             print(f"  requests: {rc.describe()}")
             print(f"  output:   {run.output_file}\n  errors:   {run.error_file}")
         if run.log_file:
             print(f"  log:      {run.log_file}", file=sys.stderr)
         return
-    usage, cost = summary.usage, summary.cost
+    usage, cost = outcome.usage, outcome.cost
     assert usage is not None and cost is not None  # a batch that ended has both
     print(f"  requests: {rc.describe()}")
     print(f"  tokens:   {usage.input_tokens} input, {usage.output_tokens} output "
-          f"({summary.output_tokens_per_s} output tokens/s over {summary.inference_s or 0:.1f}s of inference)")
+          f"({outcome.output_tokens_per_s} output tokens/s over {outcome.inference_s or 0:.1f}s of inference)")
     print(f"  cost:     {cost.total_cost:.6f} {cost.currency} (batch discount {cost.batch_discount:.0%})")
-    _price_note(summary.model, settings)
-    if summary.engine is not None:
-        print(f"  engine:   {summary.engine.describe()}")
+    _price_note(outcome.model, settings)
+    if outcome.engine is not None:
+        print(f"  engine:   {outcome.engine.describe()}")
     print(f"  output:   {run.output_file}\n  errors:   {run.error_file}")
     print(f"  took:     {run.duration_s:.1f}s")
     if run.log_file:
@@ -179,15 +179,15 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
             except CannotRetry as exc:
                 print(f"batch-dagster: error: {exc}", file=sys.stderr)
                 return 1
-            summary = {"id": child.id, "parent_batch_id": parent.id, "status": child.status,
-                       "endpoint": child.endpoint, "input_file_id": child.input_file_id}
+            shown = {"id": child.id, "parent_batch_id": parent.id, "status": child.status,
+                     "endpoint": child.endpoint, "input_file_id": child.input_file_id}
             total = child.request_total  # counted as its input was copied in
     finally:
         store.dispose()
     if args.json:
-        _print_json(summary | {"requests": total})
+        _print_json(shown | {"requests": total})
     else:
-        print(f"batch {summary['id']}: {total} request(s) of {parent.id} to retry; the Dagster daemon "
+        print(f"batch {shown['id']}: {total} request(s) of {parent.id} to retry; the Dagster daemon "
               "(make serve / make dev) runs it")
     return 0
 

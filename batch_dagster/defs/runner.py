@@ -207,13 +207,13 @@ def run_batch(
         for key, dest in ((folder.output_key, output_file), (folder.error_key, error_file)):
             with folder.storage.open(key) as src, open(dest, "wb") as out:
                 shutil.copyfileobj(src, out, 1 << 20)
-        summary = BatchOutcome.of(done)
+        outcome = BatchOutcome.of(done)
     else:
         output_file.write_bytes(b"")
         error_file.write_bytes(b"")
         validation = folder.validation()
         errors = (validation.errors if validation else None) or [BatchError(PIPELINE_ERROR, _failure_message(result))]
-        summary = BatchOutcome.failed(batch_id, validation, errors)
-    return RunOutcome(summary, run_id=result.run_id, output_file=str(output_file), error_file=str(error_file),
+        outcome = BatchOutcome.failed(batch_id, validation, errors)
+    return RunOutcome(outcome, run_id=result.run_id, output_file=str(output_file), error_file=str(error_file),
                       duration_s=round(time.perf_counter() - started, 3),
                       log_file=str(log_file) if log_file is not None else None)
