@@ -281,7 +281,7 @@ class WebhookDelivery(Base):
 
 
 class SensorTick(Base):
-    """How one sensor's evaluations went, as the sensor itself counts them (defs/defs/sensor_timing.py): the metrics'
+    """How one sensor's evaluations went, as the sensor itself counts them (defs/sensor_timing.py): the metrics'
     tick durations, read by the API, which loads no Dagster."""
 
     __tablename__ = "sensor_ticks"
