@@ -6,17 +6,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from batch_dagster.batchfile.failure import ERROR_RATE, breaker_tripped
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import CommittedShard
 
 from .shards import ShardFeature
 
 
 class ErrorBreaker(ShardFeature):
-    """Stops the batch once at least `first_lines` of its lines have ended and at least `rate` of them failed (the
-    batch's own error_breaker_rate, else the operator's; None: never)."""
+    """Stops the batch once at least `first_lines` of its lines have ended and at least its error_breaker_rate of
+    them failed (its `options`, resolved against the operator's: None, never)."""
 
-    def __init__(self, first_lines: int, rate: float | None):
-        self.first_lines, self.rate = first_lines, rate
+    def __init__(self, first_lines: int, options: BatchOptions):
+        self.first_lines, self.options = first_lines, options
 
     def before(self, done: Mapping[int, CommittedShard]) -> str | None:
-        return ERROR_RATE if breaker_tripped(done.values(), self.first_lines, self.rate) else None
+        tripped = breaker_tripped(done.values(), self.first_lines, self.options.error_breaker_rate)
+        return ERROR_RATE if tripped else None

@@ -236,7 +236,7 @@ def shard_features(context: dg.AssetExecutionContext, folder: BatchFolder, vllm:
     features: list[ShardFeature] = [
         CostCap(session, folder.batch_id, options, model, pipeline.prices(), pipeline.key_daily_budget,
                 folder.completion_window()),
-        ErrorBreaker(pipeline.error_breaker_lines, options.error_breaker_rate)]
+        ErrorBreaker(pipeline.error_breaker_lines, options)]
     if images is not None:
         features.append(FetchImages(images, endpoint))
     if options.reuse:
