@@ -53,7 +53,7 @@ dist: | $(UV)
 	$(PYTHON) tools/dist.py $(DIST)
 
 models: $(STAMP)
-	$(PY) -m batch_dagster.engine.prepare
+	$(VENV)/bin/batch-dagster models
 
 # Bytecode compiled ahead, the lock's packages' at sync (above) and the project's here (only what changed): where
 # PYTHONDONTWRITEBYTECODE is set, as on the CI machines, Python would otherwise compile every module it imports from

@@ -22,9 +22,9 @@ from batch_dagster.batchfile import generated
 from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.image_sources import DEFAULT_MAX_BYTES as DEFAULT_MAX_IMAGE_BYTES
 from batch_dagster.batchfile.image_sources import ImageSources
-from batch_dagster.batchfile.reuse import DEFAULT_MAX_BYTES as DEFAULT_ANSWER_STORE_BYTES
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.windows import CompletionWindows
+from batch_dagster.features.reuse import DEFAULT_MAX_BYTES as DEFAULT_ANSWER_STORE_BYTES
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR / "config"
@@ -151,7 +151,7 @@ def _windows(text: str) -> tuple[str, ...]:
 
 
 def _allow(text: str) -> tuple[str, ...]:
-    from batch_dagster.egress import Allow
+    from batch_dagster.features.egress import Allow
 
     entries = _csv(text)
     Allow.parse(entries)  # refuses an entry that is neither a host nor a CIDR
@@ -248,7 +248,7 @@ def default(name: str) -> Any:
 class Settings:
     """Every setting, typed, as the environment gives it now: one field per environment variable, each declared
     once here with its default, its meaning and how its text is read. The docs' tables (`markdown`), `VARIABLES`
-    and the Dagster resources' fields (defs/resources/settings.py) are derived from these declarations."""
+    and the Dagster resources' fields (defs/resources/setting_fields.py) are derived from these declarations."""
 
     data_dir: Path = variable(
         "BATCH_DATA_DIR", "./data", "Storage",
@@ -544,7 +544,7 @@ class Settings:
 
     @property
     def limits(self) -> Limits:
-        return Limits(max_requests=self.max_requests, max_bytes=self.max_bytes, max_line_bytes=self.max_line_bytes)
+        return Limits.of(self)
 
     @property
     def image_sources(self) -> ImageSources:

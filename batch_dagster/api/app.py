@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from batch_dagster.db import keys, repo
 from batch_dagster.settings import Settings, split_key
 
-from . import batches, errors, files, interactive, metrics, webhooks
+from . import batches, errors, files, interactive, metrics, webhook_endpoints
 from . import keys as key_routes
 from .context import AppContext
 from .guard import RequestGuard
@@ -19,10 +19,9 @@ from .guard import RequestGuard
 log = logging.getLogger("batch_dagster.api")
 
 
-def create_app(config: Settings | None = None) -> FastAPI:
+def create_app(config: Settings) -> FastAPI:
     """Build the app; the store's schema is upgraded to head and BATCH_API_KEYS' new keys seeded into it here, before
     the first request (KeyProblem when an entry names a key made with `batch-dagster keys`)."""
-    config = config or Settings.from_env()
     context = AppContext.build(config)
     context.db.upgrade()
     with context.db.session() as session:
@@ -51,7 +50,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.include_router(files.router, prefix="/v1")
     app.include_router(batches.router, prefix="/v1")
-    app.include_router(webhooks.router, prefix="/v1")
+    app.include_router(webhook_endpoints.router, prefix="/v1")
     app.include_router(key_routes.router, prefix="/v1")
 
     @app.get("/health", include_in_schema=False)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import orjson
@@ -104,6 +104,11 @@ class Limits:
     max_requests: int = 50_000
     max_bytes: int = 200 * 1024 * 1024
     max_line_bytes: int = 6 * 1024 * 1024
+
+    @classmethod
+    def of(cls, source: Any) -> Limits:
+        """The limits an object holds as fields of the same names (the settings, the pipeline's resource)."""
+        return cls(**{f.name: getattr(source, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -218,7 +223,7 @@ def success_line(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# An output line's extension key: its answer was taken from the answer store (batchfile/reuse.py), not computed
+# An output line's extension key: its answer was taken from the answer store (features/reuse.py), not computed
 # again, and it is billed at zero.
 REUSED = "reused"
 

@@ -12,7 +12,10 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from . import contract as c
-from .scope import CLIENT_SALT
+
+# What vLLM takes as a cache_salt (vllm/entrypoints/generate/base/protocol.py validate_cache_salt): 1 to 128
+# characters, none of them '@', '/', '\' or NUL. A request's own salt is salted further per owner (features/scope.py).
+CLIENT_SALT = r"^[^@/\\\x00]{1,128}\Z"
 
 # Token ids as vLLM takes them (int32); ids past the vocabulary are refused by the engine, per request.
 MAX_TOKEN_ID = 2**31 - 1

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batch_dagster.batchfile.registry import ModelSpec
-from batch_dagster.batchfile.scope import EVERYONE, Owner, salted, scope
 from batch_dagster.db import Database
 from batch_dagster.db.fleets import fleet_records, record_call
 from batch_dagster.db.keys import UNNAMED, Caller
+from batch_dagster.features.scope import EVERYONE, Owner, salted, scope
 
 log = logging.getLogger(__name__)
 # What the API forwards, each to the same path on the model's router.

@@ -20,13 +20,13 @@ import httpx
 import openai
 import pytest
 
-from batch_dagster.batchfile.scope import cache_salt
 from batch_dagster.db import Database, keys
 from batch_dagster.db.fleets import record_fleet
 from batch_dagster.db.models import FleetRecord
 from batch_dagster.db.repo import owner_of_key
 from batch_dagster.engine.budget import Budget, ServerMetrics
 from batch_dagster.features.interactive import NO_FLEET_RETRY_S
+from batch_dagster.features.scope import cache_salt
 from batch_dagster.serve.fleets import WarmFleets
 from tests.api.test_cache_salt import run, salted_service
 from tests.helpers import CHAT_MODEL, EMBED_MODEL, KEY_A, KEY_B, chat_request

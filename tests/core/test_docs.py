@@ -190,7 +190,7 @@ def cli() -> dict[str, frozenset[str]]:
     """The `batch-dagster` subcommands and the flags of each."""
     from batch_dagster.cli import build_parser
 
-    parser = build_parser()
+    parser = build_parser(settings.Settings.from_env())
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return {name: options(p) for name, p in sub.choices.items()}
 
@@ -205,7 +205,8 @@ def serve_flags() -> frozenset[str]:
 ROUTES = """
 import json
 from batch_dagster.api.app import create_app
-print(json.dumps([[sorted(getattr(r, "methods", None) or ()), r.path] for r in create_app().routes]))
+from batch_dagster.settings import Settings
+print(json.dumps([[sorted(getattr(r, "methods", None) or ()), r.path] for r in create_app(Settings.from_env()).routes]))
 """
 
 

@@ -16,11 +16,11 @@ import httpx
 import pytest
 
 from batch_dagster.api.app import create_app
-from batch_dagster.batchfile.scope import cache_salt
 from batch_dagster.db import Database
 from batch_dagster.db.fleets import fleet_records
 from batch_dagster.db.repo import owner_of_key
 from batch_dagster.engine.budget import ServerMetrics
+from batch_dagster.features.scope import cache_salt
 from batch_dagster.serve.fleets import WarmFleets
 from batch_dagster.settings import LOOPBACK, Settings
 from tests.helpers import CHAT_MODEL, EMBED_MODEL, SERVE_API_KEY, ApiServer, Serve, chat_request, write_jsonl
