@@ -31,7 +31,18 @@ from batch_dagster.defs.resources.webhooks import WebhookConfig
 from batch_dagster.defs.sensors import webhook_sensor
 from tests.api.conftest import serving
 from tests.api.test_tenancy_limits import port_of, upload_head
-from tests.helpers import Receiver, Service, chat_request, new_database, real_vllm, rows, tls, upload, wait_for
+from tests.helpers import (
+    MODEL_CACHE,
+    Receiver,
+    Service,
+    chat_request,
+    new_database,
+    real_vllm,
+    rows,
+    tls,
+    upload,
+    wait_for,
+)
 
 CHAT = c.CHAT
 # Fresh keys: the session's vLLM server is shared with other tests, and its prefix cache with it.
@@ -123,6 +134,7 @@ def world(postgres_server, vllm_server, tmp_path_factory) -> Iterator[World]:
     tmp = tmp_path_factory.mktemp("cross-tenant")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("BATCH_TEST_DATABASE_URL", new_database(postgres_server))
+        env.setenv("BATCH_MODEL_CACHE", str(MODEL_CACHE))  # the API's count worker: the models prepared once
         with serving(tmp, env) as start:
             service = start(api_keys=(f"{NAME_A}:{KEY_A}", f"{NAME_B}:{KEY_B}"), shard_size=4,
                             vllm=real_vllm(mode="server", server_urls=[vllm_server]), webhook_allow=("127.0.0.1",))
@@ -148,8 +160,8 @@ def build(w: World) -> None:
               chat_request(f"a-private-{RUN}", private, **SHARED),
               chat_request(f"a-too-long-{RUN}", "word " * 2500 + f"alice-tail-{RUN}", max_tokens=16)]
     w.receivers["a"], w.receivers["b"] = Receiver(), Receiver()
-    endpoint_a = a.webhooks.create(url=w.receivers["a"].url, event_types=ALL_TYPES)
-    w.b_endpoint = b.webhooks.create(url=w.receivers["b"].url, event_types=ALL_TYPES).id
+    endpoint_a = a.webhooks.create(name="alice", url=w.receivers["a"].url, event_types=ALL_TYPES)
+    w.b_endpoint = b.webhooks.create(name="bob", url=w.receivers["b"].url, event_types=ALL_TYPES).id
     w.a_batch = run(a, w.tmp / "a.jsonl", a_rows, metadata={"project": f"alice-project-{RUN}"},
                     extra_body={"reuse": True})
     assert w.a_batch.status == "completed", w.a_batch
@@ -159,7 +171,7 @@ def build(w: World) -> None:
     # A's own estimate of its file (the count kept by file, on the estimate lane).
     estimate = a.post("/batches/estimate", cast_to=object, body={"input_file_id": w.a_batch.input_file_id,
                                                                 "endpoint": CHAT, "completion_window": "24h"})
-    assert estimate["requests"] == 3, estimate  # type: ignore[index]
+    assert estimate["total_requests"] == 3 and estimate["input_tokens"] > 600, estimate  # type: ignore[index]
 
     secrets.update({
         "key": KEY_A, "key name": NAME_A, "owner": hashlib.sha256(KEY_A.encode()).hexdigest(),
@@ -175,12 +187,15 @@ def build(w: World) -> None:
         if body.get("id"):
             secrets[f"answer id of {cid}"] = body["id"]
 
-    # B asks A's long request word for word (another custom_id: the answer store keys the body), asking reuse.
-    w.b_first = run(b, w.tmp / "b1.jsonl", [chat_request("b-long", LONG, **SHARED)], extra_body={"reuse": True})
+    # B sends A's long prompt in a request of its own (not A's body: the answer store has nothing to say), then, in
+    # its second batch, A's long request word for word (another custom_id: the store keys the body) asking reuse,
+    # beside its own first request again (reused: B's own answer) and one more of the same prompt (its prefix
+    # cached: B's own).
+    w.b_first = run(b, w.tmp / "b1.jsonl", [chat_request("b-prefix", LONG, temperature=0, max_tokens=3)],
+                    extra_body={"reuse": True})
     w.b_first_lines = lines_of(b, w.b_first.output_file_id)
-    # B again: its own request once more (reused: B's own answer), and one of the same prompt that must run (its
-    # prefix cached: B's own).
     w.b_again = run(b, w.tmp / "b2.jsonl", [chat_request("b-long", LONG, **SHARED),
+                                            chat_request("b-prefix", LONG, temperature=0, max_tokens=3),
                                             chat_request("b-long-5", LONG, temperature=0, max_tokens=5)],
                     extra_body={"reuse": True})
     w.b_again_lines = lines_of(b, w.b_again.output_file_id)
@@ -190,29 +205,31 @@ def build(w: World) -> None:
 @pytest.mark.engine
 def test_an_answer_a_computed_is_computed_again_for_b(world):
     """The answer store is A's: B asking A's exact deterministic request with `reuse` gets it computed and billed,
-    with an id and a time of its own; B's own repeat is reused (so the store would have said so)."""
-    a_line = world.a_lines[f"a-long-{RUN}"]
-    assert world.b_first.status == "completed", world.b_first
-    first = world.b_first_lines["b-long"]
-    assert not first.get("reused"), first
-    body = first["response"]["body"]
+    with an id and a time of its own; B's own earlier request, asked again beside it, is reused (so the store would
+    have said so)."""
+    a_body = world.a_lines[f"a-long-{RUN}"]["response"]["body"]
+    assert world.b_again.status == "completed", world.b_again
+    line = world.b_again_lines["b-long"]
+    assert not line.get("reused"), line
+    body = line["response"]["body"]
     assert body["usage"]["prompt_tokens"] > 600 and body["usage"]["completion_tokens"] > 0
-    assert world.b_first.usage.total_tokens == body["usage"]["total_tokens"] > 0  # billed: it ran
-    assert body["id"] != a_line["response"]["body"]["id"]
-    assert body["created"] >= world.b_first.created_at >= a_line["response"]["body"]["created"]
-    # The control: B's own answer, asked again, is reused (and costs nothing); the other line ran.
-    again = world.b_again_lines
-    assert again["b-long"].get("reused") is True and not again["b-long-5"].get("reused"), again
-    assert again["b-long"]["response"]["body"]["id"] not in (body["id"], a_line["response"]["body"]["id"])
+    assert body["id"] != a_body["id"]
+    assert body["created"] >= world.b_again.created_at > a_body["created"]
+    # The control: B's own answer, asked again, is reused and costs nothing; the other two lines ran, billed.
+    own = world.b_again_lines["b-prefix"]
+    assert own.get("reused") is True, own
+    assert own["response"]["body"]["id"] != world.b_first_lines["b-prefix"]["response"]["body"]["id"]
+    ran = [world.b_again_lines[c]["response"]["body"]["usage"]["total_tokens"] for c in ("b-long", "b-long-5")]
+    assert world.b_again.usage.total_tokens == sum(ran)
     world.b_got_nothing_of_a()
 
 
 @pytest.mark.engine
 def test_as_prompt_prefix_is_no_cache_hit_for_b(world):
     """The prefix cache is kept per owner: B's first sending of the prompt A sent just before reports no cached
-    tokens (nor their lower price); B's second, a prefix of its own, does."""
-    first = world.b_first_lines["b-long"]["response"]["body"]["usage"]
-    assert first["prompt_tokens_details"]["cached_tokens"] == 0, first
+    tokens (nor their lower price); B's next one, a prefix of its own, does."""
+    first = world.b_first_lines["b-prefix"]["response"]["body"]["usage"]
+    assert first["prompt_tokens"] > 600 and first["prompt_tokens_details"]["cached_tokens"] == 0, first
     own = world.b_again_lines["b-long-5"]["response"]["body"]["usage"]
     assert own["prompt_tokens"] == first["prompt_tokens"] and own["prompt_tokens_details"]["cached_tokens"] > 500, own
 
@@ -229,6 +246,7 @@ def not_found_table(ids: dict[str, str]) -> list[tuple[str, str, dict | None]]:
         ("GET", f"/v1/files/{ids['input']}/content", None),
         ("GET", f"/v1/files?after={ids['input']}", None),
         ("GET", f"/v1/files?after={ids['output']}&purpose=batch_output", None),
+        ("GET", f"/v1/files?after={ids['output']}&order=asc", None),
         ("POST", "/v1/batches", create),
         ("POST", "/v1/batches/estimate", create),
         ("GET", f"/v1/batches/{ids['batch']}", None),
@@ -244,6 +262,9 @@ def not_found_table(ids: dict[str, str]) -> list[tuple[str, str, dict | None]]:
         ("DELETE", f"/v1/files/{ids['output']}", None),
         ("DELETE", f"/v1/files/{ids['error']}", None),
         ("DELETE", f"/v1/files/{ids['input']}", None),
+        ("GET", f"/v1/keys/{ids['key name']}", None),  # the admin's routes: a 403 whatever the name
+        ("POST", f"/v1/keys/{ids['key name']}/revoke", None),
+        ("POST", f"/v1/keys/{ids['key name']}/rotate", None),
     ]
 
 
@@ -253,8 +274,8 @@ def test_bs_404_for_as_object_is_the_404_for_none(world):
     headers but the date and length, body with the id masked): no existence oracle, and none of A's objects changes."""
     s = world.a_secrets
     theirs = {"input": s["input file"], "output": s["output file"], "error": s["error file"], "batch": s["batch"],
-              "endpoint": s["webhook endpoint"]}
-    absent = {"input": f"file-{uuid.uuid4().hex}", "output": f"file-{uuid.uuid4().hex}",
+              "endpoint": s["webhook endpoint"], "key name": s["key name"]}
+    absent = {"key name": f"carol-{RUN}", "input": f"file-{uuid.uuid4().hex}", "output": f"file-{uuid.uuid4().hex}",
               "error": f"file-{uuid.uuid4().hex}", "batch": f"batch_{uuid.uuid4().hex}",
               "endpoint": f"we_{uuid.uuid4().hex}"}
 
@@ -273,7 +294,7 @@ def test_bs_404_for_as_object_is_the_404_for_none(world):
         return out
 
     foreign, never = answers(theirs), answers(absent)
-    assert all(status == 404 for status, _, _ in foreign), foreign
+    assert [status for status, _, _ in foreign] == [404] * (len(foreign) - 3) + [403] * 3, foreign
     assert foreign == never
     for _, _, text in foreign:
         for name, secret in s.items():
@@ -284,6 +305,8 @@ def test_bs_404_for_as_object_is_the_404_for_none(world):
     assert len(lines_of(a, s["output file"])) == 2 and len(lines_of(a, s["error file"])) == 1
     assert a.files.retrieve(s["input file"]).id == s["input file"]
     assert a.webhooks.retrieve(s["webhook endpoint"]).url == s["webhook url"]
+    assert world.a.files.list(limit=1).data  # A's key still works: not revoked, not rotated
+    assert world.b_http.get("/v1/keys").status_code == 403
 
 
 @pytest.mark.engine
@@ -349,7 +372,7 @@ def test_bs_usage_is_bs_own(world):
         assert batch.usage.input_tokens == sum(u["prompt_tokens"] for u in billed)
         assert batch.usage.output_tokens == sum(u["completion_tokens"] for u in billed)
     a_usage = world.a.batches.retrieve(world.a_secrets["batch"]).usage
-    assert a_usage.input_tokens > world.b_first.usage.input_tokens  # A's two answered lines, B's one
+    assert a_usage.input_tokens > world.b_first.usage.input_tokens > 0  # A's two answered lines, B's one
     world.b_got_nothing_of_a()
 
 
@@ -394,7 +417,8 @@ def test_as_limits_never_reduce_bs_room(postgres_server, tmp_path):
         env.setenv("BATCH_TEST_DATABASE_URL", new_database(postgres_server))
         with serving(tmp_path, env) as start:
             service = start(api_keys=(f"{NAME_A}:{KEY_A}", f"{NAME_B}:{KEY_B}"), worker=False,
-                            key_max_active_batches=2, key_max_stored_bytes=40_000, key_max_uploads=1)
+                            key_max_active_batches=2, key_max_stored_bytes=40_000, key_max_uploads=1,
+                            webhook_allow=("127.0.0.1",))
             recorder = Recorder()
             keys = {"a": KEY_A, "b": KEY_B}
             clients = {"a": sdk(service, KEY_A), "b": sdk(service, KEY_B, recorder)}
@@ -445,12 +469,25 @@ def test_as_limits_never_reduce_bs_room(postgres_server, tmp_path):
                     except openai.RateLimitError as e:
                         codes[who].append(e.body["code"])  # type: ignore[index]
                         break
-            assert codes["a"] == codes["b"] == ["batch_limit_exceeded", "too_many_uploads", "storage_limit_exceeded"]
+            endpoints = {"a": [], "b": []}
+            for who in "ab":  # A's webhook endpoints up to the most a key may have, then B's
+                while True:
+                    try:
+                        endpoints[who].append(clients[who].webhooks.create(
+                            name=who, url=f"http://127.0.0.1:9/{who}-{len(endpoints[who])}",
+                            event_types=["batch.completed"]).id)
+                    except openai.BadRequestError as e:
+                        codes[who].append(e.body["code"])  # type: ignore[index]
+                        break
+            assert codes["a"] == codes["b"] == ["batch_limit_exceeded", "too_many_uploads", "storage_limit_exceeded",
+                                                "too_many_webhook_endpoints"]
+            assert len(endpoints["a"]) == len(endpoints["b"]) > 1, endpoints
             assert uploads["a"] == uploads["b"] > 3, uploads
             a_files = {f.id for f in clients["a"].files.list()}
             assert len(a_files) == uploads["a"] + 1 and not a_files & {f.id for f in clients["b"].files.list()}
             secrets = {"key": KEY_A, "key name": NAME_A, "owner": hashlib.sha256(KEY_A.encode()).hexdigest(),
-                       **{f"file {f}": f for f in a_files}, **{f"batch {x}": x for x in a_batches}}
+                       **{f"file {f}": f for f in a_files}, **{f"batch {x}": x for x in a_batches},
+                       **{f"endpoint {x}": x for x in endpoints["a"]}}
             assert len(recorder.seen) > 10
             for body in recorder.seen:
                 for name, secret in secrets.items():
