@@ -27,8 +27,7 @@ from openai import DefaultHttpxClient, OpenAI
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.defs.resources import DatabaseResource
-from batch_dagster.defs.resources.webhooks import WebhookConfig
-from batch_dagster.defs.sensors import webhook_sensor
+from batch_dagster.defs.webhooks import WebhookConfig, webhook_sensor
 from tests.api.conftest import serving
 from tests.api.test_tenancy_limits import port_of, upload_head
 from tests.helpers import (
