@@ -1,6 +1,6 @@
 """Which ended batches are past retention, in the order they ended, and which of their folder's files the store still
-serves; the Idempotency-Keys past their time; and the store's first batch, where the daily report starts. The batch row itself is never deleted: the API
-answers for it and the daily report counts it.
+serves; the Idempotency-Keys past their time; and the store's first batch, where the daily report starts. The batch
+row itself is never deleted: the API answers for it and the daily report counts it.
 
 No column records a purge: the retention sensor walks the batches by their end, (end, pk) after its cursor, and
 every delete it makes is idempotent, so a lost cursor costs a pass over the ended batches again, never a wrong delete.
