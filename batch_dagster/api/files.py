@@ -50,8 +50,7 @@ def create_file(
     request: Request,
     ctx: Context,
     session: DbSession,
-    owner: Owner,
-    once: Idempotent,
+    once: Idempotent,  # and the caller's owner: once.owner
     file: Annotated[UploadFile, File()],
     purpose: Annotated[Text, Form(json_schema_extra={"enum": ["batch"]})],
     expires_anchor: Annotated[Text | None, Form(alias="expires_after[anchor]",
@@ -72,7 +71,7 @@ def create_file(
         if expires_anchor != "created_at" or expires_seconds is None or not 3600 <= expires_seconds <= 2_592_000:
             raise invalid("expires_after needs anchor 'created_at' and seconds between 3600 and 2592000.",
                           param="expires_after")
-    route = "POST /v1/files"
+    route, owner = "POST /v1/files", once.owner
     asked = None
     if once.key is not None:  # the file's bytes were hashed as they streamed in (the guard's UploadMeter)
         asked = fingerprint(route, purpose, filename, expires_seconds, getattr(request.state, METER).sha256.hexdigest())
