@@ -7,10 +7,12 @@ same retry makes a second batch: the SDK sends no idempotency header of its own 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
 
+import openai
 import pytest
 
 from tests.helpers import CHAT_MODEL, SERVE_API_KEY, file_lines, write_jsonl
@@ -130,14 +132,13 @@ def test_a_retry_after_a_dropped_answer_makes_one_batch_with_its_key_and_two_wit
     assert lost != twin.id
     assert not [h for h in bare.heads if header(h, b"idempotency-key") is not None]
     for extra in (lost, twin.id):
-        direct.batches.cancel(extra)
+        with contextlib.suppress(openai.BadRequestError):  # small: it may have ended already
+            direct.batches.cancel(extra)
 
     done = serve.wait_for(batch.id, {"completed", "failed", "expired", "cancelled"}, 600)
     assert done.status == "completed", done
     assert done.request_counts.total == len(CAPITALS) and done.request_counts.completed == len(CAPITALS)
-    answers = {line["custom_id"]: line["response"]["body"]["choices"][0]["message"]["content"]
-               for line in file_lines(direct, done.output_file_id)}
-    assert sorted(answers) == sorted(CAPITALS)  # each request answered once, in the one batch
+    lines = file_lines(direct, done.output_file_id)
+    assert sorted(line["custom_id"] for line in lines) == sorted(CAPITALS)  # each request answered once
+    answers = {line["custom_id"]: line["response"]["body"]["choices"][0]["message"]["content"] for line in lines}
     assert sum(city.lower() in answers[country].lower() for country, city in CAPITALS.items()) >= 3, answers
-    assert [b.id for b in direct.batches.list() if b.input_file_id == file_id and b.status == "completed"] == [
-        batch.id]
