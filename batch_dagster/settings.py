@@ -466,6 +466,11 @@ class Settings:
         "BATCH_KEY_MAX_UPLOADS", 4, "API",
         "Uploads one key may have streaming into one API process at once; past it an upload answers 429 "
         "`too_many_uploads` before its body is read. 0: no limit.", parse=_limit)
+    idempotency_ttl_s: int = variable(
+        "BATCH_IDEMPOTENCY_TTL_S", DAY_S, "API",
+        "Seconds an `Idempotency-Key` of a create (POST /v1/files, /v1/batches) is kept from its first use: a repeat "
+        "within them answers the object the first made; after them the key is free again and the retention sensor "
+        "deletes it.", parse=int)
     key_max_interactive_calls: int | None = variable(
         "BATCH_KEY_MAX_INTERACTIVE_CALLS", 8, "API",
         "Interactive calls (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, forwarded to a "

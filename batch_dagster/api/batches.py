@@ -31,7 +31,8 @@ from batch_dagster.storage import file_location
 
 from .context import AppContext
 from .deps import Context, DbSession, Owner
-from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
+from .errors import ERROR_RESPONSES, IDEMPOTENT_RESPONSES, ApiError, clip, invalid, not_found
+from .idempotency import Claim, Idempotent, fingerprint, gone
 from .schemas import (
     MAX_UNIX_S,
     Batch,
@@ -137,21 +138,35 @@ def _bound_metadata(metadata: dict[str, str] | None) -> None:
                           "metadata")
 
 
-@router.post("/batches", response_model=Batch)
-def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, owner: Owner) -> Batch:
+@router.post("/batches", response_model=Batch, responses=IDEMPOTENT_RESPONSES)
+def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, owner: Owner, once: Idempotent) -> Batch:
     """Accept a batch: its input goes into the pipeline's storage; the Dagster sensor launches it.
 
     Everything is checked before the first write, and a write that fails takes the batch's folder with it,
-    so a create either succeeds or leaves nothing behind.
+    so a create either succeeds or leaves nothing behind. With an Idempotency-Key, a repeat answers the batch the
+    first request made, as it is now (api/idempotency.py).
     """
+    route = "POST /v1/batches"
+    return once.run(session, route, fingerprint(route, body.model_dump(mode="json")),
+                    create=lambda claim: _create_batch(body, ctx, session, owner, claim),
+                    found=lambda batch_id: _made_batch(session, owner, batch_id))
+
+
+def _create_batch(body: CreateBatchRequest, ctx: AppContext, session: Session, owner: str, claim: Claim) -> Batch:
     source = checked_source(body, ctx, session, owner)
     limits = KeyLimits.of(session, owner, ctx.config)
     refuse_early(limits, session, owner, batches=1, nbytes=source.bytes)  # its folder keeps a copy of the input
     batch_id, window = repo.new_batch_id(), ctx.config.windows.window(body.completion_window)
+    admission = batch_admission(limits)
+
+    def admit(claiming: Session, row: BatchRecord) -> None:
+        claim(claiming, row.id)  # the key first: a repeat that lost the race is not counted against the limits
+        admission(claiming, row)
+
     try:
         # Counted again by `admit`, with the owner locked, once the input is copied.
         row = batches.create_batch(session, ctx.storage, body.asked(owner, window), source, batch_id=batch_id,
-                                   admit=batch_admission(limits))
+                                   admit=admit)
         # The model is the file's first request's, which creating the batch read.
         if refusal := unreachable_deadline(session, row.model, source.bytes, window):
             raise invalid(refusal, param="completion_window", code="deadline_unreachable")
@@ -160,6 +175,13 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
         session.rollback()
         _remove_folder(ctx.storage, batch_id)
         raise
+    return batch_object(row)
+
+
+def _made_batch(session: Session, owner: str, batch_id: str) -> Batch:
+    row = repo.get_batch(session, owner, batch_id)
+    if row is None:
+        raise gone("batch", batch_id)
     return batch_object(row)
 
 

@@ -86,6 +86,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     429: _documented("A limit of this key is reached: batches not yet ended, bytes of files stored, uploads "
                      "streaming at once, or estimates or lookups in flight."),
 }
+# The create endpoints that take an Idempotency-Key (api/idempotency.py): also the key sent with another request.
+IDEMPOTENT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    409: _documented("The Idempotency-Key was sent before with another request (another body or route)."),
+}
 # The key management endpoints' (api/keys.py): also a key that is not an admin's, and a name taken or revoked.
 ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,

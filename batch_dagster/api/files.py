@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
-from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse, StreamingResponse
+from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.failure import public
 from batch_dagster.batchfile.folder import file_key
@@ -18,8 +19,11 @@ from batch_dagster.features.quotas import KeyLimits, admit, refuse_early
 from batch_dagster.features.retry import CannotRetry, merged_content
 from batch_dagster.storage import LocalStorage, file_location
 
+from .context import AppContext
 from .deps import Context, DbSession, Owner
-from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
+from .errors import ERROR_RESPONSES, IDEMPOTENT_RESPONSES, ApiError, clip, invalid, not_found
+from .guard import METER
+from .idempotency import Claim, Idempotent, fingerprint, gone
 from .schemas import FileDeleted, FileObject, ListPage, Text, shown
 from .uploads import jsonl_problem, sanitize_filename
 
@@ -41,11 +45,12 @@ def file_object(row: FileRecord) -> FileObject:
                       purpose=row.purpose, expires_at=row.expires_at)
 
 
-@router.post("/files", response_model=FileObject)
+@router.post("/files", response_model=FileObject, responses=IDEMPOTENT_RESPONSES)
 def create_file(
+    request: Request,
     ctx: Context,
     session: DbSession,
-    owner: Owner,
+    once: Idempotent,  # and the caller's owner: once.owner
     file: Annotated[UploadFile, File()],
     purpose: Annotated[Text, Form(json_schema_extra={"enum": ["batch"]})],
     expires_anchor: Annotated[Text | None, Form(alias="expires_after[anchor]",
@@ -53,7 +58,8 @@ def create_file(
     expires_seconds: Annotated[int | None, Form(alias="expires_after[seconds]",
                                                 json_schema_extra={"minimum": 3600, "maximum": 2_592_000})] = None,
 ) -> FileObject:
-    """Database an uploaded batch input file (JSONL) and return its File object."""
+    """Store an uploaded batch input file (JSONL) and return its File object. With an Idempotency-Key, a repeat
+    (the same file bytes, name, purpose and expiry) answers the File the first request made and stores nothing."""
     if purpose != "batch":
         raise invalid(f"Purpose {clip(purpose)!r} is not supported here; upload batch input files with purpose "
                       "'batch'.", param="purpose", code="invalid_purpose")
@@ -61,15 +67,25 @@ def create_file(
     if not filename.lower().endswith(".jsonl"):
         raise invalid(f"File {clip(filename)!r} is not a .jsonl file; the Batch API takes JSONL files only.",
                       param="file", code="invalid_file_format")
-    expires_at = None
     if expires_anchor is not None or expires_seconds is not None:
         if expires_anchor != "created_at" or expires_seconds is None or not 3600 <= expires_seconds <= 2_592_000:
             raise invalid("expires_after needs anchor 'created_at' and seconds between 3600 and 2592000.",
                           param="expires_after")
+    route, owner = "POST /v1/files", once.owner
+    asked = None
+    if once.key is not None:  # the file's bytes were hashed as they streamed in (the guard's UploadMeter)
+        asked = fingerprint(route, purpose, filename, expires_seconds, getattr(request.state, METER).sha256.hexdigest())
+    return once.run(session, route, asked or "",
+                    create=lambda claim: _create_file(ctx, session, owner, file, filename, purpose, expires_seconds,
+                                                      claim),
+                    found=lambda file_id: _made_file(session, owner, file_id))
+
+
+def _create_file(ctx: AppContext, session: Session, owner: str, file: UploadFile, filename: str, purpose: str,
+                 expires_seconds: int | None, claim: Claim) -> FileObject:
     file_id = repo.new_file_id()
     created_at = repo.now()
-    if expires_seconds is not None:
-        expires_at = created_at + expires_seconds
+    expires_at = None if expires_seconds is None else created_at + expires_seconds
     # The guard (guard.py) held the upload to the key's room as it streamed in; counted again here, then with the
     # owner locked as the row is added (parallel uploads each see the others').
     limits = KeyLimits.of(session, owner, ctx.config)
@@ -80,6 +96,7 @@ def create_file(
         refuse_early(limits, session, owner, nbytes=size)  # raised inside: the object is never written
         session.rollback()
     try:
+        claim(session, file_id)  # the key first: a repeat that lost the race is not counted against the limits
         admit(limits, session, owner, nbytes=size)
         row = repo.add_file(session, FileRecord(
             id=file_id, owner=owner, bytes=size, created_at=created_at, expires_at=expires_at, filename=filename,
@@ -89,6 +106,13 @@ def create_file(
         session.rollback()
         ctx.storage.delete(key)
         raise
+    return file_object(row)
+
+
+def _made_file(session: Session, owner: str, file_id: str) -> FileObject:
+    row = repo.get_file(session, owner, file_id)
+    if row is None:
+        raise gone("file", file_id)
     return file_object(row)
 
 

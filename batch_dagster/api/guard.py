@@ -19,15 +19,18 @@ import asyncio
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from batch_dagster.db import idempotency
 from batch_dagster.features.quotas import TYPE as LIMIT_TYPE
 from batch_dagster.features.quotas import OverLimit, storage_exceeded, stored_room
 
 from .context import AppContext
 from .deps import caller_of_header
 from .errors import ApiError, error_response
+from .idempotency import valid_key
 from .uploads import MULTIPART_SLACK, UploadMeter
 
 UPLOAD_PATH = "/v1/files"
+METER = "upload_meter"  # the request state's name of an upload's UploadMeter
 
 
 class RequestGuard:
@@ -63,7 +66,9 @@ class RequestGuard:
 
     async def _upload(self, scope, receive, send, owner: str, declared: int | None, limit: int,
                       too_large: Response) -> None:
-        """An upload of `owner`, held to the key's uploads at once and to its room, then bounded as any body."""
+        """An upload of `owner`, held to the key's uploads at once and to its room, then bounded as any body. The
+        repeat of an upload (an Idempotency-Key the owner sent before) is not held to its room: it stores nothing."""
+        headers = dict(scope["headers"])
         bound = self.context.config.key_max_uploads
         if not self.context.uploads.take(owner, bound):
             return await _refuse(_limit_response(OverLimit(
@@ -71,20 +76,24 @@ class RequestGuard:
                 "when one has ended.", code="too_many_uploads", param="file")), receive, send)
         try:
             file_limits = [(self.context.config.max_upload_bytes, too_large)]
-            if (room := await run_in_threadpool(self._room, owner)) is not None:
+            key = headers.get(b"idempotency-key", b"").decode("latin-1")
+            if (room := await run_in_threadpool(self._room, owner, key)) is not None:
                 most, left = room
                 full = _limit_response(storage_exceeded(most))
                 # The declared length holds the form around the file too: refused only when the file cannot fit.
                 if left <= 0 or (declared is not None and declared > left + MULTIPART_SLACK):
                     return await _refuse(full, receive, send)
                 file_limits.insert(0, (left, full))
-            meter = UploadMeter(dict(scope["headers"]).get(b"content-type", b""))
+            meter = UploadMeter(headers.get(b"content-type", b""))
+            scope.setdefault("state", {})[METER] = meter  # the route's fingerprint of the file (api/files.py)
             await _bounded(self.app, scope, receive, send, limit, too_large, (meter, file_limits))
         finally:
             self.context.uploads.give_back(owner)
 
-    def _room(self, owner: str) -> tuple[int, int] | None:
+    def _room(self, owner: str, key: str) -> tuple[int, int] | None:
         with self.context.db.session() as session:
+            if valid_key(key) and idempotency.find(session, owner, key) is not None:
+                return None
             return stored_room(session, owner, self.context.config)
 
     def _limit(self, upload: bool) -> tuple[int, Response]:

@@ -1,9 +1,10 @@
-"""Uploads: filename sanitizing, a JSONL sniff, the count of a streaming upload's file bytes and the uploads each key
-has streaming at once (the guard, guard.py, holds them to their limits)."""
+"""Uploads: filename sanitizing, a JSONL sniff, the count and hash of a streaming upload's file bytes and the uploads
+each key has streaming at once (the guard, guard.py, holds them to their limits)."""
 
 from __future__ import annotations
 
 import codecs
+import hashlib
 import re
 import unicodedata
 
@@ -49,10 +50,12 @@ class UploadMeter:
     """The bytes of an upload's file parts, counted as its body streams in by the parser Starlette's own form parsing
     uses (python-multipart), so that a limit on the file holds to the byte, before the app spools any of it: the
     form's other fields and its framing are not the file's. A body that is not a multipart form (or stops being a
-    well-formed one) is counted whole from there on; the app's form parsing refuses it anyway."""
+    well-formed one) is counted whole from there on; the app's form parsing refuses it anyway. The file bytes are
+    hashed as they pass (`sha256`): what an Idempotency-Key's repeat is told by, whatever the form's boundary."""
 
     def __init__(self, content_type: bytes):
         self.bytes = 0
+        self.sha256 = hashlib.sha256()
         self._in_file = False
         self._header, self._value, self._disposition = b"", b"", b""
         kind, params = parse_options_header(content_type)
@@ -95,6 +98,7 @@ class UploadMeter:
     def _part_data(self, data: bytes, start: int, end: int) -> None:
         if self._in_file:
             self.bytes += end - start
+            self.sha256.update(data[start:end])
 
 
 class UploadSlots:

@@ -213,6 +213,28 @@ class IntakeRecord(Base):
     delivered_at: Mapped[int | None]
 
 
+MAX_IDEMPOTENCY_KEY = 255  # characters of an Idempotency-Key header (printable ASCII)
+
+
+class IdempotencyRecord(Base):
+    """An `Idempotency-Key` an owner sent on a create, the request it came with (`fingerprint`: a SHA-256 of its
+    route and body) and the object that request made. Added in the object's own transaction: the unique
+    (owner, key) lets one of two requests with the same key commit, whichever database runs it."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("owner", "key", name="uq_idempotency_keys_owner_key"),
+                      Index("ix_idempotency_keys_expires_at", "expires_at"))
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(64), ForeignKey("api_keys.owner"))
+    key: Mapped[str] = mapped_column(String(MAX_IDEMPOTENCY_KEY))
+    route: Mapped[str] = mapped_column(String(64))  # e.g. "POST /v1/batches", named in a conflict
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    object_id: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[int]
+    expires_at: Mapped[int]
+
+
 # A webhook event's type for each terminal status (OpenAI's names), in TERMINAL's order.
 EVENT_TYPES: dict[str, str] = {status: f"batch.{status}" for status in TERMINAL}
 # An extension's event, before the end: the queue estimates that the batch will end after its deadline.

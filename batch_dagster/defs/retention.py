@@ -6,7 +6,7 @@ its event log (materializations and check results included) and its step logs, a
 the batch's row (the API still answers for it; the daily report counts it), its summary.json (the report prices it
 by it) and the files the store still serves (output and error files until they expire). So the partition count stays
 near retention x rate, and under the bound whatever the rate (batches not ended keep theirs). Each pass also sweeps
-leftover scratch files and staged step logs.
+leftover scratch files and staged step logs, and deletes the Idempotency-Keys past BATCH_IDEMPOTENCY_TTL_S.
 """
 
 from __future__ import annotations
@@ -26,7 +26,13 @@ from batch_dagster.defs.partitions import BATCH_PARTITIONS
 from batch_dagster.defs.resources import DatabaseResource, StorageResource
 from batch_dagster.defs.resources.setting_fields import setting
 from batch_dagster.defs.sensor_timing import timed
-from batch_dagster.features.retention import Ended, ended_before, record_stored_bytes, served_keys
+from batch_dagster.features.retention import (
+    Ended,
+    ended_before,
+    forget_expired_keys,
+    record_stored_bytes,
+    served_keys,
+)
 from batch_dagster.storage import scratch
 
 PARTITION_TAG = "dagster/partition"
@@ -102,7 +108,8 @@ def _cursor(text: str | None) -> tuple[int, int] | None:
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Deletes the Dagster history (partition, runs, event and step logs) and the working files of "
     "batches that ended more than BATCH_HISTORY_RETENTION_S ago, or of those that ended first while there are more "
-    "than BATCH_HISTORY_MAX_BATCHES batch partitions, and sweeps leftover scratch and staged logs.",
+    "than BATCH_HISTORY_MAX_BATCHES batch partitions, sweeps leftover scratch and staged logs, and deletes expired "
+    "Idempotency-Keys.",
 )
 @timed
 def history_retention_sensor(context: dg.SensorEvaluationContext, database: DatabaseResource,
@@ -114,6 +121,9 @@ def history_retention_sensor(context: dg.SensorEvaluationContext, database: Data
     except OSError as exc:  # a folder it may not read: the history is deleted all the same
         context.log.warning(f"Could not sweep scratch and staged logs: {exc!r}")
         swept = 0
+    with database.session() as session:
+        if forgotten := forget_expired_keys(session):
+            context.log.info(f"Deleted {forgotten} expired Idempotency-Key(s)")
     excess = 0
     if retention.history_max_batches > 0:
         excess = len(instance.get_dynamic_partitions(BATCH_PARTITIONS)) - retention.history_max_batches

@@ -1,6 +1,6 @@
 """Which ended batches are past retention, in the order they ended, and which of their folder's files the store still
-serves; and the store's first batch, where the daily report starts. The batch row itself is never deleted: the API
-answers for it and the daily report counts it.
+serves; the Idempotency-Keys past their time; and the store's first batch, where the daily report starts. The batch
+row itself is never deleted: the API answers for it and the daily report counts it.
 
 No column records a purge: the retention sensor walks the batches by their end, (end, pk) after its cursor, and
 every delete it makes is idempotent, so a lost cursor costs a pass over the ended batches again, never a wrong delete.
@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import and_, create_engine, make_url, or_, select, update
+from sqlalchemy import and_, create_engine, delete, make_url, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.db import repo
-from batch_dagster.db.models import BatchRecord, FileRecord
+from batch_dagster.db.models import BatchRecord, FileRecord, IdempotencyRecord
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,17 @@ def record_stored_bytes(session: Session, batch_id: str, nbytes: int) -> None:
     """What the batch's folder keeps once retention cleared it (lifecycle.folder_bytes), for its key's limit."""
     session.execute(update(BatchRecord).where(BatchRecord.id == batch_id).values(stored_bytes=nbytes))
     session.commit()
+
+
+def forget_expired_keys(session: Session, limit: int = 1000) -> int:
+    """Delete up to `limit` Idempotency-Keys past their BATCH_IDEMPOTENCY_TTL_S (the API already ignores them); how
+    many."""
+    due = select(IdempotencyRecord.pk).where(IdempotencyRecord.expires_at <= repo.now()).limit(limit)
+    pks = list(session.scalars(due))
+    if pks:
+        session.execute(delete(IdempotencyRecord).where(IdempotencyRecord.pk.in_(pks)))
+        session.commit()
+    return len(pks)
 
 
 def first_created_at(session: Session) -> int | None:

@@ -1,14 +1,23 @@
 """The tenancy tests on a real PostgreSQL 15, which enforces the column lengths SQLite ignores: the store's and the
 sensors' (tests/api/test_tenancy_store.py), the API's with two keys (tests/api/test_tenancy.py, the service's store
 on PostgreSQL through BATCH_TEST_DATABASE_URL), the per-key limits under parallel clients (tests/api/
-test_tenancy_limits.py: PostgreSQL's row locks, where SQLite has its one write lock), the metrics' model labels
-(grouped in the store), and the parent-batch migration (0005)."""
+test_tenancy_limits.py: PostgreSQL's row locks, where SQLite has its one write lock), idempotent creates (tests/api/
+test_idempotency.py: parallel repeats meet at PostgreSQL's unique index), the metrics' model labels (grouped in the
+store), and the parent-batch migration (0005)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.api.conftest import start_service  # noqa: F401  (the API tests' fixture)
+from tests.api.test_idempotency import (  # noqa: F401  (the tests, collected here again)
+    test_a_key_is_its_owners_alone,
+    test_a_repeat_is_never_counted_against_the_keys_limits,
+    test_a_repeated_batch_create_answers_the_first_batch_and_another_body_is_a_409,
+    test_a_repeated_upload_answers_the_first_file_and_stores_nothing_more,
+    test_an_expired_key_is_free_again_and_the_retention_sensor_deletes_it,
+    test_parallel_repeats_make_one_batch_and_one_file,
+)
 from tests.api.test_metrics import (  # noqa: F401  (the model labels, grouped by PostgreSQL)
     test_a_clients_model_names_never_become_labels,
 )
