@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from batch_dagster.db import keys as store
 from batch_dagster.db.models import ApiKey
@@ -24,8 +24,9 @@ Name = Annotated[str, Field(pattern=f"^{KEY_NAME.pattern}$", description="1 to 6
 
 
 class KeyLimits(BaseModel):
-    """A key's own limits; null: the deployment's (BATCH_KEY_*); 0: no limit."""
+    """A key's own limits; null: the deployment's (BATCH_KEY_*); 0: no limit. Strict: `false` is no count."""
 
+    model_config = ConfigDict(strict=True)
     max_active_batches: int | None = Field(None, ge=0, lt=1 << 62)
     max_stored_bytes: int | None = Field(None, ge=0, lt=1 << 62)
     daily_budget: float | None = Field(None, ge=0, lt=1e15)
@@ -36,6 +37,8 @@ class KeyLimits(BaseModel):
 
 
 class CreateKeyRequest(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     name: Name
     admin: bool = False
     limits: KeyLimits = KeyLimits()
@@ -44,6 +47,7 @@ class CreateKeyRequest(BaseModel):
 class UpdateKeyRequest(BaseModel):
     """The key's new limits (each one omitted or null: the deployment's), and its role when given."""
 
+    model_config = ConfigDict(strict=True)
     admin: bool | None = None
     limits: KeyLimits = KeyLimits()
 

@@ -46,6 +46,11 @@ def test_an_admin_manages_keys_and_a_normal_key_gets_a_403(start_service, tmp_pa
     assert {"ops", "carol"} <= set(names) and "key" not in admin.get("/v1/keys/carol").json()
     assert admin.post("/v1/keys", json={"name": "carol"}).status_code == 409
     assert admin.post("/v1/keys", json={"name": "bad name"}).status_code == 400
+    # A limit is a number, never a boolean or a string read as one (the OpenAPI document says integer).
+    for limits in ({"max_stored_bytes": False}, {"max_active_batches": "3"}, {"daily_budget": True}):
+        assert admin.post("/v1/keys", json={"name": "dave", "limits": limits}).status_code == 400, limits
+        assert admin.post("/v1/keys/carol", json={"limits": limits}).status_code == 400, limits
+    assert admin.post("/v1/keys", json={"name": "dave", "admin": "yes"}).status_code == 400
     assert admin.get("/v1/keys/nobody").status_code == 404
 
     # Rotated: the old key is refused on its next request; the new one is the same owner, files and all.
