@@ -1,5 +1,5 @@
 """`python -m batch_dagster.defs.daemon run ...`: the Dagster daemon (`dagster-daemon run ...`, the same arguments)
-whose sensor daemon looks for due sensors every BATCH_SENSOR_LOOP_S (1 s by default) instead of Dagster's 5 s, so
+whose sensor daemon looks for due sensors every BATCH_SENSOR_LOOP_S (0.5 s by default) instead of Dagster's 5 s, so
 that a small batch created through the API is launched, and shows its end, within about a second of it (issue #33).
 Each sensor still runs no more often than its own minimum interval. Its loops are logged at debug and what happens at
 info (a batch launched, a status changed, a webhook sent, a tick that failed), so an operator's log reads as events.

@@ -195,7 +195,7 @@ def ticks_at_debug() -> None:
         logging.getLogger(name).addFilter(_TickAtDebug(lines))
 
 
-def run_daemon(argv: list[str], sensor_loop_s: int) -> None:
+def run_daemon(argv: list[str], sensor_loop_s: float) -> None:
     """`dagster-daemon <argv>` in this process (it exits with the command), its sensor daemon looking for due sensors
     every `sensor_loop_s`, its loops logged at debug (ticks_at_debug), its code servers started as
     `python -m batch_dagster.defs.code_server` (warm run workers: run_code_server).
@@ -211,7 +211,7 @@ def run_daemon(argv: list[str], sensor_loop_s: int) -> None:
     from dagster._daemon.cli import main
     from dagster._grpc import server
 
-    sensor.MIN_INTERVAL_LOOP_TIME = sensor_loop_s
+    sensor.MIN_INTERVAL_LOOP_TIME = sensor_loop_s  # type: ignore[assignment]  # an int there; only waited on
     server.get_python_environment_entry_point = code_server_command
     ticks_at_debug()
     sys.argv = ["dagster-daemon", *argv]
