@@ -223,9 +223,12 @@ def store_end(context: dg.AssetExecutionContext, database: DatabaseResource, sto
             if session is None:
                 return
             for batch in repo.active_batches_by_id(session, [context.partition_key]):
+                before = batch.status
                 batch.run_id = context.run.run_id  # the batch's latest run: this one
                 sync_batch(session, storage.open(), batch)
-            session.commit()  # the run id, where sync_batch found nothing else to store
+                session.commit()  # the run id, where sync_batch found nothing else to store
+                if batch.status != before:  # as the status sensor logs the changes it stores
+                    context.log.info(f"{batch.id}: {before} -> {batch.status}")
     except Exception as exc:
         context.log.warning(f"The batch's end was not stored by its run ({str(exc)[:500]}); the status sensor "
                             "stores it")
