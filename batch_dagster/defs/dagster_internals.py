@@ -81,8 +81,8 @@ def worker_gone(run: dg.DagsterRun) -> bool:
     """Whether an unfinished run's code server refuses connections: serve was stopped or killed mid-run.
 
     The code server started the run worker (through its forkserver under serve: run_code_server) and outlives it
-    while it runs, and it is what marks a dead worker's run failed. When it is gone too, nothing else ever would. Uses Dagster 1.13's
-    private `DagsterGrpcClient` and the GRPC_INFO_TAG the default run launcher writes.
+    while it runs, and it is what marks a dead worker's run failed. When it is gone too, nothing else ever would.
+    Uses Dagster 1.13's private `DagsterGrpcClient` and the GRPC_INFO_TAG the default run launcher writes.
     """
     info = run.tags.get(GRPC_INFO_TAG)
     if run.status not in _LAUNCHED or not info:
