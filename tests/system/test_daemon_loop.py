@@ -63,3 +63,20 @@ def test_the_log_shows_the_batchs_launch_and_statuses_at_info_and_no_idle_tick(s
                or "No run requests returned" in line or "Priority sorting" in line]
     assert ticking == [], ticking[:5]
     assert min(ticks(serve).values()) >= 5
+
+
+def test_runs_are_forked_from_the_code_servers_warm_forkserver(serve):
+    """serve's daemon starts its code server as batch_dagster.defs.code_server, whose run workers are forked from a
+    forkserver that imported Dagster and the project once, not spawned as new interpreters that import them first."""
+    import psutil
+
+    def forkservers() -> list[psutil.Process]:
+        servers = [p for p in psutil.Process(serve.proc.pid).children(recursive=True)
+                   if "batch_dagster.defs.code_server" in p.cmdline()]
+        return [c for s in servers for c in s.children() if "multiprocessing.forkserver" in " ".join(c.cmdline())]
+
+    [forkserver] = wait_until(forkservers, 60, serve, "no forkserver under the code server")
+    assert "batch_dagster.definitions" in " ".join(forkserver.cmdline())
+    # A run's worker, forked from it, runs the batch and leaves.
+    batch = serve.create_batch([chat_request("b", "Say hi.")])
+    assert serve.wait_for(batch.id, {"completed"}, 120).status == "completed"
