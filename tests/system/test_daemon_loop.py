@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from batch_dagster.db.models import SensorTick
+from tests.daemon_defs import engine_calls
 from tests.helpers import Serve, chat_request, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -22,7 +23,9 @@ COLOURS = re.compile(r"\x1b\[[0-9;]*m")  # Dagster's coloured level names
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory) -> Iterator[Serve]:
     tmp_path = tmp_path_factory.mktemp("serve")
-    with Serve(tmp_path, module="tests.daemon_defs", BATCH_TEST_CALLS=str(tmp_path / "calls.jsonl")) as serve:
+    (tmp_path / "hold").mkdir()
+    with Serve(tmp_path, module="tests.daemon_defs", BATCH_TEST_CALLS=str(tmp_path / "calls.jsonl"),
+               BATCH_TEST_HOLD=str(tmp_path / "hold")) as serve:
         yield serve
 
 
@@ -77,6 +80,13 @@ def test_runs_are_forked_from_the_code_servers_warm_forkserver(serve):
 
     [forkserver] = wait_until(forkservers, 60, serve, "no forkserver under the code server")
     assert "batch_dagster.definitions" in " ".join(forkserver.cmdline())
-    # A run's worker, forked from it, runs the batch and leaves.
-    batch = serve.create_batch([chat_request("b", "Say hi.")])
+    # The run's worker (held at its engine call) is the forkserver's child, a process of its own; then it finishes.
+    hold = serve.tmp_path / "hold" / "forked"
+    hold.touch()
+    batch = serve.create_batch([chat_request("forked-1", "Say hi.")])
+    [call] = wait_until(lambda: [c for c in engine_calls(serve.tmp_path / "calls.jsonl")
+                                 if c["custom_ids"] == ["forked-1"]], 120, serve, "the run's engine call")
+    worker = psutil.Process(call["pid"])
+    assert worker.ppid() == forkserver.pid and worker.pid != forkserver.pid
+    hold.unlink()
     assert serve.wait_for(batch.id, {"completed"}, 120).status == "completed"
