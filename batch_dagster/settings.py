@@ -22,9 +22,9 @@ from batch_dagster.batchfile import generated
 from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.image_sources import DEFAULT_MAX_BYTES as DEFAULT_MAX_IMAGE_BYTES
 from batch_dagster.batchfile.image_sources import ImageSources
-from batch_dagster.batchfile.reuse import DEFAULT_MAX_BYTES as DEFAULT_ANSWER_STORE_BYTES
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.windows import CompletionWindows
+from batch_dagster.features.reuse import DEFAULT_MAX_BYTES as DEFAULT_ANSWER_STORE_BYTES
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR / "config"
@@ -151,7 +151,7 @@ def _windows(text: str) -> tuple[str, ...]:
 
 
 def _allow(text: str) -> tuple[str, ...]:
-    from batch_dagster.egress import Allow
+    from batch_dagster.features.egress import Allow
 
     entries = _csv(text)
     Allow.parse(entries)  # refuses an entry that is neither a host nor a CIDR
@@ -248,7 +248,7 @@ def default(name: str) -> Any:
 class Settings:
     """Every setting, typed, as the environment gives it now: one field per environment variable, each declared
     once here with its default, its meaning and how its text is read. The docs' tables (`markdown`), `VARIABLES`
-    and the Dagster resources' fields (defs/resources/settings.py) are derived from these declarations."""
+    and the Dagster resources' fields (defs/resources/setting_fields.py) are derived from these declarations."""
 
     data_dir: Path = variable(
         "BATCH_DATA_DIR", "./data", "Storage",
@@ -469,6 +469,11 @@ class Settings:
         "BATCH_KEY_MAX_UPLOADS", 4, "API",
         "Uploads one key may have streaming into one API process at once; past it an upload answers 429 "
         "`too_many_uploads` before its body is read. 0: no limit.", parse=_limit)
+    key_max_interactive_calls: int | None = variable(
+        "BATCH_KEY_MAX_INTERACTIVE_CALLS", 8, "API",
+        "Interactive calls (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, forwarded to a "
+        "model's warm fleet) one key may have in flight in one API process at once, streams included until they end;"
+        " past it a call answers 429 `too_many_interactive_calls` with `Retry-After`. 0: no limit.", parse=_limit)
     api_host: str = variable(
         "BATCH_API_HOST", LOOPBACK, "API",
         "The address `make serve` binds the API to.",)
@@ -542,7 +547,7 @@ class Settings:
 
     @property
     def limits(self) -> Limits:
-        return Limits(max_requests=self.max_requests, max_bytes=self.max_bytes, max_line_bytes=self.max_line_bytes)
+        return Limits.of(self)
 
     @property
     def image_sources(self) -> ImageSources:

@@ -6,7 +6,7 @@ DAGSTER_HOME and data folder (bench/small_batch.py's serve), with one run of the
 (BATCH_RUNS_PER_MODEL=1, so the batches queue) and the windows BENCH_DEADLINES_WINDOWS (default `1h,24h`, their
 real lengths). Shortened windows (`1h=600,24h=1800`) make "in its window" a test for the 24h batches, but they also
 shrink the deadlines' difference below what the fair queue weighs a key's backlog at (RANK_DEADLINE_S, 600 s a
-batch, defs/run_limits.py): a key's 5th batch, due 1,185 s sooner, then goes after its 2nd and 3rd (measured).
+batch, features/fairness.py): a key's 5th batch, due 1,185 s sooner, then goes after its 2nd and 3rd (measured).
 First a warm-up batch, so the model has a measured rate; then BENCH_DEADLINES_QUEUE 24h batches (default 4) of
 BENCH_DEADLINES_REQUESTS requests each (default 30; bench/workload.py's mixed workload, a different seed each) are
 submitted at once, and once the first of them runs, a 1h batch of the same size. Every batch is retrieved every

@@ -82,7 +82,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = Settings.from_env()
     policy = os.environ.get("BENCH_FLEET_POLICY") or settings.fleet_policy
-    vllm = resources_from_env()["vllm"].process_config_and_initialize()  # its variables read, as a run reads them
+    # Its variables read, as a run reads them.
+    vllm = resources_from_env(settings)["vllm"].process_config_and_initialize()
     spec = vllm.spec(model)
     with work_dir("fleet") as work:
         report: dict[str, Any] = {"meta": {

@@ -433,6 +433,7 @@ def git_state() -> str | None:
 def main() -> None:
     from batch_dagster.defs.resources.from_env import resources_from_env
     from batch_dagster.engine.hardware import dtype_choice
+    from batch_dagster.settings import Settings
 
     model = workload_model()
     try:
@@ -450,7 +451,8 @@ def main() -> None:
     keep = os.environ.get("BENCH_KEEP_WORK") == "1"
 
     work = Path(tempfile.mkdtemp(prefix="batch-dagster-bench-"))
-    vllm = resources_from_env()["vllm"].process_config_and_initialize()  # its variables read, as a run reads them
+    # Its variables read, as a run reads them.
+    vllm = resources_from_env(Settings.from_env())["vllm"].process_config_and_initialize()
     spec, stage_env = vllm.spec(model), {}
     if os.environ.get("BENCH_DTYPE"):
         spec = replace(spec, dtype=os.environ["BENCH_DTYPE"])

@@ -25,7 +25,8 @@ from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import VLLMResource
 from batch_dagster.defs.resources.from_env import resources_from_env
-from batch_dagster.defs.sensors import api_batch_sensor, api_batch_status_sensor, history_retention_sensor
+from batch_dagster.defs.retention import history_retention_sensor
+from batch_dagster.defs.sensors import api_batch_sensor, api_batch_status_sensor
 from batch_dagster.settings import Settings
 from tests.helpers import FakeEngine, FakeVLLM
 

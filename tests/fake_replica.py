@@ -1,7 +1,7 @@
 """A stand-in for a vLLM OpenAI server, for tests of the fleets' mechanics (ports, routers, sleep and wake) without
 an engine: `python -m tests.fake_replica PORT [MODEL]` answers /health, /v1/models, /version and /metrics, and a
-POST to /v1/* with which model and port answered. FAKE_REPLICA_FAIL=1 makes it exit at once, as a server that
-cannot start does."""
+POST to /v1/* with which model and port answered and the body it got (`got`). FAKE_REPLICA_FAIL=1 makes it exit at
+once, as a server that cannot start does."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def main() -> None:
             self._send(json.dumps({"version": "fake"} if self.path == "/version" else {}).encode())
 
         def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("content-length") or 0))
-            self._send(json.dumps({"model": model, "port": port}).encode())
+            body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"null")
+            self._send(json.dumps({"model": model, "port": port, "got": body}).encode())
 
         def log_message(self, *args) -> None:
             pass

@@ -606,7 +606,8 @@ class Worker(threading.Thread):
     def follow(self) -> None:
         """A tick of the status sensor alone: the daemon ticks it while runs go on, which this worker's runs,
         executed in its own thread, otherwise hold up until they end."""
-        from batch_dagster.defs.sensors import api_batch_status_sensor, queue_eta_sensor
+        from batch_dagster.defs.eta import queue_eta_sensor
+        from batch_dagster.defs.sensors import api_batch_status_sensor
 
         api_batch_status_sensor(dg.build_sensor_context(instance=self.instance, resources=self.sensor_resources))
         queue_eta_sensor(dg.build_sensor_context(instance=self.instance, resources=self.sensor_resources))
@@ -842,7 +843,8 @@ class Daemon:
 
     def follow(self) -> None:
         """The API's status sensor: brings the stored batches up to date with their runs."""
-        from batch_dagster.defs.sensors import api_batch_status_sensor, queue_eta_sensor
+        from batch_dagster.defs.eta import queue_eta_sensor
+        from batch_dagster.defs.sensors import api_batch_status_sensor
 
         api_batch_status_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))
         queue_eta_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))
@@ -1139,7 +1141,7 @@ def check_retention_queries(database) -> None:
     from batch_dagster.batchfile.folder import BatchFolder
     from batch_dagster.batchfile.storage import Storage
     from batch_dagster.db import BatchRecord, FileRecord, repo
-    from batch_dagster.db.retention import ended_before, first_created_at, served_keys
+    from batch_dagster.features.retention import ended_before, first_created_at, served_keys
 
     # (id, status, created_at, its timestamps): a later completed_at does not count for a failed batch.
     rows = [("batch_r1", "completed", 10, {"completed_at": 100}),

@@ -52,6 +52,8 @@ def inputs_digest() -> str:
         "dependencies": project["project"].get("dependencies", []),
         "optional-dependencies": project["project"].get("optional-dependencies", {}),
         "dependency-groups": project.get("dependency-groups", {}),
+        # uv's overrides ([tool.uv] override-dependencies), which `uv pip compile` reads from pyproject.toml too.
+        "overrides": project.get("tool", {}).get("uv", {}).get("override-dependencies", []),
         "models.in": MODELS_IN.read_text(encoding="utf-8"),
         "compile": [PLATFORM, COMPILE],
     }

@@ -1,4 +1,5 @@
-"""The FastAPI app: OpenAI-compatible /v1/files and /v1/batches over the store and the pipeline's storage."""
+"""The FastAPI app: OpenAI-compatible /v1/files and /v1/batches over the store and the pipeline's storage, and the
+interactive endpoints forwarded to the models' warm fleets."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from fastapi import FastAPI
 from batch_dagster.db import keys, repo
 from batch_dagster.settings import Settings, split_key
 
-from . import batches, errors, files, metrics, webhooks
+from . import batches, errors, files, interactive, metrics, webhook_endpoints
 from . import keys as key_routes
 from .context import AppContext
 from .guard import RequestGuard
@@ -18,10 +19,9 @@ from .guard import RequestGuard
 log = logging.getLogger("batch_dagster.api")
 
 
-def create_app(config: Settings | None = None) -> FastAPI:
+def create_app(config: Settings) -> FastAPI:
     """Build the app; the store's schema is upgraded to head and BATCH_API_KEYS' new keys seeded into it here, before
     the first request (KeyProblem when an entry names a key made with `batch-dagster keys`)."""
-    config = config or Settings.from_env()
     context = AppContext.build(config)
     context.db.upgrade()
     with context.db.session() as session:
@@ -37,6 +37,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
+        await interactive.close(_app)
         context.close()
 
     app = FastAPI(
@@ -49,7 +50,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.include_router(files.router, prefix="/v1")
     app.include_router(batches.router, prefix="/v1")
-    app.include_router(webhooks.router, prefix="/v1")
+    app.include_router(webhook_endpoints.router, prefix="/v1")
     app.include_router(key_routes.router, prefix="/v1")
 
     @app.get("/health", include_in_schema=False)
@@ -57,6 +58,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     metrics.install(app, context)
+    interactive.install(app, context)  # its metrics in the registry metrics.install made
     app.add_middleware(RequestGuard, context=context)
     app.openapi = _documented(app, config)  # type: ignore[method-assign]
     return app

@@ -14,14 +14,12 @@ from starlette.datastructures import QueryParams
 
 from batch_dagster.batchfile.contract import COUNT_TIMEOUT, ENDPOINTS
 from batch_dagster.batchfile.folder import BatchFolder
-from batch_dagster.batchfile.options import BatchOptions
+from batch_dagster.batchfile.options import MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE, BatchRequest
 from batch_dagster.batchfile.results import committed_output
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
 from batch_dagster.batchfile.storage import Storage
-from batch_dagster.batchfile.windows import Window
-from batch_dagster.db import BatchRecord, FileRecord, repo
-from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S
-from batch_dagster.db.batches import create_batch as store_create_batch
+from batch_dagster.batchfile.windows import NO_WINDOW, Window
+from batch_dagster.db import BatchRecord, FileRecord, batches, repo
 from batch_dagster.db.keys import limits_of
 from batch_dagster.engine.models import Models
 from batch_dagster.engine.tokens import CountFailed, CountTimeout
@@ -35,9 +33,6 @@ from .context import AppContext
 from .deps import Context, DbSession, Owner
 from .errors import ERROR_RESPONSES, ApiError, clip, invalid, not_found
 from .schemas import (
-    MAX_METADATA_KEY,
-    MAX_METADATA_PAIRS,
-    MAX_METADATA_VALUE,
     MAX_UNIX_S,
     Batch,
     BatchError,
@@ -57,19 +52,22 @@ log = logging.getLogger("batch_dagster.api")
 
 
 def batch_object(row: BatchRecord) -> Batch:
+    """The Batch object: what its creator asked (its BatchRequest), and how far it is."""
     stored = row.errors if isinstance(row.errors, list) else []
     errors = BatchErrors(data=[_shown_error(e) for e in stored if isinstance(e, dict)]) if stored else None
     return Batch(
-        id=row.id, endpoint=row.endpoint, errors=errors, input_file_id=row.input_file_id,
-        completion_window=row.completion_window, status=row.status, output_file_id=row.output_file_id,
-        error_file_id=row.error_file_id, created_at=row.created_at, in_progress_at=row.in_progress_at,
-        expires_at=row.expires_at, finalizing_at=row.finalizing_at, completed_at=row.completed_at,
-        failed_at=row.failed_at, expired_at=row.expired_at, cancelling_at=row.cancelling_at,
-        cancelled_at=row.cancelled_at,
-        request_counts=BatchRequestCounts(**row.counts().to_dict()),
-        metadata=_shown_metadata(row.meta), model=row.model, usage=_shown_usage(row.usage),
-        **row.options.model_dump(), **_queue_place(row),
+        id=row.id, status=row.status, **_asked(row.request), **row.times(), errors=errors,
+        output_file_id=row.output_file_id, error_file_id=row.error_file_id,
+        request_counts=BatchRequestCounts(**row.counts().to_dict()), usage=_shown_usage(row.usage),
+        **_queue_place(row),
     )
+
+
+def _asked(request: BatchRequest) -> dict[str, Any]:
+    """A BatchRequest's fields of the Batch object."""
+    return {"endpoint": request.endpoint, "input_file_id": request.input_file_id, "model": request.model,
+            "completion_window": request.completion_window or NO_WINDOW,
+            "metadata": _shown_metadata(request.metadata), **request.options.model_dump()}
 
 
 def _queue_place(row: BatchRecord) -> dict[str, Any]:
@@ -151,14 +149,9 @@ def create_batch(body: CreateBatchRequest, ctx: Context, session: DbSession, own
     refuse_early(limits, session, owner, batches=1, nbytes=source.bytes)  # its folder keeps a copy of the input
     batch_id, window = repo.new_batch_id(), ctx.config.windows.window(body.completion_window)
     try:
-        row = store_create_batch(
-            session, ctx.storage, owner=owner, endpoint=body.endpoint, input_file=source,
-            input_from=source, window=window, metadata=body.metadata, batch_id=batch_id,
-            options=BatchOptions.of(body), commit=False,
-            output_expires_after=(body.output_expires_after.seconds if body.output_expires_after
-                                  else OUTPUT_EXPIRES_AFTER_S),
-            admit=batch_admission(limits),  # counted again, with the owner locked, once the input is copied
-        )
+        # Counted again by `admit`, with the owner locked, once the input is copied.
+        row = batches.create_batch(session, ctx.storage, body.asked(owner, window), source, batch_id=batch_id,
+                                   admit=batch_admission(limits))
         # The model is the file's first request's, which creating the batch read.
         if refusal := unreachable_deadline(session, row.model, source.bytes, window):
             raise invalid(refusal, param="completion_window", code="deadline_unreachable")

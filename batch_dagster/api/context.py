@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.db import Database
-from batch_dagster.egress import Allow
+from batch_dagster.features.egress import Allow
 from batch_dagster.features.estimate import Counted
 from batch_dagster.settings import Settings
 

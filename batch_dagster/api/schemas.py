@@ -8,12 +8,18 @@ from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 from pydantic import AfterValidator, BaseModel, Field, model_serializer
 
 from batch_dagster.batchfile.contract import ENDPOINTS, STRUCTURED_COUNTS
-from batch_dagster.batchfile.options import BatchOptions
+from batch_dagster.batchfile.options import (
+    MAX_METADATA_KEY,
+    MAX_METADATA_PAIRS,
+    MAX_METADATA_VALUE,
+    BatchOptions,
+    BatchRequest,
+)
 from batch_dagster.batchfile.status import BatchStatus
+from batch_dagster.batchfile.windows import Window
 from batch_dagster.db.models import DEADLINE_AT_RISK, EVENT_TYPES
 
 T = TypeVar("T")
-MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 MAX_UNIX_S = 2**31 - 1  # a timestamp the store's integer columns hold (PostgreSQL's integer: 2038)
 
 
@@ -170,6 +176,13 @@ class CreateBatchRequest(BatchOptions):  # OpenAI's fields, and the options (ext
     completion_window: Text
     metadata: Metadata | None = None
     output_expires_after: ExpiresAfter | None = None
+
+    def asked(self, owner: str, window: Window) -> BatchRequest:
+        """The batch request this body makes, for `owner`, in `window` (the operator's length of the one it names)."""
+        return BatchRequest(owner=owner, input_file_id=self.input_file_id, endpoint=self.endpoint, window=window,
+                            metadata=self.metadata, options=BatchOptions.of(self),
+                            output_expires_after=self.output_expires_after.seconds if self.output_expires_after
+                            else None)
 
 
 class RetryRequest(BaseModel):

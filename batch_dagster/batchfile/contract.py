@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import orjson
@@ -105,6 +105,11 @@ class Limits:
     max_bytes: int = 200 * 1024 * 1024
     max_line_bytes: int = 6 * 1024 * 1024
 
+    @classmethod
+    def of(cls, source: Any) -> Limits:
+        """The limits an object holds as fields of the same names (the settings, the pipeline's resource)."""
+        return cls(**{f.name: getattr(source, f.name) for f in fields(cls)})
+
 
 @dataclass(frozen=True)
 class BatchError:
@@ -187,6 +192,27 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex}"
 
 
+# Characters that line splitters wider than "\n" break at, as their UTF-8 bytes and their JSON escapes. Python's
+# str.splitlines() breaks at U+2028, U+2029 and U+0085 (which orjson writes raw) and at \x0b, \x0c, \x1c-\x1e (which
+# JSON escapes already). In JSON text they can only stand inside strings, and their bytes can only be these characters
+# (0xC2 and 0xE2 only ever start a character in UTF-8), so escaping them keeps the same JSON value.
+_LINE_BREAKS = ((b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"), (b"\xc2\x85", b"\\u0085"))
+
+
+def one_line(json_text: bytes) -> bytes:
+    """JSON text (UTF-8) with the characters any common line splitter breaks at escaped as \\uXXXX: the same value,
+    read as one line by `str.splitlines()` as by a reader that splits at "\\n"."""
+    for raw, escaped in _LINE_BREAKS:
+        if raw in json_text:
+            json_text = json_text.replace(raw, escaped)
+    return json_text
+
+
+def jsonl_line(obj: Any) -> bytes:
+    """`obj` as one line of a JSONL file the service writes, newline included (see `one_line`)."""
+    return one_line(orjson.dumps(obj)) + b"\n"
+
+
 def success_line(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
     """An output-file line for a request that ran: status 200 and the endpoint's response object."""
     return {
@@ -197,7 +223,7 @@ def success_line(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# An output line's extension key: its answer was taken from the answer store (batchfile/reuse.py), not computed
+# An output line's extension key: its answer was taken from the answer store (features/reuse.py), not computed
 # again, and it is billed at zero.
 REUSED = "reused"
 

@@ -11,7 +11,7 @@ import msgspec
 
 from . import contract as c
 from . import generated
-from .fields import FIELDS, PARTS, Field
+from .fields import FIELDS, HONORED, NO_EFFECT, PARTS, REFUSED, Field
 from .schema import PROMPT, SCHEMAS
 
 BEGIN, END = "<!-- BEGIN GENERATED: fields -->", "<!-- END GENERATED: fields -->"
@@ -63,31 +63,41 @@ def _field_types(url: str) -> dict[str, str]:
     return {f.name: type_text(f.type) for f in info.fields}
 
 
+_KINDS = (HONORED, NO_EFFECT, REFUSED)
+
+
 def _row(name: str, field: Field, kind: str) -> str:
-    if not field.honored:
+    if field.kind == REFUSED:
         return f"| `{name}` | refused | | {field.note} |"
     when = f"; refused {field.when}" if field.when else ""
-    return f"| `{name}` | honored | {kind} | {field.note}{when} |"
+    return f"| `{name}` | {field.kind} | {kind} | {field.note}{when} |"
+
+
+def heading(url: str) -> str:
+    """An endpoint's table heading, with how many fields of each kind it has."""
+    table = FIELDS[url]
+    n = {k: sum(f.kind == k for f in table.values()) for k in _KINDS}
+    return (f"#### {_NAMES[url]} (`{url}`): {n[HONORED]} honored, {n[NO_EFFECT]} accepted with no effect here, "
+            f"{n[REFUSED]} refused")
 
 
 def markdown() -> str:
-    """One table per endpoint (honored fields first), and the content parts'."""
+    """One table per endpoint (honored fields first, then the accepted no-ops, then the refused), and the content
+    parts'."""
     out: list[str] = []
     for url, table in FIELDS.items():
         types = _field_types(url)
-        honored = sorted(name for name, f in table.items() if f.honored)
-        refused = sorted(name for name, f in table.items() if not f.honored)
-        out += [f"#### {_NAMES[url]} (`{url}`): {len(honored)} honored, {len(refused)} refused", "",
-                "| field | | type and range | what it does, or why it is refused |", "|---|---|---|---|"]
-        for name in (*honored, *refused):
-            kind = "see the text" if name == PROMPT[url] else types.get(name, "")
-            out.append(_row(name, table[name], kind))
+        out += [heading(url), "", "| field | | type and range | what it does, or why it does nothing or is refused |",
+                "|---|---|---|---|"]
+        for kind in _KINDS:
+            for name in sorted(n for n, f in table.items() if f.kind == kind):
+                out.append(_row(name, table[name], "see the text" if name == PROMPT[url] else types.get(name, "")))
         out.append("")
     out += ["#### Content parts (chat `messages[].content`, responses `input[].content`)", "",
             "| part `type` | | what it is, or why it is refused |", "|---|---|---|"]
     for kind, part in PARTS.items():
         when = f"; refused {part.when}" if part.when else ""
-        out.append(f"| `{kind}` | {'honored' if part.honored else 'refused'} | {part.note}{when} |")
+        out.append(f"| `{kind}` | {part.kind} | {part.note}{when} |")
     return "\n".join(out).rstrip() + "\n"
 
 

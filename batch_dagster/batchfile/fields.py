@@ -1,8 +1,10 @@
-"""Every request field of every endpoint, and what happens to it: honored, or refused at validation, and why.
+"""Every request field of every endpoint, and what happens to it: honored, accepted with no effect here, or refused
+at validation, and why.
 
-The one table that validation refuses bodies by (bodies.check_body) and that docs/formats.md lists (`markdown`).
-It names every field of the official openai SDK's request types and of vLLM's request models (tests/core/
-test_fields.py checks both); a field in neither is refused as unknown, as OpenAI refuses one.
+The one table that validation refuses bodies by (bodies.check_body), that says what reaches vLLM (`for_engine`) and
+that docs/formats.md lists (field_docs.py). It names every field of the official openai SDK's request types and of
+vLLM's request models (tests/pipeline/test_field_matrix.py checks both); a field in neither is refused as unknown, as
+OpenAI refuses one. A field is refused only when it cannot be honored and ignoring it would change the answer.
 """
 
 from __future__ import annotations
@@ -36,31 +38,58 @@ class Serves:
 Refuse = Callable[[Any, dict[str, Any], Serves | None], str | None]
 
 
+# What a field's value becomes in the body vLLM gets; LEFT_OUT leaves the field out.
+ToEngine = Callable[[Any], Any]
+LEFT_OUT = object()
+
+HONORED, NO_EFFECT, REFUSED = "honored", "accepted, no effect here", "refused"
+
+
 @dataclass(frozen=True)
 class Field:
-    """What one body field does: `honored` (reaches the engine with its effect) or refused with `note` as the why.
+    """What one body field does, its `kind`: HONORED (it reaches the engine with its effect), NO_EFFECT (accepted, and
+    it changes nothing for the models here: `note` says why) or REFUSED (`note` is the why).
 
-    An honored field may still be refused for some values or models (`refuse`), as `when` says in words.
+    An accepted field may still be refused for some values or models (`refuse`), as `when` says in words. It reaches
+    vLLM as given, or as `to_engine` makes it: a no-op vLLM would refuse is left out before the engine.
     """
 
-    honored: bool
+    kind: str
     note: str
     refuse: Refuse | None = None
     when: str = ""
+    to_engine: ToEngine | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.kind != REFUSED
+
+    @property
+    def left_out(self) -> bool:
+        return self.to_engine is _left_out
 
 
-def honored(note: str, refuse: Refuse | None = None, when: str = "") -> Field:
-    return Field(True, note, refuse, when)
+def _left_out(value: Any) -> Any:
+    return LEFT_OUT
+
+
+def honored(note: str, refuse: Refuse | None = None, when: str = "", to_engine: ToEngine | None = None) -> Field:
+    return Field(HONORED, note, refuse, when, to_engine)
+
+
+def no_effect(why: str, refuse: Refuse | None = None, when: str = "", *, left_out: bool = False) -> Field:
+    """Accepted, and a no-op for the models here; `left_out`: taken out of the body before the engine (vLLM would
+    refuse it, or could act on it were it configured to)."""
+    return Field(NO_EFFECT, why, refuse, when, _left_out if left_out else None)
 
 
 def refused(why: str) -> Field:
-    return Field(False, why)
+    return Field(REFUSED, why)
 
 
 # -- the conditions -----------------------------------------------------------------------------------------------
 
 NO_TOOL_PARSER = "the registry names no tool_call_parser for this model, so it cannot call tools"
-NO_REASONING = "the registry names no reasoning_parser for this model: it is not a reasoning model"
 
 
 def _true(why: str) -> Refuse:
@@ -82,18 +111,18 @@ def _tool_choice(value: Any, body: dict[str, Any], serves: Serves | None) -> str
     return _tool_calls(value, body, serves) or (serves.forced_tools_refused if forced and serves else None)
 
 
-def _needs_reasoning(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
-    return NO_REASONING if serves is not None and not serves.reasoning else None
-
-
 def _text_only(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
     if isinstance(value, list) and all(m == "text" for m in value):
         return None
     return "only text is generated here (no audio output)"
 
 
-def _auto_tier(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
-    return None if value in ("auto", "default") else "a batch runs in the batch tier; only 'auto' and 'default' name it"
+def _best_of(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
+    """best_of picks the best `n` of `best_of` sequences: a no-op only when it asks for no more than `n`."""
+    n = body.get("n") or 1
+    if not isinstance(value, int) or value <= n:
+        return None
+    return "vLLM's engine no longer implements best_of: use `n` and pick"
 
 
 def _images(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
@@ -114,32 +143,47 @@ def _own_template(value: Any, body: dict[str, Any], serves: Serves | None) -> st
             "renders (the keys vLLM's own filter of template kwargs refuses)") if named else None
 
 
-def _logprobs_only(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
-    if isinstance(value, list) and all(v == "message.output_text.logprobs" for v in value):
-        return None
-    return "only 'message.output_text.logprobs' can be included (no stored reasoning, no built-in tools)"
+# What vLLM's Responses protocol takes in `include` (the openai SDK's values less the web search tool's).
+VLLM_INCLUDES = frozenset({"code_interpreter_call.outputs", "computer_call_output.output.image_url",
+                           "file_search_call.results", "message.input_image.image_url",
+                           "message.output_text.logprobs", "reasoning.encrypted_content"})
+
+
+def _includes_vllm_takes(value: Any) -> Any:
+    kept = [v for v in value if v in VLLM_INCLUDES]
+    return kept if kept else LEFT_OUT
 
 
 # -- the fields ---------------------------------------------------------------------------------------------------
 
 STREAMS = "a batch line holds one answer; it never streams"
-STORED = "a batch line is not stored: nothing can refer to it later"
-NOT_STORED_CHAT = ("chat completions keep metadata only when stored, and a batch line is not stored "
-                   "(tag it by custom_id)")
-ID_BY_BATCH = "each line's ids are the batch's (its custom_id is yours)"
-PRIORITY = ("the engine serves a shard first come, first served (prefix order); order batches with the batch's "
-            "priority")
-NO_TRANSFER = "no disaggregated prefill or encoder cache is configured"
-NO_PLUGINS = "no custom logits processor is loaded"
+# Accepted, no effect here: why each changes nothing. "vLLM takes it" (or ignores it, as it does any field it does not
+# know): it reaches vLLM; "left out": it is taken out of the body before the engine.
+STORED = ("nothing is stored: a batch line's answer is in the output file (vLLM stores no response either unless "
+          "told to, and takes it so)")
+METADATA_CHAT = ("OpenAI keeps a chat completion's metadata only for stored completions, and none is stored here; "
+                 "vLLM ignores it (tag lines by custom_id)")
+TIER = ("a batch runs in the batch tier, whatever tier the line names; left out, so the answer's `service_tier` is "
+        "vLLM's own")
+ID_BY_BATCH = ("vLLM makes the answer's id from it unless an X-Request-Id header names another, which a fleet's router "
+               "may send, so the same line could get other ids on the two engines (the line's custom_id is yours)")
+PRIORITY = ("the engine serves a shard in the order of its shared prefixes; left out (vLLM refuses a priority "
+            "unless it schedules by priority): order batches with the batch's priority")
+NO_TRANSFER = ("no disaggregated prefill or encoder cache is configured; left out, so a request never names where the "
+               "engine fetches from")
+NO_PLUGINS = "no custom logits processor is loaded to read them, so the answer would not be the one asked for"
 NO_MM_KWARGS = "multimodal processing is the operator's (the registry), not a request's"
-NO_SESSION = "a batch line belongs to no session"
-CACHE_KEY = "the prefix cache needs no key: shards group requests by their shared prefixes, and the cache finds them"
-IDENTIFIER = "an identifier for OpenAI's abuse monitoring; none runs here (use `user`, which vLLM takes)"
+RENDER_ONLY = "vLLM reads it on its render endpoints only and ignores it on a generated answer"
+NO_SESSION = "a session groups requests for a router or a KV connector; vLLM takes it, and it changes no answer"
+CACHE_KEY = ("the prefix cache needs no key (shards group requests by their shared prefixes, and the cache finds "
+             "them); vLLM takes it")
+CACHE_OPTIONS = "OpenAI's prompt cache settings; the engine keeps its own prefix cache, and vLLM ignores them"
+IDENTIFIER = "an identifier for OpenAI's abuse monitoring, none of which runs here; vLLM ignores it"
+USER = "an end-user id: vLLM takes it, and it changes no answer (nor at OpenAI)"
 # vllm-project/vllm#51789 (open): a request with logprob_token_ids in the same engine step as one with top logprobs
 # replaces the other's top logprobs with its own ids' (or padding); seen in this repo's parity test, both engines.
 MIXED_LOGPROBS = ("vLLM here returns wrong top logprobs to the other requests of an engine step that holds it "
                   "(vllm-project/vllm#51789): ask for `top_logprobs` (up to 20) instead")
-CACHE_RETENTION = "the engine's prefix cache is kept by the engine, not per request"
 
 SAMPLING = {
     "model": honored("the registry model that answers (one per file)"),
@@ -151,7 +195,7 @@ SAMPLING = {
     "presence_penalty": honored("penalizes tokens already present"),
     "frequency_penalty": honored("penalizes tokens by their count"),
     "logit_bias": honored("token id -> bias added to its logit"),
-    "user": honored("an end-user id; it does not change the answer (nor at OpenAI)"),
+    "user": no_effect(USER),
     "stream": honored("`false` only", _true(STREAMS), "for `true`"),
     "stream_options": refused(STREAMS),
     # vLLM's sampling extras.
@@ -163,35 +207,37 @@ SAMPLING = {
     "stop_token_ids": honored("stop token ids (vLLM)"),
     "include_stop_str_in_output": honored("keep the stop string in the answer (vLLM)"),
     "skip_special_tokens": honored("`false` keeps special tokens in the text (vLLM)"),
-    "spaces_between_special_tokens": refused("vLLM's detokenizer here ignores it (it changes no answer)"),
+    "spaces_between_special_tokens": no_effect("vLLM's detokenizer here ignores it; vLLM takes it"),
     "bad_words": honored("words never generated (vLLM)"),
     "allowed_token_ids": honored("the only tokens generated (vLLM)"),
     "prompt_logprobs": honored("log probabilities of the prompt's tokens (vLLM)"),
     "return_token_ids": honored("the answer's and prompt's token ids in the body (vLLM)"),
     "return_tokens_as_token_ids": honored("logprobs name tokens as `token_id:N` (vLLM)"),
     "logprob_token_ids": refused(MIXED_LOGPROBS),
-    "return_token_offsets": refused("vLLM returns no offsets for a non-streamed answer"),
+    "return_token_offsets": no_effect(RENDER_ONLY),
     "truncate_prompt_tokens": honored("keep only the prompt's last (or first) N tokens (vLLM)"),
     "truncation_side": honored("which side `truncate_prompt_tokens` cuts (vLLM)"),
     "structured_outputs": honored("vLLM's constraints: json, regex, choice, grammar (xgrammar)"),
     "use_beam_search": honored("beam search, `n` beams (vLLM)"),
     "length_penalty": honored("beam search's length penalty (vLLM)"),
     "add_special_tokens": honored("add the tokenizer's special tokens to the prompt (vLLM)"),
-    "priority": refused(PRIORITY),
+    "priority": no_effect(PRIORITY, left_out=True),
     "request_id": refused(ID_BY_BATCH),
     "cache_salt": honored("a part of the prefix cache of its own, within its key's: the engine gets a hash of the "
                           "key's scope and this value (every request is salted by its key's scope anyway)"),
-    "kv_transfer_params": refused(NO_TRANSFER),
-    "ec_transfer_params": refused(NO_TRANSFER),
+    "kv_transfer_params": no_effect(NO_TRANSFER, left_out=True),
+    "ec_transfer_params": no_effect(NO_TRANSFER, left_out=True),
     "vllm_xargs": refused(NO_PLUGINS),
-    "watermarking": refused("no watermarking is configured"),
-    "repetition_detection": refused("not offered in batches (it stops answers early by a heuristic)"),
+    "watermarking": no_effect("`false` only: no watermarking is configured, so there is none to opt out of",
+                              _true("no watermarking is configured"), "for `true`"),
+    "repetition_detection": honored("ends an answer early once an N-gram repeats `min_count` times (vLLM)"),
     "thinking_token_budget": refused("it needs vLLM's --reasoning-config, which the registry does not set"),
-    "session_id": refused(NO_SESSION),
-    "stream_interval": refused(STREAMS),
-    "mm_payload": refused(NO_MM_KWARGS),
-    "return_mm_kwargs": refused(NO_MM_KWARGS),
-    "routed_experts_prompt_start": refused("a mixture-of-experts debugging switch"),
+    "session_id": no_effect(NO_SESSION),
+    "stream_interval": no_effect("the chunk size of a stream, and a batch line never streams; vLLM takes it"),
+    "mm_payload": no_effect(RENDER_ONLY),
+    "return_mm_kwargs": no_effect(RENDER_ONLY),
+    "routed_experts_prompt_start": no_effect("it trims routed-expert data, which the engine here does not return; "
+                                             "vLLM takes it"),
 }
 
 _CHAT_ONLY = {
@@ -207,10 +253,11 @@ _CHAT_ONLY = {
                            "for anything but `none` on a model without a tool-call parser, and for `required` or a "
                            "named function where the parser cannot make the call follow the tool's parameters"),
     "parallel_tool_calls": honored("`false`: at most one tool call"),
-    "reasoning_effort": honored("passed to the chat template", _needs_reasoning, "on a model without a reasoning "
-                                                                                 "parser"),
-    "include_reasoning": honored("`false` leaves the reasoning out of the answer (vLLM)", _needs_reasoning,
-                                 "on a model without a reasoning parser"),
+    # OpenAI refuses these on a model that does not reason; vLLM takes them on any model, and its answer is returned.
+    "reasoning_effort": honored("passed to the chat template (`none` turns thinking off); a template that reads "
+                                "neither, as a model without a reasoning parser's usually, is unchanged by it (vLLM)"),
+    "include_reasoning": honored("`false` leaves the reasoning out of the answer; a model without a reasoning parser "
+                                 "has none to leave out (vLLM)"),
     "enable_thinking": honored("a switch of the chat template (Qwen3), as `chat_template_kwargs.enable_thinking`"),
     "chat_template_kwargs": honored("variables for the model's chat template (vLLM)", _own_template,
                                     "with a `chat_template` or `tokenize` key (a template of the client's own)"),
@@ -219,24 +266,26 @@ _CHAT_ONLY = {
     "echo": honored("the last assistant message's text before the answer (vLLM)"),
     "documents": honored("documents for chat templates that read them (retrieval templates; vLLM)"),
     "return_prompt_text": honored("the prompt's text, as the template made it, in the body (vLLM)"),
-    "modalities": honored("`[\"text\"]` only", _text_only, "for anything else"),
-    "store": honored("`false` only", _true(STORED), "for `true`"),
-    "metadata": refused(NOT_STORED_CHAT),
-    "service_tier": honored("`auto` or `default`", _auto_tier, "for any other tier"),
+    "modalities": no_effect("`[\"text\"]` only: text is what is generated; vLLM ignores it", _text_only,
+                            "for anything else"),
+    "store": no_effect(STORED),
+    "metadata": no_effect(METADATA_CHAT),
+    "service_tier": no_effect(TIER, left_out=True),
     "chat_template": refused("a request may not replace the model's chat template (vLLM refuses it too)"),
     "mm_processor_kwargs": refused(NO_MM_KWARGS),
     "media_io_kwargs": refused(NO_MM_KWARGS),
     "audio": refused("no audio output: the registry's models answer in text"),
-    "prediction": refused("predicted outputs are not implemented by vLLM"),
-    "verbosity": refused("a setting of OpenAI's own models; vLLM has none"),
+    "prediction": no_effect("a predicted output only makes OpenAI's answer faster, never different; vLLM ignores it"),
+    "verbosity": no_effect("a setting of OpenAI's GPT-5 models; the models here have no such control, and vLLM "
+                           "ignores it"),
     "web_search_options": refused("no web search runs here"),
     "functions": refused("deprecated by OpenAI: use `tools`"),
     "function_call": refused("deprecated by OpenAI: use `tool_choice`"),
     "moderation": refused("no moderation runs here"),
-    "prompt_cache_key": refused(CACHE_KEY),
-    "prompt_cache_options": refused(CACHE_RETENTION),
-    "prompt_cache_retention": refused(CACHE_RETENTION),
-    "safety_identifier": refused(IDENTIFIER),
+    "prompt_cache_key": no_effect(CACHE_KEY),
+    "prompt_cache_options": no_effect(CACHE_OPTIONS),
+    "prompt_cache_retention": no_effect(CACHE_OPTIONS),
+    "safety_identifier": no_effect(IDENTIFIER),
 }
 
 _COMPLETIONS_ONLY = {
@@ -245,7 +294,8 @@ _COMPLETIONS_ONLY = {
     "logprobs": honored("log probabilities of the answer's tokens, with the N most likely (0 to 5)"),
     "echo": honored("the prompt before the answer"),
     "response_format": honored("`json_object` or `json_schema` (vLLM), enforced by xgrammar"),
-    "best_of": refused("vLLM's engine no longer implements best_of: use `n` and pick"),
+    "best_of": no_effect("up to `n` only: the best `n` of `n` are all of them; vLLM ignores it", _best_of,
+                         "above `n`"),
     "suffix": refused("no fill-in-the-middle model is served (vLLM refuses it)"),
     "prompt_embeds": refused("prompt embeddings need vLLM's --enable-prompt-embeds, which the registry does not set"),
 }
@@ -267,7 +317,8 @@ _EMBEDDINGS = {
     "chat_template_kwargs": refused("the embedding models here have no chat template"),
     "add_generation_prompt": refused("the embedding models here have no chat template"),
     "continue_final_message": refused("the embedding models here have no chat template"),
-    "padding": refused("vLLM's switch for late-interaction models; none is served"),
+    "padding": honored("`max_length` pads the prompt to the model's length, as models trained without an attention "
+                       "mask need (vLLM)"),
     "priority": SAMPLING["priority"],
     "request_id": SAMPLING["request_id"],
     "cache_salt": SAMPLING["cache_salt"],
@@ -284,7 +335,11 @@ _RESPONSES = {
     "temperature": SAMPLING["temperature"],
     "top_p": SAMPLING["top_p"],
     "top_logprobs": honored("the most likely tokens at each position (with `include`)"),
-    "include": honored("`message.output_text.logprobs`", _logprobs_only, "for anything else"),
+    "include": honored("`message.output_text.logprobs`: the answer's logprobs (with `top_logprobs`); "
+                       "`reasoning.encrypted_content` as vLLM returns it (nothing from a model without a reasoning "
+                       "parser); the other values name outputs of built-in tools or input images, which no answer "
+                       "here has (the web search's are left out before the engine: vLLM does not take them)",
+                       to_engine=_includes_vllm_takes),
     "metadata": honored("echoed in the `response` object"),
     "user": SAMPLING["user"],
     "text": honored("`format`: `text`, `json_object` or `json_schema` (strict), enforced by xgrammar"),
@@ -293,8 +348,7 @@ _RESPONSES = {
     "tool_choice": _CHAT_ONLY["tool_choice"],
     "parallel_tool_calls": _CHAT_ONLY["parallel_tool_calls"],
     "truncation": honored("`auto` cuts a prompt too long for the context from the start instead of failing"),
-    "reasoning": honored("the reasoning `effort`, passed to the chat template", _needs_reasoning,
-                         "on a model without a reasoning parser"),
+    "reasoning": honored("the reasoning `effort`, passed to the chat template as chat's `reasoning_effort` is (vLLM)"),
     "include_reasoning": _CHAT_ONLY["include_reasoning"],
     "service_tier": _CHAT_ONLY["service_tier"],
     "store": _CHAT_ONLY["store"],
@@ -302,13 +356,16 @@ _RESPONSES = {
     "stream_options": SAMPLING["stream_options"],
     "previous_response_id": refused("a batch request cannot continue a stored response: give the whole input"),
     "conversation": refused("a batch request cannot continue a stored conversation: give the whole input"),
-    "background": refused("batch requests already run in the background"),
-    "background_options": refused("batch requests already run in the background"),
+    "background": no_effect("a batch line already runs in the background, and its answer is the finished response; "
+                            "left out (vLLM would answer with a queued one)", left_out=True),
+    "background_options": no_effect("a batch line already runs in the background, in the batch's window; vLLM "
+                                    "ignores it"),
     "prompt": refused("stored prompt templates are OpenAI's (vLLM refuses them)"),
-    "max_tool_calls": refused("it bounds built-in tools, and none runs here"),
-    "context_management": refused("no server-side context is kept for a batch line"),
-    "access_programs": refused("an OpenAI account setting"),
-    "image": refused("no image generation here"),
+    "max_tool_calls": no_effect("it bounds calls of built-in tools, and none runs here; vLLM echoes it"),
+    "context_management": refused("OpenAI compacts the context past a threshold, which nothing does here"),
+    "access_programs": no_effect("an OpenAI account's access programs; the models here have none, and vLLM ignores "
+                                 "it"),
+    "image": refused("OpenAI's request-level image options (context compression), which nothing applies here"),
     "moderation": _CHAT_ONLY["moderation"],
     "prompt_cache_key": _CHAT_ONLY["prompt_cache_key"],
     "prompt_cache_options": _CHAT_ONLY["prompt_cache_options"],
@@ -336,7 +393,8 @@ _SCORING = {
     "truncation_side": SAMPLING["truncation_side"],
     "max_tokens_per_query": honored("cut each query to N tokens (vLLM; 0: not cut)"),
     "max_tokens_per_doc": honored("cut each document to N tokens (vLLM; 0: not cut)"),
-    "use_activation": refused("an embedding model's score is a cosine similarity, with no activation to switch"),
+    "use_activation": no_effect("the score of the registry's scoring models (embedding models) is a cosine "
+                                "similarity, which the activation does not change; vLLM takes it"),
     "instruction": refused(NO_SCORE_TEMPLATE),
     "chat_template_kwargs": refused(NO_SCORE_TEMPLATE),
     "padding": _EMBEDDINGS["padding"],
@@ -392,7 +450,7 @@ SERVED_PARTS = frozenset(PARTS)
 def part_refusal(kind: str, serves: Serves | None) -> str | None:
     """Why a content part of type `kind` is refused for a model that `serves`, or None."""
     part = PARTS[kind]
-    if not part.honored:
+    if not part.accepted:
         return part.note
     return part.refuse(kind, {}, serves) if part.refuse is not None else None
 
@@ -403,12 +461,33 @@ def refusal(url: str, name: str, body: dict[str, Any], serves: Serves | None) ->
     value = body[name]
     if field is None:
         return UNKNOWN.format(url=url)
-    if not field.honored:
+    if not field.accepted:
         return field.note
     return field.refuse(value, body, serves) if field.refuse is not None else None
 
 
-def counts() -> dict[str, tuple[int, int]]:
-    """(honored, refused) fields per endpoint."""
-    return {url: (sum(f.honored for f in table.values()), sum(not f.honored for f in table.values()))
+# The fields some value of which reaches vLLM otherwise than given, per endpoint.
+_CHANGED = {url: {name: f.to_engine for name, f in table.items() if f.to_engine is not None}
+            for url, table in FIELDS.items()}
+
+
+def for_engine(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """`body` (valid) as vLLM gets it: the accepted no-ops it would refuse left out, and `include` cut to what it takes.
+    The answer is vLLM's either way."""
+    changed = _CHANGED[url]
+    if not changed.keys() & body.keys():
+        return body
+    out = {}
+    for name, value in body.items():
+        if value is not None and name in changed:
+            value = changed[name](value)
+            if value is LEFT_OUT:
+                continue
+        out[name] = value
+    return out
+
+
+def counts() -> dict[str, dict[str, int]]:
+    """How many fields of each kind per endpoint."""
+    return {url: {kind: sum(f.kind == kind for f in table.values()) for kind in (HONORED, NO_EFFECT, REFUSED)}
             for url, table in FIELDS.items()}

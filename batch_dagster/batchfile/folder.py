@@ -4,7 +4,7 @@ The folder is the contract between the Dagster run, the API and the sensors. The
 way through it, in the order of the listing below; each internal JSON document is a typed object.
 
     batches/<batch_id>/
-      batch.json          Declared: the endpoint and the completion window the batch was created with
+      batch.json          BatchRequest: what the batch's creator asked (batchfile/options.py)
       source.json         Source: where a dropped file is fetched from, and its File's key
       table.json          TableDrop: a dropped table's name, what its sidecar asks, its rows refused before a request
       table.parquet       a dropped table's key columns, one row per row of the table
@@ -21,7 +21,7 @@ way through it, in the order of the listing below; each internal JSON document i
       summary.json        Summary: usage, cost and how the batch ran (written last)
       delivery/summary.json   what a dropped file's results carry beside them
     files/<file_id>.jsonl  uploaded, dropped and retry input files (beside the batch folders)
-    answers/               answers kept for reuse (batchfile/reuse.py)
+    answers/               answers kept for reuse (features/reuse.py)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, ClassVar, TypeVar
 import orjson
 
 from .contract import BatchError, RequestCounts
-from .options import BatchOptions
+from .options import BatchRequest
 from .status import BatchStatus
 from .storage import Storage
 from .usage import Cost, Usage
@@ -115,21 +115,6 @@ class Document:
             elif isinstance(values.get(name), dict):
                 values[name] = read(values[name])
         return cls(**values)
-
-
-@dataclass
-class Declared(Document):
-    """What the batch was created with: every request's url must match `endpoint`; `completion_window` prices it
-    (None: a batch with no window, from the command line, or from before windows were recorded). `options` and
-    `owner`: those of a batch that has no row in the metadata store (a table batch's; its owner is its namespace,
-    batchfile/scope.py); an API batch's are on its row, and only there."""
-
-    TYPED = {"options": BatchOptions.from_stored}
-
-    endpoint: str
-    completion_window: str | None = None
-    options: BatchOptions | None = None
-    owner: str | None = None
 
 
 @dataclass
@@ -339,7 +324,7 @@ class BatchFolder:
         data = self.storage.read_bytes(self.key(name))
         return None if data is None else kind.from_dict(orjson.loads(data))
 
-    def _write(self, name: str, doc: Document) -> None:
+    def _write(self, name: str, doc: Document | BatchRequest) -> None:
         self.storage.write_bytes(self.key(name), orjson.dumps(doc.to_dict(), option=orjson.OPT_INDENT_2))
 
     def modified_at(self, name: str) -> int | None:
@@ -362,22 +347,24 @@ class BatchFolder:
     def has_input(self) -> bool:
         return self.storage.exists(self.key(INPUT))
 
-    def declared(self) -> Declared | None:
-        return self._read("batch.json", Declared)
+    def batch_request(self) -> BatchRequest | None:
+        """What the batch's creator asked (None: a folder with no batch.json, as a command-line batch's without a
+        store)."""
+        data = self.storage.read_bytes(self.key("batch.json"))
+        return None if data is None else BatchRequest.from_dict(orjson.loads(data))
 
-    def declare(self, endpoint: str, completion_window: str | None = None, options: BatchOptions | None = None,
-                owner: str | None = None) -> None:
-        self._write("batch.json", Declared(endpoint, completion_window, options, owner))
+    def declare(self, request: BatchRequest) -> None:
+        self._write("batch.json", request)
 
     def endpoint(self) -> str | None:
         """The batch's declared endpoint, or None (the first request's url then decides)."""
-        declared = self.declared()
-        return declared.endpoint if declared else None
+        request = self.batch_request()
+        return request.endpoint if request else None
 
     def completion_window(self) -> str | None:
         """The window the batch was created with, which prices it (None: none; the price table's batch price)."""
-        declared = self.declared()
-        return declared.completion_window if declared else None
+        request = self.batch_request()
+        return request.completion_window if request else None
 
     def source(self) -> Source | None:
         return self._read("source.json", Source)

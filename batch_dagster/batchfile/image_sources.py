@@ -1,7 +1,7 @@
 """Where an image part may come from, and how big it may be: validation's checks of each image a request names.
 
 A data URL (`data:image/png;base64,...`) is checked whole here. An http(s) URL must name a host the operator allows
-(BATCH_IMAGE_HOSTS); it is fetched once per batch, with the webhooks' address checks (batch_dagster/image_fetch.py),
+(BATCH_IMAGE_HOSTS); it is fetched once per batch, with the webhooks' address checks (features/images.py),
 and reaches the engine as a data URL, so the engine itself fetches nothing.
 """
 

@@ -107,11 +107,28 @@ def parse_registry(data: dict[str, Any]) -> dict[str, ModelSpec]:
         merged = {**defaults, **entry}
         merged["engine_args"] = {**defaults.get("engine_args", {}), **entry.get("engine_args", {})}
         if "source" not in merged:
-            raise ValueError(f"Model {name!r} has no 'source' in the registry.")
+            raise ValueError(f"Model {name!r} has no 'source' in the registry.{dotted_hint(name, entry)}")
         if merged.get("task", "generate") not in _ENDPOINTS_BY_TASK:
             raise ValueError(f"Model {name!r}: task must be 'generate' or 'embed'.")
         specs[name] = ModelSpec(name=name, **merged)
     return specs
+
+
+TABLES = ("engine_args", "windows")  # the tables an entry (of the registry, of the price table) may hold
+
+
+def dotted_hint(name: str, entry: dict[str, Any]) -> str:
+    """What to say when `[models.a.b]` was meant as one name `a.b`: TOML reads each dot of a bare key as a table
+    nested in the one before, so the entry `a` holds only tables."""
+    parts, node = [name], entry
+    while node and all(isinstance(value, dict) for value in node.values()) and next(iter(node)) not in TABLES:
+        key = next(iter(node))
+        parts.append(key)
+        node = node[key]
+    if len(parts) == 1:
+        return ""
+    dotted = ".".join(parts)
+    return f" A name with a dot is quoted, as [models.\"{dotted}\"]: TOML reads [models.{dotted}] as nested tables."
 
 
 def served(registry: dict[str, ModelSpec], image_sources: ImageSources | None = None) -> dict[str, Serves]:

@@ -1,9 +1,9 @@
 """Shard results and the merged output: atomic per-shard commits, then one output and one error file.
 
-A shard commits three objects under the results folder: its output lines, its error lines and a
-summary. Each is written atomically and the summary last, so its presence is the commit (on S3
-too: a summary never exists without its lines): a re-run skips every shard that has one and redoes
-the rest.
+A shard commits three objects under the results folder: its output lines, its error lines and its
+marker (CommittedShard: its counts and usage). Each is written atomically and the marker last, so its
+presence is the commit (on S3 too: a marker never exists without its lines): a re-run skips every shard
+that has one and redoes the rest.
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ def error_code(line: dict[str, Any]) -> str:
 
 
 def shard_keys(results_prefix: str, index: int) -> tuple[str, str, str]:
-    """(output lines, error lines, summary) of shard `index`."""
-    output, errors, summary = shard_result_files(index)
-    return f"{results_prefix}/{output}", f"{results_prefix}/{errors}", f"{results_prefix}/{summary}"
+    """(output lines, error lines, commit marker) of shard `index`."""
+    output, errors, marker = shard_result_files(index)
+    return f"{results_prefix}/{output}", f"{results_prefix}/{errors}", f"{results_prefix}/{marker}"
 
 
 def commit_shard(
@@ -83,31 +83,31 @@ def commit_shard(
     of the requests that asked for structure must be (structured.expectations): an answer that is not is marked with
     its first violation and counted."""
     structured = structured or {}
-    summary = CommittedShard(index=index, duration_s=round(duration_s, 3), engine_start_s=round(engine_start_s, 3))
+    marker = CommittedShard(index=index, duration_s=round(duration_s, 3), engine_start_s=round(engine_start_s, 3))
     ok, failed = bytearray(), bytearray()
     for line in lines:
-        summary.request_counts.total += 1
+        marker.request_counts.total += 1
         if c.is_success(line):
-            summary.request_counts.completed += 1
+            marker.request_counts.completed += 1
             body = line["response"]["body"]
             if c.is_billed(line):
-                summary.usage.add_body(body)
+                marker.usage.add_body(body)
             else:
-                summary.reused += 1
+                marker.reused += 1
             expected = structured.get(line["custom_id"])
             if expected is not None and (count := mark(line, expected)) is not None:
-                setattr(summary.request_counts, count, getattr(summary.request_counts, count) + 1)
-            ok += orjson.dumps(line) + b"\n"
+                setattr(marker.request_counts, count, getattr(marker.request_counts, count) + 1)
+            ok += c.jsonl_line(line)
         else:
-            summary.request_counts.failed += 1
+            marker.request_counts.failed += 1
             code = error_code(line)
-            summary.error_codes[code] = summary.error_codes.get(code, 0) + 1
-            failed += orjson.dumps(line) + b"\n"
-    out_key, err_key, summary_key = shard_keys(results_prefix, index)
+            marker.error_codes[code] = marker.error_codes.get(code, 0) + 1
+            failed += c.jsonl_line(line)
+    out_key, err_key, marker_key = shard_keys(results_prefix, index)
     storage.write_bytes(out_key, bytes(ok))
     storage.write_bytes(err_key, bytes(failed))
-    storage.write_bytes(summary_key, orjson.dumps(summary.to_dict()))  # the commit marker, last
-    return summary
+    storage.write_bytes(marker_key, orjson.dumps(marker.to_dict()))  # the commit marker, last
+    return marker
 
 
 def committed_shards(storage: Storage, results_prefix: str) -> dict[int, CommittedShard]:
@@ -186,11 +186,11 @@ def merge(
         for index in range(shard_count):
             if index not in shards:
                 continue
-            summary = shards[index]
-            counts += summary.request_counts
-            usage += summary.usage
-            reused += summary.reused
-            for code, n in summary.error_codes.items():
+            shard = shards[index]
+            counts += shard.request_counts
+            usage += shard.usage
+            reused += shard.reused
+            for code, n in shard.error_codes.items():
                 codes[code] = codes.get(code, 0) + n
             shard_out, shard_err, _ = shard_keys(results_prefix, index)
             for src, dst in ((shard_out, out), (shard_err, err)):
@@ -202,7 +202,7 @@ def merge(
             counts.failed += 1
             code = error_code(line)
             codes[code] = codes.get(code, 0) + 1
-            err.write(orjson.dumps(line) + b"\n")
+            err.write(c.jsonl_line(line))
     return MergeResult(counts, usage, codes, reused)
 
 

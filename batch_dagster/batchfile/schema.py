@@ -12,7 +12,10 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from . import contract as c
-from .scope import CLIENT_SALT
+
+# What vLLM takes as a cache_salt (vllm/entrypoints/generate/base/protocol.py validate_cache_salt): 1 to 128
+# characters, none of them '@', '/', '\' or NUL. A request's own salt is salted further per owner (features/scope.py).
+CLIENT_SALT = r"^[^@/\\\x00]{1,128}\Z"
 
 # Token ids as vLLM takes them (int32); ids past the vocabulary are refused by the engine, per request.
 MAX_TOKEN_ID = 2**31 - 1
@@ -107,6 +110,44 @@ class JsonSchemaFormat(msgspec.Struct, tag="json_schema", tag_field="type"):
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
 
 
+class RepetitionDetection(msgspec.Struct, forbid_unknown_fields=True):
+    max_pattern_size: Annotated[int, _range(0)] = 0
+    min_pattern_size: Annotated[int, _range(0)] = 0
+    min_count: Annotated[int, _range(0)] = 0
+
+
+class Prediction(msgspec.Struct):
+    content: str | list[TextPart]
+    type: Literal["content"] = "content"
+
+
+# OpenAI's metadata: at most 16 pairs, keys up to 64 characters, values up to 512.
+Metadata = Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
+                     msgspec.Meta(max_length=16)]
+Includable = Literal["file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+                     "message.input_image.image_url", "computer_call_output.output.image_url",
+                     "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs"]
+Padding = Literal["max_length", "do_not_pad"]
+CacheRetention = Literal["in_memory", "24h"]
+
+
+class _Unused(msgspec.Struct):
+    """The fields accepted with no effect on the models here (fields.py says why), on every endpoint of vLLM's."""
+
+    priority: Int64 | None = None
+
+
+class _UnusedGenerating(_Unused):
+    """The same on the generating endpoints."""
+
+    session_id: str | None = None
+    kv_transfer_params: Object | None = None
+    ec_transfer_params: Object | None = None
+    watermarking: bool | None = None
+    mm_payload: Literal["tensors", "none"] | None = None
+    return_mm_kwargs: bool | None = None
+
+
 class StructuredOutputs(msgspec.Struct, forbid_unknown_fields=True):
     json: Object | str | None = None
     regex: str | None = None
@@ -142,7 +183,7 @@ class NamedToolChoice(msgspec.Struct):
     type: Literal["function"] = "function"
 
 
-class _Sampling(msgspec.Struct):
+class _Sampling(_UnusedGenerating):
     """OpenAI's sampling fields and vLLM's extras, shared by chat and completions."""
 
     model: str | None = None  # present and non-empty: validate checks it first
@@ -178,6 +219,11 @@ class _Sampling(msgspec.Struct):
     length_penalty: float | None = None
     add_special_tokens: bool | None = None
     echo: bool | None = None
+    repetition_detection: RepetitionDetection | None = None
+    spaces_between_special_tokens: bool | None = None
+    return_token_offsets: bool | None = None
+    stream_interval: Annotated[int, _range(1)] | None = None
+    routed_experts_prompt_start: Annotated[int, _range(0)] | None = None
     cache_salt: CacheSalt | None = None
 
 
@@ -200,14 +246,22 @@ class ChatBody(_Sampling):
     modalities: list[str] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    metadata: Metadata | None = None
+    prediction: Prediction | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: Object | None = None
+    prompt_cache_retention: CacheRetention | None = None
+    safety_identifier: str | None = None
 
 
 class CompletionBody(_Sampling):
     # `prompt` is checked by `_prompts`: msgspec unions take one array type only.
     logprobs: Annotated[int, _range(0, 5)] | None = None
+    best_of: Annotated[int, _range(1)] | None = None
 
 
-class EmbeddingBody(msgspec.Struct):
+class EmbeddingBody(_Unused):
     model: str | None = None  # present and non-empty: validate checks it first
     encoding_format: Literal["float", "base64"] | None = None
     user: str | None = None
@@ -217,6 +271,7 @@ class EmbeddingBody(msgspec.Struct):
     truncate_prompt_tokens: Annotated[int, _range(-1)] | None = None
     truncation_side: Literal["left", "right"] | None = None
     add_special_tokens: bool | None = None
+    padding: Padding | None = None
     cache_salt: CacheSalt | None = None
 
 
@@ -248,7 +303,7 @@ class Reasoning(msgspec.Struct):
     summary: Literal["auto", "concise", "detailed"] | None = None
 
 
-class ResponsesBody(msgspec.Struct):
+class ResponsesBody(_UnusedGenerating):
     # `input` is checked by `_responses_input`: its items are told apart by an optional `type`.
     model: str | None = None  # present and non-empty: validate checks it first
     instructions: str | None = None
@@ -256,8 +311,8 @@ class ResponsesBody(msgspec.Struct):
     temperature: Temperature | None = None
     top_p: Probability | None = None
     top_logprobs: Annotated[int, _range(0, 20)] | None = None
-    include: list[str] | None = None
-    metadata: dict[str, Annotated[str, msgspec.Meta(max_length=512)]] | None = None
+    include: list[Includable] | None = None
+    metadata: Metadata | None = None
     user: str | None = None
     text: TextConfig | None = None
     tools: list[ResponsesTool] | None = None
@@ -284,13 +339,21 @@ class ResponsesBody(msgspec.Struct):
     skip_special_tokens: bool | None = None
     stop_token_ids: list[TokenId] | None = None
     structured_outputs: StructuredOutputs | None = None
+    background: bool | None = None
+    background_options: Object | None = None
+    max_tool_calls: Annotated[int, _range(0)] | None = None
+    access_programs: Object | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: Object | None = None
+    prompt_cache_retention: CacheRetention | None = None
+    safety_identifier: str | None = None
     cache_salt: CacheSalt | None = None
 
 
 Texts = str | Annotated[list[str], msgspec.Meta(min_length=1, max_length=c.MAX_SCORE_TEXTS)]
 
 
-class _ScoringBody(msgspec.Struct):
+class _ScoringBody(_Unused):
     model: str | None = None  # present and non-empty: validate checks it first
     documents: Texts = ""
     user: str | None = None
@@ -298,6 +361,8 @@ class _ScoringBody(msgspec.Struct):
     truncation_side: Literal["left", "right"] | None = None
     max_tokens_per_query: Annotated[int, _range(0)] | None = None
     max_tokens_per_doc: Annotated[int, _range(0)] | None = None
+    padding: Padding | None = None
+    use_activation: bool | None = None
     cache_salt: CacheSalt | None = None
 
 

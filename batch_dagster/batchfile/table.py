@@ -305,7 +305,8 @@ def render(spec: TableRequest, rows: Iterable[Mapping[str, Any]], limits: c.Limi
         except RowFailure as exc:
             out.errors.append(exc.error)
             continue
-        line = orjson.dumps({"custom_id": custom_id(index), "method": "POST", "url": endpoint, "body": body})
+        line = c.one_line(orjson.dumps({"custom_id": custom_id(index), "method": "POST", "url": endpoint,
+                                        "body": body}))
         if len(line) > limits.max_line_bytes:
             fields = ", ".join(spec.templates())
             out.errors.append(RowError(index, REQUEST_TOO_LARGE, f"The request made of this row is {len(line)} "

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .registry import dotted_hint
+
 
 @dataclass
 class Usage:
@@ -115,7 +117,10 @@ class PriceTable:
             own = dict(entry)
             for window, change in own.pop("windows", {}).items():
                 model_windows[(name, window)] = _entry(change, f"[models.{name}.windows.{window}]")
-            models[name] = Price(**{**base, **_entry(own, f"[models.{name}]")})
+            try:
+                models[name] = Price(**{**base, **_entry(own, f"[models.{name}]")})
+            except ValueError as exc:
+                raise ValueError(f"{exc}.{dotted_hint(name, own)}") from None
         windows = {window: _entry(change, f"[windows.{window}]") for window, change in d.get("windows", {}).items()}
         return cls(models, Price(**base), windows, model_windows)
 

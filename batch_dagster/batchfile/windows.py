@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 HOUR_S = 3600
+NO_WINDOW = "24h"  # what a batch with no window (no deadline: the command line's) shows, as OpenAI's only window
 MAX_WINDOW_HOURS = 720  # 30 days, as OpenAI's longest file and output expiry
 _WINDOW = re.compile(r"([1-9][0-9]{0,2})h")
 

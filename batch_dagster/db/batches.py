@@ -1,16 +1,17 @@
-"""How a batch record is made, whoever makes it: the API, the S3/inbox intake or `batch-dagster run`.
+"""How a batch record is made, whoever makes it: the API, the S3/inbox intake, `batch-dagster run` or a retry, each
+with the BatchRequest it built.
 
-The invariant lives here: the batch's input (or where to fetch it), deadline and endpoint are in its
-folder before its row exists, so nothing that lists rows ever sees half a batch.
+The invariant lives here: the batch's input (or where to fetch it), deadline and request are in its folder before its
+row exists, so nothing that lists rows ever sees half a batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.contract import (
@@ -23,7 +24,7 @@ from batch_dagster.batchfile.contract import (
     model_of_head,
 )
 from batch_dagster.batchfile.folder import BatchFolder, file_key
-from batch_dagster.batchfile.options import BatchOptions
+from batch_dagster.batchfile.options import BatchRequest
 from batch_dagster.batchfile.outcome import BatchOutcome
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.storage import Storage
@@ -35,8 +36,6 @@ from . import repo
 from .models import BatchRecord, FileRecord, IntakeRecord
 
 HEAD_BYTES = 64 * 1024  # enough for a file's first request, whose url names the endpoint and body the model
-NO_WINDOW = "24h"  # what a batch with no window (from the command line: it never expires) shows, as OpenAI's only
-OUTPUT_EXPIRES_AFTER_S: int | None = None  # output and error files are kept until deleted unless a batch asks
 
 
 @dataclass(frozen=True)
@@ -90,43 +89,27 @@ def add_input_file(session: Session, *, owner: str, file_id: str, filename: str,
     return row
 
 
-def create_batch(
-    session: Session,
-    storage: Storage,
-    *,
-    owner: str,
-    endpoint: str | None,
-    input_file: FileRecord,
-    input_from: Path | str | FileRecord | None,
-    window: Window | None,
-    metadata: dict[str, Any] | None = None,
-    output_expires_after: int | None = OUTPUT_EXPIRES_AFTER_S,
-    launched: bool = False,
-    batch_id: str | None = None,
-    model: str | None = None,
-    parent: BatchRecord | None = None,
-    commit: bool = True,
-    options: BatchOptions = BatchOptions(),
-    admit: Callable[[Session, BatchRecord], None] | None = None,
-) -> BatchRecord:
-    """Put the batch's input, deadline and endpoint in its folder, then add its row (committed).
+def create_batch(session: Session, storage: Storage, request: BatchRequest, input_from: Path | str | FileRecord | None,
+                 *, admit: Callable[[Session, BatchRecord], None] | None = None,
+                 batch_id: str | None = None) -> BatchRecord:
+    """Put the batch's input, deadline and request in its folder, then add its row (flushed: the caller commits, or
+    rolls back and deletes the folder).
 
-    `input_from`: a local file copied in now, a stored File copied in now, a URI the run fetches
-    (dropped files), or None when the input is in the folder already. `window`: the completion window it was
-    created with, whose length sets its deadline (`expires_at`); None: the batch never expires. `endpoint` None: the
-    first request's url decides.
-    `options`: the batch's options, kept whole (a retry passes its parent's). `launched`: the caller requests the
-    run itself (else the API sensor launches it). `parent`: the batch this one
-    retries (features/retry.py only; it must have the same owner). `commit` False: the caller commits (or rolls back)
-    the row with its own. `admit`: run once the input is in place, before the row is added, in the row's own
-    transaction: it may lock and count what the owner holds, and refuse (features/quotas.py batch_admission), so that
-    the slow copy is outside the lock and the count and the insert are not.
-    The batch's model (from its first request, or `model` for a dropped file, whose head the intake read) and,
-    for a local file, its request count are recorded on the row: nothing after reads the input to know them.
+    `request`: what its creator asked, kept whole; its File (`input_file_id`) must be its owner's, and so must the
+    batch it retries. `input_from`: a local file copied in now, the stored File copied in now, a URI the run fetches
+    (dropped files), or None when the input is in the folder already. `admit`: run once the input is in place, before
+    the row is added, in the row's own transaction: it may lock and count what the owner holds, and refuse
+    (features/quotas.py batch_admission), so that the slow copy is outside the lock and the count and the insert are
+    not. The batch's endpoint and model, when the request leaves them to the input, are its first request's; a local
+    file's request count is recorded too: nothing after reads the input to know them.
     """
-    batch_id = batch_id or repo.new_batch_id()
-    folder = BatchFolder(storage, batch_id)
-    created_at = repo.now()
+    input_file = session.scalar(select(FileRecord).where(FileRecord.id == request.input_file_id,
+                                                         FileRecord.owner == request.owner))
+    if input_file is None:
+        raise ValueError(f"No File {request.input_file_id} of this batch's owner to make a batch of.")
+    if request.parent_batch_id is not None and repo.get_batch(session, request.owner, request.parent_batch_id) is None:
+        raise ValueError(f"A batch of one owner cannot retry another owner's batch ({request.parent_batch_id}).")
+    folder = BatchFolder(storage, batch_id or repo.new_batch_id())
     head, requests = None, 0  # the count of a stored File is validation's (copied within the store, unread)
     if isinstance(input_from, Path):
         head, requests = scan(input_from)
@@ -137,39 +120,21 @@ def create_batch(
     elif isinstance(input_from, str):
         folder.set_source(input_from, input_file.path)
     if head is not None:
-        model = model or head_model(head)
-        endpoint = endpoint or endpoint_of_head(head)
-    endpoint = endpoint or CHAT
-    expires_at = created_at + window.seconds if window is not None else None
-    if expires_at is not None:
-        folder.set_deadline(expires_at)
-    # Validation reports every line with another url; the window prices the batch.
-    folder.declare(endpoint, window.name if window is not None else None)
-    row = BatchRecord(
-        id=batch_id, owner=owner, endpoint=endpoint, input_file_id=input_file.id,
-        completion_window=window.name if window is not None else NO_WINDOW, status=BatchStatus.VALIDATING,
-        created_at=created_at, expires_at=expires_at,
-        meta=metadata, output_expires_after=output_expires_after, launched_at=created_at if launched else None,
-        model=model, request_total=requests, parent_batch_id=_same_owner(parent, owner), options=options,
-        # The folder's own copy of the input, unless it is the File's bytes (a command-line batch's File is that copy).
-        stored_bytes=0 if input_file.path == folder.input_key else input_file.bytes,
-    )
+        request = replace(request, endpoint=request.endpoint or endpoint_of_head(head),
+                          model=request.model or head_model(head))
+    request = replace(request, endpoint=request.endpoint or CHAT)
+    # The folder's own copy of the input, unless it is the File's bytes (a command-line batch's File is that copy).
+    row = BatchRecord(id=folder.batch_id, status=BatchStatus.VALIDATING, created_at=repo.now(), request_total=requests,
+                      stored_bytes=0 if input_file.path == folder.input_key else input_file.bytes)
+    row.request = request
+    if row.expires_at is not None:
+        folder.set_deadline(row.expires_at)
+    folder.declare(request)  # validation reports every line with another url; the window prices the batch
     if admit is not None:
         admit(session, row)
     session.add(row)
-    if commit:
-        session.commit()
-    else:
-        session.flush()
+    session.flush()
     return row
-
-
-def _same_owner(parent: BatchRecord | None, owner: str) -> str | None:
-    if parent is None:
-        return None
-    if parent.owner != owner:
-        raise ValueError(f"A batch of one owner cannot retry another owner's batch ({parent.id}).")
-    return parent.id
 
 
 def drop_problem(source: str, version: str) -> str | None:
@@ -194,10 +159,10 @@ def register_dropped(session: Session, storage: Storage, dropped: DroppedFile, *
     try:
         input_file = add_input_file(session, owner=owner, file_id=repo.new_file_id(),
                                     filename=dropped.filename[:MAX_FILENAME_CHARS], size=dropped.bytes)
-        batch = create_batch(session, storage, owner=owner, endpoint=dropped.endpoint, input_file=input_file,
-                             input_from=dropped.source, window=window,
-                             metadata={"source": dropped.source[:512]}, launched=True, model=dropped.model,
-                             batch_id=batch_id, commit=False)
+        request = BatchRequest(owner=owner, input_file_id=input_file.id, endpoint=dropped.endpoint,
+                               model=dropped.model, window=window, metadata={"source": dropped.source[:512]})
+        batch = create_batch(session, storage, request, dropped.source, batch_id=batch_id)
+        batch.launched_at = batch.created_at  # the sensor requests its run now
         session.add(IntakeRecord(source=dropped.source, version=dropped.version, batch_id=batch.id,
                                  deliver_to=deliver_to.rstrip("/") + f"/{batch.id}/", created_at=batch.created_at))
         session.commit()
@@ -208,6 +173,11 @@ def register_dropped(session: Session, storage: Storage, dropped: DroppedFile, *
     return batch
 
 
+def source_of(input_path: Path) -> dict[str, str]:
+    """A command-line batch's metadata: the file it was run from."""
+    return {"source": input_path.resolve().as_uri()[:512]}
+
+
 def register_local(session: Session, storage: Storage, input_path: Path, *, owner: str,
                    batch_id: str | None = None) -> BatchRecord:
     """A batch started from the command line; it has no deadline. The file at `input_path` is copied once, into the
@@ -215,9 +185,11 @@ def register_local(session: Session, storage: Storage, input_path: Path, *, owne
     batch_id = batch_id or repo.new_batch_id()
     input_file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename=input_path.name,
                                 size=input_path.stat().st_size, path=BatchFolder(storage, batch_id).input_key)
-    return create_batch(session, storage, owner=owner, endpoint=None, input_file=input_file,
-                        input_from=input_path, window=None,
-                        metadata={"source": input_path.resolve().as_uri()[:512]}, launched=True, batch_id=batch_id)
+    request = BatchRequest(owner=owner, input_file_id=input_file.id, metadata=source_of(input_path))
+    row = create_batch(session, storage, request, input_path, batch_id=batch_id)
+    row.launched_at = row.created_at  # the command line runs it itself
+    session.commit()
+    return row
 
 
 STATUS_TIMES = ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at",

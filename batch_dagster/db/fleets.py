@@ -1,12 +1,12 @@
-"""The warm fleets `make serve` runs, as the store knows them: which models have work (a fleet asleep wakes for it,
-one idle long enough sleeps), each fleet's state and its last start, and what a fleet not warm adds to its model's
-ETA."""
+"""The warm fleets `make serve` runs, as the store knows them: which models have work (a batch not ended, or an
+interactive call: a fleet asleep wakes for it, one idle long enough sleeps), each fleet's state, router and last
+start, and what a fleet not warm adds to its model's ETA."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.status import TERMINAL, BatchStatus
@@ -23,6 +23,23 @@ def busy_models(session: Session, models: Collection[str]) -> set[str]:
     rows = session.scalars(select(BatchRecord.model).distinct().where(
         BatchRecord.status.in_(_NOT_ENDED), BatchRecord.model.in_(list(models))))
     return {m for m in rows if m}
+
+
+def called_models(session: Session, models: Collection[str], since: int) -> set[str]:
+    """Those of `models` whose fleet an interactive call wanted at or after `since` (unix seconds)."""
+    return set(session.scalars(select(FleetRecord.model).where(
+        FleetRecord.model.in_(list(models)), FleetRecord.called_at >= since)))
+
+
+def record_call(session: Session, model: str) -> None:
+    """An interactive call wants the model's fleet now (nothing when serve runs none for it); committed."""
+    session.execute(update(FleetRecord).where(FleetRecord.model == model).values(called_at=now()))
+    session.commit()
+
+
+def fleet_records(session: Session) -> dict[str, FleetRecord]:
+    """The fleets serve runs, by model."""
+    return {f.model: f for f in session.scalars(select(FleetRecord))}
 
 
 def record_fleet(session: Session, model: str, url: str, state: str, start_s: float | None = None) -> None:

@@ -19,8 +19,9 @@ from batch_dagster.batchfile.contract import (
     MAX_VERSION_CHARS,
     RequestCounts,
 )
-from batch_dagster.batchfile.options import BatchOptions
+from batch_dagster.batchfile.options import BatchOptions, BatchRequest
 from batch_dagster.batchfile.status import TERMINAL
+from batch_dagster.batchfile.windows import NO_WINDOW, Window
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere the key is a BIGINT.
 PK = BigInteger().with_variant(Integer(), "sqlite")
@@ -75,6 +76,11 @@ class FileRecord(Base):
     purpose: Mapped[str] = mapped_column(String(32))
     path: Mapped[str] = mapped_column(Text)
     batch_id: Mapped[str | None] = mapped_column(String(64))  # the batch that wrote an output file
+
+
+# A Batch object's timestamps, as OpenAI's lists them.
+TIMES = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
+         "cancelling_at", "cancelled_at")
 
 
 def priced_window(completion_window: str, expires_at: int | None) -> str | None:
@@ -156,6 +162,30 @@ class BatchRecord(Base):
     @options.setter
     def options(self, options: BatchOptions) -> None:
         self.stored_options = options.stored()
+
+    @property
+    def request(self) -> BatchRequest:
+        """What its creator asked, as the row keeps it (its folder's batch.json holds the same)."""
+        window = None if self.expires_at is None else Window(self.completion_window, self.expires_at - self.created_at)
+        return BatchRequest(owner=self.owner, input_file_id=self.input_file_id, endpoint=self.endpoint,
+                            model=self.model, window=window, metadata=self.meta,
+                            output_expires_after=self.output_expires_after, options=self.options,
+                            parent_batch_id=self.parent_batch_id)
+
+    @request.setter
+    def request(self, request: BatchRequest) -> None:
+        """Keep `request` (its endpoint known), its deadline counted from created_at."""
+        assert request.endpoint is not None, "the store fills the endpoint in from the input before"
+        self.owner, self.input_file_id, self.endpoint, self.model = (request.owner, request.input_file_id or "",
+                                                                     request.endpoint, request.model)
+        self.completion_window = request.completion_window or NO_WINDOW
+        self.expires_at = self.created_at + request.window.seconds if request.window is not None else None
+        self.meta, self.output_expires_after = request.metadata, request.output_expires_after
+        self.options, self.parent_batch_id = request.options, request.parent_batch_id
+
+    def times(self) -> dict[str, Any]:
+        """Its timestamps (TIMES), by name."""
+        return {name: getattr(self, name) for name in TIMES}
 
     def counts(self) -> RequestCounts:
         """The batch's request_counts, from its `request_*` columns."""
@@ -252,7 +282,7 @@ class WebhookDelivery(Base):
 
 
 class SensorTick(Base):
-    """How one sensor's evaluations went, as the sensor itself counts them (defs/sensors/timing.py): the metrics'
+    """How one sensor's evaluations went, as the sensor itself counts them (defs/sensor_timing.py): the metrics'
     tick durations, read by the API, which loads no Dagster."""
 
     __tablename__ = "sensor_ticks"
@@ -267,7 +297,8 @@ class SensorTick(Base):
 
 class FleetRecord(Base):
     """A warm fleet `make serve` runs for a model (serve/fleets.py): where its router is, whether its replicas are
-    up, and how long they took to start last, which the ETA adds while they are not."""
+    up, how long they took to start last (which the ETA adds while they are not), and when an interactive call last
+    wanted it."""
 
     __tablename__ = "fleets"
 
@@ -276,6 +307,9 @@ class FleetRecord(Base):
     state: Mapped[str] = mapped_column(String(16))  # FLEET_STATES
     start_s: Mapped[float | None] = mapped_column(Float)
     changed_at: Mapped[int]
+    # When the API last forwarded an interactive call to it (or was asked for one while it slept): serve keeps a fleet
+    # in use warm, and wakes one that sleeps, as for a batch of its model.
+    called_at: Mapped[int | None]
 
 
 FLEET_STATES = ("starting", "warm", "asleep", "failed")

@@ -78,6 +78,13 @@ class Database:
             cfg.attributes["connection"] = connection
             command.upgrade(cfg, "head")
 
+    def revision(self, message: str) -> None:
+        """Write a new migration from the difference between the models and this database, upgraded to head first."""
+        from alembic import command
+
+        self.upgrade()
+        command.revision(alembic_config(self.url), message=message, autogenerate=True)
+
     @contextmanager
     def session(self) -> Iterator[Session]:
         with self._sessions() as session:

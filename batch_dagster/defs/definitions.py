@@ -3,7 +3,7 @@ what the modules beside it define, with the settings of the environment at that 
 
 import dagster as dg
 
-from batch_dagster.defs import sensors
+from batch_dagster.defs import eta, retention, sensors, webhooks
 from batch_dagster.defs.assets.batch import lifecycle
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.assets.daily_report import report_definitions
@@ -21,9 +21,9 @@ def build_definitions(settings: Settings) -> dg.Definitions:
         asset_checks=lifecycle_checks,
         jobs=[batch_job, deliver_results_job],
         executor=batch_executor(settings.executor),  # batch_job's: the other jobs name their own
-        sensors=[sensors.api_batch_sensor, sensors.api_batch_status_sensor, sensors.queue_eta_sensor,
+        sensors=[sensors.api_batch_sensor, sensors.api_batch_status_sensor, eta.queue_eta_sensor,
                  sensors.s3_sensor(bool(settings.s3_bucket)), sensors.inbox_sensor, sensors.file_expiry_sensor,
-                 sensors.history_retention_sensor, sensors.webhook_sensor],
+                 retention.history_retention_sensor, webhooks.webhook_sensor],
         resources=resources_from_env(settings),
     )
     return dg.Definitions.merge(batches, report_definitions(report_start(settings)))

@@ -113,11 +113,11 @@ def instance_config(postgres: bool, storage_url: str = "", offline_runs: int = D
     return header + text.rstrip("\n") + "\n" + blocks
 
 
-def ensure_dagster_home(settings: Settings | None = None) -> Path:
+def ensure_dagster_home(settings: Settings) -> Path:
     """Set DAGSTER_HOME (default ./.dagster_home) and give it this project's dagster.yaml.
 
     A dagster.yaml the user wrote is left alone; the link or a file written here follows DAGSTER_PG_URL,
-    BATCH_STORAGE_URL and the run limits' settings (`settings`; by default, the environment's). Raises ValueError
+    BATCH_STORAGE_URL and the run limits' settings (`settings`). Raises ValueError
     for a DAGSTER_PG_URL that cannot work (before anything is written) or a run limit below 1.
     """
     postgres = export_pg_url()
@@ -128,7 +128,6 @@ def ensure_dagster_home(settings: Settings | None = None) -> Path:
     ours = config.is_symlink() or (config.exists() and config.read_text().startswith(WRITTEN_MARK))
     if config.exists() and not ours:
         return home
-    settings = settings or Settings.from_env()
     text = instance_config(postgres, settings.storage_url, settings.offline_runs,
                            settings.runs_per_model)
     if text != INSTANCE_CONFIG.read_text():

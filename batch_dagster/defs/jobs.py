@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.batch import LIFECYCLE
 from batch_dagster.defs.assets.delivery import delivered_results
 from batch_dagster.defs.run_limits import ENGINE_TAG, OFFLINE
 
@@ -36,7 +36,7 @@ def batch_executor(name: str) -> dg.ExecutorDefinition:
 # Its executor is the definitions' (batch_executor of BATCH_EXECUTOR, read when they load: defs/definitions.py).
 batch_job = dg.define_asset_job(
     BATCH_JOB,
-    selection=dg.AssetSelection.assets(*lifecycle_assets),
+    selection=dg.AssetSelection.assets(*LIFECYCLE),
     description="Validate, shard, infer, merge and price one batch (the partition key is the batch id).",
     # The run queue's limits count runs by these tags. The sensors tag each run by its model; a run launched
     # without them (the UI's launchpad, a job backfill) is counted as holding an engine: the safe guess. As

@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime
 
 import dagster as dg
 
-from batch_dagster.db.retention import first_batch_created_at
+from batch_dagster.features.retention import first_batch_created_at
 from batch_dagster.settings import Settings
 
 

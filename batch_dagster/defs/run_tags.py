@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from batch_dagster.db.models import BatchRecord, FileRecord
 from batch_dagster.db.repo import owner_of_key
 
-OWNER_TAG = "owner"  # the owner's label: shown in the UI, and what the run queue shares runs by (defs/run_limits.py)
+OWNER_TAG = "owner"  # the owner's label: shown in the UI, and what the run queue shares runs by (defs/fairness.py)
 _HASHED = re.compile(r"[0-9a-f]{64}")
 
 

@@ -18,8 +18,10 @@ from typing import Any, TextIO
 from batch_dagster.batchfile.contract import PIPELINE_ERROR, BatchError
 from batch_dagster.batchfile.failure import keep_finished
 from batch_dagster.batchfile.folder import ERRORS, OUTPUT, BatchFolder, Progress
+from batch_dagster.batchfile.options import BatchRequest
 from batch_dagster.batchfile.outcome import BatchOutcome, RunOutcome
 from batch_dagster.features.eta import RunningEta
+from batch_dagster.settings import Settings
 from batch_dagster.terminal import output_to_log
 
 
@@ -87,7 +89,7 @@ class CliBatch:
 
     def __init__(self, defs: Any, input_path: Path, instance: Any):
         from batch_dagster.db import repo
-        from batch_dagster.db.batches import head_model, register_local, scan
+        from batch_dagster.db.batches import head_model, register_local, scan, source_of
         from batch_dagster.defs.run_tags import OwnerLabels
 
         database = resource(defs, "database", instance) if "database" in defs.resources else None
@@ -97,10 +99,12 @@ class CliBatch:
         self.owner = (self.database.intake_owner() if self.database is not None else "") or repo.ANONYMOUS
         self.labels = self.database.labels() if self.database is not None else OwnerLabels()
         self.model: str | None  # the model of its first request, as the batch record holds it
-        if self.database is None:  # no store: the batch folder alone
+        if self.database is None:  # no store: the batch folder alone, whose owner is not known
             self.batch_id = repo.new_batch_id()
             self.model = head_model(scan(input_path)[0])
-            BatchFolder(self.storage, self.batch_id).put_input(input_path)
+            folder = BatchFolder(self.storage, self.batch_id)
+            folder.put_input(input_path)
+            folder.declare(BatchRequest(model=self.model, metadata=source_of(input_path)))
             return
         with self.database.session() as session:
             row = register_local(session, self.storage, input_path, owner=self.owner)
@@ -127,11 +131,12 @@ def _failure_message(result: Any) -> str:
 
 def run_batch(
     input_path: Path, out_dir: Path, *, show_progress: bool = True, defs: Any = None, instance: Any = None,
-    log_dir: Path | None = None,
+    log_dir: Path | None = None, settings: Settings | None = None,
 ) -> RunOutcome:
     """Register a batch partition, materialize its lifecycle through Dagster, copy the files to out_dir.
 
-    `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME). With
+    `defs` and `instance` default to the project's definitions and instance (DAGSTER_HOME, prepared from `settings`,
+    which it then needs). With
     `log_dir`, everything the run, vLLM and torch print goes to `log_dir/run-<batch id>.log` (named in
     the summary as `log_file`), the engine is shut down before returning, and only the progress bar
     reaches the terminal.
@@ -155,7 +160,9 @@ def run_batch(
     if instance is None:
         from batch_dagster.defs.instance import ensure_dagster_home
 
-        ensure_dagster_home()
+        if settings is None:
+            raise ValueError("run_batch prepares the project's Dagster instance from the settings: pass them")
+        ensure_dagster_home(settings)
         instance = dg.DagsterInstance.get()
 
     for run_id in fail_runs_of_gone_cli_processes(instance):
@@ -204,13 +211,13 @@ def run_batch(
         for key, dest in ((folder.output_key, output_file), (folder.error_key, error_file)):
             with folder.storage.open(key) as src, open(dest, "wb") as out:
                 shutil.copyfileobj(src, out, 1 << 20)
-        summary = BatchOutcome.of(done)
+        outcome = BatchOutcome.of(done)
     else:
         output_file.write_bytes(b"")
         error_file.write_bytes(b"")
         validation = folder.validation()
         errors = (validation.errors if validation else None) or [BatchError(PIPELINE_ERROR, _failure_message(result))]
-        summary = BatchOutcome.failed(batch_id, validation, errors)
-    return RunOutcome(summary, run_id=result.run_id, output_file=str(output_file), error_file=str(error_file),
+        outcome = BatchOutcome.failed(batch_id, validation, errors)
+    return RunOutcome(outcome, run_id=result.run_id, output_file=str(output_file), error_file=str(error_file),
                       duration_s=round(time.perf_counter() - started, 3),
                       log_file=str(log_file) if log_file is not None else None)

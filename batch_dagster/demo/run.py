@@ -7,6 +7,7 @@ from pathlib import Path
 
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.defs.runner import run_batch
+from batch_dagster.settings import Settings
 
 from . import sample_batch_path
 
@@ -17,27 +18,28 @@ def _question(request: dict) -> str:
     return request["body"]["messages"][-1]["content"]
 
 
-def run_demo(out_dir: Path, log_dir: Path) -> int:
-    """Run the sample batch into `out_dir` (its run's log in `log_dir`) and print what it did; the exit code."""
+def run_demo(out_dir: Path, settings: Settings) -> int:
+    """Run the sample batch into `out_dir` (its run's log in the settings' data folder) and print what it did; the
+    exit code."""
     sample = sample_batch_path()
     requests = {r["custom_id"]: r for r in map(json.loads, sample.read_text(encoding="utf-8").splitlines())}
     print(f"Running {len(requests)} sample requests through Dagster on the default model (first start ~30 s) ...")
-    run = run_batch(sample, out_dir, log_dir=log_dir)
-    summary = run.batch
-    if summary.status != BatchStatus.COMPLETED:
-        print(f"The demo batch ended {summary.status}: {summary.errors_shown()} (log: {run.log_file})")
+    run = run_batch(sample, out_dir, log_dir=settings.data_dir / "logs", settings=settings)
+    outcome = run.batch
+    if outcome.status != BatchStatus.COMPLETED:
+        print(f"The demo batch ended {outcome.status}: {outcome.errors_shown()} (log: {run.log_file})")
         return 1
-    rc, usage, cost = summary.request_counts, summary.usage, summary.cost
+    rc, usage, cost = outcome.request_counts, outcome.usage, outcome.cost
     assert usage is not None and cost is not None  # a batch that ended has both
     rows = [
-        ("batch", summary.batch_id),
-        ("model", summary.model),
+        ("batch", outcome.batch_id),
+        ("model", outcome.model),
         ("requests", rc.describe()),
         ("input tokens", usage.input_tokens),
         ("output tokens", usage.output_tokens),
-        ("throughput", f"{summary.output_tokens_per_s} output tokens/s"),
+        ("throughput", f"{outcome.output_tokens_per_s} output tokens/s"),
         ("cost", f"{cost.total_cost:.6f} {cost.currency} (batch price, {cost.batch_discount:.0%} off)"),
-        ("engine", summary.engine.describe() if summary.engine else "unknown"),
+        ("engine", outcome.engine.describe() if outcome.engine else "unknown"),
         ("wall time", f"{run.duration_s:.1f} s"),
         ("output file", run.output_file),
         ("error file", run.error_file),

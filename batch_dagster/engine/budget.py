@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import httpx
 
@@ -264,12 +264,3 @@ async def recomputed(budget: Budget, client: httpx.AsyncClient, base_urls: Seque
         return
     async with in_background(keep_recomputing(budget, ServerMetrics(client, base_urls))):
         yield budget
-
-
-def summary(budget: Budget) -> dict[str, Any]:
-    """What the budget did over a run: its limits while the fleet was shared and while it was not."""
-    shared = [limit for _, limit, _, s in budget.history if s]
-    alone = [limit for _, limit, _, s in budget.history if not s]
-    return {"readings": len(budget.history), "shared_readings": len(shared),
-            "mean_limit_shared": round(sum(shared) / len(shared), 2) if shared else None,
-            "mean_limit_alone": round(sum(alone) / len(alone), 2) if alone else None}

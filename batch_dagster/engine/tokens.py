@@ -114,7 +114,7 @@ def _text_parts(parts: Any) -> Any:
 
 def without_images(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
     """The body as it is counted: its image parts left out, so the count fetches nothing on a client's behalf (the
-    engine's fetch has its own checks, image_fetch.py), and an image counts for nothing (docs/http-api.md,
+    engine's fetch has its own checks, features/images.py), and an image counts for nothing (docs/http-api.md,
     "Estimate")."""
     field = "messages" if endpoint == c.CHAT else "input"
     items = body.get(field) if endpoint in (c.CHAT, c.RESPONSES) else None

@@ -14,7 +14,7 @@ what each check compares.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
@@ -22,15 +22,18 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.failure import COST_LIMIT
 from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.results import CommittedShard
 from batch_dagster.batchfile.usage import PriceTable, Usage, cost_of
 from batch_dagster.batchfile.validate import ValidationReport
 from batch_dagster.db.keys import own_daily_budget
+from batch_dagster.db.lifecycle import record_usage
 from batch_dagster.db.models import BatchRecord, priced_window
 
 from .daily_usage import day_bounds
 from .estimate import Tally
+from .shards import Shard, ShardFeature
 
 # Costs are rounded to 8 decimals (usage.Cost): a sum within this of the cap has reached it.
 _EPSILON = 1e-8
@@ -141,7 +144,33 @@ def cap_reached(session: Session | None, batch_id: str, options: BatchOptions, m
     cap = batch_cap(session, batch_id, options, prices, prices.for_model(model).currency, daily_budget)
     if cap is None:
         return False
+    return cap.reached(cost_of(spent(committed), model, prices, window).total_cost)
+
+
+def spent(committed: Iterable[CommittedShard]) -> Usage:
+    """The usage of a batch's committed shards, together."""
     usage = Usage()
     for shard in committed:
         usage += shard.usage
-    return cap.reached(cost_of(usage, model, prices, window).total_cost)
+    return usage
+
+
+class CostCap(ShardFeature):
+    """A running batch stops before the shard after it reaches its cap; with a store, what it has spent is recorded
+    after each shard, where other batches' caps read it (db/lifecycle.py record_usage)."""
+
+    def __init__(self, session: Session | None, batch_id: str, options: BatchOptions, model: str, prices: PriceTable,
+                 daily_budget: float | None, window: str | None):
+        self.session, self.batch_id, self.options, self.model = session, batch_id, options, model
+        self.prices, self.daily_budget, self.window = prices, daily_budget, window
+
+    def before(self, done: Mapping[int, CommittedShard]) -> str | None:
+        reached = cap_reached(self.session, self.batch_id, self.options, self.model, done.values(), self.prices,
+                              self.daily_budget, self.window)
+        if self.session is not None:
+            self.session.commit()  # the store's transaction ends here: none is held while a shard runs
+        return COST_LIMIT if reached else None
+
+    def after(self, shard: Shard, done: Mapping[int, CommittedShard]) -> None:
+        if self.session is not None:
+            record_usage(self.session, self.batch_id, spent(done.values()))

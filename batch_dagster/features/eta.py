@@ -52,7 +52,7 @@ NOT_ENDED = tuple(s for s in BatchStatus if s not in TERMINAL)
 
 def launch_order(priority: int, launch_priority: int | None, pk: int,
                  expires_at: int | None = None) -> tuple[int, int, float, int]:
-    """The run queue's order (defs/run_limits.py): the batch's priority first, then its run's dagster/priority
+    """The run queue's order (features/fairness.py): the batch's priority first, then its run's dagster/priority
     (priority, deadline and fair rank; a batch not launched yet ranks after those launched, the earliest deadline
     first), then submission order."""
     if launch_priority is not None:

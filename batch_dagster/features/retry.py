@@ -4,6 +4,7 @@ not the requests' own), and the results of both merged."""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -12,16 +13,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.contract import FAILED_LINES as FAILED
-from batch_dagster.batchfile.contract import STRUCTURED_COUNTS
+from batch_dagster.batchfile.contract import STRUCTURED_COUNTS, one_line
 from batch_dagster.batchfile.failure import retryable_ids
 from batch_dagster.batchfile.folder import BatchFolder
-from batch_dagster.batchfile.options import BatchOptions
+from batch_dagster.batchfile.options import MAX_METADATA_PAIRS, BatchRequest
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.batchfile.structured import flagged_ids
 from batch_dagster.batchfile.windows import CompletionWindows, Window
 from batch_dagster.db import repo
-from batch_dagster.db.batches import OUTPUT_EXPIRES_AFTER_S, add_input_file, create_batch
+from batch_dagster.db.batches import add_input_file, create_batch
 from batch_dagster.db.models import BatchRecord, FileRecord
 from batch_dagster.storage import file_location
 
@@ -29,7 +30,8 @@ from batch_dagster.storage import file_location
 # client's metadata); what is followed is the batch's own parent_batch_id column, never the metadata.
 PARENT = "parent_batch_id"
 RESERVED_METADATA = (PARENT,)
-MAX_METADATA_PAIRS = 16
+
+
 def write_retry_input(requests_path: Path, ids: Collection[str], endpoint: str, dest: Path) -> int:
     """Write the original requests of `ids` (from the parent's validated requests) as a batch input file.
 
@@ -46,8 +48,8 @@ def write_retry_input(requests_path: Path, ids: Collection[str], endpoint: str, 
             for cid, body in zip(table["custom_id"].to_pylist(), table["body"].to_pylist(), strict=True):
                 if cid in wanted:
                     # The body is written as validated, byte for byte, so the child runs the same request.
-                    out.write(b'{"custom_id":' + orjson.dumps(cid) + b',"method":"POST","url":' + orjson.dumps(endpoint)
-                              + b',"body":' + body.encode() + b"}\n")
+                    out.write(one_line(b'{"custom_id":' + orjson.dumps(cid) + b',"method":"POST","url":'
+                                       + orjson.dumps(endpoint) + b',"body":' + body.encode() + b"}") + b"\n")
                     written += 1
     tmp.replace(dest)
     return written
@@ -70,10 +72,10 @@ def merged_lines(parent_lines: Iterator[bytes], child_lines: Iterable[bytes],
     """
     for raw in parent_lines:
         if raw.strip() and orjson.loads(raw)["custom_id"] not in child_ids:
-            yield raw if raw.endswith(b"\n") else raw + b"\n"
+            yield one_line(raw.rstrip(b"\n")) + b"\n"  # a file written before lines were escaped, escaped here
     for raw in child_lines:
         if raw.strip():
-            yield raw if raw.endswith(b"\n") else raw + b"\n"
+            yield one_line(raw.rstrip(b"\n")) + b"\n"
 
 
 class CannotRetry(ValueError):
@@ -90,7 +92,7 @@ def retry_window(parent: BatchRecord, windows: CompletionWindows) -> Window | No
 
 
 def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, windows: CompletionWindows,
-                 launched: bool = False, admit: Callable[[Session, BatchRecord], None] | None = None,
+                 admit: Callable[[Session, BatchRecord], None] | None = None,
                  max_priority: int | None = None, only: Collection[str] = (FAILED,)) -> BatchRecord:
     """A new batch of `parent`'s requests that `only` names (contract.RETRY_FILTERS: its retryable failed requests, by
     default), with their original bodies, same endpoint, model, options and window (retry_window). `admit`: the
@@ -109,14 +111,10 @@ def create_retry(session: Session, storage: Storage, parent: BatchRecord, *, win
             count = write_retry_input(requests, ids, parent.endpoint, path)
             input_file.bytes = path.stat().st_size
             assert count == len(ids), (count, len(ids))
-            inherited = {k: v for k, v in (parent.meta or {}).items() if k != PARENT}
-            metadata = dict(list(inherited.items())[: MAX_METADATA_PAIRS - 1]) | {PARENT: parent.id}
-            return create_batch(
-                session, storage, owner=parent.owner, endpoint=parent.endpoint, input_file=input_file,
-                input_from=path, window=retry_window(parent, windows), metadata=metadata, launched=launched,
-                output_expires_after=parent.output_expires_after or OUTPUT_EXPIRES_AFTER_S, parent=parent,
-                options=_bounded(parent.options, max_priority), batch_id=batch_id, admit=admit,
-            )
+            request = retry_request(parent, input_file.id, retry_window(parent, windows), max_priority)
+            row = create_batch(session, storage, request, path, batch_id=batch_id, admit=admit)
+            session.commit()
+            return row
     except BaseException:
         session.rollback()
         storage.delete(input_file.path)
@@ -149,10 +147,19 @@ def _retried_ids(session: Session, storage: Storage, parent: BatchRecord, only: 
     return ids
 
 
-def _bounded(options: BatchOptions, max_priority: int | None) -> BatchOptions:
-    if max_priority is None or options.priority <= max_priority:
-        return options
-    return options.model_copy(update={"priority": max_priority})
+def retry_request(parent: BatchRecord, input_file_id: str, window: Window | None,
+                  max_priority: int | None) -> BatchRequest:
+    """What a retry of `parent` asks: its parent's request, on the retried requests' File, in `window`, its metadata
+    naming the parent (after at most MAX_METADATA_PAIRS - 1 of the parent's own pairs), its priority no higher than
+    `max_priority`."""
+    asked = parent.request
+    inherited = {k: v for k, v in (asked.metadata or {}).items() if k != PARENT}
+    metadata = dict(list(inherited.items())[: MAX_METADATA_PAIRS - 1]) | {PARENT: parent.id}
+    options = asked.options
+    if max_priority is not None and options.priority > max_priority:
+        options = options.model_copy(update={"priority": max_priority})
+    return replace(asked, input_file_id=input_file_id, window=window, metadata=metadata, options=options,
+                   parent_batch_id=parent.id)
 
 
 def _has_bytes(storage: Storage, file: FileRecord) -> bool:

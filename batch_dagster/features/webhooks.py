@@ -28,7 +28,7 @@ from standardwebhooks.webhooks import EmptyWebhookSecretError
 from batch_dagster.batchfile.usage import Usage
 from batch_dagster.db.models import BatchRecord, WebhookDelivery, WebhookEndpointRecord, WebhookEvent
 from batch_dagster.db.repo import now, page
-from batch_dagster.egress import Allow, pinned
+from batch_dagster.features.egress import Allow, pinned
 
 SECRET_PREFIX = "whsec_"
 MAX_ENDPOINTS_PER_OWNER = 16
@@ -180,7 +180,7 @@ def event_body(event_id: str, event_type: str, created_at: int, data: dict[str, 
 @dataclass(frozen=True)
 class Sender:
     """How events are POSTed: signed with an owner's endpoint's secret or the global `secret`, each within
-    `timeout_s`, to owners' endpoints only at public addresses or those `allow` lets through (egress.py)."""
+    `timeout_s`, to owners' endpoints only at public addresses or those `allow` lets through (features/egress.py)."""
 
     secret: str
     timeout_s: float = 5.0

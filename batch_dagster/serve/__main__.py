@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         write_targets(config.data_dir / "prometheus" / "targets.json",
                       scrape_targets(metrics_target, fleets.fleets if fleets else {}))
         # Dagster's daemon, looking for due sensors every BATCH_SENSOR_LOOP_S (batch_dagster/defs/daemon.py).
-        children.start("dagster-daemon", [sys.executable, "-m", "batch_dagster.defs.daemon", "run", *target], env)
+        children.start("dagster-daemon", [sys.executable, "-m", "batch_dagster.defs.daemon", str(config.sensor_loop_s),
+                                          "run", *target], env)
         if not args.no_ui:
             children.start("dagster-webserver", [str(scripts / "dagster-webserver"), "-h", args.dagster_host,
                                                  "-p", str(args.dagster_port), *target], env)

@@ -1,7 +1,7 @@
 """`make serve`'s warm fleets: one per model of BATCH_FLEET_MODELS, each behind its own vllm-router on a block of
-ports of its own, so several live on one machine. A fleet whose model has had no batch for BATCH_FLEET_IDLE_S stops
-its replicas (their memory goes back) and starts them again on its model's next batch; the store records each
-fleet's state and its last start, which the ETA adds while the fleet is not warm."""
+ports of its own, so several live on one machine. A fleet whose model has had no batch and no interactive call for
+BATCH_FLEET_IDLE_S stops its replicas (their memory goes back) and starts them again on its model's next one; the
+store records each fleet's state and its last start, which the ETA adds while the fleet is not warm."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_dagster.db import Database
-from batch_dagster.db.fleets import busy_models, forget_fleets, record_fleet
+from batch_dagster.db.fleets import busy_models, called_models, forget_fleets, record_fleet
 
 from .fleet import Fleet, block_size, model_fleet
 
@@ -33,6 +33,7 @@ class WarmFleets:
     last_busy: dict[str, float] = field(default_factory=dict)  # monotonic
     waking: dict[str, float] = field(default_factory=dict)  # model -> when its start began (monotonic)
     _asked_at: float = 0.0
+    _called_since: int = field(default_factory=lambda: int(time.time()))  # interactive calls since then count as work
 
     @classmethod
     def plan(cls, settings: Any, models: list[str], *, host: str, store: Database | None = None,
@@ -94,7 +95,8 @@ class WarmFleets:
         return {model: fleet.url for model, fleet in self.fleets.items()}
 
     def tick(self) -> None:
-        """Restart what died; put to sleep the fleets idle for idle_s; wake those whose model has work again."""
+        """Restart what died; put to sleep the fleets idle for idle_s; wake those whose model has work again (a batch
+        not ended, or an interactive call the API forwarded or was asked for)."""
         for fleet in self.fleets.values():
             fleet.heal()
         now = time.monotonic()
@@ -106,12 +108,15 @@ class WarmFleets:
         if self.idle_s <= 0 or self.store is None or now - self._asked_at < DEMAND_EVERY_S:
             return
         self._asked_at = now
+        asked = int(time.time()) - 1  # whole seconds: a call in this second is seen again next time, never missed
         try:
             with self.store.session() as session:
-                busy = busy_models(session, list(self.fleets))
+                busy = busy_models(session, list(self.fleets)) | called_models(session, list(self.fleets),
+                                                                              self._called_since)
         except Exception as exc:  # the store restarting: ask again next time, change nothing meanwhile
             log.warning("could not ask the store which models have work: %r", exc)
             return
+        self._called_since = asked
         for model, fleet in self.fleets.items():
             if model in busy:
                 self.last_busy[model] = now

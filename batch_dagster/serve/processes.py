@@ -46,16 +46,6 @@ def dies_with_us() -> Callable[[], None] | None:
     return preexec
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -95,11 +85,11 @@ class Children:
         while time.monotonic() < deadline:
             for proc in procs.values():
                 proc.poll()
-            if not any(_group_alive(p.pid) for p in procs.values()):
+            if not any(orphans.group_alive(p.pid) for p in procs.values()):
                 break
             time.sleep(0.2)
         for name, proc in procs.items():
-            if _group_alive(proc.pid):
+            if orphans.group_alive(proc.pid):
                 log.warning("%s did not stop within %.0fs; killing its process group", name, grace_s)
                 signal_group(proc.pid, signal.SIGKILL)
         for proc in procs.values():

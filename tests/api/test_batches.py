@@ -11,7 +11,10 @@ import httpx
 import openai
 import pytest
 
-from batch_dagster.batchfile.folder import batch_ids
+from batch_dagster.batchfile.folder import BatchFolder, batch_ids
+from batch_dagster.batchfile.options import BatchOptions
+from batch_dagster.batchfile.windows import Window
+from batch_dagster.db import Database, repo
 from batch_dagster.engine.models import Models
 from tests.helpers import (
     CHAT_MODEL,
@@ -178,6 +181,30 @@ def test_a_batchs_priority_is_bounded_and_shown(start_service, tmp_path):
         with pytest.raises(openai.BadRequestError) as refused:
             create(priority=priority)
         assert refused.value.code == code and refused.value.param == "priority", refused.value
+
+
+def test_a_batch_keeps_what_its_creator_asked_on_its_row_and_in_its_folder_alike(start_service, tmp_path):
+    """The store takes the create's BatchRequest whole: the batch's row and its folder's batch.json hold the same
+    request (the pipeline reads the folder's, the API the row's), and the Batch object shows it."""
+    service = start_service(worker=False, key_max_priority=3)
+    client = service.client()
+    file_id = upload(client, tmp_path / "in.jsonl", rows(2))
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h",
+                                  metadata={"job": "nightly"}, extra_body={"priority": 2, "reuse": True},
+                                  output_expires_after={"anchor": "created_at", "seconds": 7200})
+    with Database(service.config.database_url).session() as session:
+        row = repo.get_batch(session, repo.owner_of_key(KEY_A), batch.id)
+        assert row is not None
+        asked = row.request
+    kept = BatchFolder(service.storage.open(), batch.id).batch_request()
+    assert kept == asked and kept.owner == repo.owner_of_key(KEY_A) and kept.input_file_id == file_id
+    assert (kept.endpoint, kept.model, kept.metadata, kept.output_expires_after) == (
+        "/v1/chat/completions", CHAT_MODEL, {"job": "nightly"}, 7200)
+    assert kept.window == Window("24h", 86_400) and kept.options == BatchOptions(priority=2, reuse=True)
+    shown = client.batches.retrieve(batch.id)
+    assert (shown.endpoint, shown.completion_window, shown.metadata, shown.model, shown.input_file_id) == (
+        "/v1/chat/completions", "24h", {"job": "nightly"}, CHAT_MODEL, file_id)
+    assert (shown.model_extra["priority"], shown.model_extra["reuse"], shown.model_extra["max_cost"]) == (2, True, None)
 
 
 def test_by_default_no_key_may_raise_its_priority(start_service, tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.db import Database
 from batch_dagster.db.models import WebhookEvent
-from batch_dagster.defs.run_limits import PRIORITY_TAG, RANK_TAG
+from batch_dagster.defs.fairness import PRIORITY_TAG, RANK_TAG
 from batch_dagster.defs.sensors import api_batch_sensor
 from tests.helpers import rows, upload, wait_for
 

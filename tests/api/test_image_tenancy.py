@@ -13,9 +13,9 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from sqlalchemy import select
 
-from batch_dagster import image_fetch
 from batch_dagster.batchfile import contract as c
 from batch_dagster.db import BatchRecord, Database
+from batch_dagster.features import images as image_fetch
 from batch_dagster.settings import Settings
 from tests.helpers import FAKES, KEY_A, ApiServer, FakeVLLM, fake_body, upload, wait_for, write_jsonl
 

@@ -212,7 +212,7 @@ def test_an_invalid_dropped_file_gets_its_errors_beside_it(tmp_path):
 
 def test_configuration_from_the_environment(tmp_path, monkeypatch):
     from batch_dagster.db import repo
-    from batch_dagster.defs.resources.fields import from_settings
+    from batch_dagster.defs.resources.setting_fields import from_settings
     from batch_dagster.settings import Settings
 
     def intake_from_env() -> Intake:  # as a sensor sees it: its fields resolved from their variables

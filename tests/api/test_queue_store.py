@@ -8,7 +8,6 @@ import pytest
 
 from batch_dagster.db import BatchRecord, Database, FileRecord, repo
 from batch_dagster.db.models import WebhookEvent
-from batch_dagster.defs.run_limits import launch_priority
 from batch_dagster.features.eta import (
     Entry,
     RunningEta,
@@ -19,6 +18,7 @@ from batch_dagster.features.eta import (
     running_remaining_s,
     set_launch_priorities,
 )
+from batch_dagster.features.fairness import launch_priority
 from batch_dagster.features.throughput import Throughput, bounded_work, busy_s, queue_throughput
 
 NOW = 1_000_000

@@ -18,11 +18,11 @@ import pytest
 from sqlalchemy import update
 
 from batch_dagster.db import BatchRecord, Database, FileRecord, repo
-from batch_dagster.db.retention import first_batch_created_at
+from batch_dagster.defs import retention as retention_sensor
 from batch_dagster.defs.partitions import report_start
-from batch_dagster.defs.resources import Retention
-from batch_dagster.defs.sensors import file_expiry_sensor, history_retention_sensor
-from batch_dagster.defs.sensors import retention as retention_sensor
+from batch_dagster.defs.retention import Retention, history_retention_sensor
+from batch_dagster.defs.sensors import file_expiry_sensor
+from batch_dagster.features.retention import first_batch_created_at
 from batch_dagster.settings import DAY_S, Settings
 from tests.helpers import BUCKET, check_retention_queries, rows, upload, wait_for
 

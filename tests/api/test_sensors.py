@@ -8,7 +8,7 @@ import pytest
 
 from batch_dagster.batchfile.contract import CHAT, EMBEDDINGS
 from batch_dagster.batchfile.folder import Validation
-from batch_dagster.batchfile.options import BatchOptions
+from batch_dagster.batchfile.options import BatchOptions, BatchRequest
 from batch_dagster.db import BatchRecord, repo
 from batch_dagster.db.batches import add_input_file, create_batch
 from batch_dagster.definitions import defs as project_defs
@@ -101,8 +101,9 @@ def test_runs_are_tagged_for_the_run_queue_by_the_model_of_their_file(sensor_env
             upload = add_input_file(session, owner="a", file_id=repo.new_file_id(), filename=path.name,
                                     size=path.stat().st_size)
             storage.open().put_file(upload.path, path)  # as the API stores an upload, then copies it in
-            ids[name] = create_batch(session, storage.open(), owner="a", endpoint=EMBEDDINGS if name == "offline"
-                                     else CHAT, input_file=upload, input_from=upload, window=None).id
+            request = BatchRequest(owner="a", input_file_id=upload.id, endpoint=EMBEDDINGS if name == "offline" else CHAT)
+            ids[name] = create_batch(session, storage.open(), request, upload).id
+            session.commit()
     tags = {r.partition_key: r.tags for r in tick(api_batch_sensor, instance, resources).run_requests}
 
     queue = {name: {k: v for k, v in tags[ids[name]].items() if k.startswith("batch/")} for name in files}
@@ -139,7 +140,7 @@ def test_a_run_of_an_ended_batch_left_started_by_a_stopped_serve_is_marked_faile
 
 
 def test_a_batchs_own_priority_goes_before_the_fair_order_and_equals_interleave(sensor_env):
-    from batch_dagster.defs.run_limits import PRIORITY_TAG, RANK_TAG
+    from batch_dagster.defs.fairness import PRIORITY_TAG, RANK_TAG
 
     instance, resources, _ = sensor_env
     with resources["database"].session() as session:

@@ -171,6 +171,7 @@ def test_launch_queue(store):
 
 
 def test_a_batch_records_its_model_and_a_local_input_is_copied_once(store, tmp_path):
+    from batch_dagster.batchfile.options import BatchRequest
     from batch_dagster.db.batches import create_batch, register_local
 
     storage = LocalStorage(tmp_path / "data")
@@ -184,8 +185,9 @@ def test_a_batch_records_its_model_and_a_local_input_is_copied_once(store, tmp_p
         folder = BatchFolder(storage, local.id)
         assert file.path == folder.input_key and storage.list("files") == []  # the folder's copy is the File
         # An uploaded File: its model from its head, read once at creation; its count comes with validation.
-        uploaded = create_batch(s, storage, owner="a", endpoint="/v1/embeddings", input_file=file, input_from=file,
-                                window=None)
+        uploaded = create_batch(s, storage, BatchRequest(owner="a", input_file_id=file.id, endpoint="/v1/embeddings"),
+                                file)
+        s.commit()
         assert (uploaded.model, uploaded.request_total) == ("m1", 0)
         # Deleting the local batch's File forgets it but keeps the folder's input, which a re-run reads.
         repo.delete_file(s, storage, file)

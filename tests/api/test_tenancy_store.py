@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from batch_dagster.batchfile.contract import CHAT, MAX_FILENAME_CHARS, MAX_MODEL_CHARS, BatchError
 from batch_dagster.batchfile.folder import Validation
+from batch_dagster.batchfile.options import BatchRequest
 from batch_dagster.db import BatchRecord, Database, FileRecord, repo
 from batch_dagster.db.batches import add_input_file, create_batch
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource
@@ -95,8 +96,8 @@ def test_a_model_too_long_for_the_store_is_not_recorded_at_creation(store, tmp_p
     with store.session() as session:
         upload = add_input_file(session, owner="a", file_id=repo.new_file_id(), filename="in.jsonl",
                                 size=path.stat().st_size)
-        batch = create_batch(session, storage, owner="a", endpoint=CHAT, input_file=upload, input_from=path,
-                             window=None)
+        batch = create_batch(session, storage, BatchRequest(owner="a", input_file_id=upload.id, endpoint=CHAT), path)
+        session.commit()
         assert batch.model is None  # validation then fails the file: line 1, body.model
     with store.session() as session:
         assert session.scalar(select(BatchRecord.model).where(BatchRecord.id == batch.id)) is None

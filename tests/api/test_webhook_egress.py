@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from batch_dagster import egress
 from batch_dagster.api.context import LOOKUPS_QUEUED_PER_KEY
-from batch_dagster.defs.resources.webhooks import WebhookConfig
+from batch_dagster.defs.webhooks import WebhookConfig
+from batch_dagster.features import egress
 from tests.helpers import KEY_A, KEY_B, Flood, Receiver
 
 SECRET = "whsec_" + base64.b64encode(b"an endpoint's secret, 32 bytes ok").decode()

@@ -13,13 +13,12 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import select
 
-from batch_dagster import egress
 from batch_dagster.db import Database, repo
 from batch_dagster.db.lifecycle import add_event
 from batch_dagster.db.models import WebhookDelivery, WebhookEndpointRecord
 from batch_dagster.defs.resources import DatabaseResource
-from batch_dagster.defs.resources.webhooks import WebhookConfig
-from batch_dagster.defs.sensors import webhook_sensor
+from batch_dagster.defs.webhooks import WebhookConfig, webhook_sensor
+from batch_dagster.features import egress
 from batch_dagster.features import webhooks as outbox
 from tests.helpers import KEY_A, KEY_B, Receiver, chat_request, rows, upload, wait_for
 

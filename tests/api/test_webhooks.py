@@ -18,8 +18,7 @@ from sqlalchemy import func, select
 from batch_dagster.db import Database
 from batch_dagster.db.models import WebhookDelivery, WebhookEvent
 from batch_dagster.defs.resources import DatabaseResource
-from batch_dagster.defs.resources.webhooks import WebhookConfig
-from batch_dagster.defs.sensors import webhook_sensor
+from batch_dagster.defs.webhooks import WebhookConfig, webhook_sensor
 from batch_dagster.features.webhooks import backoff_s, check_secret
 from tests.helpers import Receiver, chat_request, free_port, rows, upload, wait_for
 

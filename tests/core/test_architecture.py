@@ -201,3 +201,60 @@ def test_settings_defaults_and_overrides(monkeypatch, tmp_path):
     s = settings.Settings.from_env()
     assert s.api_keys == ("sk-a", "sk-b") and s.intake_api_key == ""  # no key picked to own dropped files
     assert s.limits.max_bytes == 1000 and s.max_upload_bytes == 1000
+
+
+def _functions() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    return [(name, node) for name, path in _modules().items()
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+
+
+def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Its parameters, `self` and `cls` not counted."""
+    a = function.args
+    named = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+    return len(named) - (bool(named) and named[0].arg in ("self", "cls")) + (a.vararg is not None) \
+        + (a.kwarg is not None)
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    # A value carried whole instead (a BatchRequest, a Shard), not sixteen keywords threaded through.
+    wide = [f"{name}.{f.name}: {_parameters(f)}" for name, f in _functions() if _parameters(f) > 8]
+    assert wide == []
+
+
+def test_no_module_name_is_in_three_packages():
+    """One meaning per name: a feature's modules are named after it in at most two packages (its rules in features/,
+    its Dagster side in defs/), never a slice of the same name in every layer."""
+    packages: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "migrations" not in path.parts and path.name not in ("__init__.py", "__main__.py"):
+            packages.setdefault(path.name, set()).add(str(path.parent.relative_to(REPO)))
+    assert {name: sorted(where) for name, where in packages.items() if len(where) >= 3} == {}
+
+
+# Where a process reads its settings from the environment; everything else is given them.
+COMPOSITION_ROOTS = {"batch_dagster/cli.py", "batch_dagster/serve/__main__.py", "batch_dagster/api/__main__.py",
+                     "batch_dagster/defs/definitions.py", "batch_dagster/defs/table/component.py"}
+
+
+def test_settings_are_read_from_the_environment_in_the_composition_roots_only():
+    readers = {str(path.relative_to(REPO)) for path in PACKAGE.rglob("*.py")
+               if path.name != "settings.py" and "Settings.from_env(" in path.read_text(encoding="utf-8")}
+    assert readers == COMPOSITION_ROOTS
+
+
+def test_the_lifecycles_assets_do_not_import_the_table_component():
+    """The table component runs the lifecycle's steps; the lifecycle knows nothing of it."""
+    for name, targets in _graph().items():
+        if name.startswith("batch_dagster.defs.assets"):
+            assert not {t for t in targets if t.startswith("batch_dagster.defs.table")}, name
+
+
+def test_the_core_keeps_the_batch_request_and_every_way_in_builds_one():
+    """A new way in builds a BatchRequest and hands it to the store; no way in threads its fields to the store one by
+    one (db/batches.create_batch takes the request whole)."""
+    create = next(f for name, f in _functions() if name == "batch_dagster.db.batches" and f.name == "create_batch")
+    assert [a.arg for a in create.args.args][:3] == ["session", "storage", "request"] and _parameters(create) <= 6
+    builders = {name for name, path in _modules().items() if "BatchRequest(" in path.read_text(encoding="utf-8")}
+    assert {"batch_dagster.api.schemas", "batch_dagster.db.batches", "batch_dagster.defs.table.run"} <= builders

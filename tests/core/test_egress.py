@@ -7,8 +7,8 @@ import ipaddress
 
 import pytest
 
-from batch_dagster import egress
-from batch_dagster.egress import Allow, Refused, check, is_public, numeric
+from batch_dagster.features import egress
+from batch_dagster.features.egress import Allow, Refused, check, is_public, numeric
 
 NONE = Allow()
 

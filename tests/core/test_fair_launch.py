@@ -1,10 +1,10 @@
-"""The launch order of batch runs (defs/run_limits.py fair_ranks): keys interleaved, each key's runs in order,
+"""The launch order of batch runs (features/fairness.py fair_ranks): keys interleaved, each key's runs in order,
 a key with nothing in flight behind one run slot at most (issue #18); within a priority, the earliest deadline first
 (issue #32)."""
 
 from __future__ import annotations
 
-from batch_dagster.defs.run_limits import (
+from batch_dagster.features.fairness import (
     PRIORITY_STEP,
     InFlight,
     deadline_term,

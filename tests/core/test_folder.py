@@ -23,7 +23,9 @@ from batch_dagster.batchfile.folder import (
     shard_file,
     shard_result_files,
 )
+from batch_dagster.batchfile.options import BatchOptions, BatchRequest
 from batch_dagster.batchfile.usage import Cost, Usage
+from batch_dagster.batchfile.windows import Window
 from batch_dagster.storage import LocalStorage, file_location
 
 
@@ -99,9 +101,9 @@ def test_documents_round_trip_as_typed_objects(folder):
 
 def test_endpoint_source_deadline_and_stop(folder, tmp_path):
     assert folder.endpoint() is None and folder.source() is None and folder.stop_reason() is None
-    folder.declare("/v1/embeddings")
+    folder.declare(BatchRequest(endpoint="/v1/embeddings"))
     assert folder.endpoint() == "/v1/embeddings" and folder.completion_window() is None
-    folder.declare("/v1/embeddings", "1h")
+    folder.declare(BatchRequest(endpoint="/v1/embeddings", window=Window("1h", 3600)))
     assert (folder.endpoint(), folder.completion_window()) == ("/v1/embeddings", "1h")
     folder.set_source("s3://b/k.jsonl", "files/f.jsonl")
     assert folder.source() == Source("s3://b/k.jsonl", "files/f.jsonl")
@@ -132,10 +134,23 @@ def test_modified_at_and_listing(folder, tmp_path):
     folder.write_validation(Validation(True, 1, "m", "/v1/completions", 0, []))
     at = folder.modified_at(folder.VALIDATION)
     assert at is not None and abs(at - time.time()) < 5
-    BatchFolder(storage, "batch_2").declare("/v1/completions")
+    BatchFolder(storage, "batch_2").declare(BatchRequest(endpoint="/v1/completions"))
     assert batch_ids(storage) == ["batch_1", "batch_2"]
     assert storage.list("batches/batch_1") == ["batches/batch_1/validation.json"]
     assert storage.size("batches/batch_1/validation.json") == os.path.getsize(
         tmp_path / "batches" / "batch_1" / "validation.json")
     storage.delete("batches/batch_1/validation.json")
     assert folder.validation() is None
+
+
+def test_the_batch_request_is_kept_whole_and_an_older_batch_json_still_reads(folder):
+    asked = BatchRequest(owner="o", input_file_id="file-1", endpoint="/v1/chat/completions", model="m",
+                         window=Window("24h", 1440), metadata={"k": "v"}, output_expires_after=7200,
+                         options=BatchOptions(priority=2, reuse=True), parent_batch_id="batch_0")
+    folder.declare(asked)
+    assert folder.batch_request() == asked and folder.completion_window() == "24h"
+    # batch.json as written before the request was kept whole: its endpoint and window, a table batch's options.
+    folder.storage.write_bytes(folder.key("batch.json"), orjson.dumps(
+        {"endpoint": "/v1/embeddings", "completion_window": "1h", "options": {"reuse": False}, "owner": None}))
+    assert folder.batch_request() == BatchRequest(endpoint="/v1/embeddings", window=Window("1h", 0),
+                                                  options=BatchOptions(reuse=False))

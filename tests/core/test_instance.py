@@ -92,7 +92,7 @@ def test_instance_refuses_a_url_of_another_driver_or_scheme(tmp_path, url):
 def test_the_url_in_the_form_dagsters_docs_use_is_exported_with_the_driver(tmp_path, monkeypatch, scheme):
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("DAGSTER_PG_URL", f"{scheme}://u:secret@db.example:5432/dagster")
-    ensure_dagster_home()
+    ensure_dagster_home(settings.Settings.from_env())
     # For this process and every one it starts; the file still names the variable only.
     assert os.environ["DAGSTER_PG_URL"] == "postgresql+psycopg2://u:secret@db.example:5432/dagster"
     text = (tmp_path / "home" / "dagster.yaml").read_text()

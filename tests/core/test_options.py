@@ -26,3 +26,11 @@ def test_a_stored_option_the_bounds_refuse_is_read_as_its_default():
     assert BatchOptions.from_stored({"priority": 99, "max_cost": 1.5}) == BatchOptions(max_cost=1.5)
     assert BatchOptions.from_stored(None) == BatchOptions.from_stored(["not", "a", "dict"]) == BatchOptions()
     assert BatchOptions.from_stored({"priority": 2, "unknown": 1}) == BatchOptions(priority=2)  # a newer writer's
+
+
+def test_options_left_unset_take_the_defaults_given_once():
+    operator = BatchOptions(reuse=True, error_breaker_rate=0.5)
+    assert BatchOptions().resolved(operator) == BatchOptions(reuse=True, error_breaker_rate=0.5)
+    own = BatchOptions(priority=3, reuse=False, max_cost=2.0)
+    assert own.resolved(operator) == BatchOptions(priority=3, reuse=False, max_cost=2.0, error_breaker_rate=0.5)
+    assert BatchOptions().resolved(BatchOptions()) == BatchOptions()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,18 @@ def test_engine_args_default_empty_and_not_shared():
 def test_missing_source_raises():
     with pytest.raises(ValueError, match="source"):
         parse_registry({"models": {"a": {"task": "generate"}}})
+
+
+def test_a_dotted_name_left_unquoted_is_named_with_how_to_quote_it():
+    # TOML reads [models.qwen2.5-1.5b-instruct] as tables nested at each dot (docs/your-own-model.md once showed it so).
+    data = tomllib.loads('[models.qwen2.5-1.5b-instruct]\nsource = "Qwen/Qwen2.5-1.5B-Instruct"\n')
+    with pytest.raises(ValueError, match=r"Model 'qwen2' has no 'source' in the registry\. A name with a dot is "
+                                         r'quoted, as \[models\."qwen2\.5-1\.5b-instruct"\]'):
+        parse_registry(data)
+    quoted = tomllib.loads('[models."qwen2.5-1.5b-instruct"]\nsource = "Qwen/Qwen2.5-1.5B-Instruct"\n')
+    assert parse_registry(quoted)["qwen2.5-1.5b-instruct"].source == "Qwen/Qwen2.5-1.5B-Instruct"
+    with pytest.raises(ValueError, match=r"has no 'source' in the registry\.$"):  # engine_args is no dotted name
+        parse_registry({"models": {"a": {"engine_args": {"enforce_eager": True}}}})
 
 
 def test_source_can_come_from_defaults():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile import reuse
-from batch_dagster.batchfile.reuse import AnswerStore, answer_key, keep, look_up, model_identity, renewed
+from batch_dagster.features import reuse
+from batch_dagster.features.reuse import AnswerStore, answer_key, keep, look_up, model_identity, renewed
 from batch_dagster.storage import LocalStorage
 
 RECORD = {"model": "m", "revision": "sha256:abc", "dtype": "bfloat16", "engine_mode": "offline",

@@ -3,7 +3,7 @@ prefix-cache salt a keyed hash of the scope (and of the request's own salt, with
 
 from __future__ import annotations
 
-from batch_dagster.batchfile.scope import SHARED, Owner, cache_salt, salted, scope
+from batch_dagster.features.scope import SHARED, Owner, cache_salt, salted, scope
 
 ALICE, BOB = Owner("a" * 64, "alice"), Owner("b" * 64, "bob")
 

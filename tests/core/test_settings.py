@@ -52,15 +52,15 @@ def test_typed_defaults_are_the_settings_of_an_empty_environment(empty_env):
 
 
 def test_cli_and_serve_defaults_come_from_the_settings(empty_env, monkeypatch):
-    args = build_parser().parse_args(["fleet", "some-model"])
+    args = build_parser(settings.Settings.from_env()).parse_args(["fleet", "some-model"])
     assert (args.replicas, args.port, args.policy, args.host) == (
         empty_env.fleet_replicas, empty_env.fleet_port, empty_env.fleet_policy, settings.LOOPBACK)
-    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    commands = next(a for a in build_parser(settings.Settings.from_env())._actions if isinstance(a, argparse._SubParsersAction))
     assert next(a for a in commands.choices["fleet"]._actions if a.dest == "policy").choices == POLICIES
-    assert build_parser().parse_args(["vllm-server", "m"]).port == settings.VLLM_SERVER_PORT
+    assert build_parser(settings.Settings.from_env()).parse_args(["vllm-server", "m"]).port == settings.VLLM_SERVER_PORT
     monkeypatch.setenv("BATCH_FLEET_PORT", "9100")
     monkeypatch.setenv("BATCH_FLEET_POLICY", "round_robin")
-    args = build_parser().parse_args(["fleet", "some-model"])
+    args = build_parser(settings.Settings.from_env()).parse_args(["fleet", "some-model"])
     assert (args.port, args.policy) == (9100, "round_robin")
 
     from batch_dagster.serve.__main__ import build_parser as serve_parser

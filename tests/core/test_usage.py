@@ -110,6 +110,14 @@ def test_price_table_from_dict_defaults_and_overrides():
     assert table.for_model("unlisted") == Price(1.0, 2.0, 0.5, "USD")
 
 
+def test_a_dotted_model_name_left_unquoted_in_the_price_table_is_named_with_how_to_quote_it():
+    data = tomllib.loads("[models.qwen2.5-1.5b-instruct]\ninput_per_1m = 0.2\n")
+    with pytest.raises(ValueError, match=r'has 5-1: not a price\'s field .* quoted, as \[models\."qwen2\.5-1\.5b-instruct"\]'):
+        PriceTable.from_dict(data)
+    quoted = PriceTable.from_dict(tomllib.loads('[models."qwen2.5-1.5b-instruct"]\ninput_per_1m = 0.2\n'))
+    assert quoted.for_model("qwen2.5-1.5b-instruct").input_per_1m == 0.2
+
+
 def test_price_table_from_dict_without_defaults():
     table = PriceTable.from_dict({"models": {"a": {"input_per_1m": 3.0}}})
     assert table.for_model("a") == Price(input_per_1m=3.0)

@@ -18,11 +18,11 @@ from tests.helpers import CHAT_MODEL, EMBED_MODEL, MODEL_CACHE
 def test_each_fleet_model_goes_to_its_router_and_other_models_run_offline(monkeypatch):
     monkeypatch.delenv("BATCH_ENGINE_MODE", raising=False)
     monkeypatch.setenv("BATCH_FLEET_URLS", f"{CHAT_MODEL}=http://127.0.0.1:8200, {EMBED_MODEL}=http://127.0.0.1:8300/")
-    vllm = resources_from_env()["vllm"].process_config_and_initialize()  # as a run sees it
+    vllm = resources_from_env(Settings.from_env())["vllm"].process_config_and_initialize()  # as a run sees it
     assert vllm.server_urls_for(CHAT_MODEL) == ["http://127.0.0.1:8200"]
     assert vllm.server_urls_for(EMBED_MODEL) == ["http://127.0.0.1:8300"]
     monkeypatch.setenv("BATCH_FLEET_URLS", f"{EMBED_MODEL}=http://127.0.0.1:8300")
-    assert resources_from_env()["vllm"].server_urls_for(CHAT_MODEL) is None  # no fleet of its own: offline
+    assert resources_from_env(Settings.from_env())["vllm"].server_urls_for(CHAT_MODEL) is None  # no fleet of its own: offline
     for bad in ("smollm", f"{CHAT_MODEL}=ftp://x", f"{CHAT_MODEL}=http://a,{CHAT_MODEL}=http://b"):
         monkeypatch.setenv("BATCH_FLEET_URLS", bad)
         with pytest.raises(ValueError, match="BATCH_FLEET_URLS"):

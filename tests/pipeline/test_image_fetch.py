@@ -12,12 +12,12 @@ import tracemalloc
 from fastapi import FastAPI
 from fastapi.responses import Response, StreamingResponse
 
-from batch_dagster import image_fetch
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.image_sources import ImageSources
-from batch_dagster.egress import Allow
-from batch_dagster.image_fetch import ImageFetcher
+from batch_dagster.features import images
+from batch_dagster.features.egress import Allow
+from batch_dagster.features.images import ImageFetcher
 from batch_dagster.storage import LocalStorage
 from tests.helpers import ApiServer
 
@@ -177,14 +177,14 @@ def test_the_engine_gets_a_shards_images_a_bounded_group_at_a_time(tmp_path, mon
     def image(name: str):
         return Response(name.encode() * 100, media_type="image/png")
 
-    monkeypatch.setattr(image_fetch, "IN_MEMORY_BYTES", 1300)
+    monkeypatch.setattr(images, "IN_MEMORY_BYTES", 1300)
     with ApiServer(app) as server:
         fetcher = ImageFetcher(BatchFolder(LocalStorage(tmp_path), "b"), ImageSources.of(["127.0.0.1"], 1000),
                                LOOPBACK)
         names = ["im1", "im2", "im3", "im4", "im5"]
         requests = [chat(name, f"{server.url}/{name}.png") for name in names] + [("text", {"messages": []})]
         ready, refused = fetcher.fetch(c.CHAT, requests)
-        assert refused == [] and all(image_fetch.STORED in str(body) for _, body in ready[:5])
+        assert refused == [] and all(images.STORED in str(body) for _, body in ready[:5])
         groups = list(fetcher.inlined(c.CHAT, ready))
     urls = [[body["messages"][0]["content"][1]["image_url"]["url"] for _, body in group if body["messages"]]
             for group in groups]

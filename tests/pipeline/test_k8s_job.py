@@ -17,7 +17,8 @@ import dagster as dg
 import pytest
 import yaml
 
-from batch_dagster.defs.assets.batch import batch_output_files, shard_results, validated_requests
+from batch_dagster.defs.assets.batch import lifecycle
+from batch_dagster.settings import default
 from tests.helpers import REPO
 
 if TYPE_CHECKING:
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 # each pytest worker's, most of which run none of these tests.
 
 VALUES = REPO / "deploy" / "helm" / "dagster-values.yaml"
+validated_requests, shard_results, batch_output_files = (
+    next(a for a in lifecycle(default("BATCH_STEP_RETRY_DELAY_S")) if a.key.path[-1] == name)
+    for name in ("validated_requests", "shard_results", "batch_output_files"))
 KUBERNETES_VERSION = "1.30.0"
 # `helm upgrade --install dagster dagster/dagster -n batch-dagster` (docs/deploy.md): the chart's full name is
 # "dagster", and the names below are the ones its templates derive from it.

@@ -12,12 +12,12 @@ from batch_dagster.defs.resources import (
     DatabaseResource,
     Intake,
     PipelineConfig,
-    Retention,
     StorageResource,
     VLLMResource,
 )
 from batch_dagster.defs.resources.from_env import resources_from_env
-from batch_dagster.defs.resources.webhooks import WebhookConfig
+from batch_dagster.defs.retention import Retention
+from batch_dagster.defs.webhooks import WebhookConfig
 from batch_dagster.engine.server import ServerEngine
 
 
@@ -38,7 +38,7 @@ def test_resource_defaults_are_the_settings_defaults(empty_env):
 
 
 def test_resources_from_an_empty_environment_hold_the_settings(empty_env):
-    resources = resources_from_env()
+    resources = resources_from_env(settings.Settings.from_env())
     assert resources["pipeline"].shard_size == empty_env.shard_size
     assert resources["intake"].inbox_dir == str(empty_env.inbox_dir)
     assert resources["vllm"].fleet_urls == empty_env.fleet_urls == {}
@@ -48,7 +48,7 @@ def test_a_set_variable_reaches_the_resource_as_an_env_var(empty_env, monkeypatc
     """So the Dagster UI names the variable (and never shows the webhook secret's value)."""
     monkeypatch.setenv("BATCH_SHARD_SIZE", "7")
     monkeypatch.setenv("BATCH_WEBHOOK_SECRET", "whsec_" + "A" * 24)
-    resources = resources_from_env()
+    resources = resources_from_env(settings.Settings.from_env())
     shard_size, secret = resources["pipeline"].shard_size, resources["webhooks"].secret
     assert type(shard_size).__name__ == "IntEnvVar" and shard_size.name == "BATCH_SHARD_SIZE"  # an int subclass
     assert isinstance(secret, dg.EnvVar) and secret == dg.EnvVar("BATCH_WEBHOOK_SECRET")
@@ -80,7 +80,7 @@ def test_every_set_variable_whose_text_is_its_value_reaches_its_fields_as_an_env
     for variable in settings.VARIABLES:
         if variable.text_is_value and variable.name != "BATCH_REPORT_START":
             monkeypatch.setenv(variable.name, values.get(variable.name, "7" if variable.parse is not str else "x"))
-    resources = resources_from_env()
+    resources = resources_from_env(settings.Settings.from_env())
     for key, resource in resources.items():
         for name, variable in _variables(type(resource)).items():
             value, annotation = getattr(resource, name), type(resource).model_fields[name].annotation

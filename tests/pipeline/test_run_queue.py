@@ -26,7 +26,7 @@ def test_dagster_reads_the_run_limits_of_the_settings(tmp_path, monkeypatch, set
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
-    home = ensure_dagster_home()
+    home = ensure_dagster_home(Settings.from_env())
     offline, per_model = limits
     with dg.DagsterInstance.from_config(str(home)) as instance:
         concurrency = instance.get_concurrency_config()

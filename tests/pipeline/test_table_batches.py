@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.reuse import AnswerStore
 from batch_dagster.defs.resources import PipelineConfig, StorageResource
 from batch_dagster.defs.table.component import IO_MANAGER, PIPELINE, STORAGE, VLLM
 from batch_dagster.defs.table.io_manager import TableIOManager, as_pandas
 from batch_dagster.engine.models import Models
+from batch_dagster.features.reuse import AnswerStore
 from tests.helpers import (
     LabelEngine,
     component_yaml,
@@ -344,3 +344,16 @@ def test_table_batches_share_answers_within_their_namespace_only(tmp_path, data_
         assert shared["computed"] == 8  # the shared scope is a new one: computed once there...
         _, again = labels_of(materialize(defs, ["reviews", "labels_too"], res, instance), "labels_too")
         assert (again["reused"], again["computed"]) == (8, 0)  # ...and met by every owner the operator shares
+
+
+def test_the_component_takes_its_option_fields_from_the_batch_options():
+    """A table batch's options are a batch's (BatchOptions): the same names, defaults and meanings in its YAML;
+    those it leaves unset are a table batch's defaults (answers reused), then the operator's."""
+    from batch_dagster.batchfile.options import BatchOptions
+    from batch_dagster.defs.table.component import TableBatchComponent
+    from batch_dagster.defs.table.run import TABLE_DEFAULTS
+
+    fields = TableBatchComponent.model_fields
+    for name, info in BatchOptions.model_fields.items():
+        assert (fields[name].default, fields[name].description) == (info.default, info.description), name
+    assert BatchOptions().resolved(TABLE_DEFAULTS) == BatchOptions(reuse=True)

@@ -9,13 +9,15 @@ import pytest
 
 from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.folder import BatchFolder, Validation
+from batch_dagster.batchfile.options import BatchRequest
 from batch_dagster.db import Database, repo
 from batch_dagster.db.batches import add_input_file, create_batch
-from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.batch import lifecycle
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import DatabaseResource, LazyS3Resource, PipelineConfig, StorageResource
 from batch_dagster.defs.runner import run_batch
+from batch_dagster.settings import default
 from tests.helpers import CHAT_MODEL, FakeEngine, chat_request, count_words, fake_vllm, write_jsonl
 
 
@@ -28,7 +30,7 @@ def word_tokenizer(monkeypatch):
 def defs_with_limit(data_dir: Path, limit: int, url: str) -> dg.Definitions:
     vllm = fake_vllm("token-limit", FakeEngine())
     return dg.Definitions(
-        assets=lifecycle_assets, asset_checks=lifecycle_checks, jobs=[batch_job],
+        assets=lifecycle(default("BATCH_STEP_RETRY_DELAY_S")), asset_checks=lifecycle_checks, jobs=[batch_job],
         resources={"storage": StorageResource(data_dir=str(data_dir)), "vllm": vllm, "s3": LazyS3Resource(),
                    "database": DatabaseResource(url=url),
                    "pipeline": PipelineConfig(max_enqueued_tokens=limit)},
@@ -41,8 +43,8 @@ def enqueue_other(store: Database, data_dir: Path, owner: str, tokens: int, stat
     with store.session() as session:
         file = add_input_file(session, owner=owner, file_id=repo.new_file_id(), filename="other.jsonl", size=0)
         storage.write_bytes(file.path, b"")
-        row = create_batch(session, storage, owner=owner, endpoint=c.CHAT, input_file=file, input_from=None,
-            window=None, launched=True)
+        row = create_batch(session, storage, BatchRequest(owner=owner, input_file_id=file.id, endpoint=c.CHAT), None)
+        row.launched_at = row.created_at
         row.status = status
         session.commit()
         BatchFolder(storage, row.id).write_validation(Validation(

@@ -12,7 +12,7 @@ import time
 import dagster as dg
 import httpx
 
-from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.batch import LIFECYCLE
 from batch_dagster.defs.resources import StorageResource
 from tests.daemon_defs import engine_calls
 from tests.helpers import (
@@ -101,7 +101,7 @@ def test_backfills_of_finished_batches_redo_no_shard_and_rewrite_files_whole(tmp
                 "job": {"selector": {"partitionSetName": "batch_job_partition_set", "repositorySelector": REPOSITORY},
                         "partitionNames": ids},
                 # Asset graph > select the lifecycle assets > Materialize > choose both partitions.
-                "assets": {"assetSelection": [{"path": [a.key.path[-1]]} for a in lifecycle_assets],
+                "assets": {"assetSelection": [{"path": [key.path[-1]]} for key in LIFECYCLE],
                            "partitionNames": ids},
             }
             for kind, params in launched.items():

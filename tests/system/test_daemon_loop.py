@@ -30,7 +30,7 @@ def serve(tmp_path_factory) -> Iterator[Serve]:
 
 
 def ticks(serve: Serve) -> dict[str, int]:
-    """Each sensor's evaluations so far, as the sensors count them in the store (defs/sensors/timing.py)."""
+    """Each sensor's evaluations so far, as the sensors count them in the store (defs/sensor_timing.py)."""
     with serve.store() as session:
         return {row.name: row.ticks for row in session.query(SensorTick).filter(SensorTick.name.in_(SENSORS))}
 

@@ -13,7 +13,7 @@ import dagster as dg
 import pytest
 from openai import OpenAI
 
-from batch_dagster.defs.run_limits import launch_priority
+from batch_dagster.features.fairness import launch_priority
 from tests.helpers import EMBED_MODEL, Serve, batch_runs, write_jsonl
 
 pytestmark = pytest.mark.timeout(600)

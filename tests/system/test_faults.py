@@ -4,7 +4,7 @@ Each case runs `serve` (the API and the real Dagster daemon, with the project's 
 fake engine, so what fails is the deployment around the engine, and checks "nothing lost" the same way: every batch
 ends; each custom_id is in its output or error file exactly once; its request counts and usage are its lines'; and
 the shards committed before the fault are neither rewritten nor sent to the engine again. What an operator sees and
-does in each case: docs/operations.md#faults.
+does in each case: docs/faults.md#faults.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""One file per endpoint, carrying every honored field, through the in-process engine and through a fleet
+"""One file per endpoint, carrying every accepted field (honored, or accepted with no effect here), through the in-process engine and through a fleet
 (`batch-dagster fleet`: a vLLM server behind vllm-router), compared line by line, ids and timestamps aside.
 
 Both run the same registry copy: float32 (so greedy answers compare exactly), the embedded models, SmolLM2 with
 a tool-call parser (hermes), a reasoning parser (olmo3: `<think>` in plain text) and a chat template that also
 renders what SmolLM2's own template ignores (documents, template variables, tool calls): fields that only a template
-or a parser reads show their effect through it. Each honored field's effect is asserted on the in-process answers;
-the fleet's answers are the same. Run it under the fleet lock (its router binds the metrics port):
+or a parser reads show their effect through it. Each honored field's effect is asserted on the in-process answers, and
+the lines carrying the accepted no-ops are answered as the plain ones; the fleet's answers are the same. Run it under the fleet lock (its router binds the metrics port):
 `flock /work/.locks/fleet .venv/bin/python -m pytest tests/system/test_parity.py`.
 """
 
@@ -109,6 +109,18 @@ def embedding(cid: str, text: object = "A cat sleeps on the sofa.", **fields) ->
     return line(c.EMBEDDINGS, cid, {"model": EMBED_MODEL, "input": text, **fields})
 
 
+# The accepted no-ops (fields.py: accepted, no effect here), those vLLM would refuse (left out before it) included.
+NO_EFFECT_OPENAI = {"store": True, "service_tier": "flex", "prompt_cache_key": "k", "prompt_cache_options": {"ttl": "30m"},
+                    "prompt_cache_retention": "24h", "safety_identifier": "s-1", "user": "u-1"}
+NO_EFFECT_CHAT = {**NO_EFFECT_OPENAI, "metadata": {"team": "geo"}, "modalities": ["text"], "verbosity": "low",
+                  "prediction": {"type": "content", "content": "The capital of France is Paris."}}
+NO_EFFECT_GENERATING = {"priority": 5, "session_id": "s-1", "watermarking": False, "mm_payload": "none",
+                        "return_mm_kwargs": False, "kv_transfer_params": {"do_remote_prefill": True},
+                        "ec_transfer_params": {}}
+NO_EFFECT_SAMPLING = {"spaces_between_special_tokens": False, "return_token_offsets": True, "stream_interval": 4,
+                      "routed_experts_prompt_start": 1}
+
+
 def chat_rows(ids: dict[str, int]) -> list[dict]:
     paris, the, capital, of = ids[" Paris"], ids["The"], ids[" capital"], ids[" of"]
     history = [{"role": "user", "content": "What is the weather in Paris?"},
@@ -117,8 +129,8 @@ def chat_rows(ids: dict[str, int]) -> list[dict]:
                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
     return [
         chat("base"),
-        chat("no-effect", user="u-1", stream=False, store=False, service_tier="auto", modalities=["text"],
-             cache_salt="user-1"),
+        chat("no-effect", stream=False, cache_salt="user-1", **NO_EFFECT_GENERATING, **NO_EFFECT_SAMPLING,
+             **NO_EFFECT_CHAT),
         chat("greedy-top-k", temperature=1.0, top_k=1),
         chat("greedy-top-p", temperature=1.0, top_p=1e-9),
         chat("greedy-min-p", temperature=1.0, min_p=1.0),
@@ -132,6 +144,7 @@ def chat_rows(ids: dict[str, int]) -> list[dict]:
         chat("plain-repeat", REPEAT, max_tokens=24),
         chat("penalties", REPEAT, max_tokens=24, frequency_penalty=2.0, presence_penalty=2.0),
         chat("repetition", REPEAT, max_tokens=24, repetition_penalty=2.0),
+        chat("repetition-detected", REPEAT, max_tokens=24, repetition_detection={"max_pattern_size": 2, "min_count": 3}),
         chat("logit-bias", logit_bias={str(paris): -100}),
         chat("bad-words", bad_words=["Paris"]),
         chat("allowed", allowed_token_ids=[the, capital, of], return_token_ids=True, max_tokens=6),
@@ -183,6 +196,11 @@ def completion_rows(ids: dict[str, int]) -> list[dict]:
     return [
         completion("base"),
         completion("default-length", max_tokens=None, user="u-1", stream=False, cache_salt="user-1"),
+        completion("no-effect", best_of=1, **NO_EFFECT_GENERATING, **NO_EFFECT_SAMPLING),
+        # A grammar makes the text repeat (and past the end-of-text); the detection ends it early.
+        # (The grammar writes " dog" in about three tokens: the pattern is up to 4 long.)
+        completion("repetition-detected", structured_outputs={"regex": "( dog)+"}, ignore_eos=True, max_tokens=16,
+                   repetition_detection={"max_pattern_size": 4, "min_count": 3}),
         completion("echo", echo=True),
         completion("logprobs", logprobs=2, max_tokens=3),
         completion("prompts", ["One, two,", "Monday, Tuesday,"], max_tokens=4),
@@ -216,6 +234,11 @@ def response_rows(ids: dict[str, int]) -> list[dict]:
     return [
         response("base", instructions="Answer in one short sentence.", user="u-1", metadata={"team": "geo"},
                  stream=False, store=False, service_tier="auto", cache_salt="user-1"),
+        response("plain"),
+        # What inspect_ai sends on every line, and the other no-ops.
+        response("no-effect", include=["reasoning.encrypted_content", "web_search_call.action.sources"],
+                 background=True, background_options={"completion_window": "2h"}, max_tool_calls=2,
+                 access_programs={"cyber": "standard"}, **NO_EFFECT_GENERATING, **NO_EFFECT_OPENAI),
         response("items", [{"role": "user", "content": [{"type": "input_text", "text": "Name three colors."}]}],
                  top_p=1.0),
         response("cut", max_output_tokens=3),
@@ -233,6 +256,8 @@ def response_rows(ids: dict[str, int]) -> list[dict]:
         response("long-input", "word " * 2500, truncation="auto", max_output_tokens=2),
         response("effort", reasoning={"effort": "low"}, max_output_tokens=2),
         response("reasoning", structured_outputs={"regex": THINK}, max_output_tokens=40),
+        response("reasoning-included", structured_outputs={"regex": THINK}, include=["reasoning.encrypted_content"],
+                 max_output_tokens=40),
         response("reasoning-hidden", structured_outputs={"regex": THINK}, include_reasoning=False,
                  max_output_tokens=40),
         response("template-kwargs", chat_template_kwargs={"style": "pirate"}, max_output_tokens=2),
@@ -258,6 +283,8 @@ def embedding_rows() -> list[dict]:
         embedding("truncated", truncate_prompt_tokens=3, encoding_format="float"),
         embedding("truncated-right", truncate_prompt_tokens=3, truncation_side="right"),
         embedding("no-special", add_special_tokens=False),
+        embedding("padded", padding="max_length"),
+        embedding("no-effect", priority=3),
     ]
 
 
@@ -280,6 +307,8 @@ def score_rows() -> list[dict]:
         score("truncated-right", truncate_prompt_tokens=4, truncation_side="right"),
         score("short-query", max_tokens_per_query=3),
         score("short-docs", max_tokens_per_doc=3),
+        score("padded", padding="max_length"),
+        score("no-effect", use_activation=False, priority=3),
     ]
 
 
@@ -289,6 +318,8 @@ def rerank_rows() -> list[dict]:
         rerank("top", top_n=1),
         rerank("truncated", truncate_prompt_tokens=4, truncation_side="left"),
         rerank("short", max_tokens_per_query=3, max_tokens_per_doc=3),
+        rerank("padded", padding="max_length"),
+        rerank("no-effect", use_activation=False, priority=3),
     ]
 
 
@@ -296,14 +327,14 @@ def rerank_rows() -> list[dict]:
 CARRIED_BY_EVERY_LINE = {"model", "messages", "prompt", "input", "queries", "query", "documents"}
 
 
-def test_every_honored_field_is_carried_by_a_line():
+def test_every_accepted_field_is_carried_by_a_line():
     ids = {t: i for i, t in enumerate([" Paris", "The", " capital", " of", " France", " is"])}
     rows = {c.CHAT: chat_rows(ids), c.COMPLETIONS: completion_rows(ids), c.RESPONSES: response_rows(ids),
             c.EMBEDDINGS: embedding_rows(), c.SCORE: score_rows(), c.RERANK: rerank_rows()}
     for url, lines in rows.items():
         carried = {k for row in lines for k in row["body"]} | CARRIED_BY_EVERY_LINE
-        honored = {name for name, f in FIELDS[url].items() if f.honored}
-        assert honored <= carried, (url, sorted(honored - carried))
+        accepted = {name for name, f in FIELDS[url].items() if f.accepted}
+        assert accepted <= carried, (url, sorted(accepted - carried))
 
 
 # -- the two runs ------------------------------------------------------------------------------------------------
@@ -489,6 +520,9 @@ def test_chat_fields_have_their_effect(runs, token_ids):
     assert text(b["stop-kept"]).endswith("France") and kept["stop_reason"] == "France"
     assert b["stop-id"]["choices"][0]["stop_reason"] == token_ids[" Paris"] and "Paris" not in text(b["stop-id"])
     assert text(b["penalties"]) != text(b["plain-repeat"]) and text(b["repetition"]) != text(b["plain-repeat"])
+    detected = b["repetition-detected"]["usage"]["completion_tokens"]
+    assert detected < b["plain-repeat"]["usage"]["completion_tokens"], (text(b["plain-repeat"]), detected)
+    assert text(b["plain-repeat"]).startswith(text(b["repetition-detected"]))
     assert "Paris" not in text(b["logit-bias"]) and "Paris" not in text(b["bad-words"])
     allowed = {token_ids["The"], token_ids[" capital"], token_ids[" of"]}
     assert set(b["allowed"]["choices"][0]["token_ids"]) <= allowed
@@ -545,7 +579,7 @@ def test_completions_fields_have_their_effect(runs, token_ids):
     for token, top in zip(logprobs["tokens"], logprobs["top_logprobs"], strict=True):  # greedy: the most likely
         assert top[token] == max(top.values()) > -9999, logprobs
     assert [ch["index"] for ch in b["prompts"]["choices"]] == [0, 1]
-    assert t("token-prompt") == t("base") and len(b["n2"]["choices"]) == 2
+    assert t("token-prompt") == t("base") == t("no-effect") and len(b["n2"]["choices"]) == 2
     assert t("stop").endswith(".") and b["stop"]["choices"][0]["stop_reason"] == "."
     assert b["stop-id"]["choices"][0]["stop_reason"] == token_ids[" Paris"]
     assert set(json.loads(t("json"))) == {"city"} and t("choice") in ("yes", "no")
@@ -558,6 +592,8 @@ def test_completions_fields_have_their_effect(runs, token_ids):
     assert t("allowed") == " Paris" * 3
     assert all(x.startswith("token_id:") for x in b["as-ids"]["choices"][0]["logprobs"]["tokens"])
     assert b["truncated"]["usage"]["prompt_tokens"] == 3 and len(b["beam"]["choices"]) == 2
+    assert t("repetition-detected").startswith(" dog dog")
+    assert b["repetition-detected"]["usage"]["completion_tokens"] < 16  # ended early, though past the end-of-text
 
 
 def test_responses_fields_have_their_effect(runs, token_ids):
@@ -572,6 +608,9 @@ def test_responses_fields_have_their_effect(runs, token_ids):
     base = b["base"]
     assert "Paris" in t("base") and base["metadata"] == {"team": "geo"} and base["status"] == "completed"
     assert base["instructions"] == "Answer in one short sentence." and t("items")
+    no_effect = b["no-effect"]  # answered as the plain line; what was left out is vLLM's default in the echo
+    assert t("no-effect") == t("plain") and no_effect["status"] == "completed" and no_effect["background"] is False
+    assert no_effect["service_tier"] == "auto" and not items("no-effect", "reasoning")
     assert b["cut"]["status"] == "incomplete" and b["cut"]["incomplete_details"] == {"reason": "max_output_tokens"}
     assert set(json.loads(t("json-schema"))) == {"city"} and isinstance(json.loads(t("json-object")), dict)
     assert b["json-cut"]["status"] == "incomplete"
@@ -586,7 +625,9 @@ def test_responses_fields_have_their_effect(runs, token_ids):
     assert b["effort"]["usage"]["input_tokens"] > b["cut"]["usage"]["input_tokens"]
     [reasoning] = items("reasoning", "reasoning")
     assert reasoning["content"][0]["text"] and not items("reasoning-hidden", "reasoning")
-    assert t("reasoning") == t("reasoning-hidden")
+    assert t("reasoning") == t("reasoning-hidden") == t("reasoning-included")
+    [included] = items("reasoning-included", "reasoning")  # what vLLM returns for the include: its reasoning item
+    assert included["content"] == reasoning["content"]
     assert b["template-kwargs"]["usage"]["input_tokens"] > b["cut"]["usage"]["input_tokens"]
     assert b["messages"]["input_messages"] and b["messages"]["output_messages"]
     assert "France" in t("stop") and t("stop").endswith("France")
@@ -614,6 +655,8 @@ def test_embeddings_fields_have_their_effect(runs):
     assert b["truncated"]["usage"]["prompt_tokens"] == b["truncated-right"]["usage"]["prompt_tokens"] == 3
     assert vector("truncated") != pytest.approx(vector("truncated-right"), abs=1e-3)
     assert b["no-special"]["usage"]["prompt_tokens"] == b["base"]["usage"]["prompt_tokens"] - 2
+    assert b["padded"]["usage"]["prompt_tokens"] > b["base"]["usage"]["prompt_tokens"]
+    assert vector("no-effect") == pytest.approx(base, abs=1e-6)
 
 
 def test_score_and_rerank_fields_have_their_effect(runs):
@@ -628,6 +671,12 @@ def test_score_and_rerank_fields_have_their_effect(runs):
     for cid in ("truncated", "truncated-right", "short-query", "short-docs"):
         assert s[cid]["usage"]["prompt_tokens"] < s["base"]["usage"]["prompt_tokens"], cid
     assert scores("truncated") != pytest.approx(scores("truncated-right"), abs=1e-4)
+    assert scores("no-effect") == pytest.approx(scores("base"), abs=1e-5)
+    assert s["padded"]["usage"]["prompt_tokens"] > s["base"]["usage"]["prompt_tokens"]
+    assert r["padded"]["usage"]["prompt_tokens"] > r["base"]["usage"]["prompt_tokens"]
+    ranks = {cid: [(x["index"], x["relevance_score"]) for x in r[cid]["results"]] for cid in ("base", "no-effect")}
+    assert [i for i, _ in ranks["no-effect"]] == [i for i, _ in ranks["base"]]
+    assert [x for _, x in ranks["no-effect"]] == pytest.approx([x for _, x in ranks["base"]], abs=1e-5)
     ranked = r["base"]["results"]
     assert [x["index"] for x in ranked] == [1, 0]  # the kitten first, though listed second
     assert ranked[0]["relevance_score"] > ranked[1]["relevance_score"]

@@ -7,7 +7,7 @@ from alembic.migration import MigrationContext
 
 from batch_dagster.db import Database
 from batch_dagster.db.models import Base
-from batch_dagster.db.retention import first_batch_created_at
+from batch_dagster.features.retention import first_batch_created_at
 from tests.helpers import check_batch_filters, check_retention_queries
 
 

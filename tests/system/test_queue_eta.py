@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 from openai import OpenAI
 
-from batch_dagster.defs.sensors.eta import ETA_TAG, POSITION_TAG
+from batch_dagster.defs.eta import ETA_TAG, POSITION_TAG
 from tests.helpers import SERVE_API_KEY, InferenceGate, Serve, chat_request, write_jsonl
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

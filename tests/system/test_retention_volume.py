@@ -17,8 +17,9 @@ from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializa
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL
 from batch_dagster.db import BatchRecord, Database, FileRecord, repo
-from batch_dagster.defs.resources import DatabaseResource, Retention, StorageResource
-from batch_dagster.defs.sensors import history_retention_sensor, retention
+from batch_dagster.defs import retention
+from batch_dagster.defs.resources import DatabaseResource, StorageResource
+from batch_dagster.defs.retention import Retention, history_retention_sensor
 from batch_dagster.settings import DAY_S
 
 N = 300
@@ -117,8 +118,8 @@ def test_a_batchs_history_is_deleted_from_a_postgres_instance(tmp_path, data_dir
 
     import psycopg2
 
+    from batch_dagster.defs.retention import purge_history
     from batch_dagster.defs.runner import run_batch
-    from batch_dagster.defs.sensors.retention import purge_history
     from tests.helpers import FakeEngine, fake_vllm, make_defs, rows, write_jsonl
 
     home = tmp_path / "dagster_home"

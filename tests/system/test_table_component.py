@@ -2,8 +2,9 @@
 labelled by the real model into typed columns, 10 changed rows are all that run again, and the Dagster UI shows
 reviews -> review_labels in the lineage graph.
 
-The labels come from the session's vLLM server (the fleet path, which honors response_format), so the JSON schema's
-columns are filled as a user reads them; the example's own code is unchanged, only its environment names the server.
+The labels come from vLLM in the run's own process, as the example's README runs it (its structured outputs through
+vLLM's own serving layer), so the JSON schema's columns are filled as a user reads them. The README's commands
+themselves, from the wheel into the project's own environment, run in tests/system/test_install.py.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ EXAMPLE = REPO / "examples" / "reviews"
 SENTIMENTS, TOPICS = {"positive", "negative", "neutral"}, {"quality", "shipping", "price", "support", "usability"}
 
 
-def example_env(home: Path, data: Path, csv: Path, server: str) -> dict[str, str]:
+def example_env(home: Path, data: Path, csv: Path) -> dict[str, str]:
     return {"DAGSTER_HOME": str(home), "BATCH_DATA_DIR": str(data), "BATCH_MODEL_CACHE": str(MODEL_CACHE),
-            "BATCH_ENGINE_MODE": "server", "BATCH_VLLM_SERVER_URLS": server, "REVIEWS_CSV": str(csv)}
+            "BATCH_ENGINE_MODE": "offline", "REVIEWS_CSV": str(csv)}
 
 
 def materialize(defs: dg.Definitions, instance: dg.DagsterInstance) -> tuple[pd.DataFrame, dict, float]:
@@ -47,7 +48,7 @@ def materialize(defs: dg.Definitions, instance: dg.DagsterInstance) -> tuple[pd.
 
 
 @pytest.fixture(scope="module")
-def reviews_project(vllm_server, tmp_path_factory):
+def reviews_project(tmp_path_factory):
     """The example's definitions loaded as `dg` loads them, its instance in a tmp DAGSTER_HOME, and its first
     materialization on the real model: yields (definitions, instance, env, labels, metadata)."""
     root = tmp_path_factory.mktemp("reviews-project")
@@ -55,7 +56,7 @@ def reviews_project(vllm_server, tmp_path_factory):
     home.mkdir()
     (home / "dagster.yaml").write_text("nux:\n  enabled: false\ntelemetry:\n  enabled: false\n")
     shutil.copy(EXAMPLE / "src" / "reviews_example" / "data" / "reviews.csv", csv)
-    env = example_env(home, data, csv, vllm_server)
+    env = example_env(home, data, csv)
     with pytest.MonkeyPatch.context() as monkeypatch:
         for name, value in env.items():
             monkeypatch.setenv(name, value)
@@ -82,7 +83,9 @@ def run_dg(args: list[str], cwd: Path, home: Path) -> str:
 
 def test_dg_check_defs_passes_on_the_example_project_and_on_batch_dagster_itself(tmp_path):
     # The example, with a second table batch `dg scaffold defs` wrote (as a team adds one), and batch-dagster itself.
-    project = shutil.copytree(EXAMPLE, tmp_path / "reviews", ignore=shutil.ignore_patterns("*.egg-info"))
+    # Its sources only: not the environment, instance and data its README's commands leave in a checkout.
+    project = shutil.copytree(EXAMPLE, tmp_path / "reviews", ignore=lambda folder, names: [
+        n for n in names if n.endswith(".egg-info") or (Path(folder) == EXAMPLE and n in {".venv", ".dagster_home", "data"})])
     run_dg(["scaffold", "defs", "batch_dagster.components.TableBatchComponent", "summaries", "--upstream", "reviews"],
            project, tmp_path)
     scaffolded = (project / "src" / "reviews_example" / "defs" / "summaries" / "defs.yaml").read_text()
@@ -115,6 +118,7 @@ def test_the_reviews_are_labelled_into_typed_columns_and_only_changed_rows_run_a
     for _, same in labels.groupby(texts):
         assert same["answer"].nunique(dropna=False) == 1 and same["error_code"].nunique(dropna=False) <= 1, same
     assert meta["completion_tokens"] > 0 and meta["model_revision"].startswith("sha256:")
+    assert meta["engine_mode"] == "offline"  # the run's own process, as the README runs it
 
     # 10 reviews are edited upstream: those 10 run, the 190 others are reused, billed at zero.
     edited = list(range(0, 200, 20))

@@ -20,13 +20,14 @@ import pytest
 from sqlalchemy import update
 
 from batch_dagster.db import BatchRecord
-from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.batch import lifecycle
 from batch_dagster.defs.assets.checks import lifecycle_checks
 from batch_dagster.defs.assets.daily_report import report_definitions
 from batch_dagster.defs.instance import INSTANCE_CONFIG
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource
 from batch_dagster.defs.runner import run_batch
+from batch_dagster.settings import default
 from tests.helpers import FakeEngine, chat_request, fake_vllm, rows, webserver, write_jsonl
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -58,7 +59,7 @@ def ui(tmp_path, monkeypatch):
     resources = {"storage": StorageResource(data_dir=str(data)), "s3": dg.ResourceDefinition.none_resource(),
                  "vllm": fake_vllm("ui-browser", FakeEngine()), "pipeline": PipelineConfig(shard_size=1000),
                  "database": DatabaseResource(url=f"sqlite:///{data / 'batch-api.db'}")}
-    defs = dg.Definitions(assets=lifecycle_assets,
+    defs = dg.Definitions(assets=lifecycle(default("BATCH_STEP_RETRY_DELAY_S")),
                           asset_checks=lifecycle_checks, jobs=[batch_job], resources=resources)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         # The valid batch last: its checks are the latest executions the checks pages show.

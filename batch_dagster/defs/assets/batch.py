@@ -2,12 +2,14 @@
 
 Every asset is partitioned by batch and idempotent: a re-run reuses what is already written
 (a committed shard is never recomputed) and rewrites merged files whole. Each step's work is in steps.py and
-inference.py, which table batches run too.
+inference.py, which table batches run too. Each step is defined once, here (`step`); `lifecycle` makes the assets when
+the definitions load, and the rest of the definitions name them by key (LIFECYCLE).
 """
 
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
@@ -16,17 +18,35 @@ from batch_dagster.batchfile.folder import BatchFolder, Source
 from batch_dagster.batchfile.table_files import is_table
 from batch_dagster.db import repo
 from batch_dagster.db.lifecycle import sync_batch
+from batch_dagster.defs.assets.dropped_tables import fetch_dropped_table
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource, VLLMResource
-from batch_dagster.defs.table.drop import fetch_dropped_table
-from batch_dagster.settings import default
 from batch_dagster.storage import file_location
 from batch_dagster.storage.transfer import fetch
 
 from . import inference, steps
 
 GROUP = "batch_lifecycle"
+_STEPS: list[tuple[Callable[..., Any], bool, dict[str, Any]]] = []
+
+
+def step(*, retried: bool = False, **asset: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A lifecycle step: its body, and beside it its asset's attributes (dg.asset's, partitioned by batch, in GROUP);
+    `retried`: given the step RetryPolicy (inference.step_retries) when the definitions load."""
+    def declare(body: Callable[..., Any]) -> Callable[..., Any]:
+        _STEPS.append((body, retried, asset))
+        return body
+
+    return declare
+
+
+def lifecycle(retry_delay_s: float) -> list[dg.AssetsDefinition]:
+    """The lifecycle's assets, in data-flow order, its retried steps retried after `retry_delay_s`
+    (BATCH_STEP_RETRY_DELAY_S, read when the definitions load)."""
+    retries = inference.step_retries(retry_delay_s)
+    return [dg.asset(partitions_def=batches, group_name=GROUP, retry_policy=retries if retried else None, **asset)(body)
+            for body, retried, asset in _STEPS]
 
 
 LABEL_TAGS = ("filename", "source", "owner")
@@ -54,9 +74,7 @@ def _fetch_dropped_file(context: dg.AssetExecutionContext, folder: BatchFolder, 
     context.log.info(f"Fetched {source.uri} ({size} bytes) in {time.perf_counter() - started:.1f}s")
 
 
-@dg.asset(
-    partitions_def=batches,
-    group_name=GROUP,
+@step(
     kinds={"json"},
     description="The batch's input file as uploaded, or fetched from the bucket or inbox it was dropped in (a dropped "
                 "Parquet or CSV table: its rows rendered into requests as its sidecar says).",
@@ -87,11 +105,9 @@ def batch_input(context: dg.AssetExecutionContext, storage: StorageResource, s3:
     )
 
 
-@dg.asset(
-    partitions_def=batches,
-    group_name=GROUP,
+@step(
     kinds={"parquet"},
-    deps=[batch_input],
+    deps=["batch_input"],
     output_required=False,
     description="The validated requests, one row per request (Parquet). An invalid file is a result, not a "
                 "failure: it is recorded as an `invalid` observation with its errors, and the steps after this "
@@ -143,11 +159,9 @@ def validated_requests(
     )
 
 
-@dg.asset(
-    partitions_def=batches,
-    group_name=GROUP,
+@step(
     kinds={"parquet"},
-    deps=[validated_requests],
+    deps=["validated_requests"],
     description="Requests cut into shards: shared prefixes and similar lengths together.",
 )
 def batch_shards(
@@ -162,7 +176,14 @@ def batch_shards(
     )
 
 
-def run_shards(
+@step(
+    retried=True,
+    kinds={"vllm"},
+    deps=["batch_shards"],
+    op_tags=GPU_STEP_TAGS,
+    description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
+)
+def shard_results(
     context: dg.AssetExecutionContext, storage: StorageResource, vllm: VLLMResource, pipeline: PipelineConfig,
     database: DatabaseResource,
 ) -> dg.MaterializeResult:
@@ -171,21 +192,13 @@ def run_shards(
     return dg.MaterializeResult(metadata=done.metadata())
 
 
-def inference_step(retry_delay_s: float) -> dg.AssetsDefinition:
-    """shard_results, the inference step, retried as inference.step_retries says."""
-    return dg.asset(
-        name="shard_results",
-        partitions_def=batches,
-        group_name=GROUP,
-        kinds={"vllm"},
-        deps=[batch_shards],
-        op_tags=GPU_STEP_TAGS,
-        retry_policy=inference.step_retries(retry_delay_s),
-        description="Inference: each shard run on the engine and committed atomically; committed shards are skipped.",
-    )(run_shards)
-
-
-def merge_output_files(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
+@step(
+    retried=True,
+    kinds={"json"},
+    deps=["shard_results"],
+    description="The merged output file and error file, in the OpenAI Batch format.",
+)
+def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
     folder = storage.folder(context.partition_key)
     result, preview = steps.merge_results(folder)
     return dg.MaterializeResult(
@@ -198,19 +211,6 @@ def merge_output_files(context: dg.AssetExecutionContext, storage: StorageResour
             "preview": steps.md_table(preview),
         }
     )
-
-
-def output_step(retry_delay_s: float) -> dg.AssetsDefinition:
-    """batch_output_files, the merge, retried as inference.step_retries says."""
-    return dg.asset(
-        name="batch_output_files",
-        partitions_def=batches,
-        group_name=GROUP,
-        kinds={"json"},
-        deps=[shard_results],
-        retry_policy=inference.step_retries(retry_delay_s),
-        description="The merged output file and error file, in the OpenAI Batch format.",
-    )(merge_output_files)
 
 
 def store_end(context: dg.AssetExecutionContext, database: DatabaseResource, storage: StorageResource) -> None:
@@ -234,7 +234,13 @@ def store_end(context: dg.AssetExecutionContext, database: DatabaseResource, sto
                             "stores it")
 
 
-def sum_usage(
+@step(
+    retried=True,
+    kinds={"json"},
+    deps=["batch_output_files"],
+    description="Token usage and cost of the batch (successful requests only), and how it ran.",
+)
+def batch_usage(
     context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource,
     database: DatabaseResource,
 ) -> dg.MaterializeResult:
@@ -263,30 +269,5 @@ def sum_usage(
     )
 
 
-def usage_step(retry_delay_s: float) -> dg.AssetsDefinition:
-    """batch_usage, usage and cost, retried as inference.step_retries says."""
-    return dg.asset(
-        name="batch_usage",
-        partitions_def=batches,
-        group_name=GROUP,
-        kinds={"json"},
-        deps=[batch_output_files],
-        retry_policy=inference.step_retries(retry_delay_s),
-        description="Token usage and cost of the batch (successful requests only), and how it ran.",
-    )(sum_usage)
-
-
-# As the declarations' default makes them: their keys are what the job, the checks and the later steps name.
-shard_results = inference_step(default("BATCH_STEP_RETRY_DELAY_S"))
-batch_output_files = output_step(default("BATCH_STEP_RETRY_DELAY_S"))
-batch_usage = usage_step(default("BATCH_STEP_RETRY_DELAY_S"))
-
-
-lifecycle_assets = [batch_input, validated_requests, batch_shards, shard_results, batch_output_files, batch_usage]
-
-
-def lifecycle(retry_delay_s: float) -> list[dg.AssetsDefinition]:
-    """The lifecycle's assets, in data-flow order, the inference step and the file steps after it retried after
-    `retry_delay_s` (BATCH_STEP_RETRY_DELAY_S, read when the definitions load)."""
-    retried = {shard_results.key: inference_step, batch_output_files.key: output_step, batch_usage.key: usage_step}
-    return [retried[a.key](retry_delay_s) if a.key in retried else a for a in lifecycle_assets]
+# The lifecycle's asset keys, in data-flow order: what the job, the checks, the delivery and retention name.
+LIFECYCLE = tuple(dg.AssetKey(body.__name__) for body, _, _ in _STEPS)

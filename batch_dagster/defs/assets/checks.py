@@ -13,13 +13,11 @@ from batch_dagster.batchfile.usage import Usage
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import StorageResource
 
-from .batch import batch_output_files, batch_usage, validated_requests
-
 # Partitioned asset checks are a preview API in Dagster 1.13; each batch is checked on its own.
 warnings.filterwarnings("ignore", category=dg.PreviewWarning, message=".*partitions_def on an AssetCheckSpec.*")
 
 
-@dg.asset_check(asset=validated_requests, partitions_def=batches, blocking=True)
+@dg.asset_check(asset="validated_requests", partitions_def=batches, blocking=True)
 def unique_custom_ids(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
     """No custom_id appears twice among the validated requests."""
     folder = storage.folder(context.partition_key)
@@ -29,7 +27,7 @@ def unique_custom_ids(context: dg.AssetCheckExecutionContext, storage: StorageRe
     return dg.AssetCheckResult(passed=distinct == len(ids), metadata={"requests": len(ids), "distinct": distinct})
 
 
-@dg.asset_check(asset=batch_output_files, partitions_def=batches, blocking=True)
+@dg.asset_check(asset="batch_output_files", partitions_def=batches, blocking=True)
 def every_custom_id_exactly_once(
     context: dg.AssetCheckExecutionContext, storage: StorageResource
 ) -> dg.AssetCheckResult:
@@ -55,7 +53,7 @@ def every_custom_id_exactly_once(
     )
 
 
-@dg.asset_check(asset=batch_usage, partitions_def=batches)
+@dg.asset_check(asset="batch_usage", partitions_def=batches)
 def usage_equals_output_lines(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
     """The batch's usage totals equal the sums over the output file's billed lines (a reused answer is not billed)."""
     folder = storage.folder(context.partition_key)

@@ -9,10 +9,10 @@ from dagster_aws.s3 import S3Resource
 
 from batch_dagster.db import repo
 from batch_dagster.db.batches import delivered_summary
-from batch_dagster.defs.assets.batch import GROUP, batch_usage
+from batch_dagster.defs.assets.batch import GROUP
+from batch_dagster.defs.assets.dropped_tables import answered_table
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, StorageResource
-from batch_dagster.defs.table.drop import answered_table
 from batch_dagster.storage.transfer import deliver
 
 
@@ -20,7 +20,7 @@ from batch_dagster.storage.transfer import deliver
     partitions_def=batches,
     group_name=GROUP,
     kinds={"s3"},
-    deps=[batch_usage],
+    deps=["batch_usage"],
     description="The output file, error file and summary of a dropped file's batch (and a dropped table's answered "
     "table), written under the bucket's results prefix or the inbox's results folder (run once the batch has ended, "
     "however it ended).",

@@ -1,39 +1,46 @@
-"""The inference step as a function of a batch's folder: each shard not committed yet run on the engine (or answered
-from the answer store) and committed atomically, its progress and ETA reported. The lifecycle's shard_results and a
-table batch's asset both run it."""
+"""The inference step as a function of a batch's folder: each shard not committed yet run through the batch's
+features (features/shards.py) to the engine and committed atomically, its progress reported. The lifecycle's
+shard_results and a table batch's asset both run it."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import dagster as dg
 from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile.columnar import read_shard
-from batch_dagster.batchfile.failure import COST_LIMIT, ERROR_RATE, breaker_tripped, public
-from batch_dagster.batchfile.folder import BatchFolder, Progress
-from batch_dagster.batchfile.options import BatchOptions
-from batch_dagster.batchfile.results import CommittedShard, commit_shard, committed_shards, progress_of
-from batch_dagster.batchfile.reuse import AnswerStore, keep, look_up, model_identity
-from batch_dagster.batchfile.scope import salted, scope
-from batch_dagster.batchfile.shard import OutputShares, running_order
-from batch_dagster.batchfile.structured import expectations
-from batch_dagster.db.lifecycle import record_usage
+from batch_dagster.batchfile.failure import public
+from batch_dagster.batchfile.folder import BatchFolder, Manifest, Progress
+from batch_dagster.batchfile.results import CommittedShard, committed_shards, progress_of
 from batch_dagster.defs.dagster_internals import dies_with_its_run
+from batch_dagster.defs.eta import EtaObservations
 from batch_dagster.defs.resources import PipelineConfig, VLLMResource
-from batch_dagster.egress import Allow
 from batch_dagster.engine.base import EngineCrash
-from batch_dagster.features.cost_cap import cap_reached
+from batch_dagster.features.breaker import ErrorBreaker
+from batch_dagster.features.cost_cap import CostCap
+from batch_dagster.features.egress import Allow
 from batch_dagster.features.eta import RunningEta
+from batch_dagster.features.images import FetchImages, ImageFetcher, SendImages
 from batch_dagster.features.quotas import store_while_running
-from batch_dagster.image_fetch import ImageFetcher
+from batch_dagster.features.reuse import AnswerReuse, AnswerStore, model_identity
+from batch_dagster.features.scope import Salt, scope
+from batch_dagster.features.shards import (
+    Line,
+    Request,
+    RunningOrder,
+    Shard,
+    ShardFeature,
+    after_shard,
+    run_through,
+    stop_before,
+)
 
-from .steps import batch_options, batch_owner, manifest_of
+from .steps import batch_owner, batch_request, manifest_of
 
 INFERENCE_RETRIES = 2  # an engine crash: the step's third attempt ends the shard in engine_error lines
 STEP_RETRIES = 6
@@ -43,7 +50,7 @@ def step_retries(retry_delay_s: float) -> dg.RetryPolicy:
     """Every step of a batch, inference included, is tried again after a failure, `retry_delay_s` later and then
     doubling, 6 times (about 2 minutes at the default 2 s): long enough for a store that went away (a full disk,
     S3 unreachable) to come back. Each step writes whole files atomically, so a retry starts from what was
-    committed. An engine crash is given INFERENCE_RETRIES of them (_run_shard)."""
+    committed. An engine crash is given INFERENCE_RETRIES of them (ShardEngine)."""
     return dg.RetryPolicy(max_retries=STEP_RETRIES, delay=retry_delay_s, backoff=dg.Backoff.EXPONENTIAL)
 
 
@@ -122,6 +129,22 @@ def engine_error_lines(requests: list[tuple[str, dict[str, Any]]], reason: str) 
 
 
 @dataclass
+class Ran:
+    """What this step ran: its requests and the output tokens they wrote."""
+
+    requests: int = 0
+    output_tokens: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def add(self, context: dg.AssetExecutionContext, committed: CommittedShard) -> None:
+        self.requests += committed.request_counts.total
+        self.output_tokens += committed.usage.output_tokens
+        counts, reused = committed.request_counts, f", {committed.reused} reused" if committed.reused else ""
+        context.log.info(f"Shard {committed.index}: {counts.completed} completed{reused}, {counts.failed} failed, "
+                         f"{committed.usage.output_tokens} output tokens in {committed.duration_s:.1f}s")
+
+
+@dataclass
 class Inference:
     """What the inference step did: shards run and skipped, the batch's counts so far, what this step ran."""
 
@@ -134,6 +157,15 @@ class Inference:
     elapsed_s: float
     output_tokens: int
     stopped: str | None
+
+    @classmethod
+    def of(cls, manifest: Manifest, todo: list[int], done: dict[int, CommittedShard], ran: Ran,
+           stopped: str | None) -> Inference:
+        return cls(shards_run=len(todo), shards_skipped=manifest.shard_count - len(todo),
+                   completed=sum(s.request_counts.completed for s in done.values()),  # committed before, and now
+                   failed=sum(s.request_counts.failed for s in done.values()),
+                   reused=sum(s.reused for s in done.values()), requests_run=ran.requests,
+                   elapsed_s=time.perf_counter() - ran.started, output_tokens=ran.output_tokens, stopped=stopped)
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -149,11 +181,72 @@ class Inference:
         }
 
 
-def answer_store(options: BatchOptions, folder: BatchFolder, pipeline: PipelineConfig) -> AnswerStore | None:
-    """The answer store, when the batch reuses answers: its `reuse` option says so, or is unset and the operator's
-    default (BATCH_REUSE_ANSWERS) does."""
-    reuse = options.reuse if options.reuse is not None else pipeline.reuse_answers
-    return AnswerStore(folder.storage, pipeline.answer_store_bytes) if reuse else None
+def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMResource, pipeline: PipelineConfig,
+          session: Session | None) -> Inference:
+    """Run each shard not committed yet through the batch's features to the engine, and commit it atomically.
+
+    A stop (a cancel, the deadline, a feature's: the cost cap, the breaker) ends the loop before the next shard."""
+    manifest = manifest_of(folder)
+    done = committed_shards(folder.storage, folder.results_prefix)
+    todo = [i for i in range(manifest.shard_count) if i not in done]
+    context.log.info(f"{len(done)} of {manifest.shard_count} shards already committed; running {len(todo)} "
+                     f"(attempt {context.retry_number + 1})")
+    base = _progress_again(folder, manifest, done)
+    features = shard_features(context, folder, vllm, pipeline, session, manifest, done)
+    engine, ran, stopped = ShardEngine(context, vllm, manifest), Ran(), None
+    with dies_with_its_run(context), stops_when_terminated(context):
+        for index in todo:
+            if stopped := stop_before(folder, features, done):
+                context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
+                break
+            shard, started = Shard.read(folder, index), time.perf_counter()
+            shard.progress = ShardProgress(folder, base, index, len(shard.requests), context.log)
+            shard.lines = run_through(features, shard, engine.runs(shard))
+            done[index] = shard.commit(folder, manifest.endpoint, time.perf_counter() - started,
+                                       vllm.engine_start_s(manifest.model, started))
+            base = progress_of(done, manifest.total_requests, manifest.shard_count)  # after the marker
+            folder.write_progress(base)
+            after_shard(features, shard, done)
+            ran.add(context, done[index])
+    return Inference.of(manifest, todo, done, ran, stopped)
+
+
+def _progress_again(folder: BatchFolder, manifest: Manifest, done: dict[int, CommittedShard]) -> Progress:
+    """The progress document, rewritten from the committed shards before any runs: an attempt killed between a
+    shard's marker and the document left it behind."""
+    before = folder.progress()
+    base = progress_of(done, manifest.total_requests, manifest.shard_count, before.committed_at if before else None)
+    folder.write_progress(base)
+    return base
+
+
+def shard_features(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMResource,
+                   pipeline: PipelineConfig, session: Session | None, manifest: Manifest,
+                   done: dict[int, CommittedShard]) -> list[ShardFeature]:
+    """The features a batch's shards run through, in order (features/shards.py), from its request's options resolved
+    once against the operator's defaults. With a store (`session`), what the batch spends is recorded there after
+    each shard, where other batches' cost caps read it."""
+    request = batch_request(session, folder)
+    options = request.options.resolved(pipeline.option_defaults())  # the batch's own, else the operator's
+    model, endpoint = manifest.model, manifest.endpoint
+    # Whose answers and prompt prefixes the batch's requests may meet: its owner's, unless the operator shares them.
+    owner = batch_owner(session, request)
+    where = scope(owner, pipeline.shared_owners, folder.batch_id)
+    images = image_fetcher(folder, pipeline, session, owner.id) if vllm.spec(model).images_per_request else None
+    features: list[ShardFeature] = [
+        CostCap(session, folder.batch_id, options, model, pipeline.prices(), pipeline.key_daily_budget,
+                folder.completion_window()),
+        ErrorBreaker(pipeline.error_breaker_lines, options)]
+    if images is not None:
+        features.append(FetchImages(images, endpoint))
+    if options.reuse:
+        store = AnswerStore(folder.storage, pipeline.answer_store_bytes)
+        features.append(AnswerReuse(store, where, model_identity(vllm.model_record(model)), endpoint))
+    features += [Salt(where, pipeline.cache_salt_secret), RunningOrder(endpoint)]
+    if images is not None:
+        features.append(SendImages(images, endpoint))
+    eta = RunningEta.of(folder.estimate(), manifest.total_requests, sum(s.request_counts.total for s in done.values()))
+    return [*features, EtaObservations(context, eta)]
 
 
 def image_fetcher(folder: BatchFolder, pipeline: PipelineConfig, session: Session | None,
@@ -168,137 +261,31 @@ def image_fetcher(folder: BatchFolder, pipeline: PipelineConfig, session: Sessio
                         keep=count if session is not None and owner else None)
 
 
-def _over_cost_cap(session: Session | None, folder: BatchFolder, options: BatchOptions, model: str,
-                   committed: dict[int, CommittedShard], pipeline: PipelineConfig) -> bool:
-    """Whether the batch's spend has reached its cost cap; the store's transaction ends here, so none is held while a
-    shard runs."""
-    reached = cap_reached(session, folder.batch_id, options, model, committed.values(), pipeline.prices(),
-                          pipeline.key_daily_budget, folder.completion_window())
-    if session is not None:
-        session.commit()
-    return reached
+class ShardEngine:
+    """The engine a batch's shards run on, built at the first shard that sends it a request (a stopped batch, or one
+    whose answers are all reused, never loads the model). An engine crash retries the step until its last attempt,
+    whose shard then ends in engine_error lines."""
 
+    def __init__(self, context: dg.AssetExecutionContext, vllm: VLLMResource, manifest: Manifest):
+        self.context, self.vllm, self.model, self.endpoint = context, vllm, manifest.model, manifest.endpoint
+        self.engine: Any = None
 
-def _eta_observation(context: dg.AssetExecutionContext, eta: RunningEta, done: int) -> dg.AssetObservation:
-    """The inference step's own ETA once `done` requests in all have finished: its progress blended with its
-    estimate's work at the estimate's rate (features/eta.py RunningEta)."""
-    now = time.time()
-    left = eta.remaining_s(done, now) or 0.0
-    partition = context.partition_key if context.has_partition_key else None  # a table batch's may have none
-    return dg.AssetObservation(asset_key=context.asset_key, partition=partition, metadata={
-        "queue_position": 0, "requests_done": done, "fraction_done": round(done / eta.total, 4),
-        "estimated_completion_at": dg.MetadataValue.timestamp(now + left)})
+    def runs(self, shard: Shard) -> Callable[[list[Request]], list[Line]]:
+        """What runs `shard`'s requests (its progress counting them as they finish)."""
+        return lambda requests: self._run(shard, requests)
 
-
-def _run_shard(context: dg.AssetExecutionContext, vllm: VLLMResource, model: str, endpoint: str, engine: Any,
-               requests: list[tuple[str, dict[str, Any]]], progress: ShardProgress, index: int) -> tuple[Any, list]:
-    """A shard's requests run on the engine (built now if it is not yet): (the engine, their lines). An engine crash
-    retries the step until its last attempt, whose shard then ends in engine_error lines."""
-    engine = engine or vllm.engine(model)
-    try:
-        return engine, engine.run(endpoint, requests, on_progress=progress)
-    except EngineCrash as exc:
-        vllm.reset(model)
-        if context.retry_number < INFERENCE_RETRIES:
-            context.log.error(f"Shard {index}: engine crashed ({exc}); the step will retry")
-            raise
-        context.log.error(f"Shard {index}: engine crashed on the last attempt; its requests become errors")
-        return vllm.engine(model), engine_error_lines(requests, public(str(exc)))
-
-
-def infer(context: dg.AssetExecutionContext, folder: BatchFolder, vllm: VLLMResource, pipeline: PipelineConfig,
-          session: Session | None) -> Inference:
-    """Run each shard not committed yet on the engine and commit it atomically; a shard's requests whose answers
-    the answer store holds are taken from it instead (when the batch reuses answers).
-
-    A stop (cancel, expiry, the cost cap) ends the loop before the next shard. With a store (`session`), what the
-    batch has spent is recorded there after each shard, where other batches' cost caps read it."""
-    manifest = manifest_of(folder)
-    done = committed_shards(folder.storage, folder.results_prefix)
-    todo = [i for i in range(manifest.shard_count) if i not in done]
-    context.log.info(f"{len(done)} of {manifest.shard_count} shards already committed; running {len(todo)} "
-                     f"(attempt {context.retry_number + 1})")
-    # Rewritten first: an attempt killed between a shard's marker and the document left it behind.
-    before = folder.progress()
-    base = progress_of(done, manifest.total_requests, manifest.shard_count, before.committed_at if before else None)
-    folder.write_progress(base)
-    engine = None  # built at the first shard that runs: a stopped batch never loads the model
-    options = batch_options(session, folder)
-    # The batch's own error_breaker_rate (an API batch's option), else the operator's.
-    breaker_rate = options.error_breaker_rate if options.error_breaker_rate is not None else pipeline.error_breaker_rate
-    store = answer_store(options, folder, pipeline)
-    identity = model_identity(vllm.model_record(manifest.model)) if store is not None else {}
-    owner = batch_owner(session, folder)
-    # Whose answers and prompt prefixes the batch's requests may meet: its owner's, unless the operator shares them.
-    where = scope(owner, pipeline.shared_owners, folder.batch_id)
-    images = image_fetcher(folder, pipeline, session, owner.id) if vllm.spec(manifest.model).images_per_request \
-        else None
-    started = time.perf_counter()
-    ran_requests = ran_tokens = 0
-    written = OutputShares()  # how much of the output asked each prefix group writes, over the shards run
-    stopped = None
-    eta = RunningEta.of(folder.estimate(), manifest.total_requests, sum(s.request_counts.total for s in done.values()))
-    with dies_with_its_run(context), stops_when_terminated(context):
-        for index in todo:
-            stopped = folder.stop_reason()
-            if not stopped and _over_cost_cap(session, folder, options, manifest.model, done, pipeline):
-                folder.request_stop(COST_LIMIT)  # as a cancel stops it: the status follows from the files
-                stopped = COST_LIMIT
-            if not stopped and breaker_tripped(done.values(), pipeline.error_breaker_lines, breaker_rate,
-                                               options.error_breaker_structured):
-                folder.request_stop(ERROR_RATE)  # no more engine time for a batch whose lines nearly all fail
-                stopped = ERROR_RATE
-            if stopped:
-                context.log.warning(f"Batch {stopped}: shard {index} and later are not run")
-                break
-            with folder.storage.local_copy(folder.shard_key(index)) as shard:
-                requests = read_shard(shard)
-            t0 = time.perf_counter()
-            progress = ShardProgress(folder, base, index, len(requests), context.log)
-            # Images named by URL, fetched once per batch (a request whose image cannot be had is its 400 line), are
-            # named by their content's hash from here on: what the answer store keys them by.
-            fetched, unfetched = images.fetch(manifest.endpoint, requests) if images else (requests, [])
-            if unfetched:
-                progress(len(unfetched))
-            reuse = look_up(store, where, identity, manifest.endpoint, fetched) if store is not None else None
-            to_run = reuse.to_run if reuse is not None else fetched
-            lines: list[dict[str, Any]] = []
-            if reuse is not None and reuse.lines:
-                progress(len(reuse.lines))
-            if to_run:
-                # Shared prefixes together, the longest work first, as the earlier shards wrote; each request salted
-                # with its scope's cache_salt, so that no prefix-cache hit crosses owners.
-                sent = salted(to_run, where, pipeline.cache_salt_secret)
-                sent = [sent[i] for i in running_order(manifest.endpoint, sent, written.shares())]
-                for group in images.inlined(manifest.endpoint, sent) if images else [sent]:
-                    engine, ran = _run_shard(context, vllm, manifest.model, manifest.endpoint, engine, group,
-                                             progress, index)
-                    lines += ran
-            lines += unfetched
-            if reuse is not None and store is not None:
-                keep(store, reuse, lines)  # before the commit: a retry finds them even if this process dies now
-                twins = reuse.twin_lines(lines)  # the same request again in the shard: the same answer
-                if twins:
-                    progress(len(twins))
-                lines += reuse.lines + twins
-            written.add(manifest.endpoint, requests, lines)
-            committed = commit_shard(folder.storage, folder.results_prefix, index, lines, time.perf_counter() - t0,
-                                     engine_start_s=vllm.engine_start_s(manifest.model, t0),
-                                     structured=expectations(manifest.endpoint, requests))
-            done[index] = committed
-            base = progress_of(done, manifest.total_requests, manifest.shard_count)  # after the marker
-            folder.write_progress(base)
-            if session is not None:  # what the batch has spent, where other batches' cost caps read it
-                record_usage(session, folder.batch_id, base.usage)
-            context.log_event(_eta_observation(context, eta, sum(s.request_counts.total for s in done.values())))
-            ran_requests += committed.request_counts.total
-            ran_tokens += committed.usage.output_tokens
-            counts, reused = committed.request_counts, f", {committed.reused} reused" if committed.reused else ""
-            context.log.info(f"Shard {index}: {counts.completed} completed{reused}, {counts.failed} failed, "
-                             f"{committed.usage.output_tokens} output tokens in {committed.duration_s:.1f}s")
-    return Inference(
-        shards_run=len(todo), shards_skipped=manifest.shard_count - len(todo),
-        completed=sum(s.request_counts.completed for s in done.values()),  # those committed before, and now
-        failed=sum(s.request_counts.failed for s in done.values()), reused=sum(s.reused for s in done.values()),
-        requests_run=ran_requests, elapsed_s=time.perf_counter() - started, output_tokens=ran_tokens,
-        stopped=stopped)
+    def _run(self, shard: Shard, requests: list[Request]) -> list[Line]:
+        if not requests:
+            return []
+        self.engine = self.engine or self.vllm.engine(self.model)
+        try:
+            return self.engine.run(self.endpoint, requests, on_progress=shard.progress)
+        except EngineCrash as exc:
+            self.vllm.reset(self.model)
+            if self.context.retry_number < INFERENCE_RETRIES:
+                self.context.log.error(f"Shard {shard.index}: engine crashed ({exc}); the step will retry")
+                raise
+            self.context.log.error(f"Shard {shard.index}: engine crashed on the last attempt; its requests become "
+                                   "errors")
+            self.engine = self.vllm.engine(self.model)
+            return engine_error_lines(requests, public(str(exc)))

@@ -19,10 +19,9 @@ from sqlalchemy.orm import Session
 from batch_dagster.batchfile.columnar import validate_to_parquet, write_shards
 from batch_dagster.batchfile.failure import not_run_lines, stopped_ending
 from batch_dagster.batchfile.folder import BatchFolder, Manifest, Merged, Summary, Validation
-from batch_dagster.batchfile.options import BatchOptions
+from batch_dagster.batchfile.options import BatchRequest
 from batch_dagster.batchfile.registry import served
 from batch_dagster.batchfile.results import MergeResult, committed_shards, merge
-from batch_dagster.batchfile.scope import TABLE, Owner
 from batch_dagster.batchfile.status import BatchStatus
 from batch_dagster.batchfile.usage import cost_of
 from batch_dagster.batchfile.validate import ValidationReport
@@ -31,6 +30,7 @@ from batch_dagster.defs.resources import PipelineConfig, VLLMResource
 from batch_dagster.engine.counting import close_workers
 from batch_dagster.features.cost_cap import refuse_over_cap
 from batch_dagster.features.estimate import Tally, count_tokens, write_estimate
+from batch_dagster.features.scope import TABLE, Owner
 from batch_dagster.features.token_limit import refuse_over_limit
 
 
@@ -48,29 +48,26 @@ def md_table(rows: list[dict[str, Any]]) -> dg.MetadataValue:
     return dg.MetadataValue.md("\n".join(lines))
 
 
-def batch_options(session: Session | None, folder: BatchFolder) -> BatchOptions:
-    """The batch's options: its row's in the store (an API, dropped or CLI batch), else its folder's batch.json (a
-    table batch, which has no row), else the defaults."""
-    if session is not None:
+def batch_request(session: Session | None, folder: BatchFolder) -> BatchRequest:
+    """What the batch's creator asked: its folder's batch.json (every batch's, a table batch's too). A folder written
+    before the request was kept whole there names no owner: its row in the store holds it."""
+    request = folder.batch_request() or BatchRequest()
+    if not request.owner and session is not None:
         row = session.scalar(select(BatchRecord).where(BatchRecord.id == folder.batch_id))
         if row is not None:
-            return row.options
-    declared = folder.declared()
-    return declared.options if declared is not None and declared.options is not None else BatchOptions()
+            return row.request
+    return request
 
 
-def batch_owner(session: Session | None, folder: BatchFolder) -> Owner:
-    """Who the batch belongs to: its row's owner in the store (an API, dropped or CLI batch), named as its key is,
-    else its folder's batch.json's (a table batch: its namespace), else nobody known."""
-    if session is not None:
-        owner = session.scalar(select(BatchRecord.owner).where(BatchRecord.id == folder.batch_id))
-        if owner is not None:
-            key = session.get(ApiKey, owner)
-            return Owner(owner, key.name if key is not None and key.name else owner)
-    declared = folder.declared()
-    if declared is not None and declared.owner:
-        return Owner(declared.owner, declared.owner.removeprefix(TABLE))
-    return Owner()
+def batch_owner(session: Session | None, request: BatchRequest) -> Owner:
+    """Who the batch belongs to, named as the operator knows it: its API key's name (from the store), else its
+    namespace (a table batch's), else nobody known."""
+    if request.owner.startswith(TABLE):
+        return Owner(request.owner, request.owner.removeprefix(TABLE))
+    if request.owner and session is not None:
+        key = session.get(ApiKey, request.owner)
+        return Owner(request.owner, key.name if key is not None and key.name else request.owner)
+    return Owner(request.owner, request.owner)
 
 
 @dataclass
@@ -103,7 +100,7 @@ def validate(folder: BatchFolder, pipeline: PipelineConfig, vllm: VLLMResource, 
         elapsed = time.perf_counter() - started
         # The one count of its tokens: a limit that must hold fails the step when the tokenizer fails.
         limit, budget = pipeline.max_enqueued_tokens, pipeline.key_daily_budget
-        options = batch_options(session, folder)
+        options = batch_request(session, folder).options
         # A batch cancelled (or expired) before its run started runs nothing: its requests are only listed.
         stopped = folder.stop_reason() is not None
         wanted = (limit or session is not None or options.max_cost is not None or count) and not stopped

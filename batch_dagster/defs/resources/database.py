@@ -15,7 +15,7 @@ from batch_dagster.db.session import Database, open_database
 from batch_dagster.defs.run_tags import OwnerLabels
 from batch_dagster.settings import api_key_entries, split_key
 
-from .fields import setting
+from .setting_fields import setting
 
 
 class DatabaseResource(dg.ConfigurableResource):

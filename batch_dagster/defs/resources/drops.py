@@ -3,11 +3,13 @@ results go. The store resource says who owns their batches (`intake_owner`), sin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dagster as dg
 
 from batch_dagster.batchfile.windows import CompletionWindows, Window
 
-from .fields import setting
+from .setting_fields import setting
 
 
 class Intake(dg.ConfigurableResource):
@@ -30,3 +32,7 @@ class Intake(dg.ConfigurableResource):
 
     def s3_results_uri(self) -> str:
         return f"s3://{self.s3_bucket}/{self.s3_output_prefix}"
+
+    def results_uri(self, scheme: str) -> str:
+        """Where the results of the files dropped under `scheme` go: the bucket's results prefix, or the outbox."""
+        return self.s3_results_uri() if scheme == "s3://" else Path(self.outbox_dir).resolve().as_uri()

@@ -1,25 +1,25 @@
-"""Every resource of the definitions, as the settings configure them (fields.py fills each field from its setting)."""
+"""Every resource of the definitions, as the settings configure them (setting_fields.py fills each field from its
+setting)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from batch_dagster.defs.retention import Retention
+from batch_dagster.defs.webhooks import WebhookConfig
 from batch_dagster.settings import Settings
 
 from .database import DatabaseResource
 from .drops import Intake
-from .fields import from_settings
 from .pipeline import PipelineConfig
-from .retention import Retention
 from .s3 import LazyS3Resource
+from .setting_fields import from_settings
 from .storage import StorageResource
 from .vllm import VLLMResource
-from .webhooks import WebhookConfig
 
 
-def resources_from_env(settings: Settings | None = None) -> dict[str, Any]:
-    """The resources by key, from `settings` (by default, the environment's now)."""
-    settings = settings or Settings.from_env()
+def resources_from_env(settings: Settings) -> dict[str, Any]:
+    """The resources by key, from `settings`."""
     return {
         "storage": from_settings(StorageResource, settings),
         "pipeline": from_settings(PipelineConfig, settings),

@@ -8,9 +8,10 @@ import dagster as dg
 
 from batch_dagster.batchfile.contract import Limits
 from batch_dagster.batchfile.image_sources import ImageSources
+from batch_dagster.batchfile.options import BatchOptions
 from batch_dagster.batchfile.usage import PriceTable, load_price_table
 
-from .fields import setting
+from .setting_fields import setting
 
 
 class PipelineConfig(dg.ConfigurableResource):
@@ -45,7 +46,11 @@ class PipelineConfig(dg.ConfigurableResource):
 
     @property
     def limits(self) -> Limits:
-        return Limits(max_requests=self.max_requests, max_bytes=self.max_bytes, max_line_bytes=self.max_line_bytes)
+        return Limits.of(self)
+
+    def option_defaults(self) -> BatchOptions:
+        """The operator's defaults of a batch's options (batchfile/options.py BatchOptions.resolved)."""
+        return BatchOptions(reuse=self.reuse_answers, error_breaker_rate=self.error_breaker_rate)
 
     @property
     def image_sources(self) -> ImageSources:

@@ -11,7 +11,7 @@ from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.storage import Storage
 from batch_dagster.settings import open_batch_storage, storage_location
 
-from .fields import setting
+from .setting_fields import setting
 
 
 class StorageResource(dg.ConfigurableResource):

@@ -16,7 +16,7 @@ from batch_dagster.engine.base import Engine
 from batch_dagster.engine.models import Models, UnknownModel, server_urls_for
 from batch_dagster.engine.server import ServerEngine
 
-from .fields import setting
+from .setting_fields import setting
 
 
 @functools.cache

@@ -19,13 +19,12 @@ from batch_dagster.db import BatchRecord, repo
 from batch_dagster.db.lifecycle import sync_batch, sync_progress
 from batch_dagster.defs.cli_runs import CLI_GONE, cli_process_gone
 from batch_dagster.defs.dagster_internals import run_end_reason, worker_gone
+from batch_dagster.defs.fairness import PRIORITY_TAG, with_launch_order
 from batch_dagster.defs.jobs import batch_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig, StorageResource, VLLMResource
-from batch_dagster.defs.run_limits import PRIORITY_TAG
 from batch_dagster.defs.run_tags import OWNER_TAG, input_filenames, run_tags
-from batch_dagster.defs.sensors.fairness import with_launch_order
-from batch_dagster.defs.sensors.timing import timed
+from batch_dagster.defs.sensor_timing import timed
 from batch_dagster.features.eta import set_launch_priorities
 
 PARTITION_TAG = "dagster/partition"

@@ -24,13 +24,12 @@ from batch_dagster.batchfile.table import TableSpecError
 from batch_dagster.batchfile.table_files import MAX_SIDECAR_BYTES, SIDECAR_SUFFIX, Sidecar, is_table, sidecar_name
 from batch_dagster.db import repo
 from batch_dagster.db.batches import HEAD_BYTES, DroppedFile, drop_problem, head_model, register_dropped
+from batch_dagster.defs.fairness import PRIORITY_TAG, with_launch_order
 from batch_dagster.defs.jobs import batch_job, deliver_results_job
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import DatabaseResource, Intake, StorageResource, VLLMResource
-from batch_dagster.defs.run_limits import PRIORITY_TAG
 from batch_dagster.defs.run_tags import OWNER_TAG, run_tags
-from batch_dagster.defs.sensors.fairness import with_launch_order
-from batch_dagster.defs.sensors.timing import timed
+from batch_dagster.defs.sensor_timing import timed
 from batch_dagster.features.eta import set_launch_priorities
 from batch_dagster.storage.transfer import s3_uri
 
@@ -49,8 +48,7 @@ class Launched(NamedTuple):
 
 
 def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: DatabaseResource, storage: StorageResource,
-          vllm: VLLMResource, new: Sequence[DroppedFile], *, scheme: str, deliver_to: str,
-          cursor: dict[str, Any]) -> dg.SensorResult:
+          vllm: VLLMResource, new: Sequence[DroppedFile], *, scheme: str, cursor: dict[str, Any]) -> dg.SensorResult:
     """Register the `new` files as batches, request their runs, and request deliveries for ended batches.
 
     Each file is registered in its own transaction: one that fails (the store refused a value, lost its
@@ -61,8 +59,8 @@ def _tick(context: dg.SensorEvaluationContext, intake: Intake, database: Databas
         owner = database.intake_owner()
         for f in new:
             try:
-                b = register_dropped(session, storage.open(), f, owner=owner, deliver_to=deliver_to,
-                                     window=intake.window())
+                b = register_dropped(session, storage.open(), f, owner=owner,
+                                     deliver_to=intake.results_uri(scheme), window=intake.window())
                 # Read now: a later file's rollback expires the rows this session holds.
                 launched.append((f, Launched(b.id, b.owner, b.model, b.expires_at)))
             except Exception as exc:
@@ -203,7 +201,7 @@ def watch_s3_bucket(context: dg.SensorEvaluationContext, intake: Intake, s3: S3R
         found.append(DroppedFile(source=uri, version=version, filename=name,
                                  bytes=o["Size"], endpoint=endpoint_of_head(head), model=head_model(head)))
     return _tick(context, intake, database, storage, vllm, found, scheme="s3://",
-                 deliver_to=intake.s3_results_uri(), cursor={"start_after": next_start, "refused": refused})
+                 cursor={"start_after": next_start, "refused": refused})
 
 
 def s3_sensor(bucket_set: bool) -> dg.SensorDefinition:
@@ -291,5 +289,4 @@ def inbox_sensor(context: dg.SensorEvaluationContext, intake: Intake, database: 
         found.append(DroppedFile(source=source, version=version, filename=entry.name, bytes=st.st_size,
                                  endpoint=endpoint_of_head(head), model=head_model(head)))
     return _tick(context, intake, database, storage, vllm, found, scheme="file://",
-                 deliver_to=Path(intake.outbox_dir).resolve().as_uri(),
                  cursor={"pending": seen, "refused": refused, "links": links})

@@ -6,7 +6,7 @@ import dagster as dg
 
 from batch_dagster.db import repo
 from batch_dagster.defs.resources import DatabaseResource, StorageResource
-from batch_dagster.defs.sensors.timing import timed
+from batch_dagster.defs.sensor_timing import timed
 
 
 @dg.sensor(

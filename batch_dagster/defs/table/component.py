@@ -14,11 +14,11 @@ from batch_dagster.batchfile.table import TableRequest, TableSpecError, check_ke
 from batch_dagster.client import BatchService
 from batch_dagster.defs.assets.inference import step_retries
 from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
-from batch_dagster.defs.resources.fields import from_settings
+from batch_dagster.defs.resources.setting_fields import from_settings
 from batch_dagster.settings import Settings
 
 from .io_manager import TableIOManager
-from .run import CHECK, TableBatch, answer_table
+from .run import CHECK, TABLE_DEFAULTS, TableBatch, answer_table
 
 # The resources a table batch's asset uses, under keys of their own (a project's `storage` or `vllm` stay its own).
 STORAGE, PIPELINE, VLLM = "batch_storage", "batch_pipeline", "batch_vllm"
@@ -126,8 +126,11 @@ class TableBatchScaffolder(dg.Scaffolder[ScaffoldParams]):
 
 
 @dg.scaffold_with(TableBatchScaffolder)
-class TableBatchComponent(dg.Component, dg.Resolvable, dg.Model):
+class TableBatchComponent(dg.Component, dg.Resolvable, dg.Model, BatchOptions):
     """Answers each row of a table asset with a model: one batch per partition, into an answered table asset.
+
+    Its options are a batch's (BatchOptions: reuse, max_cost, ...); those it leaves unset are a table batch's
+    defaults (defs/table/run.py TABLE_DEFAULTS: answers reused), then the operator's.
 
     The answered table has the row's position, the key columns, the answer (or the JSON schema's typed columns, or
     the embedding), finish_reason, token usage, whether the answer was reused, and an error for each row that has
@@ -140,14 +143,10 @@ class TableBatchComponent(dg.Component, dg.Resolvable, dg.Model):
                                           "own IO manager.")
     request: Annotated[TableRequest, dg.Resolver(_request, model_field_type=RequestModel)]
     key_columns: list[str] = Field(default_factory=list, description="Upstream columns copied beside each answer.")
-    reuse: bool = Field(True, description="Reuse the answers of deterministic requests asked before (temperature "
-                        "0 or a seed), from the answer store where the batch folders live.")
     namespace: str | None = Field(None, min_length=1, max_length=128, description="Whose answers and cached "
                                   "prompt prefixes this batch meets, in its process: those of the table batches of the "
                                   "same namespace (and of the owners BATCH_SHARED_OWNERS shares with it). Default: the "
                                   "project's (its defs module's top package).")
-    max_cost: float | None = Field(None, gt=0, description="What one run may spend (the price table's currency): "
-                                   "refused above it at validation, stopped there while it runs.")
     service_url: str | None = Field(None, description="A batch-dagster service's /v1 URL: the batch runs there.")
     service_api_key: str | None = Field(None, description="Its API key, e.g. '{{ env.LLM_SERVICE_KEY }}'.")
     io_manager_key: str = Field(IO_MANAGER, description="The answered table's IO manager; the default writes "
@@ -155,7 +154,7 @@ class TableBatchComponent(dg.Component, dg.Resolvable, dg.Model):
 
     def table_batch(self, project: str = "") -> TableBatch:
         service = BatchService(self.service_url, self.service_api_key) if self.service_url else None
-        return TableBatch(self.request, tuple(self.key_columns), BatchOptions(reuse=self.reuse, max_cost=self.max_cost),
+        return TableBatch(self.request, tuple(self.key_columns), BatchOptions.of(self).resolved(TABLE_DEFAULTS),
                           service, self.namespace or project)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:

@@ -22,19 +22,21 @@ import pyarrow.compute as pc
 from batch_dagster.batchfile import table as t
 from batch_dagster.batchfile.contract import BatchError
 from batch_dagster.batchfile.folder import BatchFolder
-from batch_dagster.batchfile.options import BatchOptions
+from batch_dagster.batchfile.options import BatchOptions, BatchRequest
 from batch_dagster.batchfile.results import iter_lines
-from batch_dagster.batchfile.scope import Owner
 from batch_dagster.batchfile.table import Rendered, TableRequest
 from batch_dagster.batchfile.table_answers import answers_table
 from batch_dagster.batchfile.usage import Usage, cost_of
 from batch_dagster.client import BatchService
 from batch_dagster.defs.assets import inference, steps
 from batch_dagster.defs.resources import PipelineConfig, StorageResource, VLLMResource
+from batch_dagster.features.scope import Owner
 
 from .io_manager import as_arrow, as_pandas
 
 CHECK = "every_row_answered_once"
+# A table batch's options where its component leaves them unset: its answers reused (the rows of a table come back).
+TABLE_DEFAULTS = BatchOptions(reuse=True)
 SHOWN_ERRORS = 20  # rows whose errors the log and the metadata name one by one
 
 
@@ -47,9 +49,15 @@ class TableBatch:
 
     request: TableRequest
     key_columns: tuple[str, ...] = ()
-    options: BatchOptions = field(default_factory=lambda: BatchOptions(reuse=True))
+    options: BatchOptions = field(default_factory=lambda: BatchOptions().resolved(TABLE_DEFAULTS))
     service: BatchService | None = None
     namespace: str = ""
+
+    def batch_request(self) -> BatchRequest:
+        """The batch request a table batch run in this process makes: its endpoint, options and owner (its
+        namespace's)."""
+        return BatchRequest(owner=Owner.of_table(self.namespace).id if self.namespace else "",
+                            endpoint=self.request.endpoint, options=self.options)
 
 
 @dataclass
@@ -79,21 +87,15 @@ def folder_id_of(context: dg.AssetExecutionContext) -> str:
 
 
 def _asks_the_same(folder: BatchFolder, batch: TableBatch, payload: bytes) -> bool:
-    """Whether the batch in `folder` is the one `payload` and `batch`'s options make: the same input, byte for byte,
-    and the same options."""
-    declared = folder.declared()
-    if declared is None or declared.options != batch.options or declared.owner != _owner(batch) \
-            or folder.storage.size(folder.input_key) != len(payload):
+    """Whether the batch in `folder` is the one `payload` and `batch` make: the same request (its options and owner),
+    and the same input, byte for byte."""
+    if folder.batch_request() != batch.batch_request() or folder.storage.size(folder.input_key) != len(payload):
         return False
     h = hashlib.sha256()
     with folder.storage.open(folder.input_key) as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.digest() == hashlib.sha256(payload).digest()
-
-
-def _owner(batch: TableBatch) -> str | None:
-    return Owner.of_table(batch.namespace).id if batch.namespace else None
 
 
 def _invalid(errors: list[BatchError], rows: list[int]) -> str:
@@ -115,8 +117,7 @@ def _in_pipeline(context: dg.AssetExecutionContext, batch: TableBatch, rendered:
                             "discarded, the batch starts afresh (answers it kept are still reused)")
         _remove(folder)
     if not folder.has_input():
-        # It has no row: its options and its owner here.
-        folder.declare(batch.request.endpoint, options=batch.options, owner=_owner(batch))
+        folder.declare(batch.batch_request())  # it has no row: its request is kept in its folder alone
         with folder.storage.writing(folder.input_key) as path:
             path.write_bytes(payload)
     if folder.manifest() is None:  # a retry, or a run after one that failed, resumes at the shards

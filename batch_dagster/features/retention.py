@@ -17,9 +17,8 @@ from sqlalchemy.orm import Session
 
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.status import TERMINAL
-
-from . import repo
-from .models import BatchRecord, FileRecord
+from batch_dagster.db import repo
+from batch_dagster.db.models import BatchRecord, FileRecord
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,14 @@ import dagster as dg
 
 from batch_dagster.db import repo
 from batch_dagster.db.lifecycle import folder_bytes
-from batch_dagster.db.retention import Ended, ended_before, record_stored_bytes, served_keys
-from batch_dagster.defs.assets.batch import lifecycle_assets
+from batch_dagster.defs.assets.batch import LIFECYCLE
 from batch_dagster.defs.assets.delivery import delivered_results
 from batch_dagster.defs.dagster_internals import delete_run_leftovers, forget_partition_status, staged_logs
 from batch_dagster.defs.partitions import BATCH_PARTITIONS
-from batch_dagster.defs.resources import DatabaseResource, Retention, StorageResource
-from batch_dagster.defs.sensors.timing import timed
+from batch_dagster.defs.resources import DatabaseResource, StorageResource
+from batch_dagster.defs.resources.setting_fields import setting
+from batch_dagster.defs.sensor_timing import timed
+from batch_dagster.features.retention import Ended, ended_before, record_stored_bytes, served_keys
 from batch_dagster.storage import scratch
 
 PARTITION_TAG = "dagster/partition"
@@ -33,8 +34,17 @@ PARTITION_TAG = "dagster/partition"
 # 60 s limit on a sensor evaluation: it is worked off tick after tick.
 BATCHES_PER_TICK = 200
 TICK_BUDGET_S = 30.0
-BATCH_ASSETS = [*(a.key for a in lifecycle_assets), delivered_results.key]
+BATCH_ASSETS = [*LIFECYCLE, delivered_results.key]
 _RUN_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+class Retention(dg.ConfigurableResource):
+    """Seconds after its end at which a batch's Dagster history and working files go (0: never), the most batch
+    partitions kept (0: no bound), and the age past which leftover scratch files and staged step logs are swept."""
+
+    history_retention_s: int = setting("BATCH_HISTORY_RETENTION_S")
+    history_max_batches: int = setting("BATCH_HISTORY_MAX_BATCHES")
+    scratch_max_age_s: int = setting("BATCH_SCRATCH_MAX_AGE_S")
 
 
 def purge_history(instance: dg.DagsterInstance, batch_id: str) -> bool:

@@ -1,17 +1,21 @@
-"""Queue position and ETA: every batch not ended gets its place among its model's batches and its estimated end
-(features/eta.py), stored on its record for the API, and on its run's tags for the Dagster UI."""
+"""Queue position and ETA, the Dagster side: every batch not ended gets its place among its model's batches and its
+estimated end (features/eta.py), stored on its record for the API, and on its run's tags for the Dagster UI; a running
+batch's inference step reports its own ETA after each shard, as an observation of its asset."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import dagster as dg
 
+from batch_dagster.batchfile.results import CommittedShard
 from batch_dagster.defs.resources import DatabaseResource, PipelineConfig
 from batch_dagster.defs.run_limits import model_run_limit
-from batch_dagster.defs.sensors.timing import timed
-from batch_dagster.features.eta import refresh_queue
+from batch_dagster.defs.sensor_timing import timed
+from batch_dagster.features.eta import RunningEta, refresh_queue
+from batch_dagster.features.shards import Shard, ShardFeature
 
 POSITION_TAG, ETA_TAG = "batch/queue_position", "batch/estimated_completion_at"
 
@@ -44,3 +48,20 @@ def queue_eta_sensor(context: dg.SensorEvaluationContext, database: DatabaseReso
         except Exception as exc:  # a run deleted meanwhile: the record holds the place anyway
             context.log.warning(f"{m.batch_id}: could not tag run {m.run_id} ({str(exc)[:300]})")
     return dg.SkipReason(f"{len(moved)} batch(es) moved in the queue or in time; {tagged} run(s) tagged.")
+
+
+class EtaObservations(ShardFeature):
+    """After each shard, the inference step's own ETA once the batch's committed requests have finished: its progress
+    blended with its estimate's work at the estimate's rate (features/eta.py RunningEta), observed on its asset."""
+
+    def __init__(self, context: dg.AssetExecutionContext, eta: RunningEta):
+        self.context, self.eta = context, eta
+
+    def after(self, shard: Shard, done: Mapping[int, CommittedShard]) -> None:
+        finished, now = sum(s.request_counts.total for s in done.values()), time.time()
+        left = self.eta.remaining_s(finished, now) or 0.0
+        context = self.context
+        partition = context.partition_key if context.has_partition_key else None  # a table batch's may have none
+        context.log_event(dg.AssetObservation(asset_key=context.asset_key, partition=partition, metadata={
+            "queue_position": 0, "requests_done": finished, "fraction_done": round(finished / self.eta.total, 4),
+            "estimated_completion_at": dg.MetadataValue.timestamp(now + left)}))

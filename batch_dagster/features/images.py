@@ -34,10 +34,10 @@ from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import image_sources
 from batch_dagster.batchfile.folder import BatchFolder
 from batch_dagster.batchfile.image_sources import ImageSources
-from batch_dagster.egress import Allow, Refused, pinned
+from batch_dagster.features.egress import Allow, Refused, pinned
+from batch_dagster.features.shards import Line, Request, Run, Shard, ShardFeature
 from batch_dagster.settings import default
 
-Request = tuple[str, dict[str, Any]]
 TIMEOUT_S = 30.0  # one fetch, whole: the connection, the answer's head and every byte of its body
 CONCURRENCY = 8  # fetches at once
 PIECE = 1 << 20  # the most bytes one step of decompression makes
@@ -336,3 +336,29 @@ class ImageFetcher:
         record = orjson.dumps({"sha256": sha256, "size": size})
         await asyncio.to_thread(self.folder.storage.write_bytes, self.folder.image_record_key(url), record)
         return kept, ""
+
+
+class FetchImages(ShardFeature):
+    """A shard's image URLs fetched (once per batch) before anything else looks at its requests, which from then on
+    name each image by its content's hash (what the answer store keys them by); a request whose image cannot be had
+    is its own 400 line."""
+
+    def __init__(self, fetcher: ImageFetcher, endpoint: str):
+        self.fetcher, self.endpoint = fetcher, endpoint
+
+    def run(self, shard: Shard, requests: list[Request], then: Run) -> list[Line]:
+        fetched, unfetched = self.fetcher.fetch(self.endpoint, requests)
+        if unfetched:
+            shard.progress(len(unfetched))
+        return then(fetched) + unfetched
+
+
+class SendImages(ShardFeature):
+    """The requests handed to the engine a bounded group at a time, each with its images as data URLs (the last of a
+    batch's features: nothing after it holds the images)."""
+
+    def __init__(self, fetcher: ImageFetcher, endpoint: str):
+        self.fetcher, self.endpoint = fetcher, endpoint
+
+    def run(self, shard: Shard, requests: list[Request], then: Run) -> list[Line]:
+        return [line for group in self.fetcher.inlined(self.endpoint, requests) for line in then(group)]

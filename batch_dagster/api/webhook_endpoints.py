@@ -10,8 +10,8 @@ from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
 from batch_dagster.db.models import WebhookEndpointRecord
-from batch_dagster.egress import Allow, Refused, check
 from batch_dagster.features import webhooks as store
+from batch_dagster.features.egress import Allow, Refused, check
 
 from .context import AppContext
 from .deps import Context, DbSession, Owner

@@ -12,14 +12,13 @@ import hmac
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from batch_dagster.batchfile.schema import CLIENT_SALT
+from batch_dagster.features.shards import Line, Request, Run, Shard, ShardFeature
 
 SHARED = "shared"  # the one scope of the owners the operator lets share
 EVERYONE = "*"  # in BATCH_SHARED_OWNERS: every owner shares
 TABLE = "table:"  # a table batch's owner is its namespace, after this
-# What vLLM takes as a cache_salt (vllm/entrypoints/generate/base/protocol.py validate_cache_salt): 1 to 128
-# characters, none of them '@', '/', '\' or NUL.
-CLIENT_SALT = r"^[^@/\\\x00]{1,128}\Z"
 _CLIENT_SALT = re.compile(CLIENT_SALT)
 
 
@@ -54,9 +53,6 @@ def cache_salt(scope_: str, secret: str, client_salt: str | None = None) -> str:
     return hmac.new(b"batch-dagster cache_salt\0" + secret.encode(), message, hashlib.sha256).hexdigest()
 
 
-Request = tuple[str, dict[str, Any]]
-
-
 def salted(requests: Sequence[Request], scope_: str, secret: str) -> list[Request]:
     """The requests as the engine gets them: each with its scope's cache_salt, so a prefix-cache hit never crosses
     scopes. A body whose own cache_salt is not one vLLM takes keeps it, and is refused at its line, never sent."""
@@ -67,3 +63,13 @@ def salted(requests: Sequence[Request], scope_: str, secret: str) -> list[Reques
             body = {**body, "cache_salt": cache_salt(scope_, secret, own)}
         out.append((custom_id, body))
     return out
+
+
+class Salt(ShardFeature):
+    """Each request the engine gets salted with its batch's scope's cache_salt: no prefix-cache hit crosses scopes."""
+
+    def __init__(self, scope_: str, secret: str):
+        self.scope, self.secret = scope_, secret
+
+    def run(self, shard: Shard, requests: list[Request], then: Run) -> list[Line]:
+        return then(salted(requests, self.scope, self.secret))

@@ -1,4 +1,4 @@
-"""The launch order of batch runs: each new run's fair rank (defs/run_limits.py fair_ranks, from the runs the
+"""Fair queueing's Dagster side: each new run's fair rank (features/fairness.py fair_ranks, from the runs the
 instance's queue holds or runs now, in its model's and priority's own queue) and its `dagster/priority`, which puts
 its batch's own priority first, then its deadline (the earliest first)."""
 
@@ -8,15 +8,11 @@ from collections.abc import Mapping, Sequence
 
 import dagster as dg
 
-from batch_dagster.defs.run_limits import (
-    MODEL_TAG,
-    PRIORITY_TAG,
-    RANK_TAG,
-    InFlight,
-    fair_ranks,
-    launch_priority,
-    own_priority,
-)
+from batch_dagster.defs.run_limits import MODEL_TAG
+from batch_dagster.features.fairness import InFlight, fair_ranks, launch_priority, own_priority
+
+PRIORITY_TAG = "dagster/priority"  # the run queue launches higher first, and in submission order among equals
+RANK_TAG = "fair_rank"  # a run's fair rank (fair_ranks), tagged beside its dagster/priority (launch_priority)
 
 
 def with_launch_order(instance: dg.DagsterInstance, job_name: str, tags: Sequence[dict[str, str]],

@@ -2,7 +2,7 @@
 it got before, as if answered now.
 
 An answer is found by a content hash of its scope (its owner's, or the one the operator's shared owners share:
-batchfile/scope.py), the model's identity (its name, its weights' revision, the dtype and the engine settings that
+features/scope.py), the model's identity (its name, its weights' revision, the dtype and the engine settings that
 change numerics) and the request's body (its images by their content's hash). Only deterministic requests are kept (an
 embedding, or temperature 0, or a seed). The store lives in the batch storage beside the batch folders, bounded in
 bytes: the answers written first go first.
@@ -24,9 +24,10 @@ from typing import Any
 
 import orjson
 
-from . import contract as c
-from .folder import ANSWERS
-from .storage import Storage
+from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.folder import ANSWERS
+from batch_dagster.batchfile.storage import Storage
+from batch_dagster.features.shards import Line, Request, Run, Shard, ShardFeature
 
 # Engine arguments that change the numbers a model computes (beside its dtype); the others (cache sizes,
 # parallelism) change only how fast.
@@ -232,3 +233,22 @@ def keep(store: AnswerStore, reuse: Reuse, lines: Iterable[dict[str, Any]]) -> i
                if line.get("custom_id") in reuse.keys and c.is_success(line)}
     store.put(answers)
     return len(answers)
+
+
+class AnswerReuse(ShardFeature):
+    """A shard's deterministic requests answered from the answer store where it holds them (within the batch's
+    scope), the same request twice in a shard run once, and the answers run kept for the next batch."""
+
+    def __init__(self, store: AnswerStore, scope: str, identity: Mapping[str, Any], endpoint: str):
+        self.store, self.scope, self.identity, self.endpoint = store, scope, identity, endpoint
+
+    def run(self, shard: Shard, requests: list[Request], then: Run) -> list[Line]:
+        found = look_up(self.store, self.scope, self.identity, self.endpoint, requests)
+        if found.lines:
+            shard.progress(len(found.lines))
+        lines = then(found.to_run)
+        keep(self.store, found, lines)  # before the commit: a retry finds them even if this process dies now
+        twins = found.twin_lines(lines)  # the same request again in the shard: the same answer
+        if twins:
+            shard.progress(len(twins))
+        return lines + found.lines + twins

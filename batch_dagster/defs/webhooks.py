@@ -8,9 +8,30 @@ from urllib.parse import urlsplit
 import dagster as dg
 
 from batch_dagster.defs.resources import DatabaseResource
-from batch_dagster.defs.resources.webhooks import WebhookConfig
-from batch_dagster.defs.sensors.timing import timed
-from batch_dagster.features.webhooks import check_secret, deliver_due
+from batch_dagster.defs.resources.setting_fields import setting
+from batch_dagster.defs.sensor_timing import timed
+from batch_dagster.features.webhooks import Post, Sender, check_secret, deliver_due
+
+
+class WebhookConfig(dg.ConfigurableResource):
+    """The global endpoints (`urls`), the secret they are signed with, and how hard delivery tries.
+
+    Owners' own endpoints are in the store, each with its own secret (features/webhooks.py).
+    """
+
+    urls: list[str] = setting("BATCH_WEBHOOK_URLS")
+    secret: str = setting("BATCH_WEBHOOK_SECRET")
+    timeout_s: float = 5.0
+    max_attempts: int = 8
+    first_backoff_s: float = 10.0  # then doubling: about 21 minutes between the first and the last attempt
+    allow: list[str] = setting("BATCH_WEBHOOK_ALLOW")  # internal hosts owners' endpoints may reach
+
+    def sender(self) -> Sender:
+        return Sender(self.secret, self.timeout_s, list(self.allow))
+
+    def send_all(self, posts: list[Post]) -> list[str | None]:
+        """Sender.send_all: each POST's error, or None when a 2xx came back."""
+        return self.sender().send_all(posts)
 
 
 @dg.sensor(
