@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from batch_dagster.batchfile import contract as c
+from batch_dagster.batchfile.options import BatchRequest
 from batch_dagster.db import Database, repo
 from batch_dagster.db.batches import add_input_file, create_batch
 from batch_dagster.db.models import WebhookEvent
@@ -25,8 +26,11 @@ def test_the_run_stores_its_batch_completed_with_its_files_and_one_event(tmp_pat
         file = add_input_file(session, owner=repo.ANONYMOUS, file_id=repo.new_file_id(), filename="in.jsonl",
                               size=source.stat().st_size)
         storage.write_bytes(file.path, source.read_bytes())
-        batch_id = create_batch(session, storage, owner=repo.ANONYMOUS, endpoint=c.CHAT, input_file=file,
-                                input_from=file, window=None, launched=True).id
+        row = create_batch(session, storage, BatchRequest(owner=repo.ANONYMOUS, input_file_id=file.id,
+                                                          endpoint=c.CHAT), file)
+        row.launched_at = row.created_at
+        session.commit()
+        batch_id = row.id
     instance.add_dynamic_partitions(batches.name, [batch_id])
     defs = make_defs(data_dir, fake_vllm("stores-end", FakeEngine()), database_url=url)
 
