@@ -1,12 +1,14 @@
-"""Small-batch latency: a 3-request chat batch through the API on the warm fleet, against vLLM's run_batch.
+"""Small-batch latency: a 3-request chat batch through the API on the warm fleet, its fixed cost, and vLLM's run_batch.
 
 `python -m batch_dagster.serve --no-ui` runs with its defaults (a warm fleet of the default chat model,
 1 replica here) in a fresh DAGSTER_HOME and data folder. A first batch warms the daemon and its code
 server and is not counted; then each batch is uploaded, and timed with the openai SDK from
-`batches.create` until `batches.retrieve` answers `completed`. Where that time went comes from the
-run's Dagster event log (bench/fleet_report.py names the phases). run_batch runs on the same file with
-the same engine settings, wall time from launch to exit, engine start included: that is what a user
-without a warm engine waits.
+`batches.create` until `batches.retrieve` answers `completed`. Just before and just after each, the same requests'
+bodies go straight to the fleet's replica, all at once (the engine's own time for them, on the same warm server; the
+mean of the two): the batch's fixed cost is its time less that one. Where the time went comes from the run's Dagster
+event log (bench/fleet_report.py names the phases). run_batch runs on the same file with the same engine settings,
+wall time from launch to exit, engine start included: that is what a user without a warm engine waits
+(BENCH_FLEET_RUN_BATCH=0 leaves it out).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from batch_dagster.serve import fleet
 from bench.api_load import OWN_PREFIXES, _free_port, _wait_http
@@ -33,14 +37,15 @@ POLL_S = 0.1
 
 
 @contextmanager
-def serve(work: Path, model_cache: Path, settings: dict[str, str] | None = None) -> Iterator[tuple[str, Path, Path]]:
-    """serve with its defaults (warm fleet included) in `work`, but the `settings` given; yields (API base URL,
-    DAGSTER_HOME, log path)."""
+def serve(work: Path, model_cache: Path, settings: dict[str, str] | None = None,
+          fleet_port: int | None = None) -> Iterator[tuple[str, Path, Path]]:
+    """serve with its defaults (warm fleet included) in `work`, but the `settings` given, its fleet's ports from
+    `fleet_port` (a free block if none); yields (API base URL, DAGSTER_HOME, log path)."""
     home, data = work / "dagster_home", work / "data"
     own = OWN_PREFIXES
     env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
     env.update({"DAGSTER_HOME": str(home), "BATCH_DATA_DIR": str(data), "BATCH_MODEL_CACHE": str(model_cache),
-                "BATCH_API_KEYS": KEY, "BATCH_FLEET_PORT": str(free_port_block(fleet.block_size(1))),
+                "BATCH_API_KEYS": KEY, "BATCH_FLEET_PORT": str(fleet_port or free_port_block(fleet.block_size(1))),
                 **(settings or {})})
     port = _free_port()
     log_path = work / "serve.log"
@@ -72,6 +77,27 @@ def api_batch(client: Any, path: Path, timeout_s: float = 600) -> tuple[str, flo
         time.sleep(POLL_S)
         batch = client.batches.retrieve(batch.id)
     return batch.id, created, time.time(), batch.status
+
+
+def engine_time(replica_url: str, path: Path, timeout_s: float = 600) -> float:
+    """The engine's own time for the batch's requests: their bodies sent at once straight to a warm replica (as the
+    pipeline's server engine sends a shard's), until the last answer is back."""
+    import asyncio
+
+    import httpx
+
+    bodies = [orjson.loads(line)["body"] for line in path.read_bytes().splitlines() if line.strip()]
+
+    async def send_all() -> float:
+        async with httpx.AsyncClient(base_url=replica_url, timeout=timeout_s) as client:
+            started = time.perf_counter()
+            answers = await asyncio.gather(*(client.post("/v1/chat/completions", json=b) for b in bodies))
+            elapsed = time.perf_counter() - started
+        for answer in answers:
+            answer.raise_for_status()
+        return elapsed
+
+    return round(asyncio.run(send_all()), 3)
 
 
 @contextmanager
@@ -122,45 +148,56 @@ def run_batch_wall(input_path: Path, work: Path, spec: Any, model_path: str, i: 
 
 
 def measure(input_path: Path, work: Path, spec: Any, model_path: str, model_cache: Path, *, repeats: int,
-            quiet_wait_s: float) -> dict[str, Any]:
-    """run_batch `repeats` times, then serve with a warm fleet and `repeats` API batches after a warm-up one."""
+            quiet_wait_s: float, run_batch: bool = True) -> dict[str, Any]:
+    """run_batch `repeats` times (if `run_batch`), then serve with a warm fleet and `repeats` API batches after a
+    warm-up one, each after the engine's own time for the same requests on the fleet's replica."""
     from openai import OpenAI
 
     work.mkdir(parents=True, exist_ok=True)
     requests = sum(1 for _ in open(input_path, "rb"))
     baseline = []
-    for i in range(repeats):
+    for i in range(repeats if run_batch else 0):
         wait_for_quiet(quiet_wait_s)
         print(f"bench-fleet: small batch, run_batch {i + 1}/{repeats} ...", file=sys.stderr, flush=True)
         baseline.append(run_batch_wall(input_path, work, spec, model_path, i))
     wait_for_quiet(quiet_wait_s)
     print("bench-fleet: small batch, starting serve with its warm fleet ...", file=sys.stderr, flush=True)
     batches: list[dict[str, Any]] = []
-    totals: list[float] = []
     phases_each: list[dict[str, float]] = []
     serve_dir = work / "serve"
     serve_dir.mkdir()
-    with serve(serve_dir, model_cache) as (url, home, log_path):
+    fleet_port = free_port_block(fleet.block_size(1))
+    replica_url = f"http://127.0.0.1:{fleet_port + 1}"  # the fleet's one replica, behind its router on fleet_port
+    with serve(serve_dir, model_cache, fleet_port=fleet_port) as (url, home, log_path):
         client = OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=60)
         warm_id, *_ = api_batch(client, input_path)
+        engine_time(replica_url, input_path)  # warms the direct path as the warm-up batch warmed the API's
         for i in range(repeats):
+            engine_before = engine_time(replica_url, input_path)
             batch_id, created, seen, status = api_batch(client, input_path)
+            engine_after = engine_time(replica_url, input_path)
+            # Either side of the batch: a machine whose load moves (other work on its cores) moves both alike.
+            engine_s = round((engine_before + engine_after) / 2, 3)
             run_id, events = run_events(home, batch_id)
             if status != "completed":
                 raise RuntimeError(f"{batch_id} ended {status}; serve's log {log_path}")
             total = round(seen - created, 3)
             phases = latency_phases(created, seen, events)
-            print(f"bench-fleet: small batch {i + 1}/{repeats} through the API: {total} s "
-                  f"({', '.join(f'{k} {v:.1f}' for k, v in phases.items() if v >= 0.05)})", file=sys.stderr, flush=True)
+            fixed = round(total - engine_s, 3)
+            print(f"bench-fleet: small batch {i + 1}/{repeats} through the API: {total} s, engine alone {engine_s} s, "
+                  f"fixed cost {fixed} s ({', '.join(f'{k} {v:.1f}' for k, v in phases.items() if v >= 0.05)})",
+                  file=sys.stderr, flush=True)
             batches.append({"batch_id": batch_id, "run_id": run_id, "created_at": created, "seen_at": seen,
-                            "total_s": total, "phases_s": phases})
-            totals.append(total)
+                            "total_s": total, "engine_s": engine_s,
+                            "engine_each_s": [engine_before, engine_after], "fixed_s": fixed, "phases_s": phases})
             phases_each.append(phases)
     return {
         "requests": requests,
         "api": batches,
         "warm_up_batch": warm_id,
-        "api_median_s": median(totals),
+        "api_median_s": median([b["total_s"] for b in batches]),
+        "engine_median_s": median([b["engine_s"] for b in batches]),
+        "fixed_median_s": median([b["fixed_s"] for b in batches]),
         "phases_median_s": median_phases(phases_each),
         "run_batch_wall_s": baseline,
         "run_batch_median_s": median(baseline),

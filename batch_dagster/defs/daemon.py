@@ -1,5 +1,5 @@
 """`python -m batch_dagster.defs.daemon SECONDS run ...`: the Dagster daemon (`dagster-daemon run ...`, the same
-arguments) whose sensor daemon looks for due sensors every SECONDS (serve passes BATCH_SENSOR_LOOP_S, 1 s by default)
+arguments) whose sensor daemon looks for due sensors every SECONDS (serve passes BATCH_SENSOR_LOOP_S, 0.5 s by default)
 instead of Dagster's 5 s, so
 that a small batch created through the API is launched, and shows its end, within about a second of it (issue #33).
 Each sensor still runs no more often than its own minimum interval. Its loops are logged at debug and what happens at
@@ -14,4 +14,4 @@ import sys
 from batch_dagster.defs.dagster_internals import run_daemon
 
 if __name__ == "__main__":
-    run_daemon(sys.argv[2:], int(sys.argv[1]))
+    run_daemon(sys.argv[2:], float(sys.argv[1]))

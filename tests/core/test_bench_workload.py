@@ -109,12 +109,14 @@ def test_the_summary_checks_each_ratio_against_its_goal():
         "overhead": {"requests": 500, "pipeline_vs_run_batch_wall": 1.03, "pipeline_wall_s": 103.0,
                      "run_batch_wall_s": 100.0},
         "latency": {"requests": 3, "api": [{}, {}, {}], "api_median_s": 12.0, "run_batch_median_s": 30.0,
-                    "phases_median_s": dict.fromkeys(PHASES, 1.0)},
+                    "engine_median_s": 4.5, "fixed_median_s": 7.5, "phases_median_s": dict.fromkeys(PHASES, 1.0)},
     }
     s = summarize(report)
     assert s["scaling_tok_s_2_vs_1"] == 1.8 and s["scaling_met"] is True
     assert s["overhead_met"] is False  # 1.03 > 1.02
     assert s["latency_vs_run_batch"] == 0.4 and s["latency_met"] is True
+    assert s["latency_fixed_s"] == 7.5 and s["fixed_cost_met"] is False  # over #46's 2 s
+    assert "| 7.5 s | <= 2 s | **no** |" in markdown(report) and "replica (4.5 s)" in markdown(report)
     report["latency"]["api_median_s"] = 21.0  # under 0.5x run_batch's 30 s... but over 20 s
     assert summarize(report)["latency_met"] is False
     table = markdown(report)

@@ -82,13 +82,14 @@ def test_a_bad_number_names_its_variable(empty_env, monkeypatch):
         settings.Settings.from_env()
 
 
-def test_the_sensor_loop_is_a_second_unless_set_and_never_below_one(empty_env, monkeypatch):
-    assert empty_env.sensor_loop_s == 1
+def test_the_sensor_loop_is_half_a_second_unless_set_and_never_below_a_tenth(empty_env, monkeypatch):
+    assert empty_env.sensor_loop_s == 0.5
     monkeypatch.setenv("BATCH_SENSOR_LOOP_S", "5")
     assert settings.Settings.from_env().sensor_loop_s == 5
-    monkeypatch.setenv("BATCH_SENSOR_LOOP_S", "0")  # a loop that never sleeps
-    with pytest.raises(ValueError, match="BATCH_SENSOR_LOOP_S='0': must be a whole number of seconds, 1 or more"):
-        settings.Settings.from_env()
+    for text in ("0", "0.05", "nan"):  # a loop that never sleeps
+        monkeypatch.setenv("BATCH_SENSOR_LOOP_S", text)
+        with pytest.raises(ValueError, match=f"BATCH_SENSOR_LOOP_S='{text}': must be 0.1 seconds or more"):
+            settings.Settings.from_env()
 
 
 def test_one_place_opens_the_storage():

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from batch_dagster.db.models import SensorTick
+from tests.daemon_defs import engine_calls
 from tests.helpers import Serve, chat_request, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -22,7 +23,9 @@ COLOURS = re.compile(r"\x1b\[[0-9;]*m")  # Dagster's coloured level names
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory) -> Iterator[Serve]:
     tmp_path = tmp_path_factory.mktemp("serve")
-    with Serve(tmp_path, module="tests.daemon_defs", BATCH_TEST_CALLS=str(tmp_path / "calls.jsonl")) as serve:
+    (tmp_path / "hold").mkdir()
+    with Serve(tmp_path, module="tests.daemon_defs", BATCH_TEST_CALLS=str(tmp_path / "calls.jsonl"),
+               BATCH_TEST_HOLD=str(tmp_path / "hold")) as serve:
         yield serve
 
 
@@ -63,3 +66,27 @@ def test_the_log_shows_the_batchs_launch_and_statuses_at_info_and_no_idle_tick(s
                or "No run requests returned" in line or "Priority sorting" in line]
     assert ticking == [], ticking[:5]
     assert min(ticks(serve).values()) >= 5
+
+
+def test_runs_are_forked_from_the_code_servers_warm_forkserver(serve):
+    """serve's daemon starts its code server as batch_dagster.defs.code_server, whose run workers are forked from a
+    forkserver that imported Dagster and the project once, not spawned as new interpreters that import them first."""
+    import psutil
+
+    def forkservers() -> list[psutil.Process]:
+        servers = [p for p in psutil.Process(serve.proc.pid).children(recursive=True)
+                   if "batch_dagster.defs.code_server" in p.cmdline()]
+        return [c for s in servers for c in s.children() if "multiprocessing.forkserver" in " ".join(c.cmdline())]
+
+    [forkserver] = wait_until(forkservers, 60, serve, "no forkserver under the code server")
+    assert "batch_dagster.definitions" in " ".join(forkserver.cmdline())
+    # The run's worker (held at its engine call) is the forkserver's child, a process of its own; then it finishes.
+    hold = serve.tmp_path / "hold" / "forked"
+    hold.touch()
+    batch = serve.create_batch([chat_request("forked-1", "Say hi.")])
+    [call] = wait_until(lambda: [c for c in engine_calls(serve.tmp_path / "calls.jsonl")
+                                 if c["custom_ids"] == ["forked-1"]], 120, serve, "the run's engine call")
+    worker = psutil.Process(call["pid"])
+    assert worker.ppid() == forkserver.pid and worker.pid != forkserver.pid
+    hold.unlink()
+    assert serve.wait_for(batch.id, {"completed"}, 120).status == "completed"

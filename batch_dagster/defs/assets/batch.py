@@ -16,6 +16,8 @@ from dagster_aws.s3 import S3Resource
 
 from batch_dagster.batchfile.folder import BatchFolder, Source
 from batch_dagster.batchfile.table_files import is_table
+from batch_dagster.db import repo
+from batch_dagster.db.lifecycle import sync_batch
 from batch_dagster.defs.assets.dropped_tables import fetch_dropped_table
 from batch_dagster.defs.k8s import GPU_STEP_TAGS
 from batch_dagster.defs.partitions import batches
@@ -211,6 +213,27 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResour
     )
 
 
+def store_end(context: dg.AssetExecutionContext, database: DatabaseResource, storage: StorageResource) -> None:
+    """The batch's end stored by its own run once its summary is written, so that the API answers it at once, not at
+    the status sensor's next tick. Either may store it first: sync_batch applies an end once (its files registered
+    and its webhook event added once). A batch with no row (a table batch) has none to store; a store that fails here
+    is left to the sensor."""
+    try:
+        with database.step_session() as session:
+            if session is None:
+                return
+            for batch in repo.active_batches_by_id(session, [context.partition_key]):
+                before = batch.status
+                batch.run_id = context.run.run_id  # the batch's latest run: this one
+                sync_batch(session, storage.open(), batch)
+                session.commit()  # the run id, where sync_batch found nothing else to store
+                if batch.status != before:  # as the status sensor logs the changes it stores
+                    context.log.info(f"{batch.id}: {before} -> {batch.status}")
+    except Exception as exc:
+        context.log.warning(f"The batch's end was not stored by its run ({str(exc)[:500]}); the status sensor "
+                            "stores it")
+
+
 @step(
     retried=True,
     kinds={"json"},
@@ -218,9 +241,11 @@ def batch_output_files(context: dg.AssetExecutionContext, storage: StorageResour
     description="Token usage and cost of the batch (successful requests only), and how it ran.",
 )
 def batch_usage(
-    context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource
+    context: dg.AssetExecutionContext, storage: StorageResource, pipeline: PipelineConfig, vllm: VLLMResource,
+    database: DatabaseResource,
 ) -> dg.MaterializeResult:
     summary = steps.summarize(storage.folder(context.partition_key), pipeline, vllm, context.log)
+    store_end(context, database, storage)
     usage, cost = summary.usage, summary.cost
     context.log.info(
         f"{usage.input_tokens} input + {usage.output_tokens} output tokens; cost {cost.total_cost} {cost.currency}"
