@@ -28,6 +28,7 @@ _REQUIRED_BODY_FIELDS = {
     c.RESPONSES: (("input", False),),
     c.SCORE: (("queries", False), ("documents", False)),
     c.RERANK: (("query", False), ("documents", False)),
+    c.MESSAGES: (("messages", True),),
 }
 
 OnRequest = Callable[[int, dict[str, Any]], None]
