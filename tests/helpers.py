@@ -32,9 +32,8 @@ from typing import TYPE_CHECKING, Any, cast
 import dagster as dg
 import orjson
 
-from batch_dagster.batchfile import anthropic
+from batch_dagster.batchfile import anthropic, responses
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.batchfile.results import committed_shards, shard_keys
 from batch_dagster.defs.assets.batch import lifecycle

@@ -144,7 +144,7 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
     the Messages body itself): its system prompt first, then its turns' text."""
     system = body.get("system")
     text = system if isinstance(system, str) else _text(system)
-    messages = [{"role": "system", "content": text}] if text else []
+    messages: list[dict[str, Any]] = [{"role": "system", "content": text}] if text else []
     for m in body.get("messages") or []:
         if isinstance(m, dict):
             content = m.get("content")

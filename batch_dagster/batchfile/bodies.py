@@ -190,9 +190,9 @@ def _anthropic_messages(messages: Any, param: str, serves: Serves | None) -> Non
                 raise BodyError(at, f"Content block {at!r} is refused: this model takes at most {serves.images} "
                                     "image(s) per request.")
             if type(source) is not dict or source.get("type") != "base64" or type(source.get("data")) is not str:
-                raise BodyError(f"{at}.source", f"Field '{at}.source' is refused: give the image as "
-                                                "{\"type\": \"base64\", \"media_type\", \"data\"} (an image by URL would be "
-                                                "fetched by the engine, past the service's checks of where it may go).")
+                raise BodyError(f"{at}.source", f"Field '{at}.source' is refused: give the image as a `base64` "
+                                                "source (an image by URL would be fetched by the engine, past the "
+                                                "service's checks of where it may go).")
 
 
 def _prompt(value: Any, param: str, serves: Serves | None) -> None:

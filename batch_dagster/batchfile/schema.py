@@ -412,7 +412,7 @@ class AnthropicOutputConfig(msgspec.Struct, forbid_unknown_fields=True):
     format: AnthropicJsonFormat | None = None
 
 
-class MessagesBody(_UnusedGenerating, kw_only=True):
+class MessagesBody(msgspec.Struct, kw_only=True):
     # `messages` and `system` blocks are checked by `_anthropic_messages` against the model (which blocks it takes).
     max_tokens: PositiveInt
     model: str | None = None  # present and non-empty: validate checks it first
@@ -436,6 +436,12 @@ class MessagesBody(_UnusedGenerating, kw_only=True):
     user_profile_id: str | None = None
     chat_template_kwargs: Object | None = None
     cache_salt: CacheSalt | None = None
+    # vLLM's no-ops (fields.py): the ones its Messages request model has.
+    kv_transfer_params: Object | None = None
+    ec_transfer_params: Object | None = None
+    watermarking: bool | None = None
+    mm_payload: Literal["tensors", "none"] | None = None
+    return_mm_kwargs: bool | None = None
 
 
 SCHEMAS: dict[str, type[msgspec.Struct]] = {

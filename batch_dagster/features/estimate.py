@@ -17,8 +17,8 @@ from typing import Any, BinaryIO
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile import anthropic, responses
+from batch_dagster.batchfile import contract as c
 from batch_dagster.batchfile.bodies import BodyError, check_body
 from batch_dagster.batchfile.columnar import read_requests
 from batch_dagster.batchfile.folder import BatchFolder
