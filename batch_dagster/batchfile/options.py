@@ -46,10 +46,10 @@ class BatchOptions(BaseModel):
         "The share of failed lines among the batch's first lines at which it stops. Unset: the operator's "
         "(BATCH_ERROR_BREAKER_RATE)."))
     # features/breaker.py.
-    error_breaker_structured: StrictBool = Field(default=False, description=(
+    error_breaker_structured: StrictBool | None = Field(default=None, description=(
         "Whether the breaker also counts, as failed, the completed lines whose structured answer is not what they "
         "asked (request_counts.invalid_structured and incomplete_structured): a labelling batch whose answers break "
-        "their schema stops as one whose lines fail would."))
+        "their schema stops as one whose lines fail would. Unset: no."))
 
     @staticmethod
     def of(body: BatchOptions) -> BatchOptions:

@@ -22,5 +22,5 @@ class ErrorBreaker(ShardFeature):
 
     def before(self, done: Mapping[int, CommittedShard]) -> str | None:
         tripped = breaker_tripped(done.values(), self.first_lines, self.options.error_breaker_rate,
-                                  self.options.error_breaker_structured)
+                                  bool(self.options.error_breaker_structured))
         return ERROR_RATE if tripped else None

@@ -202,7 +202,7 @@ def json_object(data: Any, elided: bool, text: str) -> Iterator[str | Needs]:
 def output_line(data: dict[str, Any], elided: bool) -> Iterator[str | Needs]:
     """An output or error file's line: the contract's envelope, and the body a client reads with the SDK's type."""
     envelope = contract.success_line("x", {})
-    if unknown := set(data) - set(envelope) - {contract.REUSED}:
+    if unknown := set(data) - set(envelope) - {contract.REUSED, contract.INVALID_STRUCTURED}:
         yield f"an output line has no key {', '.join(sorted(unknown))} (contract.success_line: {', '.join(envelope)})"
     response = data.get("response")
     if isinstance(response, dict):
