@@ -369,6 +369,10 @@ class InferenceGate:
             self.opened_at = time.time()
             self._open.set()
 
+    def close(self) -> None:
+        """Hold the inference requests from now on again, until the next open()."""
+        self._open.clear()
+
     def __enter__(self) -> InferenceGate:
         return self
 
