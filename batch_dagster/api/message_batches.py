@@ -114,8 +114,10 @@ def _written(requests: list[Any], directory: str) -> tuple[Path, str | None]:
     model = None
     with open(path, "wb") as out:
         for line in anthropic.input_lines(requests):
-            if model is None and isinstance(line["body"].get("model"), str):
-                model = line["body"]["model"][: c.MAX_MODEL_CHARS]
+            named = line["body"].get("model")
+            # As the first line of an uploaded file names it (contract.model_of_head): validation reports the rest.
+            if model is None and isinstance(named, str) and 0 < len(named) <= c.MAX_MODEL_CHARS:
+                model = named
             out.write(c.jsonl_line(line))
     return path, model
 
