@@ -86,21 +86,25 @@ def _ended_at(row: BatchRecord) -> int | None:
     return row.completed_at or row.failed_at or row.expired_at or row.cancelled_at
 
 
-def _error_codes(storage, row: BatchRecord) -> dict[str, int]:
-    """The error codes of an ended batch's lines (its merge counted them): how many never ran, cancelled or expired."""
+def _ended_counts(storage: Storage, row: BatchRecord) -> dict[str, int]:
+    """An ended batch's counts in Anthropic's terms, from its folder: how many of its lines never ran, cancelled or
+    expired (its merge counted their codes), and, of a batch whose input was refused before anything ran, all its
+    requests errored (validation counted them)."""
     folder = BatchFolder(storage, row.id)
-    ended = folder.summary() or folder.merged()
-    return dict(ended.error_codes) if ended is not None else {}
+    merged = folder.summary() or folder.merged()
+    counts = anthropic.request_counts(row.status, row.request_total, row.request_completed, row.request_failed,
+                                      dict(merged.error_codes) if merged is not None else {})
+    if merged is None and row.request_total == 0 and (validation := folder.validation()) is not None:
+        counts["errored"] = validation.total_requests
+    return counts
 
 
 def message_batch(row: BatchRecord, ctx: AppContext, request: Request) -> MessageBatch:
     """The Message Batch object of a batch: its status and counts in Anthropic's terms, its times in RFC 3339."""
     status = anthropic.processing_status(row.status)
     ended = status == anthropic.ENDED
-    counts = anthropic.request_counts(row.status, row.request_total, row.request_completed, row.request_failed,
-                                      _error_codes(ctx.storage, row) if ended else {})
-    if ended:  # a batch that failed before its requests ran (its input refused) errored them all
-        counts["errored"] = max(0, row.request_total - counts["succeeded"] - counts["canceled"] - counts["expired"])
+    counts = _ended_counts(ctx.storage, row) if ended else anthropic.request_counts(
+        row.status, row.request_total, row.request_completed, row.request_failed, {})
     url = f"{str(request.base_url).rstrip('/')}/v1/messages/batches/{row.id}/results" if ended else None
     return MessageBatch(id=row.id, processing_status=status, request_counts=MessageBatchCounts(**counts),
                         ended_at=anthropic.rfc3339(_ended_at(row)), created_at=anthropic.rfc3339(row.created_at) or "",

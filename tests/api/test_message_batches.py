@@ -142,3 +142,17 @@ def test_errors_are_in_anthropics_shape_and_the_key_is_x_api_key(shared_service)
     for call in (other.retrieve, other.cancel, other.delete):
         with pytest.raises(anthropic.NotFoundError):
             call(created.id)
+
+
+def test_a_batch_whose_input_is_refused_ends_with_every_request_errored_saying_why(start_service):
+    service = start_service()
+    batches = client(service).messages.batches
+    created = batches.create(requests=[request("a", "x"), {"custom_id": "b", "params": {
+        "model": "another-model", "max_tokens": 4, "messages": [{"role": "user", "content": "y"}]}}])
+    batch = ended(batches, created.id)
+    assert service.http().get(f"/v1/batches/{batch.id}").json()["status"] == "failed"
+    assert batch.request_counts.model_dump() == {"processing": 0, "succeeded": 0, "errored": 2, "canceled": 0,
+                                                 "expired": 0}
+    results = {r.custom_id: r.result for r in batches.results(batch.id)}
+    assert sorted(results) == ["a", "b"] and {r.type for r in results.values()} == {"errored"}
+    assert all(r.error.error.type == "api_error" and "model" in r.error.error.message for r in results.values())
