@@ -36,7 +36,27 @@ from .deps import Context, DbSession, Owner
 from .errors import ApiError, invalid, not_found
 from .schemas import Text
 
-router = APIRouter(tags=["message batches"])
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(BaseModel):
+    """Every error under /v1/messages (api/anthropic_shape.py)."""
+
+    type: str = "error"
+    error: AnthropicErrorDetail
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": AnthropicError, "description": description}
+    for status, description in ((400, "Invalid request: a request, a parameter or the batch's state."),
+                                (401, "No API key (`x-api-key` or `Authorization: Bearer`), or not a valid one."),
+                                (404, "No such Message Batch (for this key), or its results are not ready or gone."),
+                                (413, "The request body is larger than the limit."),
+                                (429, "A limit of this key is reached."))}
+router = APIRouter(tags=["message batches"], responses=ERRORS)
 WINDOW = "24h"  # Anthropic's: a Message Batch that has not ended in 24 hours expires
 
 
