@@ -91,17 +91,24 @@ def test_the_sdk_creates_polls_and_reads_every_message(gated):
     assert batches.delete(batch.id).id == batch.id
 
 
+COUNTRIES = [*CAPITALS, "Spain", "Portugal", "Greece", "Egypt", "Peru", "Kenya"]
+
+
+def running(serve: Serve, batch_id: str) -> None:
+    """Until the batch runs (validation counts its tokens on the fleet too, so the gate stays open until then)."""
+    deadline = time.time() + 180
+    while serve.client().batches.retrieve(batch_id).status != "in_progress":
+        assert time.time() < deadline, serve.logs()
+        time.sleep(0.2)
+
+
 def test_cancel_keeps_the_answers_given_and_the_rest_are_canceled(gated):
     serve, gate = gated
     batches = client(serve).messages.batches
-    gate.close()  # the first shard's requests wait at the gate while the batch is canceled
+    created = batches.create(requests=[request(f"r{i}", country) for i, country in enumerate(COUNTRIES)])
+    running(serve, created.id)
+    gate.close()  # the shard in flight waits at the gate while the batch is canceled
     try:
-        created = batches.create(requests=[request(f"r{i}", country) for i, country in enumerate(CAPITALS)])
-        deadline = time.time() + 120
-        while serve.client().batches.retrieve(created.id).status != "in_progress":
-            assert time.time() < deadline, serve.logs()
-            time.sleep(0.5)
-        time.sleep(2)  # its first shard sent
         canceling = batches.cancel(created.id)
         assert canceling.processing_status == "canceling" and canceling.cancel_initiated_at is not None
     finally:
@@ -109,32 +116,39 @@ def test_cancel_keeps_the_answers_given_and_the_rest_are_canceled(gated):
     batch = ended(serve, created.id)
     counts = batch.request_counts
     assert counts.processing == 0 and counts.errored == 0 and counts.expired == 0
-    assert counts.succeeded >= 1 and counts.canceled >= 1 and counts.succeeded + counts.canceled == 4, counts
+    assert counts.canceled >= 1 and counts.succeeded + counts.canceled == len(COUNTRIES), counts
     results = {line.custom_id: line.result for line in batches.results(batch.id)}
-    assert sorted(results) == ["r0", "r1", "r2", "r3"]
+    assert sorted(results) == sorted(f"r{i}" for i in range(len(COUNTRIES)))
     answered = {cid: r for cid, r in results.items() if r.type == "succeeded"}
     assert len(answered) == counts.succeeded
-    for cid, result in answered.items():
-        assert CAPITALS[list(CAPITALS)[int(cid[1:])]] in text(result.message)
+    for result in answered.values():
+        assert result.message.content and text(result.message)
     assert [r.type for r in results.values()].count("canceled") == counts.canceled
 
 
 def test_a_batch_past_its_window_expires_with_the_answers_given(tmp_path, vllm_server):
-    """The 24h window made 20 s here: the first shard is held past it, then answered; nothing starts after it."""
+    """The 24h window made 45 s here: once the batch runs, its requests are held past the deadline, then answered;
+    no shard starts after it."""
     with InferenceGate(vllm_server) as gate, \
             Serve(tmp_path, BATCH_FLEET_URLS=f"{CHAT_MODEL}={gate.url}", BATCH_SHARD_SIZE="2",
-                  BATCH_COMPLETION_WINDOWS="24h=20") as serve:
-        batches = client(serve).messages.batches
-        created = batches.create(requests=[request(f"r{i}", country) for i, country in enumerate(CAPITALS)])
-        assert (created.expires_at - created.created_at).total_seconds() == 20
-        time.sleep(max(0.0, created.expires_at.timestamp() - time.time()) + 3)
+                  BATCH_COMPLETION_WINDOWS="24h=45") as serve:
         gate.open()
+        batches = client(serve).messages.batches
+        created = batches.create(requests=[request(f"r{i}", country) for i, country in enumerate(COUNTRIES)])
+        assert (created.expires_at - created.created_at).total_seconds() == 45
+        running(serve, created.id)
+        gate.close()
+        try:
+            time.sleep(max(0.0, created.expires_at.timestamp() - time.time()) + 2)
+        finally:
+            gate.open()
         batch = ended(serve, created.id)
         results = {line.custom_id: line.result for line in batches.results(batch.id)}
+        logs = serve.logs()
     counts = batch.request_counts
-    assert counts.expired >= 1 and counts.succeeded + counts.expired == 4 and counts.errored == 0, (counts,
-                                                                                                      serve.logs())
-    assert sorted(results) == ["r0", "r1", "r2", "r3"]
+    assert counts.expired >= 1 and counts.succeeded + counts.expired == len(COUNTRIES), (counts, logs)
+    assert counts.errored == 0 and counts.canceled == 0
+    assert sorted(results) == sorted(f"r{i}" for i in range(len(COUNTRIES)))
     assert [r.type for r in results.values()].count("expired") == counts.expired
     for result in results.values():
-        assert result.type in ("succeeded", "expired") and (result.type == "expired" or text(result.message))
+        assert result.type == "expired" or text(result.message)
