@@ -245,10 +245,11 @@ def _stored(ctx: AppContext, session: Session, owner: str, file_id: str | None) 
 
 
 def _never_ran(ctx: AppContext, row: BatchRecord) -> Iterator[dict[str, Any]]:
-    """The lines of a batch whose input was refused before any request ran: each request errored, with why."""
+    """The lines of a batch whose input was refused before any request ran (its errors say why: a mixed model, a
+    limit): each request errored, as a request refused."""
     why = "; ".join(str(e.get("message")) for e in (row.errors or []) if isinstance(e, dict)) or "The batch failed."
     for line in iter_lines(ctx.storage, BatchFolder(ctx.storage, row.id).input_key):
-        yield c.not_run_line(str(line.get("custom_id")), c.BATCH_FAILED, why[:2000])
+        yield c.request_error_line(str(line.get("custom_id")), c.BATCH_FAILED, why[:2000])
 
 
 @router.get("/messages/batches/{message_batch_id}/results", response_class=StreamingResponse,

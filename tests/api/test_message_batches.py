@@ -155,4 +155,5 @@ def test_a_batch_whose_input_is_refused_ends_with_every_request_errored_saying_w
                                                  "expired": 0}
     results = {r.custom_id: r.result for r in batches.results(batch.id)}
     assert sorted(results) == ["a", "b"] and {r.type for r in results.values()} == {"errored"}
-    assert all(r.error.error.type == "api_error" and "model" in r.error.error.message for r in results.values())
+    assert all(r.error.error.type == "invalid_request_error" and "another-model" in r.error.error.message
+               for r in results.values())
