@@ -491,10 +491,11 @@ def runs(registry, token_ids, tmp_path_factory) -> dict[str, dict[str, tuple]]:
 
 # -- the same lines --------------------------------------------------------------------------------------------------
 
-# Unique per call: response and tool-call ids (a response's function_call names its call by one), timestamps.
+# Unique per call: response and tool-call ids (a response's function_call names its call by one), timestamps, an
+# error line's request id.
 # cached_tokens too: which of two lines sharing a prefix is scheduled first (and so finds the other's blocks cached)
 # varies from run to run on either path; the file's total (the summary's usage, compared below) does not.
-VOLATILE = {"id", "created", "created_at", "call_id", "cached_tokens"}
+VOLATILE = {"id", "created", "created_at", "call_id", "cached_tokens", "request_id"}
 
 
 def stable(value: object) -> object:
@@ -529,7 +530,7 @@ def test_the_in_process_engine_and_a_fleet_write_the_same_lines(runs, name):
     assert (set(out1), set(err1)) == (set(out2), set(err2))
     differences = {cid: d for cid in out1 if (d := same(stable(out1[cid]["response"]["body"]),
                                                            stable(out2[cid]["response"]["body"])))}
-    differences |= {cid: d for cid in err1 if (d := same(err1[cid]["response"], stable(err2[cid]["response"])))
+    differences |= {cid: d for cid in err1 if (d := same(stable(err1[cid]["response"]), stable(err2[cid]["response"])))
                     and d != same({}, {})}
     assert differences == {}, json.dumps(differences, indent=1)[:6000]
     assert s1["request_counts"] == s2["request_counts"] and s1["usage"] == s2["usage"]
