@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictInt
 
 from batch_dagster.db import keys as store
 from batch_dagster.db.models import ApiKey
@@ -26,10 +26,11 @@ Name = Annotated[str, Field(pattern=f"^{KEY_NAME.pattern}$", description="1 to 6
 class KeyLimits(BaseModel):
     """A key's own limits; null: the deployment's (BATCH_KEY_*); 0: no limit."""
 
-    max_active_batches: int | None = Field(None, ge=0, lt=1 << 62)
-    max_stored_bytes: int | None = Field(None, ge=0, lt=1 << 62)
-    daily_budget: float | None = Field(None, ge=0, lt=1e15)
-    max_priority: int | None = Field(None, ge=-10, le=10)
+    # Strict: JSON's `false` is not 0 (which would mean no limit).
+    max_active_batches: StrictInt | None = Field(None, ge=0, lt=1 << 62)
+    max_stored_bytes: StrictInt | None = Field(None, ge=0, lt=1 << 62)
+    daily_budget: float | None = Field(None, ge=0, lt=1e15, strict=True)
+    max_priority: StrictInt | None = Field(None, ge=-10, le=10)
 
     def stored(self) -> store.Limits:
         return store.Limits(**self.model_dump())
