@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, cast
 import dagster as dg
 import orjson
 
+from batch_dagster.batchfile import anthropic, responses
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.registry import ModelSpec
 from batch_dagster.batchfile.results import committed_shards, shard_keys
 from batch_dagster.defs.assets.batch import lifecycle
@@ -369,6 +369,10 @@ class InferenceGate:
             self.opened_at = time.time()
             self._open.set()
 
+    def close(self) -> None:
+        """Hold the inference requests from now on again, until the next open()."""
+        self._open.clear()
+
     def __enter__(self) -> InferenceGate:
         return self
 
@@ -437,7 +441,8 @@ class FakeEngine:
             raise EngineCrash("fake engine died")
         lines = []
         for cid, original in requests:
-            body = responses.chat_body(original) if endpoint == c.RESPONSES else original
+            body = responses.chat_body(original) if endpoint == c.RESPONSES else \
+                anthropic.chat_body(original) if endpoint == c.MESSAGES else original
             if body.get("temperature", 1) < 0:
                 lines.append(RequestError("temperature must be non-negative", param="temperature").line(cid))
                 continue
@@ -466,6 +471,10 @@ class FakeEngine:
 def fake_body(endpoint: str, model: str, text: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     """A response body of the fake engine, shaped as vLLM's: a `response` object for /v1/responses, a chat
     completion otherwise (with the usage fields the pipeline reads)."""
+    if endpoint == c.MESSAGES:
+        return {"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+                "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
+                "usage": {"input_tokens": prompt_tokens, "output_tokens": completion_tokens}}
     if endpoint == c.RESPONSES:
         return {"id": "resp_fake", "object": "response", "model": model, "status": "completed",
                 "output": [{"type": "message", "role": "assistant", "status": "completed",

@@ -11,8 +11,9 @@ from fastapi import FastAPI
 from batch_dagster.db import keys, repo
 from batch_dagster.settings import Settings, split_key
 
-from . import batches, errors, files, interactive, metrics, webhook_endpoints
+from . import batches, errors, files, interactive, message_batches, metrics, webhook_endpoints
 from . import keys as key_routes
+from .anthropic_shape import AnthropicShape
 from .context import AppContext
 from .guard import RequestGuard
 
@@ -50,6 +51,7 @@ def create_app(config: Settings) -> FastAPI:
     errors.install(app)
     app.include_router(files.router, prefix="/v1")
     app.include_router(batches.router, prefix="/v1")
+    app.include_router(message_batches.router, prefix="/v1")
     app.include_router(webhook_endpoints.router, prefix="/v1")
     app.include_router(key_routes.router, prefix="/v1")
 
@@ -60,6 +62,7 @@ def create_app(config: Settings) -> FastAPI:
     metrics.install(app, context)
     interactive.install(app, context)  # its metrics in the registry metrics.install made
     app.add_middleware(RequestGuard, context=context)
+    app.add_middleware(AnthropicShape)  # outside the guard: its key header read, and its errors shaped, too
     app.openapi = _documented(app, config)  # type: ignore[method-assign]
     return app
 

@@ -240,7 +240,7 @@ def checked_source(body: CreateBatchRequest, ctx: Context, session: Session, own
         code, message = refusal
         raise invalid(message, param="completion_window", code=code)
     if body.endpoint not in ENDPOINTS:
-        raise invalid(f"Endpoint {clip(body.endpoint)!r} is not supported; use one of {', '.join(ENDPOINTS)}.",
+        raise invalid(f"Endpoint {clip(body.endpoint, 40)!r} is not supported; use one of {', '.join(ENDPOINTS)}.",
                       param="endpoint", code="invalid_endpoint")
     _check_metadata(body.metadata)
     highest = limits_of(session, owner, ctx.config).max_priority

@@ -31,6 +31,7 @@ from .uploads import MULTIPART_SLACK, UploadMeter
 
 UPLOAD_PATH = "/v1/files"
 METER = "upload_meter"  # the request state's name of an upload's UploadMeter
+INLINE_PATH = "/v1/messages/batches"
 
 
 class RequestGuard:
@@ -55,7 +56,8 @@ class RequestGuard:
             scope.setdefault("state", {})["caller"] = caller
             owner = caller.owner
         upload = owner is not None and scope["method"] == "POST" and path.rstrip("/") == UPLOAD_PATH
-        limit, too_large = self._limit(upload)
+        # A Message Batch's requests come inline: its body is its input file, bounded as an upload is.
+        limit, too_large = self._limit(upload or (scope["method"] == "POST" and path.rstrip("/") == INLINE_PATH))
         text = headers.get(b"content-length")
         declared = int(text) if text is not None and text.isdigit() else None
         if declared is not None and declared > limit:

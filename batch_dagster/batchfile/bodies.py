@@ -159,6 +159,42 @@ def _responses_input(value: Any, param: str, serves: Serves | None) -> None:
                                     "'input_image').")
 
 
+# The content blocks of an Anthropic message that vLLM's Messages layer turns into a chat request.
+_ANTHROPIC_BLOCKS = frozenset({"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking"})
+
+
+def _anthropic_messages(messages: Any, param: str, serves: Serves | None) -> None:
+    """/v1/messages `messages` (the schema types the turns): each content block one vLLM's Messages layer takes, and
+    an image only where the model takes images, given as base64 (by URL, vLLM would fetch it itself, past the checks
+    of where the service's requests may go)."""
+    if type(messages) is not list or not messages:
+        raise BodyError(param, f"Field {param!r} must be a non-empty array of messages.")
+    images = 0
+    for i, m in enumerate(messages):
+        content = m.get("content") if type(m) is dict else None
+        for j, block in enumerate(content if type(content) is list else ()):
+            at = f"{param}[{i}].content[{j}]"
+            kind = block.get("type") if type(block) is dict else None
+            if kind not in _ANTHROPIC_BLOCKS:
+                raise BodyError(at, f"Content block {at!r} ({c.quoted(kind)}) is refused: vLLM's Messages layer takes "
+                                    f"{', '.join(sorted(_ANTHROPIC_BLOCKS))} blocks only.")
+            if kind == "text" and type(block.get("text")) is not str:
+                raise BodyError(f"{at}.text", f"Field '{at}.text' must be a string.")
+            if kind != "image":
+                continue
+            images += 1
+            source = block.get("source")
+            if (why := part_refusal("image_url", serves)) is not None:
+                raise BodyError(at, f"Content block {at!r} (image) is refused: {why}.")
+            if serves is not None and images > serves.images:
+                raise BodyError(at, f"Content block {at!r} is refused: this model takes at most {serves.images} "
+                                    "image(s) per request.")
+            if type(source) is not dict or source.get("type") != "base64" or type(source.get("data")) is not str:
+                raise BodyError(f"{at}.source", f"Field '{at}.source' is refused: give the image as a `base64` "
+                                                "source (an image by URL would be fetched by the engine, past the "
+                                                "service's checks of where it may go).")
+
+
 def _prompt(value: Any, param: str, serves: Serves | None) -> None:
     _prompts(value, param)
 
@@ -168,7 +204,7 @@ def _typed(value: Any, param: str, serves: Serves | None) -> None:
 
 
 _PROMPT_CHECKS = {c.CHAT: _messages, c.COMPLETIONS: _prompt, c.EMBEDDINGS: _prompt, c.RESPONSES: _responses_input,
-                  c.SCORE: _typed, c.RERANK: _typed}
+                  c.SCORE: _typed, c.RERANK: _typed, c.MESSAGES: _anthropic_messages}
 
 
 # The fast path: most bodies hold text messages or prompts and a few numbers in range. Those are
@@ -200,7 +236,7 @@ _ROLES = frozenset(Role.__args__)  # type: ignore[attr-defined]
 
 def _plain(url: str, body: dict[str, Any]) -> bool:
     """True for a body of text and in-range numbers only; False means "ask the schema", not "invalid"."""
-    if url in (c.SCORE, c.RERANK):
+    if url in (c.SCORE, c.RERANK, c.MESSAGES):
         return False
     text = PROMPT[url]
     keys = _PLAIN_KEYS[url]

@@ -14,7 +14,8 @@ EMBEDDINGS = "/v1/embeddings"
 RESPONSES = "/v1/responses"
 SCORE = "/v1/score"  # vLLM's: the similarity of queries and documents
 RERANK = "/v1/rerank"  # vLLM's (Jina and Cohere's shape): documents ranked for a query
-ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK)
+MESSAGES = "/v1/messages"  # Anthropic's Messages API, served by vLLM's own layer (vllm/entrypoints/anthropic)
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK, MESSAGES)
 
 # The longest values the store keeps from a client (db/models.py sizes its columns by them). Each is checked
 # where it comes in (the API, validation, the drop intake), so no write of one tenant's value fails later.

@@ -16,7 +16,7 @@ from .schema import PROMPT, SCHEMAS
 
 BEGIN, END = "<!-- BEGIN GENERATED: fields -->", "<!-- END GENERATED: fields -->"
 _NAMES = {c.CHAT: "Chat completions", c.COMPLETIONS: "Completions", c.EMBEDDINGS: "Embeddings",
-          c.RESPONSES: "Responses", c.SCORE: "Score", c.RERANK: "Rerank"}
+          c.RESPONSES: "Responses", c.SCORE: "Score", c.RERANK: "Rerank", c.MESSAGES: "Messages (Anthropic)"}
 
 
 def _num(v: float) -> str:

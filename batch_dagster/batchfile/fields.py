@@ -419,6 +419,66 @@ _RERANK = {
     "top_n": honored("how many of the best documents to return (0: all)"),
 }
 
+
+def _anthropic_tool_calls(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
+    """Anthropic's `tools` and `tool_choice` as chat's are: a tool may be called (any choice but `none`) only where the
+    model has a tool-call parser, and forced (`any`, or a named `tool`) only where its parser makes the call follow
+    the tool's parameters."""
+    choice = body.get("tool_choice")
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "none" or serves is None:
+        return None
+    if not serves.tool_calls:
+        return NO_TOOL_PARSER
+    return serves.forced_tools_refused if kind in ("any", "tool") else None
+
+
+def _thinking(value: Any, body: dict[str, Any], serves: Serves | None) -> str | None:
+    """vLLM's Messages layer turns a thinking budget into `thinking_token_budget`, which needs --reasoning-config."""
+    if isinstance(value, dict) and value.get("type") == "enabled":
+        return ("`enabled` with a `budget_tokens` needs vLLM's --reasoning-config, which the registry does not set: "
+                "use `adaptive` (or `disabled`)")
+    return None
+
+
+_MESSAGES = {
+    "model": SAMPLING["model"],
+    "messages": honored("the conversation: `user` and `assistant` turns, blocks `text`, `tool_use`, `tool_result`, "
+                        "`thinking`, and `image` (base64) where the model takes images; as vLLM's Messages layer "
+                        "turns them into a chat request"),
+    "max_tokens": honored("the most tokens to generate (required); `stop_reason: max_tokens` when reached"),
+    "system": honored("the system prompt: a string or text blocks"),
+    "stop_sequences": honored("stop strings; `stop_reason: stop_sequence` and `stop_sequence` name the one met"),
+    "temperature": honored("sampling temperature (0 to 1); 0 is greedy"),
+    "top_p": SAMPLING["top_p"],
+    "top_k": honored("top-k sampling"),
+    "tools": honored("client tools (`input_schema`) the model may call", _anthropic_tool_calls,
+                     "on a model without a tool-call parser (unless `tool_choice` is `none`)"),
+    "tool_choice": honored("`auto`, `any`, a named `tool` or `none`; `disable_parallel_tool_use`",
+                           _anthropic_tool_calls, "for anything but `none` on a model without a tool-call parser, and "
+                           "for `any` or a named `tool` where the parser cannot make the call follow the tool's "
+                           "parameters"),
+    "thinking": honored("`disabled` turns the chat template's thinking off; `adaptive` leaves it to the model (vLLM)",
+                        _thinking, "for `enabled` (a token budget)"),
+    "output_config": honored("`format` (`json_schema`, enforced by xgrammar) and `effort` (the chat template's "
+                             "reasoning effort), as vLLM's Messages layer maps them"),
+    "metadata": no_effect("Anthropic's `user_id` for its abuse monitoring, none of which runs here; vLLM ignores it"),
+    "stream": SAMPLING["stream"],
+    "service_tier": no_effect("a batch runs in the batch tier, whatever tier the request names; vLLM ignores it"),
+    "inference_geo": no_effect("the request runs on this service's hardware, wherever that is; vLLM ignores it"),
+    "speed": no_effect("the engine has one speed, and the answer is the same at any; vLLM ignores it"),
+    "cache_control": no_effect("Anthropic's prompt cache marker; the engine keeps its own prefix cache, and vLLM "
+                               "ignores it"),
+    "workspace_id": no_effect("an Anthropic Workspace; a key here is the service's own, and vLLM ignores it"),
+    "user_profile_id": no_effect("whom Anthropic attributes the request to; vLLM ignores it"),
+    "container": refused("no code execution container runs here"),
+    "diagnostics": refused("no prompt-cache diagnostics are made here, so the answer could not carry them"),
+    "chat_template_kwargs": _CHAT_ONLY["chat_template_kwargs"],
+    **{name: SAMPLING[name] for name in (
+        "cache_salt", "kv_transfer_params", "ec_transfer_params", "vllm_xargs", "watermarking", "mm_payload",
+        "return_mm_kwargs")},
+}
+
 FIELDS: dict[str, dict[str, Field]] = {
     c.CHAT: {**SAMPLING, **_CHAT_ONLY},
     c.COMPLETIONS: {**SAMPLING, **_COMPLETIONS_ONLY},
@@ -426,6 +486,7 @@ FIELDS: dict[str, dict[str, Field]] = {
     c.RESPONSES: _RESPONSES,
     c.SCORE: _SCORE,
     c.RERANK: _RERANK,
+    c.MESSAGES: _MESSAGES,
 }
 
 UNKNOWN = "it is not a request field of {url}"

@@ -13,7 +13,7 @@ from .image_sources import ImageSources
 
 Task = Literal["generate", "embed"]
 _ENDPOINTS_BY_TASK = {
-    "generate": ("/v1/chat/completions", "/v1/completions", "/v1/responses"),
+    "generate": ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"),
     # vLLM scores and reranks with an embedding model by its embeddings' cosine similarity.
     "embed": ("/v1/embeddings", "/v1/score", "/v1/rerank"),
 }

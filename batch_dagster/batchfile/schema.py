@@ -375,12 +375,81 @@ class RerankBody(_ScoringBody):
     top_n: Annotated[int, _range(0)] | None = None
 
 
+# Anthropic's Messages API (/v1/messages): the fields vLLM's layer reads (vllm/entrypoints/anthropic/protocol.py).
+class AnthropicMessage(msgspec.Struct):
+    role: Literal["user", "assistant"]
+    content: str | list[Object]
+
+
+class AnthropicTool(msgspec.Struct):
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    input_schema: Object
+    description: str | None = None
+    type: Literal["custom"] | None = None
+    strict: bool | None = None
+    cache_control: Object | None = None
+
+
+class AnthropicToolChoice(msgspec.Struct):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class AnthropicThinking(msgspec.Struct):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: Annotated[int, _range(1024)] | None = None
+    display: Literal["summarized", "omitted", "updates"] | None = None
+
+
+class AnthropicJsonFormat(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["json_schema"]
+    schema: Object
+
+
+class AnthropicOutputConfig(msgspec.Struct, forbid_unknown_fields=True):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: AnthropicJsonFormat | None = None
+
+
+class MessagesBody(msgspec.Struct, kw_only=True):
+    # `messages` and `system` blocks are checked by `_anthropic_messages` against the model (which blocks it takes).
+    max_tokens: PositiveInt
+    model: str | None = None  # present and non-empty: validate checks it first
+    messages: list[AnthropicMessage] = []
+    system: str | list[Object] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: Annotated[float, _range(0, 1)] | None = None
+    top_p: Probability | None = None
+    top_k: Annotated[int, _range(-1)] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    thinking: AnthropicThinking | None = None
+    output_config: AnthropicOutputConfig | None = None
+    metadata: Object | None = None
+    stream: bool | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None
+    inference_geo: str | None = None
+    speed: Literal["standard", "fast"] | None = None
+    cache_control: Object | None = None
+    workspace_id: str | None = None
+    user_profile_id: str | None = None
+    chat_template_kwargs: Object | None = None
+    cache_salt: CacheSalt | None = None
+    # vLLM's no-ops (fields.py): the ones its Messages request model has.
+    kv_transfer_params: Object | None = None
+    ec_transfer_params: Object | None = None
+    watermarking: bool | None = None
+    mm_payload: Literal["tensors", "none"] | None = None
+    return_mm_kwargs: bool | None = None
+
+
 SCHEMAS: dict[str, type[msgspec.Struct]] = {
     c.CHAT: ChatBody, c.COMPLETIONS: CompletionBody, c.EMBEDDINGS: EmbeddingBody, c.RESPONSES: ResponsesBody,
-    c.SCORE: ScoreBody, c.RERANK: RerankBody,
+    c.SCORE: ScoreBody, c.RERANK: RerankBody, c.MESSAGES: MessagesBody,
 }
 # Each endpoint's prompt field (score and rerank: what they score; validation checks their query is there too).
 PROMPT = {c.CHAT: "messages", c.COMPLETIONS: "prompt", c.EMBEDDINGS: "input", c.RESPONSES: "input",
-          c.SCORE: "documents", c.RERANK: "documents"}
+          c.SCORE: "documents", c.RERANK: "documents", c.MESSAGES: "messages"}
 # The body fields each endpoint types (what the field matrix honors).
 TYPED = {url: frozenset(schema.__struct_fields__) | {PROMPT[url]} for url, schema in SCHEMAS.items()}

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import anthropic
 from . import contract as c
 from .responses import chat_body
 from .usage import Usage
@@ -93,7 +94,7 @@ def output_cap(endpoint: str, body: dict[str, Any]) -> int:
     """The output tokens a request asks for at most, as ordering weighs it: its max_completion_tokens or
     max_tokens; without one a legacy completion's default, and a chat request's UNBOUNDED_OUTPUT_TOKENS; none for
     the endpoints that write no tokens."""
-    if endpoint not in (c.CHAT, c.COMPLETIONS):
+    if endpoint not in (c.CHAT, c.COMPLETIONS, c.MESSAGES):
         return 0
     asked = body.get("max_completion_tokens", body.get("max_tokens"))
     if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
@@ -105,6 +106,8 @@ def features(endpoint: str, body: dict[str, Any]) -> Features:
     """Prompt size, prefix and output asked of one request body (already validated)."""
     if endpoint == c.RESPONSES:  # runs as its chat body, so it groups as one
         endpoint, body = c.CHAT, chat_body(body)
+    elif endpoint == c.MESSAGES:  # vLLM's Messages layer runs it as its chat body too
+        endpoint, body = c.CHAT, anthropic.chat_body(body)
     if endpoint == c.CHAT:
         messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
         texts = [_text_of(m.get("content")) for m in messages]

@@ -24,13 +24,20 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
     def add_body(self, body: dict[str, Any]) -> None:
-        """Add the `usage` of one response body (chat, completion, embedding or a `response` object)."""
+        """Add the `usage` of one response body (chat, completion, embedding, a `response`, Anthropic's `message`)."""
         u = body.get("usage") or {}
         if body.get("object") == "response":  # the Responses API names its counts like the Batch object
             self.input_tokens += int(u.get("input_tokens") or 0)
             self.output_tokens += int(u.get("output_tokens") or 0)
             self.cached_tokens += int((u.get("input_tokens_details") or {}).get("cached_tokens") or 0)
             self.reasoning_tokens += int((u.get("output_tokens_details") or {}).get("reasoning_tokens") or 0)
+            return
+        if body.get("type") == "message":  # Anthropic's input_tokens leave out those read from or written to cache
+            cached = int(u.get("cache_read_input_tokens") or 0)
+            written = int(u.get("cache_creation_input_tokens") or 0)
+            self.input_tokens += int(u.get("input_tokens") or 0) + cached + written
+            self.output_tokens += int(u.get("output_tokens") or 0)
+            self.cached_tokens += cached
             return
         self.input_tokens += int(u.get("prompt_tokens") or 0)
         self.output_tokens += int(u.get("completion_tokens") or 0)

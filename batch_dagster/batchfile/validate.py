@@ -28,6 +28,7 @@ _REQUIRED_BODY_FIELDS = {
     c.RESPONSES: (("input", False),),
     c.SCORE: (("queries", False), ("documents", False)),
     c.RERANK: (("query", False), ("documents", False)),
+    c.MESSAGES: (("messages", True),),
 }
 
 OnRequest = Callable[[int, dict[str, Any]], None]
@@ -185,7 +186,8 @@ def validate_stream(
     serves = _serves_of(models)
     error = _Collector(report, max_errors)
     if endpoint is not None and endpoint not in c.ENDPOINTS:
-        error(c.INVALID_URL, f"Endpoint {c.quoted(endpoint)} is not one of {', '.join(c.ENDPOINTS)}.", None, "endpoint")
+        error(c.INVALID_URL, f"Endpoint {c.quoted(endpoint, 40)} is not one of {', '.join(c.ENDPOINTS)}.", None,
+              "endpoint")
     if size is not None and size > limits.max_bytes:
         error(c.FILE_TOO_LARGE, f"The file is {size} bytes; the limit is {limits.max_bytes} bytes.")
 
@@ -283,7 +285,7 @@ def _check_request(request: dict[str, Any], line_no: int, endpoint: str | None, 
         return False
     url = request["url"]
     if url not in c.ENDPOINTS:
-        error(c.INVALID_URL, f"URL {c.quoted(url)} is not one of {', '.join(c.ENDPOINTS)}.", line_no, "url")
+        error(c.INVALID_URL, f"URL {c.quoted(url, 40)} is not one of {', '.join(c.ENDPOINTS)}.", line_no, "url")
         return False
     if endpoint is not None and url != endpoint:
         error(c.INVALID_URL, f"URL {c.quoted(url)} differs from the batch endpoint {c.quoted(endpoint)}.",

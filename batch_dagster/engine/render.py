@@ -82,6 +82,7 @@ class VllmRenderer:
 
     def count(self, model: str, endpoint: str, body: dict[str, Any]) -> list[int]:
         from pydantic import BaseModel, ValidationError
+        from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
         from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
@@ -95,6 +96,7 @@ class VllmRenderer:
             c.CHAT: (ChatCompletionRequest, serving.render_chat_request),
             c.COMPLETIONS: (CompletionRequest, serving.render_completion_request),
             c.RESPONSES: (ResponsesRequest, serving.render_responses_request),
+            c.MESSAGES: (AnthropicMessagesRequest, serving.render_messages_request),
         }
         if endpoint not in kinds:
             raise Refused(f"{endpoint} is not counted by a generation model's renderer.")

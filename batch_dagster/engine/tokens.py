@@ -104,7 +104,7 @@ def pooling_counter(tokenizer: Any) -> TimedCount:
     return count
 
 
-_IMAGE_PARTS = ("image_url", "input_image")
+_IMAGE_PARTS = ("image_url", "input_image", "image")
 
 
 def _text_parts(parts: Any) -> Any:
@@ -116,8 +116,8 @@ def without_images(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
     """The body as it is counted: its image parts left out, so the count fetches nothing on a client's behalf (the
     engine's fetch has its own checks, features/images.py), and an image counts for nothing (docs/http-api.md,
     "Estimate")."""
-    field = "messages" if endpoint == c.CHAT else "input"
-    items = body.get(field) if endpoint in (c.CHAT, c.RESPONSES) else None
+    field = "messages" if endpoint in (c.CHAT, c.MESSAGES) else "input"
+    items = body.get(field) if endpoint in (c.CHAT, c.RESPONSES, c.MESSAGES) else None
     if not isinstance(items, list):
         return body
     kept = [{**m, "content": _text_parts(m["content"])} if isinstance(m, dict) and "content" in m else m

@@ -17,8 +17,8 @@ from typing import Any, BinaryIO
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
+from batch_dagster.batchfile import anthropic, responses
 from batch_dagster.batchfile import contract as c
-from batch_dagster.batchfile import responses
 from batch_dagster.batchfile.bodies import BodyError, check_body
 from batch_dagster.batchfile.columnar import read_requests
 from batch_dagster.batchfile.folder import BatchFolder
@@ -53,6 +53,8 @@ def max_output_tokens(endpoint: str, body: dict[str, Any], prompts: list[int], c
         return 0 if endpoint != c.EMBEDDINGS or all(p <= context_length for p in prompts) else None
     if endpoint == c.RESPONSES:
         body = responses.chat_body(body)
+    elif endpoint == c.MESSAGES:
+        body = anthropic.chat_body(body)
     requested = body.get("max_completion_tokens", body.get("max_tokens"))
     if requested is not None and (not isinstance(requested, int) or isinstance(requested, bool) or requested < 1):
         return None
@@ -60,7 +62,8 @@ def max_output_tokens(endpoint: str, body: dict[str, Any], prompts: list[int], c
     if longest >= context_length or (requested or 0) > context_length:
         return None
     if requested is None:
-        requested = context_length - longest if endpoint in (c.CHAT, c.RESPONSES) else c.COMPLETIONS_MAX_TOKENS
+        generating = endpoint in (c.CHAT, c.RESPONSES, c.MESSAGES)
+        requested = context_length - longest if generating else c.COMPLETIONS_MAX_TOKENS
     requested = min(requested, context_length - longest)
     n = body.get("n", 1)
     choices = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1

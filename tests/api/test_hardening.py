@@ -202,8 +202,10 @@ def test_openapi_documents_the_real_responses(start_service):
         for method, operation in operations.items():
             codes = set(operation["responses"])
             assert "422" not in codes and {"200", "400", "401", "404", "413"} <= codes, (method, path, codes)
+            # Anthropic's Message Batches answer errors in Anthropic's shape (api/anthropic_shape.py).
+            error = "AnthropicError" if path.startswith("/v1/messages/") else "ErrorResponse"
             assert operation["responses"]["401"]["content"]["application/json"]["schema"] == {
-                "$ref": "#/components/schemas/ErrorResponse"}
+                "$ref": f"#/components/schemas/{error}"}
     content = schema["paths"]["/v1/files/{file_id}/content"]["get"]["responses"]["200"]["content"]
     assert list(content) == ["application/octet-stream"]
     create = schema["components"]["schemas"]["CreateBatchRequest"]["properties"]

@@ -217,3 +217,13 @@ def test_the_ui_names_a_keys_owner_as_the_store_does_and_drops_follow_a_rotated_
     assert DatabaseResource(url=url, intake_api_key=rotated).intake_owner() == row.owner  # her rows, her new key
     assert database.intake_owner() == ""  # the store has keys and none was chosen for drops: none taken
     assert "BATCH_INTAKE_API_KEY" in (database.no_intake_owner() or "")
+
+
+def test_a_limit_given_as_a_boolean_is_refused_not_read_as_zero(start_service):
+    """JSON `false` is not a number: read as 0 it would mean "no limit". (The OpenAPI conformance test's negative data
+    found it.)"""
+    service = start_service(worker=False)
+    admin = service.http(admin_key(service))
+    for name in ("max_active_batches", "max_stored_bytes", "max_priority"):
+        refused = admin.post("/v1/keys", json={"name": f"k-{name}", "limits": {name: False}})
+        assert refused.status_code == 400 and name in refused.json()["error"]["param"], refused.json()

@@ -19,7 +19,7 @@ from batch_dagster.batchfile.validate import validate_file
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "m"
-TEXT_MODEL = Serves((c.CHAT, c.COMPLETIONS, c.RESPONSES))  # no tool-call or reasoning parser, no images
+TEXT_MODEL = Serves((c.CHAT, c.COMPLETIONS, c.RESPONSES, c.MESSAGES))  # no tool-call or reasoning parser, no images
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
 
@@ -27,7 +27,8 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw
 def body(url: str, **fields) -> dict:
     prompt = {c.CHAT: {"messages": [{"role": "user", "content": "hi"}]}, c.COMPLETIONS: {"prompt": "hi"},
               c.EMBEDDINGS: {"input": "hi"}, c.RESPONSES: {"input": "hi"},
-              c.SCORE: {"queries": "hi", "documents": ["a", "b"]}, c.RERANK: {"query": "hi", "documents": ["a"]}}[url]
+              c.SCORE: {"queries": "hi", "documents": ["a", "b"]}, c.RERANK: {"query": "hi", "documents": ["a"]},
+              c.MESSAGES: {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}}[url]
     return {"model": MODEL, **prompt, **fields}
 
 
@@ -71,6 +72,14 @@ CONDITIONAL = [
     (c.RESPONSES, {"tools": [{"type": "function", "name": "f"}], "tool_choice": "required"}, "body.tools"),
     (c.RESPONSES, {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,x"}]}]},
      "body.input[0].content[0]"),
+    (c.MESSAGES, {"stream": True}, "body.stream"),
+    (c.MESSAGES, {"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 2048}, "body.thinking"),
+    (c.MESSAGES, {"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "body.tools"),
+    (c.MESSAGES, {"tool_choice": {"type": "any"}}, "body.tool_choice"),
+    (c.MESSAGES, {"messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, "body.messages[0].content[0]"),
+    (c.MESSAGES, {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
+     "body.messages[0].content[0]"),
 ]
 
 

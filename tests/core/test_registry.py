@@ -94,7 +94,7 @@ def test_empty_registry():
 def test_endpoints_by_task():
     gen = ModelSpec(name="g", source="x")
     emb = ModelSpec(name="e", source="y", task="embed")
-    assert set(gen.endpoints) == {"/v1/chat/completions", "/v1/completions", "/v1/responses"}
+    assert set(gen.endpoints) == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
     assert emb.endpoints == ("/v1/embeddings", "/v1/score", "/v1/rerank")
 
 

@@ -26,9 +26,11 @@ def vllm_fields(*models) -> set[str]:
 
 
 def endpoints():
+    from anthropic.types import message_create_params
     from openai.types import completion_create_params, embedding_create_params
     from openai.types.chat import completion_create_params as chat_create_params
     from openai.types.responses import response_create_params
+    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
@@ -44,6 +46,8 @@ def endpoints():
         # vLLM's own endpoints: the openai SDK has no request type for them.
         c.SCORE: (set(), vllm_fields(*typing.get_args(ScoreRequest))),
         c.RERANK: (set(), vllm_fields(RerankRequest)),
+        # Anthropic's: the anthropic SDK's request type, and vLLM's Messages layer's.
+        c.MESSAGES: (sdk_fields(message_create_params), vllm_fields(AnthropicMessagesRequest)),
     }
 
 
@@ -52,7 +56,7 @@ def test_the_matrix_names_every_field_of_the_sdk_and_of_vllm(url):
     sdk, vllm = endpoints()[url]
     assert (len(sdk) >= 5 or url in (c.SCORE, c.RERANK)) and len(vllm) >= 10  # the types were found
     table = set(FIELDS[url])
-    assert sdk - table == set(), f"openai SDK fields missing from the matrix of {url}"
+    assert sdk - table == set(), f"SDK fields missing from the matrix of {url}"
     assert vllm - table == set(), f"vLLM fields missing from the matrix of {url}"
     # Ours beyond both: only the thinking switch (moved into chat_template_kwargs for vLLM).
     assert table - sdk - vllm <= {"enable_thinking"}

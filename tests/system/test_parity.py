@@ -271,6 +271,52 @@ def response_rows(ids: dict[str, int]) -> list[dict]:
     ]
 
 
+def anthropic_message(cid: str, content: object = Q, **fields) -> dict:
+    body = {"model": CHAT_MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": content}],
+            "temperature": 0}
+    return line(c.MESSAGES, cid, {**body, **fields})
+
+
+ATOOL = {"name": "get_weather", "description": "The weather of a city", "input_schema": CITY}
+
+
+def message_rows() -> list[dict]:
+    """Anthropic Messages lines, answered by vLLM's Messages layer; the last two are refused at their line."""
+    history = [{"role": "user", "content": "What is the weather in Paris?"},
+               {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                  "input": {"city": "Paris"}}]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}]
+    weather = "What is the weather in Paris?"
+    return [
+        anthropic_message("base"),
+        anthropic_message("no-effect", stream=False, cache_salt="user-1", metadata={"user_id": "u-1"},
+                          service_tier="standard_only", inference_geo="us", speed="standard",
+                          cache_control={"type": "ephemeral"}, workspace_id="w-1", user_profile_id="p-1",
+                          watermarking=False, mm_payload="none", return_mm_kwargs=False,
+                          kv_transfer_params={"do_remote_prefill": True}, ec_transfer_params={}),
+        anthropic_message("blocks", [{"type": "text", "text": Q}]),
+        anthropic_message("system", system="Answer in one short sentence."),
+        anthropic_message("system-blocks", system=[{"type": "text", "text": "Answer in one short sentence."}]),
+        anthropic_message("greedy-top-k", temperature=1.0, top_k=1),
+        anthropic_message("greedy-top-p", temperature=1.0, top_p=1e-9),
+        anthropic_message("cut", max_tokens=3),
+        anthropic_message("stop", stop_sequences=["France"]),
+        anthropic_message("json-schema", output_config={"format": {"type": "json_schema", "schema": CITY}},
+                          max_tokens=40),
+        anthropic_message("effort", output_config={"effort": "low"}, max_tokens=2),
+        anthropic_message("thinking-off", thinking={"type": "disabled"}, max_tokens=2),
+        anthropic_message("thinking-adaptive", thinking={"type": "adaptive"}, max_tokens=2),
+        anthropic_message("tool-named", weather, tools=[ATOOL], tool_choice={"type": "tool", "name": "get_weather"},
+                          max_tokens=150),
+        anthropic_message("tool-any", weather, tools=[ATOOL], tool_choice={"type": "any"}, max_tokens=150),
+        anthropic_message("tool-none", weather, tools=[ATOOL], tool_choice={"type": "none"}),
+        anthropic_message("tool-history", messages=history, tools=[ATOOL], tool_choice={"type": "auto"}),
+        anthropic_message("template-kwargs", chat_template_kwargs={"style": "pirate"}, max_tokens=2),
+        anthropic_message("refused-thinking", thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=2048),
+        anthropic_message("refused-document", [{"type": "document", "source": {"type": "text", "data": "x"}}]),
+    ]
+
+
 def embedding_rows() -> list[dict]:
     return [
         embedding("base", user="u-1", cache_salt="user-1"),
@@ -324,13 +370,13 @@ def rerank_rows() -> list[dict]:
 
 
 # Honored fields no line needs to carry: the prompt and model every line has.
-CARRIED_BY_EVERY_LINE = {"model", "messages", "prompt", "input", "queries", "query", "documents"}
+CARRIED_BY_EVERY_LINE = {"model", "messages", "prompt", "input", "queries", "query", "documents", "max_tokens"}
 
 
 def test_every_accepted_field_is_carried_by_a_line():
     ids = {t: i for i, t in enumerate([" Paris", "The", " capital", " of", " France", " is"])}
     rows = {c.CHAT: chat_rows(ids), c.COMPLETIONS: completion_rows(ids), c.RESPONSES: response_rows(ids),
-            c.EMBEDDINGS: embedding_rows(), c.SCORE: score_rows(), c.RERANK: rerank_rows()}
+            c.EMBEDDINGS: embedding_rows(), c.SCORE: score_rows(), c.RERANK: rerank_rows(), c.MESSAGES: message_rows()}
     for url, lines in rows.items():
         carried = {k for row in lines for k in row["body"]} | CARRIED_BY_EVERY_LINE
         accepted = {name for name, f in FIELDS[url].items() if f.accepted}
@@ -371,7 +417,8 @@ SHARED = "The history of the city: " + "Paris grew on the banks of the Seine, a 
 def files(ids: dict[str, int]) -> dict[str, tuple[str, list[dict]]]:
     return {"chat": (CHAT_MODEL, chat_rows(ids)), "completions": (CHAT_MODEL, completion_rows(ids)),
             "responses": (CHAT_MODEL, response_rows(ids)), "embeddings": (EMBED_MODEL, embedding_rows()),
-            "score": (EMBED_MODEL, score_rows()), "rerank": (EMBED_MODEL, rerank_rows())}
+            "score": (EMBED_MODEL, score_rows()), "rerank": (EMBED_MODEL, rerank_rows()),
+            "messages": (CHAT_MODEL, message_rows())}
 
 
 def run_all(tmp_path: Path, data_dir: Path, instance, ids: dict[str, int], **vllm) -> dict[str, tuple]:
@@ -444,10 +491,11 @@ def runs(registry, token_ids, tmp_path_factory) -> dict[str, dict[str, tuple]]:
 
 # -- the same lines --------------------------------------------------------------------------------------------------
 
-# Unique per call: response and tool-call ids (a response's function_call names its call by one), timestamps.
+# Unique per call: response and tool-call ids (a response's function_call names its call by one), timestamps, an
+# error line's request id.
 # cached_tokens too: which of two lines sharing a prefix is scheduled first (and so finds the other's blocks cached)
 # varies from run to run on either path; the file's total (the summary's usage, compared below) does not.
-VOLATILE = {"id", "created", "created_at", "call_id", "cached_tokens"}
+VOLATILE = {"id", "created", "created_at", "call_id", "cached_tokens", "request_id"}
 
 
 def stable(value: object) -> object:
@@ -474,7 +522,7 @@ def same(a: object, b: object, where: str = "") -> list[str]:
     return [] if a == b else [f"{where}: {a!r} != {b!r}"]
 
 
-@pytest.mark.parametrize("name", ["chat", "completions", "responses", "embeddings", "score", "rerank"])
+@pytest.mark.parametrize("name", ["chat", "completions", "responses", "embeddings", "score", "rerank", "messages"])
 def test_the_in_process_engine_and_a_fleet_write_the_same_lines(runs, name):
     s1, out1, err1 = runs["in-process"][name]
     s2, out2, err2 = runs["fleet"][name]
@@ -482,7 +530,7 @@ def test_the_in_process_engine_and_a_fleet_write_the_same_lines(runs, name):
     assert (set(out1), set(err1)) == (set(out2), set(err2))
     differences = {cid: d for cid in out1 if (d := same(stable(out1[cid]["response"]["body"]),
                                                            stable(out2[cid]["response"]["body"])))}
-    differences |= {cid: d for cid in err1 if (d := same(err1[cid]["response"], stable(err2[cid]["response"])))
+    differences |= {cid: d for cid in err1 if (d := same(stable(err1[cid]["response"]), stable(err2[cid]["response"])))
                     and d != same({}, {})}
     assert differences == {}, json.dumps(differences, indent=1)[:6000]
     assert s1["request_counts"] == s2["request_counts"] and s1["usage"] == s2["usage"]
@@ -699,3 +747,37 @@ def test_summaries_count_cut_structured_outputs_and_price_cached_tokens(runs):
         assert summary["cost"]["cached_input_cost"] == pytest.approx(cached * 0.025 / 1e6 * 0.5, rel=1e-6)
     # The shared text of the completions file's later shard was served by the prefix cache, and priced so.
     assert runs["in-process"]["completions"][0]["usage"]["input_tokens_details"]["cached_tokens"] >= 128
+
+
+def test_messages_fields_have_their_effect(runs):
+    """Each line answered by vLLM's Messages layer with an Anthropic message; the refused ones are 400 lines that say
+    why, at their field."""
+    summary, out, err = runs["in-process"]["messages"]
+    b = {cid: x["response"]["body"] for cid, x in out.items()}
+
+    def said(body: dict) -> str:
+        return "".join(block["text"] for block in body["content"] if block["type"] == "text")
+
+    base = said(b["base"])
+    assert b["base"]["type"] == "message" and b["base"]["role"] == "assistant" and "Paris" in base
+    for cid in ("no-effect", "blocks", "greedy-top-k", "greedy-top-p"):
+        assert said(b[cid]) == base, cid
+    assert b["cut"]["usage"]["output_tokens"] == 3 and b["cut"]["stop_reason"] == "max_tokens"
+    assert (b["stop"]["stop_reason"], b["stop"]["stop_sequence"]) == ("stop_sequence", "France")
+    assert "France" not in said(b["stop"])
+    assert set(json.loads(said(b["json-schema"]))) == {"city"}
+    for cid in ("tool-named", "tool-any"):
+        [call] = [block for block in b[cid]["content"] if block["type"] == "tool_use"]
+        assert call["name"] == "get_weather" and set(call["input"]) == {"city"}, cid
+        assert b[cid]["stop_reason"] == "tool_use", cid
+    assert not [block for block in b["tool-none"]["content"] if block["type"] == "tool_use"] and said(b["tool-none"])
+    assert said(b["tool-history"]) or b["tool-history"]["content"]
+    assert set(err) == {"refused-thinking", "refused-document"}
+    thinking = err["refused-thinking"]["response"]
+    assert thinking["status_code"] == 400 and thinking["body"]["error"]["param"] == "thinking"
+    assert "--reasoning-config" in thinking["body"]["error"]["message"]
+    assert err["refused-document"]["response"]["body"]["error"]["param"] == "messages[0].content[0]"
+    usage = summary["usage"]
+    assert usage["input_tokens"] == sum(x["usage"]["input_tokens"] + x["usage"].get("cache_read_input_tokens", 0)
+                                        for x in b.values())
+    assert usage["output_tokens"] == sum(x["usage"]["output_tokens"] for x in b.values())
