@@ -322,7 +322,7 @@ class InferenceGate:
     run side by side), or until the test calls open(); then it lets everything through. So batches that can run
     together do, whatever the CPU's speed; batches the queue kept apart would hold the first one's requests until
     `timeout_s`, then go on: `opened_at` stays None, which the test asserts against. Other requests (health, models,
-    /tokenize) pass at once."""
+    /tokenize, a body's /render) pass at once."""
 
     def __init__(self, upstream: str, markers: Sequence[str] = (), timeout_s: float = 240):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -337,7 +337,8 @@ class InferenceGate:
         class Handler(BaseHTTPRequestHandler):
             def _forward(self, method: str) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                if method == "POST" and self.path.startswith("/v1/"):
+                # A body's render (validation's and the estimate's count: engine/counting.py) is no inference.
+                if method == "POST" and self.path.startswith("/v1/") and not self.path.endswith("/render"):
                     text = body.decode(errors="replace")
                     gate.seen |= {m for m in gate.markers if m in text}
                     if gate.markers and gate.seen == gate.markers:
