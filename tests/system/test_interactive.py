@@ -32,7 +32,7 @@ KEY = "sk-interactive"
 def test_calls_reach_the_replicas_through_the_real_router_salted_and_keep_or_wake_their_fleet(tmp_path):
     settings = replace(Settings.from_env(), data_dir=tmp_path / "data", storage_url=str(tmp_path / "data"),
                        database_url=f"sqlite:///{tmp_path / 'store.db'}", api_keys=(KEY,), fleet_replicas=1,
-                       fleet_port=0, fleet_idle_s=2.0, fleet_urls={})
+                       fleet_port=0, fleet_idle_s=4.0, fleet_urls={})
     store = Database(settings.database_url)
     store.upgrade()
     fleets = WarmFleets.plan(settings, [CHAT_MODEL, EMBED_MODEL], host=LOOPBACK, store=store, gpus=[],
@@ -53,8 +53,9 @@ def test_calls_reach_the_replicas_through_the_real_router_salted_and_keep_or_wak
             embedded = http.post("/v1/embeddings", json={"model": EMBED_MODEL, "input": "hi"})
             assert embedded.status_code == 200 and "cache_salt" not in embedded.json()["got"]
 
-            # Calls, and no batch, keep the chat fleet warm past its idle time; the embeddings fleet sleeps.
-            deadline = time.monotonic() + 8
+            # Calls, and no batch, keep the chat fleet warm past its idle time; the embeddings fleet sleeps. (An idle
+            # time of some seconds: a loaded machine's call may take one.)
+            deadline = time.monotonic() + 14
             while time.monotonic() < deadline:
                 assert http.post("/v1/completions", json={"model": CHAT_MODEL, "prompt": "hi"}).status_code == 200
                 fleets.tick()
@@ -64,8 +65,11 @@ def test_calls_reach_the_replicas_through_the_real_router_salted_and_keep_or_wak
             time.sleep(1.1)  # the API reads the fleets' states again
             asleep = http.post("/v1/embeddings", json={"model": EMBED_MODEL, "input": "hi"})
             assert asleep.status_code == 503 and int(asleep.headers["retry-after"]) >= 1
-            tick_until(fleets, lambda: not embed.asleep and fleet_records(store.session())[EMBED_MODEL].state
-                       == "warm")  # the call woke it
+            def woke() -> bool:
+                with store.session() as session:
+                    return not embed.asleep and fleet_records(session)[EMBED_MODEL].state == "warm"
+
+            tick_until(fleets, woke)  # the call woke it
             deadline = time.monotonic() + 30
             while (again := http.post("/v1/embeddings", json={"model": EMBED_MODEL, "input": "x"})).status_code != 200:
                 assert time.monotonic() < deadline, again.text
