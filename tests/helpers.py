@@ -229,6 +229,16 @@ def tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGINT to `proc`'s process group, as a terminal's Ctrl-C; killed if it has not left within 30 s."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def wait_http(url: str, timeout_s: float, proc=None) -> None:
     import httpx
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CHAT_MODEL, free_port, new_database, real_vllm, wait_http
+from tests.helpers import CHAT_MODEL, free_port, new_database, real_vllm, stop_group, wait_http
 
 # Fixtures that start a vLLM engine: a test that takes one is on the real engine, and says so (`engine`).
 ENGINE_FIXTURES = {"vllm_server"}
@@ -49,12 +48,7 @@ def vllm_server(tmp_path_factory):
         wait_http(base + "/health", 300, proc)
         yield base
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
         log.close()
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ import pandas as pd
 import pytest
 
 from tests.core.doc_examples import blocks
-from tests.helpers import MODEL_CACHE, REPO
+from tests.helpers import MODEL_CACHE, REPO, stop_group
 
 pytestmark = pytest.mark.engine
 EXAMPLE = REPO / "examples" / "reviews"
@@ -126,12 +125,7 @@ def test_the_example_project_installs_from_the_wheel_and_its_readme_runs_as_writ
                            timeout=30).json()
         assert shown["data"]["runsOrError"]["results"] == [{"runId": run.run_id, "status": "SUCCESS"}], shown
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
         log.close()
 
     # A second table batch, as a team adds one: dg scaffolds its defs.yaml, and the definitions still load.
