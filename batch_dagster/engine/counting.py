@@ -49,6 +49,7 @@ class CountWorker:
                         factory]
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._watcher: subprocess.Popen[bytes] | None = None
         self._pending = b""
         self._context: dict[str, int] = {}  # the models loaded in this process, and their context length
 
@@ -106,7 +107,7 @@ class CountWorker:
         # Its own session: a terminal's Ctrl-C reaches the asking process, which ends the worker by closing its stdin.
         self._proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                       start_new_session=True)
-        orphans.watch([self._proc.pid])  # killed with its asking process, even mid-render
+        self._watcher = orphans.watch([self._proc.pid])  # killed with its asking process, even mid-render
         assert self._proc.stdin is not None
         os.set_blocking(self._proc.stdin.fileno(), False)
         try:
@@ -133,6 +134,8 @@ class CountWorker:
         for pipe in (proc.stdin, proc.stdout):
             if pipe is not None:
                 pipe.close()
+        orphans.release(self._watcher)
+        self._watcher = None
 
     def _exchange(self, ask: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s

@@ -23,15 +23,26 @@ import time
 POLL_S = 1.0
 
 
-def watch(pids: list[int]) -> None:
+def watch(pids: list[int]) -> subprocess.Popen[bytes] | None:
     """Kill `pids` (and their children, and the groups of those that lead one) once this process is gone; the watcher
-    leaves when they all have."""
-    if pids:
-        watcher = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(os.getpid()), *map(str, pids)],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   start_new_session=True)
-        # Reaped as soon as it leaves, so no zombie stays behind for the life of this process.
-        threading.Thread(target=watcher.wait, daemon=True, name="engine-watcher").start()
+    leaves when they all have (within POLL_S), or at `release`."""
+    if not pids:
+        return None
+    watcher = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(os.getpid()), *map(str, pids)],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    # Reaped as soon as it leaves, so no zombie stays behind for the life of this process.
+    threading.Thread(target=watcher.wait, daemon=True, name="engine-watcher").start()
+    return watcher
+
+
+def release(watcher: subprocess.Popen[bytes] | None) -> None:
+    """End a watcher whose processes this process has stopped itself: it is gone when this returns, not up to POLL_S
+    later, outliving the process that stopped them."""
+    if watcher is not None:
+        with contextlib.suppress(ProcessLookupError):
+            watcher.kill()  # it ignores the other signals
+        watcher.wait()
 
 
 def group_alive(pgid: int) -> bool:

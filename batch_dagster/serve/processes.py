@@ -58,6 +58,7 @@ class Children:
 
     def __init__(self) -> None:
         self.procs: dict[str, subprocess.Popen] = {}
+        self.watchers: dict[str, subprocess.Popen | None] = {}
 
     def start(self, name: str, command: list[str], env: dict[str, str], log_file: IO[bytes] | None = None) -> None:
         """Start `command` in its own process group; its output goes to `log_file` when given."""
@@ -69,7 +70,8 @@ class Children:
         # Its own process group keeps it from our terminal's Ctrl-C (stop() stops it in order). When we die without
         # stopping it (kill -9, to us or to our group), the parent-death signal kills it and the watcher its group:
         # a vLLM server and its engine core would otherwise hold their memory and ports.
-        orphans.watch([self.procs[name].pid])
+        orphans.release(self.watchers.get(name))  # a restarted child's first watcher: its child is gone
+        self.watchers[name] = orphans.watch([self.procs[name].pid])
 
     def exited(self) -> list[str]:
         return [name for name, p in self.procs.items() if p.poll() is not None]
@@ -97,6 +99,8 @@ class Children:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 log.error("pid %d did not exit after SIGKILL", proc.pid)
+        for name in procs:
+            orphans.release(self.watchers.pop(name, None))
         if names is not None:
             for name in procs:
                 del self.procs[name]

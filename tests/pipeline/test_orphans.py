@@ -13,6 +13,7 @@ import time
 
 import psutil
 
+from batch_dagster.engine import orphans
 from tests.helpers import REPO
 
 # A stand-in for a run worker: it starts an "engine" (a process with a child of its own, as vLLM's engine core
@@ -187,3 +188,33 @@ def test_a_server_dies_with_serve_at_once_even_when_its_watcher_is_gone():
         for p in [*family, *psutil.Process().children(recursive=True)]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+
+
+def _watchers() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children() if any(arg.endswith("orphans.py") for arg in p.cmdline())]
+
+
+def test_children_stopped_take_their_watchers_at_once():
+    from batch_dagster.serve.processes import Children
+
+    children = Children()
+    children.start("server", ["sh", "-c", "sleep 120 & wait"], env={"PATH": "/usr/bin:/bin"})
+    try:
+        assert len(_watchers()) == 1
+    finally:
+        children.stop(grace_s=5)
+    # Gone when stop returns, not up to a poll later: a `make serve` stopped with Ctrl-C leaves no process behind.
+    assert [p for p in _watchers() if p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def test_a_released_watcher_is_gone_and_spares_what_it_watched():
+    engine = subprocess.Popen(["sleep", "120"])
+    try:
+        watcher = orphans.watch([engine.pid])
+        assert watcher is not None and len(_watchers()) == 1
+        orphans.release(watcher)
+        assert watcher.poll() is not None and _watchers() == []
+        assert engine.poll() is None
+    finally:
+        engine.kill()
+        engine.wait()
