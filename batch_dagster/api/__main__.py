@@ -27,11 +27,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="the metrics listener's port (default BATCH_METRICS_PORT; 0: a free one, logged)")
     parser.add_argument("--root-path", default="", help="the prefix a proxy in front serves the API under (and "
                         "strips), as uvicorn's --root-path")
+    parser.add_argument("--launch-nudge", help="serve's: the Unix socket on which its daemon's launch sensor is told "
+                        "of each batch created (api/launch_nudge.py)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     check_bind(args.host, config)
-    app = create_app(config)
+    app = create_app(config, args.launch_nudge)
     listener = metrics.serve(app, args.metrics_host, args.metrics_port)
     try:
         uvicorn.run(app, host=args.host, port=args.port, root_path=args.root_path, log_level="info")

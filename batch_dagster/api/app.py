@@ -16,14 +16,17 @@ from . import keys as key_routes
 from .anthropic_shape import AnthropicShape
 from .context import AppContext
 from .guard import RequestGuard
+from .launch_nudge import LaunchNudge
 
 log = logging.getLogger("batch_dagster.api")
 
 
-def create_app(config: Settings) -> FastAPI:
+def create_app(config: Settings, launch_nudge: str | None = None) -> FastAPI:
     """Build the app; the store's schema is upgraded to head and BATCH_API_KEYS' new keys seeded into it here, before
-    the first request (KeyProblem when an entry names a key made with `batch-dagster keys`)."""
+    the first request (KeyProblem when an entry names a key made with `batch-dagster keys`). `launch_nudge`: the
+    socket serve's daemon listens on for new batches (api/launch_nudge.py)."""
     context = AppContext.build(config)
+    context.launches = LaunchNudge(launch_nudge)
     context.db.upgrade()
     with context.db.session() as session:
         repo.ensure_owners(session, [repo.ANONYMOUS])

@@ -175,6 +175,7 @@ def _create_batch(body: CreateBatchRequest, ctx: AppContext, session: Session, o
         session.rollback()
         _remove_folder(ctx.storage, batch_id)
         raise
+    ctx.launches.send()
     return batch_object(row)
 
 
@@ -298,6 +299,7 @@ def retry_batch(batch_id: Text, ctx: Context, session: DbSession, owner: Owner, 
                              only=(body or RetryRequest()).only)
     except CannotRetry as exc:
         raise invalid(str(exc), param="batch_id", code="nothing_to_retry") from exc
+    ctx.launches.send()
     return batch_object(child)
 
 

@@ -11,6 +11,7 @@ from batch_dagster.features.estimate import Counted
 from batch_dagster.settings import Settings
 
 from .lanes import Kept, Lane
+from .launch_nudge import LaunchNudge
 from .uploads import UploadSlots
 
 # An estimate validates and counts a whole file (up to the upload limit, each body rendered by the count worker,
@@ -38,6 +39,7 @@ class AppContext:
         "webhook_lookups", workers=LOOKUP_WORKERS, per_key=LOOKUPS_PER_KEY, queued_per_key=LOOKUPS_QUEUED_PER_KEY,
         queued=LOOKUPS_QUEUED, what="webhook endpoint creations"))
     uploads: UploadSlots = field(default_factory=UploadSlots)  # streaming in, per key (BATCH_KEY_MAX_UPLOADS)
+    launches: LaunchNudge = field(default_factory=lambda: LaunchNudge(None))  # serve's daemon, told of new batches
 
     def close(self) -> None:
         self.estimates.close()

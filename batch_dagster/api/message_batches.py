@@ -192,6 +192,7 @@ def _create(body: CreateMessageBatch, request: Request, ctx: AppContext, session
             session.rollback()
             ctx.storage.delete_folder(BatchFolder(ctx.storage, batch_id).prefix)
             raise
+    ctx.launches.send()
     return message_batch(row, ctx, request)
 
 

@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -195,10 +196,12 @@ def ticks_at_debug() -> None:
         logging.getLogger(name).addFilter(_TickAtDebug(lines))
 
 
-def run_daemon(argv: list[str], sensor_loop_s: float) -> None:
+def run_daemon(argv: list[str], sensor_loop_s: float, launch_nudge: str | None = None,
+               launch_sensor: str | None = None) -> None:
     """`dagster-daemon <argv>` in this process (it exits with the command), its sensor daemon looking for due sensors
     every `sensor_loop_s`, its loops logged at debug (ticks_at_debug), its code servers started as
-    `python -m batch_dagster.defs.code_server` (warm run workers: run_code_server).
+    `python -m batch_dagster.defs.code_server` (warm run workers: run_code_server), and, given `launch_nudge`, the
+    sensor `launch_sensor` ticked as soon as the API says it created a batch (`nudged`).
 
     Dagster 1.13's sensor daemon evaluates the sensors whose minimum interval has passed once per loop, and its loop
     runs every 5 s at most, a module constant with no setting (dagster._daemon.sensor.MIN_INTERVAL_LOOP_TIME): a
@@ -213,9 +216,122 @@ def run_daemon(argv: list[str], sensor_loop_s: float) -> None:
 
     sensor.MIN_INTERVAL_LOOP_TIME = sensor_loop_s  # type: ignore[assignment]  # an int there; only waited on
     server.get_python_environment_entry_point = code_server_command
+    if launch_nudge and launch_sensor:
+        nudged(launch_nudge, launch_sensor)
     ticks_at_debug()
     sys.argv = ["dagster-daemon", *argv]
     main()
+
+
+class Nudges:
+    """What the daemon has been told: when a batch was last created, and the events its two loops wake on."""
+
+    def __init__(self) -> None:
+        self.created_at = 0.0  # unix seconds, as Dagster's tick timestamps
+        self.sensors = threading.Event()  # the sensor daemon's loop
+        self.queue = threading.Event()  # the run queue's loop: a run was queued
+
+    def created(self) -> None:
+        self.created_at = time.time()
+        self.sensors.set()
+
+
+class _WokenShutdown:
+    """The sensor daemon's shutdown event as its loop sees it: the loop's wait between passes also ends at a nudge.
+    Dagster 1.13's sensor loop (execute_sensor_iteration_loop) only waits on it; the daemon's own loop checks the real
+    event, so a stop is seen as before (its waits are at most the loop time, 0.5 s)."""
+
+    def __init__(self, shutdown: threading.Event, wake: threading.Event) -> None:
+        self.shutdown, self.wake = shutdown, wake
+
+    def is_set(self) -> bool:
+        return self.shutdown.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self.wake.wait(timeout):
+            self.wake.clear()
+        return self.shutdown.is_set()
+
+
+def nudged(path: str, launch_sensor: str, nudges: Nudges | None = None) -> Nudges:
+    """Tick `launch_sensor` as soon as a datagram arrives on the Unix socket `path` (the API sends one per batch it
+    creates, api/launch_nudge.py), and dequeue the run it queues at once, rather than at each loop's next pass: up to
+    1.5 s for the sensor (its 1 s minimum interval, looked at every 0.5 s) and 1 s for the run queue
+    (`dequeue_interval_seconds` takes whole seconds), most of a small batch's fixed cost (issue #46). Every other tick
+    and dequeue happens as before, and nothing waits on a nudge: one lost changes nothing but the wait.
+
+    Relies on Dagster 1.13's module-level `dagster._daemon.sensor.is_under_min_interval` (called before a sensor's
+    tick is submitted, and again as it starts) and `get_elapsed`, `SensorDaemon.core_loop` handing its shutdown event
+    to the sensor loop, which only waits on it, `QueuedRunCoordinator.submit_run` (the run queued by the sensor's
+    tick, in this process) and `QueuedRunCoordinatorDaemon`'s `run_iteration` and `interval_seconds`, whose loop
+    (IntervalDaemon.core_loop) is this one's but for the wake.
+    """
+    import socket
+
+    from dagster._core.run_coordinator.queued_run_coordinator import QueuedRunCoordinator
+    from dagster._daemon import sensor
+    from dagster._daemon.daemon import SensorDaemon, SpanMarker
+    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+    from dagster._utils.error import serializable_error_info_from_exc_info
+
+    nudges = nudges or Nudges()
+    due_by_interval = sensor.is_under_min_interval
+
+    def is_under_min_interval(state: Any, remote_sensor: Any, minimum_allowed_min_interval: int | None = None) -> bool:
+        elapsed = sensor.get_elapsed(state)
+        if remote_sensor.name == launch_sensor and elapsed is not None and nudges.created_at > time.time() - elapsed:
+            return False  # a batch was created after its last tick began
+        return due_by_interval(state, remote_sensor, minimum_allowed_min_interval)
+
+    sensor.is_under_min_interval = is_under_min_interval
+    sensor_loop = SensorDaemon.core_loop
+
+    def sensor_core_loop(self: Any, workspace_process_context: Any, shutdown_event: threading.Event) -> Any:
+        woken = _WokenShutdown(shutdown_event, nudges.sensors)  # what of an Event the sensor loop uses
+        return sensor_loop(self, workspace_process_context, woken)  # type: ignore[arg-type]
+
+    SensorDaemon.core_loop = sensor_core_loop  # type: ignore[method-assign]
+    submit_run = QueuedRunCoordinator.submit_run
+
+    def submit_and_wake(self: Any, context: Any) -> Any:
+        run = submit_run(self, context)
+        nudges.queue.set()
+        return run
+
+    QueuedRunCoordinator.submit_run = submit_and_wake  # type: ignore[method-assign]
+
+    def queue_core_loop(self: Any, workspace_process_context: Any, shutdown_event: threading.Event) -> Any:
+        while True:
+            start = time.time()
+            yield SpanMarker.START_SPAN
+            try:
+                yield from self.run_iteration(workspace_process_context)
+            except Exception:
+                error_info = serializable_error_info_from_exc_info(sys.exc_info())
+                self._logger.error("Caught error:\n%s", error_info)
+                yield error_info
+            yield SpanMarker.END_SPAN
+            while time.time() - start < self.interval_seconds and not shutdown_event.is_set():
+                if nudges.queue.wait(0.5):
+                    nudges.queue.clear()
+                    break
+                yield None
+            yield None
+
+    QueuedRunCoordinatorDaemon.core_loop = queue_core_loop  # type: ignore[method-assign]
+
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(path)
+
+    def listen() -> None:
+        while True:
+            listener.recv(64)
+            nudges.created()
+
+    threading.Thread(target=listen, daemon=True, name="launch-nudges").start()
+    return nudges
 
 
 CODE_SERVER_MODULE = "batch_dagster.defs.code_server"

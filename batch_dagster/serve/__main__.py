@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -97,10 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     rc = 0
     metrics_port = args.metrics_port or free_port_block(1, args.metrics_host)
+    # The socket on which the API tells the daemon of each batch it creates (api/launch_nudge.py), in a folder only
+    # this user can enter; short, as a Unix socket's path must be (108 bytes).
+    nudges = tempfile.mkdtemp(prefix="batch-dagster-")
+    launch_nudge = os.path.join(nudges, "launch.sock")
     try:
         children.start("api", [sys.executable, "-m", "batch_dagster.api", "--host", args.host, "--port",
                                str(args.port), "--metrics-host", args.metrics_host, "--metrics-port",
-                               str(metrics_port)], env)
+                               str(metrics_port), "--launch-nudge", launch_nudge], env)
         if fleets is not None:
             # Warm before the daemon starts: no run waits on an engine start, none meets a fleet half up.
             fleets.start(should_stop=lambda: bool(stopping))
@@ -115,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                       scrape_targets(metrics_target, fleets.fleets if fleets else {}))
         # Dagster's daemon, looking for due sensors every BATCH_SENSOR_LOOP_S (batch_dagster/defs/daemon.py).
         children.start("dagster-daemon", [sys.executable, "-m", "batch_dagster.defs.daemon", str(config.sensor_loop_s),
-                                          "run", *target], env)
+                                          launch_nudge, "run", *target], env)
         if not args.no_ui:
             children.start("dagster-webserver", [str(scripts / "dagster-webserver"), "-h", args.dagster_host,
                                                  "-p", str(args.dagster_port), *target], env)
@@ -136,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         children.stop()
+        shutil.rmtree(nudges, ignore_errors=True)
         if fleets is not None:
             fleets.stop()
         log.info("stopped")
