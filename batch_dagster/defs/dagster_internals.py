@@ -275,6 +275,15 @@ def nudged(path: str, launch_sensor: str, nudges: Nudges | None = None) -> Nudge
     from dagster._utils.error import serializable_error_info_from_exc_info
 
     nudges = nudges or Nudges()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        listener.bind(path)
+    except OSError as exc:  # the daemon runs on, its sensors ticking at their own intervals
+        logging.getLogger("batch_dagster.daemon").warning("No launch nudges (%s: %s)", path, exc)
+        listener.close()
+        return nudges
     due_by_interval = sensor.is_under_min_interval
 
     def is_under_min_interval(state: Any, remote_sensor: Any, minimum_allowed_min_interval: int | None = None) -> bool:
@@ -319,11 +328,6 @@ def nudged(path: str, launch_sensor: str, nudges: Nudges | None = None) -> Nudge
             yield None
 
     QueuedRunCoordinatorDaemon.core_loop = queue_core_loop  # type: ignore[method-assign]
-
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    listener.bind(path)
 
     def listen() -> None:
         while True:

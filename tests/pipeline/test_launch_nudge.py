@@ -111,3 +111,11 @@ def test_a_queued_run_wakes_the_run_queue_between_its_passes(nudges):
 def test_a_nudge_with_no_daemon_listening_is_dropped_silently(tmp_path):
     LaunchNudge(str(tmp_path / "nobody.sock")).send()
     LaunchNudge(None).send()
+
+
+def test_a_socket_that_cannot_be_bound_leaves_the_daemon_as_it_was(tmp_path, monkeypatch):
+    for target, name in [(sensor, "is_under_min_interval"), (SensorDaemon, "core_loop")]:
+        monkeypatch.setattr(target, name, getattr(target, name))
+    before = sensor.is_under_min_interval, SensorDaemon.core_loop
+    nudged(str(tmp_path / "no-such-folder" / "launch.sock"), LAUNCH_SENSOR)
+    assert (sensor.is_under_min_interval, SensorDaemon.core_loop) == before
