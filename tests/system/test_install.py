@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 
 from tests.core.doc_examples import blocks
-from tests.helpers import MODEL_CACHE, REPO, stop_group
+from tests.helpers import MODEL_CACHE, REPO, stop_group, wait_http
 
 pytestmark = pytest.mark.engine
 EXAMPLE = REPO / "examples" / "reviews"
@@ -121,17 +121,9 @@ def test_the_example_project_installs_from_the_wheel_and_its_readme_runs_as_writ
                               (tmp_path / "dg-dev.log").read_text())
             url = found and found.group(1)
         assert url, (tmp_path / "dg-dev.log").read_text()[-3000:]
-        # Dagster logs "Serving ..." before its server listens: a refused connection is asked again, for a while.
-        deadline = time.time() + 60
-        while True:
-            try:
-                shown = httpx.post(f"{url}/graphql", timeout=30,
-                                   json={"query": "{ runsOrError { ... on Runs { results { runId status } } } }"}).json()
-                break
-            except httpx.ConnectError:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(1)
+        wait_http(f"{url}/server_info", 60, proc)  # Dagster logs "Serving ..." before its server listens
+        shown = httpx.post(f"{url}/graphql", json={"query": "{ runsOrError { ... on Runs { results { runId status } } } }"},
+                           timeout=30).json()
         assert shown["data"]["runsOrError"]["results"] == [{"runId": run.run_id, "status": "SUCCESS"}], shown
     finally:
         stop_group(proc)
