@@ -202,8 +202,7 @@ _LINE_BREAKS = ((b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"), (b
 
 def one_line(json_text: bytes) -> bytes:
     """JSON text (UTF-8) with the characters any common line splitter breaks at written as JSON escapes (\\u2028,
-    \\u2029, \\u0085): the same value,
-    read as one line by `str.splitlines()` as by a reader that splits at "\\n"."""
+    \\u2029, \\u0085): the same value, read as one line by `str.splitlines()` as by a reader that splits at "\\n"."""
     for raw, escaped in _LINE_BREAKS:
         if raw in json_text:
             json_text = json_text.replace(raw, escaped)

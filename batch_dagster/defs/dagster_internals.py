@@ -253,7 +253,7 @@ class _WokenShutdown:
         return self.shutdown.is_set()
 
 
-def nudged(path: str, launch_sensor: str, nudges: Nudges | None = None) -> Nudges:
+def nudged(path: str, launch_sensor: str) -> Nudges:
     """Tick `launch_sensor` as soon as a datagram arrives on the Unix socket `path` (the API sends one per batch it
     creates, api/launch_nudge.py), and dequeue the run it queues at once, rather than at each loop's next pass: up to
     1.5 s for the sensor (its 1 s minimum interval, looked at every 0.5 s) and 1 s for the run queue
@@ -274,7 +274,7 @@ def nudged(path: str, launch_sensor: str, nudges: Nudges | None = None) -> Nudge
     from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
     from dagster._utils.error import serializable_error_info_from_exc_info
 
-    nudges = nudges or Nudges()
+    nudges = Nudges()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -287,9 +287,10 @@ def nudged(path: str, launch_sensor: str, nudges: Nudges | None = None) -> Nudge
     due_by_interval = sensor.is_under_min_interval
 
     def is_under_min_interval(state: Any, remote_sensor: Any, minimum_allowed_min_interval: int | None = None) -> bool:
-        elapsed = sensor.get_elapsed(state)
-        if remote_sensor.name == launch_sensor and elapsed is not None and nudges.created_at > time.time() - elapsed:
-            return False  # a batch was created after its last tick began
+        if remote_sensor.name == launch_sensor:
+            elapsed = sensor.get_elapsed(state)
+            if elapsed is not None and nudges.created_at > time.time() - elapsed:
+                return False  # a batch was created after its last tick began
         return due_by_interval(state, remote_sensor, minimum_allowed_min_interval)
 
     sensor.is_under_min_interval = is_under_min_interval
