@@ -84,6 +84,40 @@ def test_a_nudge_wakes_the_sensor_loop_between_its_passes(nudges, monkeypatch):
     assert len(passes) == 2 and passes[1] - passes[0] < 15
 
 
+def test_a_nudge_no_tick_has_served_keeps_the_sensor_loops_waits_short(nudges):
+    # A tick of the launch sensor begun before the batch was created is still in flight when the nudge comes: Dagster
+    # submits no second one, and the pass the nudge woke is spent. The next passes come at once until a tick begins.
+    import dagster._daemon.daemon as daemon_module
+
+    daemon, api = nudges
+    waits: list[float] = []
+
+    def sensor_loop(_context, _logger, shutdown_event, **_kwargs):
+        while True:
+            started = time.monotonic()
+            shutdown_event.wait(0.5)  # Dagster's wait between passes
+            waits.append(time.monotonic() - started)
+            yield None
+
+    launch = SimpleNamespace(name=LAUNCH_SENSOR, min_interval_seconds=1)
+    in_flight = _ticked(0.2)
+    sensor.is_under_min_interval(in_flight, launch)  # the pass before: its tick began 0.2 s ago
+    _sent(daemon, api)
+    fake = SimpleNamespace(_logger=logging.getLogger("test"), _threadpool_executor=None,
+                           _submit_threadpool_executor=None, instrument_elapsed=None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(daemon_module, "execute_sensor_iteration_loop", sensor_loop)
+        loop = SensorDaemon.core_loop(fake, None, threading.Event())  # type: ignore[arg-type]
+        next(loop)  # the wake the nudge set
+        next(loop)  # the tick in flight: not served yet
+        assert not sensor.is_under_min_interval(in_flight, launch)  # the pass sees it due, and skips it in flight
+        next(loop)
+        sensor.is_under_min_interval(_ticked(0.0), launch)  # a pass that sees the tick begun after the nudge
+        next(loop)
+    assert waits[0] < 0.2 and waits[1] < 0.2 and waits[2] < 0.2  # the wake, then two short looks
+    assert waits[3] >= 0.45  # served: the loop waits its pass's time again
+
+
 def test_a_queued_run_wakes_the_run_queue_between_its_passes(nudges):
     daemon, _api = nudges
     passes: list[float] = []
