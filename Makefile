@@ -73,8 +73,8 @@ lint: setup
 # The fast tiers run on four pytest-xdist workers, whatever the cores: their tests wait on sockets, child processes
 # and polls more than they compute (2 cores, a cold mypy beside them: 156 s of pytest with 2 workers, 131 s with 4;
 # alone, 139 s and 108 to 115 s). The system tier runs as two pytest sessions at once: the tests on the real engine
-# (marked `engine`) one after the other, since they share one vLLM server per session and two engines at once ran
-# out of the memory vLLM's CPU backend asks for on 24 GiB; and beside them those that hold none (the fake engine
+# (marked `engine`) one after the other, since they share one vLLM server per session (two such sessions once ran
+# out of the memory vLLM's CPU backend asks for on 24 GiB); and beside them those that hold none (the fake engine
 # under the real daemon, PostgreSQL, the UI), whose output is printed after the first's. On 2 cores: 19 to 26 min
 # against 33 min 14 s in one session (docs/development.md). Not pytest-xdist's loadgroup: with pytest 9 it no longer
 # groups (xdist sets a node id pytest no longer reads).
