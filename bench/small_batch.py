@@ -91,8 +91,8 @@ def engine_time(replica_url: str, path: Path, timeout_s: float = 600) -> float:
     from batch_dagster.features.scope import Owner, salted, scope
 
     requests = [(line["custom_id"], line["body"]) for line in map(orjson.loads, path.read_bytes().splitlines())]
-    # Unsalted, the same three requests took 4.4 s where the batch's took 5.9 to 6.3 s, on a replica that answered
-    # both alike on other starts (docs/performance.md, "The engine's own time").
+    # On one start of the replica the same three requests took 4.4 s unsalted and 5.9 to 6.3 s salted; on others both
+    # alike (docs/performance.md, "The run worker's imports, a nudge during a tick, and the engine's own time").
     bodies = [body for _, body in salted(requests, scope(Owner(owner_of_key(KEY)), (), ""), "")]
 
     async def send_all() -> float:

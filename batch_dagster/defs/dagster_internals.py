@@ -227,8 +227,8 @@ class Nudges:
     """What the daemon has been told: when a batch was last created, when the launch sensor's last tick began, and the
     events its two loops wake on."""
 
-    PENDING_S = 5.0  # how long a nudge no tick has served keeps the sensor loop's waits short (a stopped sensor's)
-    POLL_S = 0.05  # the sensor loop's wait while one is
+    PENDING_S = 5.0  # the longest a nudge keeps the sensor loop's waits short (a stopped launch sensor serves none)
+    POLL_S = 0.05  # the sensor loop's wait while a nudge is pending
 
     def __init__(self) -> None:
         self.created_at = 0.0  # unix seconds, as Dagster's tick timestamps
