@@ -89,11 +89,14 @@ def engine_time(replica_url: str, path: Path, timeout_s: float = 600) -> float:
 
     from batch_dagster.db.repo import owner_of_key
     from batch_dagster.features.scope import Owner, salted, scope
+    from batch_dagster.settings import default
 
     requests = [(line["custom_id"], line["body"]) for line in map(orjson.loads, path.read_bytes().splitlines())]
     # On one start of the replica the same three requests took 4.4 s unsalted and 5.9 to 6.3 s salted; on others both
     # alike (docs/performance.md, "The run worker's imports, a nudge during a tick, and the engine's own time").
-    bodies = [body for _, body in salted(requests, scope(Owner(owner_of_key(KEY)), (), ""), "")]
+    # serve runs with its defaults here (serve() leaves out the caller's own settings): those of the salt's too.
+    owners_scope = scope(Owner(owner_of_key(KEY)), default("BATCH_SHARED_OWNERS"), "")
+    bodies = [body for _, body in salted(requests, owners_scope, default("BATCH_CACHE_SALT_SECRET"))]
 
     async def send_all() -> float:
         async with httpx.AsyncClient(base_url=replica_url, timeout=timeout_s) as client:
