@@ -546,9 +546,14 @@ WORD_RENDERER = "tests.word_render:WordRenderer"
 def count_words(monkeypatch: Any) -> None:
     """Every model's tokens counted one per word, as the fake engine bills them: a generation model's bodies by a
     count worker that renders words (tests/word_render.py, no vLLM), an embedding model's inputs by WordTokenizer."""
+    from batch_dagster.defs.assets import steps
     from batch_dagster.engine import counting
 
     monkeypatch.setattr(counting, "FACTORY", WORD_RENDERER)
+    # Validation gives its count worker's memory back before an in-process engine starts. The fake engine needs none,
+    # so the word worker is kept for the test process's next batch: started again for each, 120 starts in tests/api
+    # took about 45 s of its CPU.
+    monkeypatch.setattr(steps, "close_workers", lambda: None)
     monkeypatch.setattr(Models, "tokenizer", lambda self, model: WordTokenizer())
 
 

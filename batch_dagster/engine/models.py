@@ -11,7 +11,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -76,7 +76,7 @@ def _tokenizer(model_path: str, cache_dir: str) -> Any:
     name, seen = entry if isinstance(entry, list) and len(entry) == 2 else (None, None)
     cls = getattr(transformers, name, None) if isinstance(name, str) and seen == signature else None
     if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerBase):
-        return cls.from_pretrained(model_path)
+        return cast(Any, cls).from_pretrained(model_path)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     name = type(tokenizer).__name__
     if signature and getattr(transformers, name, None) is type(tokenizer):  # not a model's own (remote) code

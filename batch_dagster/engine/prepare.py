@@ -56,8 +56,7 @@ def smollm2_dir(cache_dir: Path, dtype: str) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=getattr(torch, dtype))
     # save_pretrained refuses a model still marked as GGUF-quantized; the weights are plain now.
-    # transformers adds hf_quantizer at load time; torch's Module.__setattr__ stub only takes a Tensor or Module.
-    model.hf_quantizer = None  # type: ignore[assignment]
+    model.hf_quantizer = None  # transformers adds it at load time
     model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

@@ -453,8 +453,7 @@ def framework_results(path: Path | None = None) -> dict:
 
 
 def framework_problem(need: doc_examples.Needs, doc: Doc) -> str | None:
-    results = framework_results()
-    return results[need] if need in results else framework_results(doc.path)[need]
+    return framework_results(None if doc.path in DOCS else doc.path)[need]
 
 
 @cache

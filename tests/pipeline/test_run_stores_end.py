@@ -11,10 +11,11 @@ from batch_dagster.db.batches import add_input_file, create_batch
 from batch_dagster.db.models import WebhookEvent
 from batch_dagster.defs.partitions import batches
 from batch_dagster.defs.resources import StorageResource
-from tests.helpers import FakeEngine, chat_request, fake_vllm, make_defs, read_jsonl, write_jsonl
+from tests.helpers import FakeEngine, chat_request, count_words, fake_vllm, make_defs, read_jsonl, write_jsonl
 
 
-def test_the_run_stores_its_batch_completed_with_its_files_and_one_event(tmp_path, data_dir, instance):
+def test_the_run_stores_its_batch_completed_with_its_files_and_one_event(tmp_path, data_dir, instance, monkeypatch):
+    count_words(monkeypatch)  # counted as the fake engine bills, by a worker that loads no vLLM
     url = f"sqlite:///{tmp_path / 'store.db'}"
     store = Database(url)
     store.upgrade()
