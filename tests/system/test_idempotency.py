@@ -51,8 +51,11 @@ class DroppingProxy:
         upstream.start()
         if drop:
             self.dropped = _read_answer(server)
-            client.close()  # the API committed and answered; the client never sees it
-            server.close()
+            # The API committed and answered; the client never sees it. Shut down, not only closed: a close leaves
+            # the connection open while the upstream thread still reads it, and the SDK retried only at its timeout.
+            for s in (client, server):
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
             return
         self._pipe(server, client, False)
 
