@@ -252,6 +252,12 @@ def engine_for(spec: ModelSpec, model_path: str) -> OfflineEngine:
         return engine
 
 
+def running(model: str) -> bool:
+    """Whether this process already holds an engine for the model."""
+    with _LOCK:
+        return model in _ENGINES
+
+
 def start_seconds(model: str, since: float) -> float:
     """How long the model's engine took to start, if it started after `since` (perf_counter); 0 for one reused."""
     with _LOCK:

@@ -107,8 +107,10 @@ def validate(folder: BatchFolder, pipeline: PipelineConfig, vllm: VLLMResource, 
         servers = vllm.server_urls_for(report.model) if report.model is not None else None
         tally = count_tokens(out, report, vllm.models, needed=bool(limit or budget), log=log, servers=servers,
                              api_key=vllm.server_api_key) if wanted else None
-        if wanted and servers is None:  # the model's engine starts in this process next: its count worker's memory
-            close_workers()             # (vLLM's renderer, torch) goes back first
+        # The model's engine starts in this process next: its count worker's memory (vLLM's renderer, torch) goes
+        # back first. Beside an engine already running (a process's second batch) it stays, for the next count.
+        if wanted and report.model is not None and vllm.engine_starts_here(report.model):
+            close_workers()
         prompt_tokens = refuse_over_limit(session, folder, report, limit, tally)
         if not stopped:
             refuse_over_cap(session, folder.batch_id, options, report, tally, pipeline.prices(), budget,

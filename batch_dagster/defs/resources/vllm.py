@@ -111,6 +111,14 @@ class VLLMResource(dg.ConfigurableResource):
 
         return engine_for(spec, self.model_path(spec))
 
+    def engine_starts_here(self, model: str) -> bool:
+        """Whether running the model's next shard starts an engine in this process: in-process, none running yet."""
+        if self.server_urls_for(model) is not None:
+            return False
+        from batch_dagster.engine.offline import running
+
+        return not running(model)
+
     def reset(self, model: str) -> None:
         """Forget a crashed offline engine so the next attempt starts a new one."""
         if self.server_urls_for(model) is None:
