@@ -546,14 +546,9 @@ WORD_RENDERER = "tests.word_render:WordRenderer"
 def count_words(monkeypatch: Any) -> None:
     """Every model's tokens counted one per word, as the fake engine bills them: a generation model's bodies by a
     count worker that renders words (tests/word_render.py, no vLLM), an embedding model's inputs by WordTokenizer."""
-    from batch_dagster.defs.assets import steps
     from batch_dagster.engine import counting
 
     monkeypatch.setattr(counting, "FACTORY", WORD_RENDERER)
-    # Validation gives its count worker's memory back before an in-process engine starts. The fake engine needs none,
-    # so the word worker is kept for the test process's next batch: started again for each, 120 starts in tests/api
-    # took about 45 s of its CPU.
-    monkeypatch.setattr(steps, "close_workers", lambda: None)
     monkeypatch.setattr(Models, "tokenizer", lambda self, model: WordTokenizer())
 
 
@@ -568,6 +563,11 @@ class FakeVLLM(VLLMResource):
 
     def reset(self, model: str) -> None:
         pass
+
+    def engine_starts_here(self, model: str) -> bool:
+        """No engine starts in this process, so validation keeps its count worker for the next batch: started
+        again for each batch, 120 word workers took about 45 s of tests/api's CPU."""
+        return False
 
     def model_record(self, model: str) -> dict[str, Any]:
         urls = self.server_urls_for(model)  # a fleet set on the fake is named as the real record names it

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from batch_dagster.defs.resources import VLLMResource
 from batch_dagster.engine import counting, offline
 from batch_dagster.settings import Settings
 from tests.helpers import (
     CHAT_MODEL,
     WORD_RENDERER,
     FakeEngine,
+    FakeVLLM,
     chat_request,
     database_url,
     fake_vllm,
@@ -19,12 +21,18 @@ from tests.helpers import (
 )
 
 
+class InProcess(FakeVLLM):
+    """A fake whose engine would start in this process, as the in-process engine does."""
+
+    engine_starts_here = VLLMResource.engine_starts_here
+
+
 def test_the_count_worker_goes_before_an_engine_starts_and_stays_beside_a_running_one(tmp_path, data_dir, instance,
                                                                                        monkeypatch):
     from batch_dagster.defs.runner import run_batch
 
-    monkeypatch.setattr(counting, "FACTORY", WORD_RENDERER)  # a renderer of words; validation's close as shipped
-    defs = make_defs(data_dir, fake_vllm("kept", FakeEngine()), database_url=database_url(data_dir))
+    monkeypatch.setattr(counting, "FACTORY", WORD_RENDERER)  # a renderer of words
+    defs = make_defs(data_dir, fake_vllm("kept", FakeEngine(), InProcess), database_url=database_url(data_dir))
     worker = counting.shared_worker(str(Settings.from_env().models_file), "/nonexistent")  # the fake's registry
 
     def run(name: str) -> int | None:
