@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from batch_dagster.defs.runner import run_batch
+from batch_dagster.engine import counting
 from tests.helpers import chat_request, database_url, make_defs, read_jsonl, real_vllm, write_jsonl
 
 pytestmark = pytest.mark.engine
@@ -47,3 +48,7 @@ def test_a_prefix_cached_for_one_owner_is_not_another_owners(tmp_path, data_dir,
     # Owners the operator shares meet each other's prefixes (the intake keys have no name: every owner, `*`).
     assert cached_tokens(tmp_path, data_dir, instance, vllm, c, "c", shared_owners=["*"]) == 0
     assert cached_tokens(tmp_path, data_dir, instance, vllm, d, "d", shared_owners=["*"]) > 500
+    if mode == "offline":  # each batch was counted by one worker, kept beside the engine running in this process
+        worker = counting.shared_worker(vllm.models_file, vllm.model_cache_dir)
+        assert worker.pid is not None
+        counting.close_workers()
