@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CHAT_MODEL, CONCISE, SERVE_API_KEY, Serve, write_jsonl
+from tests.helpers import CHAT_MODEL, CONCISE, SERVE_API_KEY, Serve, file_lines, write_jsonl
 
 pytestmark = pytest.mark.engine
 
@@ -129,44 +129,31 @@ def inspect_eval(serve: Serve, folder: Path, *model_args: str) -> dict:
     return {str(s.id): s for s in log.samples or []}
 
 
-def submitted(serve: Serve, endpoint: str) -> list[dict]:
-    """The request bodies of the batches the service took on `endpoint`, newest batch first (what the client sent)."""
-    client = serve.client()
-    bodies = []
-    for batch in client.batches.list(limit=100):
-        if batch.endpoint == endpoint:
-            text = client.files.content(batch.input_file_id).text  # a client's own file, as it sent it
-            bodies += [json.loads(line)["body"] for line in text.split("\n") if line.strip()]
-    return bodies
-
-
 def text(content: str | list[dict] | None) -> str:
     """A message's text: a string, or its parts' texts (chat's and Responses' input parts, Responses' output parts)."""
     return content if isinstance(content, str) else "".join(part.get("text", "") for part in content or [])
 
 
-def written(serve: Serve, endpoint: str) -> dict[str, str]:
-    """{question: the answer the service wrote for the line asking it in the newest batch the service took on
-    `endpoint` that asked it}: what a client should read back for that question."""
+def answer(body: dict) -> str:
+    """The text of an output line's body: its choices' messages (chat) or its output's messages (Responses)."""
+    if "choices" in body:
+        return "".join(text(choice["message"]["content"]) for choice in body["choices"])
+    return "".join(text(item.get("content")) for item in body["output"] if item["type"] == "message")
+
+
+def taken(serve: Serve, endpoint: str) -> list[tuple[dict, str | None]]:
+    """Each line of the batches the service took on `endpoint`, newest batch first, as the client sent it, with the
+    answer the service wrote for it (None for none)."""
     client = serve.client()
-    answers = {}
+    lines = []
     for batch in client.batches.list(limit=100):
-        if batch.endpoint != endpoint or not batch.output_file_id:
+        if batch.endpoint != endpoint:
             continue
-        asked = {}
-        for line in client.files.content(batch.input_file_id).text.split("\n"):
-            if line.strip():
-                row = json.loads(line)
-                turns = row["body"].get("messages") or row["body"]["input"]
-                asked[row["custom_id"]] = text(turns[-1]["content"])
-        for line in client.files.content(batch.output_file_id).text.split("\n"):
-            if line.strip():
-                row = json.loads(line)
-                body = row["response"]["body"]
-                said = ([text(c["message"]["content"]) for c in body["choices"]] if "choices" in body else
-                        [text(item.get("content")) for item in body["output"] if item["type"] == "message"])
-                answers.setdefault(asked[row["custom_id"]], "".join(said))
-    return answers
+        said = {row["custom_id"]: answer(row["response"]["body"])
+                for row in file_lines(client, batch.output_file_id)} if batch.output_file_id else {}
+        sent = client.files.content(batch.input_file_id).text  # a client's own file, split at its newlines only
+        lines += [(row, said.get(row["custom_id"])) for row in map(json.loads, filter(str.strip, sent.split("\n")))]
+    return lines
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
@@ -177,12 +164,15 @@ def test_inspect_ai_batch_mode_answers_every_sample(serve, tmp_path, api):
         assert sample.error is None, (country, sample.error)
         assert sample.output.completion.strip(), country  # an answer read back from the batch's output file
     endpoint = "/v1/responses" if api == "responses" else "/v1/chat/completions"
-    sent = [b for b in submitted(serve, endpoint) if "capital of" in json.dumps(b)]
+    lines = taken(serve, endpoint)
+    sent = [row["body"] for row, _ in lines if "capital of" in json.dumps(row["body"])]
     assert len(sent) >= len(CAPITALS)
-    # Each sample read back the answer the service wrote for its own question.
+    # Each sample read back the answer the service wrote for its own question (in the newest batch asking it).
     answers = {c: s.output.completion for c, s in samples.items()}
-    said = written(serve, endpoint)
-    assert {c: said[f"What is the capital of {c}?"].strip() for c in CAPITALS} == {
+    said: dict[str, str | None] = {}
+    for row, written in lines:
+        said.setdefault(text((row["body"].get("messages") or row["body"]["input"])[-1]["content"]), written)
+    assert {c: (said[f"What is the capital of {c}?"] or "").strip() for c in CAPITALS} == {
         c: a.strip() for c, a in answers.items()}, (answers, said)
     # inspect takes a model name it does not know for OpenAI's newest, and on chat lines leaves the temperature out
     # ("temperature is always 1", it warns): those answers are sampled. Where the lines ask for greedy ones, the
