@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import dagster as dg
 import orjson
+from dagster._core.storage.defs_state.base import DefsStateStorage
 
 from batch_dagster.batchfile import anthropic, responses
 from batch_dagster.batchfile import contract as c
@@ -99,7 +100,22 @@ def dagster_instance(step_logs: bool = False, events_on_disk: bool = False) -> I
         home = Path(tmp) / "home"
         shutil.copytree(_INSTANCE_TEMPLATES[key], home)
         with dg.instance_for_test(overrides=overrides, temp_dir=str(home)) as instance:
+            own = DefsStateStorage.get()
             yield instance
+            _check_nothing_left_open(own)
+
+
+def _check_nothing_left_open(own: DefsStateStorage | None) -> None:
+    """Entering a Dagster instance makes its state storage the ambient one (a context variable) until it exits, which
+    sets back the one before. A context built inside a test's instance without `with` (`build_input_context()`,
+    `build_schedule_context()`, ... without one, each enters an ephemeral instance of its own) exits only when the
+    garbage collector takes it: if that is after this instance has closed, the ambient storage is set back to this
+    closed one, and every later test of the process that loads definitions fails on it (CI, f85e33d: "unable to
+    open database file" in another test). Said here, in the test that left it open."""
+    if DefsStateStorage.get() is not own:
+        raise AssertionError("A Dagster context entered inside this test's instance is still open as the instance "
+                             "closes: use it in a `with` block (dg.build_input_context(...), "
+                             "dg.build_sensor_context(...), ...), and pass it the test's instance.")
 
 
 # Batch files.

@@ -151,6 +151,7 @@ def test_secret_and_backoff_rules():
     assert "base64" in check_secret("whsec_!!!")
     assert [backoff_s(n, 10) for n in (1, 2, 3, 4)] == [10, 20, 40, 80]
     assert backoff_s(30, 10) == 3600
-    skipped = webhook_sensor(dg.build_sensor_context(resources={
-        "database": DatabaseResource(url="sqlite://"), "webhooks": WebhookConfig(urls=["http://x"], secret="bad")}))
+    with dg.build_sensor_context(resources={"database": DatabaseResource(url="sqlite://"),
+                                            "webhooks": WebhookConfig(urls=["http://x"], secret="bad")}) as context:
+        skipped = webhook_sensor(context)
     assert "BATCH_WEBHOOK_SECRET must start with 'whsec_'" in skipped.skip_message

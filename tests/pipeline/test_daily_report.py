@@ -187,8 +187,8 @@ def test_schedule_builds_yesterday_shortly_after_midnight_utc():
     assert schedule.cron_schedule == "15 0 * * *" and schedule.execution_timezone == "UTC"
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
     assert schedule.job_name == "daily_usage_report_job"
-    tick = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 3, 5, 0, 15, tzinfo=UTC))
-    requests = schedule.evaluate_tick(tick).run_requests
+    with dg.build_schedule_context(scheduled_execution_time=datetime(2026, 3, 5, 0, 15, tzinfo=UTC)) as tick:
+        requests = schedule.evaluate_tick(tick).run_requests
     assert [r.partition_key for r in requests] == ["2026-03-04"]
     daily = report_assets[0].partitions_def
     assert daily is not None and [s.name for s in REPORT.schedules or []] == [schedule.name]

@@ -95,10 +95,11 @@ def test_partitions_follow_a_daily_upstream_one_batch_per_partition(tmp_path, da
         assert (data_dir / "tables" / "ticket_labels" / "2026-11-04.parquet").exists()
         # A downstream asset reads a partition back through the IO manager, as pyarrow when it asks for it.
         io = TableIOManager(data_dir=str(data_dir))
-        context = dg.build_input_context(asset_key=dg.AssetKey("ticket_labels"), partition_key="2026-11-03",
-                                         asset_partitions_def=labels.partitions_def, dagster_type=dg.DagsterType(
-                                             lambda _, __: True, typing_type=pa.Table, name="t"))
-        assert io.load_input(context).column("review_id").to_pylist() == ["r0", "r1"]
+        with dg.build_input_context(asset_key=dg.AssetKey("ticket_labels"), partition_key="2026-11-03",
+                                    asset_partitions_def=labels.partitions_def, instance=instance,
+                                    dagster_type=dg.DagsterType(lambda _, __: True, typing_type=pa.Table,
+                                                                name="t")) as context:
+            assert io.load_input(context).column("review_id").to_pylist() == ["r0", "r1"]
 
 
 def test_partitions_follow_an_upstream_that_another_component_defines(tmp_path):
@@ -174,8 +175,9 @@ def test_a_failed_rows_missing_values_keep_the_columns_types_through_parquet(tmp
     assert labels.loc[1, "error_code"] == "empty_value" and labels.loc[0, "error_code"] is pd.NA
     # Parquet keeps them: read back as a downstream asset reads it, and by pandas itself.
     path = data_dir / "tables" / "review_labels" / "table.parquet"
-    again = TableIOManager(data_dir=str(data_dir)).load_input(dg.build_input_context(
-        asset_key=dg.AssetKey("review_labels"), dagster_type=dg.DagsterType(lambda _, __: True, name="frame")))
+    with dg.build_input_context(asset_key=dg.AssetKey("review_labels"), instance=instance,
+                                dagster_type=dg.DagsterType(lambda _, __: True, name="frame")) as context:
+        again = TableIOManager(data_dir=str(data_dir)).load_input(context)
     pd.testing.assert_frame_equal(again, labels)
     assert pd.read_parquet(path).dtypes.astype(str).to_dict() == nullable
     # A table written from pyarrow (no pandas dtypes recorded) reads back nullable as well.
