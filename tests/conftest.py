@@ -17,6 +17,7 @@ that the core tier loads none.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -35,6 +36,22 @@ os.environ.setdefault("BATCH_REPORT_START", "2026-01-01")
 # not the wait (the processes they start inherit it).
 os.environ.setdefault("BATCH_STEP_RETRY_DELAY_S", "0.05")
 TIERS = ("core", "pipeline", "api", "system")
+
+
+def _scratch_settings() -> None:
+    """The checkout's own data/ and .dagster_home/ (make exports them, for the demo and `make serve`) are never the
+    tests': a test that reads the settings without folders of its own gets this process's, empty (tests/api/
+    test_serve.py once created the store data/batch-api.db in the checkout). The prepared models stay shared."""
+    from batch_dagster.settings import Settings
+
+    os.environ["BATCH_MODEL_CACHE"] = str(Settings.from_env().model_cache_dir)
+    scratch = Path(tempfile.mkdtemp(prefix="batch-tests-"))
+    atexit.register(shutil.rmtree, scratch, True)
+    os.environ["BATCH_DATA_DIR"] = str(scratch / "data")
+    os.environ["DAGSTER_HOME"] = str(scratch / "dagster_home")
+
+
+_scratch_settings()
 
 # A job started in the background (`make test &`, nohup, some CI runners) inherits SIGINT ignored. Dagster maps
 # SIGTERM to SIGINT's handler when it runs a job (setup_interrupt_handlers), so SIGTERM becomes ignored too, and

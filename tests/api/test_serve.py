@@ -10,11 +10,11 @@ import pytest
 
 from batch_dagster.api.bind import UnsafeBind, check_bind, is_loopback
 from batch_dagster.settings import Settings
-from tests.helpers import REPO, serve_env
+from tests.helpers import REPO, database_url, serve_env
 
 
 def test_without_keys_only_loopback_is_allowed(tmp_path):
-    config = replace(Settings.from_env(), api_keys=())
+    config = replace(Settings.from_env(), api_keys=(), database_url=database_url(tmp_path))
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("example.com")
     check_bind("127.0.0.1", config)
