@@ -1116,6 +1116,16 @@ def local_file(folder, key: str) -> Path:
     return folder.storage.local_path(key)
 
 
+def answer_text(body: dict) -> str:
+    """The text an answer's body holds: its output messages' (Responses), else its first choice's message (chat) or
+    text (completions)."""
+    if body.get("object") == "response":
+        return "".join(part.get("text", "") for item in body["output"] if item["type"] == "message"
+                       for part in item["content"])
+    choice = body["choices"][0]
+    return (choice["message"]["content"] or "") if "message" in choice else choice["text"]
+
+
 def file_lines(client, file_id: str, merged: bool = False) -> list[dict]:
     """The lines of a file through the API; `merged` asks for a retry batch's merged results (an extension)."""
     if merged:

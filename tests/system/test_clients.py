@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CHAT_MODEL, CONCISE, SERVE_API_KEY, Serve, file_lines, write_jsonl
+from tests.helpers import CHAT_MODEL, CONCISE, SERVE_API_KEY, Serve, answer_text, file_lines, write_jsonl
 
 pytestmark = pytest.mark.engine
 
@@ -129,16 +129,9 @@ def inspect_eval(serve: Serve, folder: Path, *model_args: str) -> dict:
     return {str(s.id): s for s in log.samples or []}
 
 
-def text(content: str | list[dict] | None) -> str:
-    """A message's text: a string, or its parts' texts (chat's and Responses' input parts, Responses' output parts)."""
-    return content if isinstance(content, str) else "".join(part.get("text", "") for part in content or [])
-
-
-def answer(body: dict) -> str:
-    """The text of an output line's body: its choices' messages (chat) or its output's messages (Responses)."""
-    if "choices" in body:
-        return "".join(text(choice["message"]["content"]) for choice in body["choices"])
-    return "".join(text(item.get("content")) for item in body["output"] if item["type"] == "message")
+def text(content: str | list[dict]) -> str:
+    """A request message's text: a string, or its parts' texts (chat's and Responses' input parts)."""
+    return content if isinstance(content, str) else "".join(part.get("text", "") for part in content)
 
 
 def taken(serve: Serve, endpoint: str) -> list[tuple[dict, str | None]]:
@@ -149,7 +142,7 @@ def taken(serve: Serve, endpoint: str) -> list[tuple[dict, str | None]]:
     for batch in client.batches.list(limit=100):
         if batch.endpoint != endpoint:
             continue
-        said = {row["custom_id"]: answer(row["response"]["body"])
+        said = {row["custom_id"]: answer_text(row["response"]["body"])
                 for row in file_lines(client, batch.output_file_id)} if batch.output_file_id else {}
         sent = client.files.content(batch.input_file_id).text  # a client's own file, split at its newlines only
         lines += [(row, said.get(row["custom_id"])) for row in map(json.loads, filter(str.strip, sent.split("\n")))]

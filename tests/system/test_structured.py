@@ -12,7 +12,7 @@ import pytest
 from jsonschema import validate
 
 from batch_dagster.batchfile import contract as c
-from tests.helpers import CHAT_MODEL, run_on_real_engine
+from tests.helpers import CHAT_MODEL, answer_text, run_on_real_engine
 
 pytestmark = pytest.mark.engine
 
@@ -102,14 +102,6 @@ def calls_of(body: dict) -> list[tuple[str, str]]:
             for call in body["choices"][0]["message"].get("tool_calls") or ()]
 
 
-def text_of(body: dict) -> str:
-    if body.get("object") == "response":
-        return "".join(part["text"] for item in body["output"] if item["type"] == "message"
-                       for part in item["content"] if part["type"] == "output_text")
-    choice = body["choices"][0]
-    return choice["message"]["content"] if "message" in choice else choice["text"]
-
-
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory, vllm_server):
     """Each file through the in-process engine and through the session's vLLM server: {path: {file: (summary,
@@ -144,11 +136,11 @@ def test_every_structured_answer_follows_its_schema_on_both_paths(paths, path):
                 if cid == "tool-required-one":
                     assert len(calls) == 1
             elif cid == "so-choice":
-                assert text_of(body) in ("positive", "negative", "mixed")
+                assert answer_text(body) in ("positive", "negative", "mixed")
             elif cid == "object":
-                assert isinstance(json.loads(text_of(body)), dict), text_of(body)
+                assert isinstance(json.loads(answer_text(body)), dict), answer_text(body)
             else:
-                follows(text_of(body), LABEL)
+                follows(answer_text(body), LABEL)
     # The issue's request, read whole: a get_weather call for Paris, its arguments an object.
     [(called, arguments)] = calls_of(paths[path]["chat"][1]["tool-named"]["response"]["body"])
     assert called == "get_weather" and json.loads(arguments) == {"location": "Paris"}, arguments
